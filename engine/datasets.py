@@ -120,8 +120,11 @@ def discover(
             what = "does not exist" if not root.exists() else "is not a folder"
             raise DatasetError(f"{root}: datasets root {what}")
         subs = sorted(
-            (p for p in root.iterdir()
-             if p.is_dir() and not p.name.startswith(".") and (p / PROMPTS_FILE).is_file()),
+            (
+                p
+                for p in root.iterdir()
+                if p.is_dir() and not p.name.startswith(".") and (p / PROMPTS_FILE).is_file()
+            ),
             key=lambda p: p.name,
         )
         if not subs:
@@ -136,9 +139,7 @@ def discover(
             by_name[ds.name] = ds
             result.append(ds)
         elif seen.folder.resolve() != ds.folder.resolve():
-            raise DatasetError(
-                f"{ds.folder}: dataset name {ds.name!r} is also used by {seen.folder}"
-            )
+            raise DatasetError(f"{ds.folder}: dataset name {ds.name!r} is also used by {seen.folder}")
         # The same folder reached twice (named and under a root) is one dataset.
 
     if only is not None:
@@ -177,9 +178,7 @@ class Prompt:
 
 def canonical_json(messages: Any) -> bytes:
     """The canonical bytes of data-contract §2, by its defining ``json.dumps`` call."""
-    return json.dumps(
-        messages, ensure_ascii=False, sort_keys=True, separators=(",", ":")
-    ).encode("utf-8")
+    return json.dumps(messages, ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
 
 def canonical_sha256(messages: Any) -> str:
@@ -461,8 +460,7 @@ class ScanReport:
             return {f"p{p}": 0 for p in ps}
         # Nearest-rank: always a value that occurs, which reads better for lengths.
         return {
-            f"p{p}": values[min(len(values) - 1, max(0, math.ceil(p / 100 * len(values)) - 1))]
-            for p in ps
+            f"p{p}": values[min(len(values) - 1, max(0, math.ceil(p / 100 * len(values)) - 1))] for p in ps
         }
 
     def to_dict(self, first: int = 5) -> dict[str, Any]:
@@ -473,8 +471,7 @@ class ScanReport:
             "valid": self.valid,
             "invalid": len(self.invalid),
             "invalid_by_kind": {
-                k: {"count": c, "first_lines": s}
-                for k, (c, s) in self.invalid_by_kind(first).items()
+                k: {"count": c, "first_lines": s} for k, (c, s) in self.invalid_by_kind(first).items()
             },
             "duplicates": self.duplicates,
             "size": self.size,
@@ -538,9 +535,7 @@ def iter_prompts(dataset: Dataset, skip_lines: Container[int] = ()) -> Iterator[
     return _iter_prompts(dataset.name, _lines(_open(path), path), skip_lines)
 
 
-def _iter_prompts(
-    name: str, lines: Iterator[bytes], skip_lines: Container[int]
-) -> Iterator[Prompt]:
+def _iter_prompts(name: str, lines: Iterator[bytes], skip_lines: Container[int]) -> Iterator[Prompt]:
     for line, raw in enumerate(lines):
         if line in skip_lines:
             continue

@@ -159,9 +159,7 @@ class JsonlAppender:
         # file's writes and its final close.
         executor = ThreadPoolExecutor(1, thread_name_prefix=f"jsonl-{path.name}")
         try:
-            fd, repaired = await asyncio.get_running_loop().run_in_executor(
-                executor, _open_for_append, path
-            )
+            fd, repaired = await asyncio.get_running_loop().run_in_executor(executor, _open_for_append, path)
         except BaseException:
             executor.shutdown(wait=False)
             raise
@@ -257,8 +255,7 @@ class JsonlAppender:
             raise JsonlError(f"{self.path}: appender is closed")
 
     def _failed(self) -> JsonlError:
-        err = JsonlError(f"{self.path}: writing failed earlier, nothing more is accepted "
-                         f"({self._error})")
+        err = JsonlError(f"{self.path}: writing failed earlier, nothing more is accepted ({self._error})")
         err.__cause__ = self._error
         return err
 
@@ -317,8 +314,7 @@ class JsonlAppender:
                     if not fut.done():  # a caller may have cancelled its wait
                         fut.set_result(None)
         except asyncio.CancelledError:
-            self._fail(JsonlError(f"{self.path}: writer stopped before these lines were "
-                                  "written"), [])
+            self._fail(JsonlError(f"{self.path}: writer stopped before these lines were written"), [])
             raise
 
     def _fail(self, exc: BaseException, waiters: list[asyncio.Future[None]]) -> None:

@@ -1,0 +1,134 @@
+"""`--headless`: the job in the foreground, a status line every few seconds, a summary at the end.
+
+SIGINT and SIGTERM drain gracefully (a second one cancels what is in flight; those prompts are
+re-sent by the next run) and the process exits 130 or 143.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from engine.job import Job, Outcome, StopReason
+
+
+def _clock(seconds: float | None) -> str:
+    if seconds is None:
+        return "--:--:--"
+    seconds = int(seconds)
+    return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def _count(n: float) -> str:
+    if n >= 1e6:
+        return f"{n / 1e6:.2f}M"
+    if n >= 1e4:
+        return f"{n / 1e3:.1f}k"
+    return f"{n:.0f}" if n >= 100 or n == int(n) else f"{n:.1f}"
+
+
+def status_line(snap: dict[str, Any]) -> str:
+    """One line: state, per-dataset progress, rates, in flight, money, errors by class, ETA."""
+    datasets = " ".join(f"{d['name']} {d['done']}/{d['total']}" for d in snap["datasets"])
+    rates = snap["rates"]
+    money = snap["money"]
+    conc = snap["concurrency"]
+    limit = (
+        f"{conc['effective']}"
+        if conc["effective"] == conc["configured"]
+        else f"{conc['effective']}<{conc['configured']}"
+    )
+    errors = " ".join(f"{k}:{v}" for k, v in sorted(snap["errors"].items())) or "none"
+    estimated = f" (~${money['spent_estimated']:.2f} est)" if money["spent_estimated"] > 0.005 else ""
+    return (
+        f"[{_clock(snap['elapsed_s'])}] {snap['state']} | {datasets} | "
+        f"{_count(rates['output_tokens_per_s'])} tok/s {rates['attempts_per_s']:.1f} req/s | "
+        f"in flight {snap['in_flight']}/{limit} | "
+        f"${money['spent']:.2f} spent{estimated} + ${money['reserved']:.2f} reserved / ${money['budget']:.2f} | "
+        f"errors {errors} | ETA {_clock(snap['eta_s'])}"
+    )
+
+
+def summary_lines(snap: dict[str, Any], outcome: Outcome) -> list[str]:
+    lines = ["", "summary:"]
+    for d in snap["datasets"]:
+        lines.append(
+            f"  {d['name']}: {d['done']}/{d['total']} rows ({d['ok']} ok, {d['truncated']} truncated, "
+            f"{d['failed']} failed, {d['invalid']} invalid skipped), {d['output_tokens']} output tokens, {d['state']}"
+        )
+    for p in snap["providers"]:
+        p50 = "-" if p["latency_p50_s"] is None else f"{p['latency_p50_s']:.2f}s"
+        lines.append(
+            f"  provider {p['name']}: {p['requests']} requests, {p['ok']} rows, {p['share'] * 100:.0f}% share, "
+            f"p50 {p50}, ${p['spent']:.4f}, errors {sum(p['errors'].values())}"
+        )
+    money = snap["money"]
+    lines.append(
+        f"  spent ${money['spent']:.4f} of ${money['budget']:.2f}"
+        + (
+            f" (${money['spent_estimated']:.4f} estimated, reconciled later)"
+            if money["spent_estimated"]
+            else ""
+        )
+    )
+    lines.append(f"{'done' if outcome.reason is StopReason.DONE else 'stopped'}: {outcome.message}")
+    return lines
+
+
+async def run_headless(
+    job: Job,
+    *,
+    out: TextIO = sys.stdout,
+    interval_s: float | None = None,
+    on_ready: Callable[[Job], None] | None = None,
+) -> Outcome:
+    """Run a prepared job to its end, printing status lines; installs SIGINT/SIGTERM handlers."""
+    interval = job.settings.headless.status_interval_s if interval_s is None else interval_s
+    loop = asyncio.get_running_loop()
+    signals_seen: list[int] = []
+
+    def on_signal(signum: int) -> None:
+        signals_seen.append(signum)
+        reason = StopReason.SIGINT if signum == signal.SIGINT else StopReason.SIGTERM
+        name = signal.Signals(signum).name
+        if len(signals_seen) == 1:
+            print(
+                f"{name}: draining {job.snapshot()['in_flight']} requests in flight (again to cancel them)",
+                file=out,
+                flush=True,
+            )
+            job.stop(reason=reason, message=f"interrupted by {name}; in-flight requests drained")
+        else:
+            print(
+                f"{name}: cancelling requests in flight; they are re-sent on the next run",
+                file=out,
+                flush=True,
+            )
+            job.stop(cancel=True, reason=reason)
+
+    installed = []
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(signum, on_signal, signum)
+            installed.append(signum)
+        except (NotImplementedError, RuntimeError):
+            pass
+    if on_ready is not None:
+        on_ready(job)
+    runner = asyncio.ensure_future(job.run())
+    try:
+        while not runner.done():
+            done, _ = await asyncio.wait({runner}, timeout=interval)
+            if not done:
+                print(status_line(job.snapshot()), file=out, flush=True)
+        outcome = runner.result()
+    finally:
+        for signum in installed:
+            loop.remove_signal_handler(signum)
+    print(status_line(job.snapshot()), file=out, flush=True)
+    for line in summary_lines(job.snapshot(), outcome):
+        print(line, file=out, flush=True)
+    return outcome

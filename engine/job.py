@@ -1,0 +1,886 @@
+"""The generation job: datasets in, one row per prompt out, never past the budget.
+
+One asyncio loop holds the dispatcher, the HTTP pool, the writers and the ledger. `Job.prepare()`
+validates every line of every dataset, takes the run folder's lock, reads the catalog and rebuilds
+state from earlier runs; `Job.run()` dispatches until every dataset is done or something stops it.
+Operator commands (pause, resume, exclude, include, concurrency, budget, stop) are plain methods,
+journaled as events; the console and the headless loop are both clients of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from decimal import Decimal
+from enum import StrEnum
+from typing import Any
+
+from engine.concurrency import AdaptiveLimit
+from engine.datasets import Dataset, DatasetError, discover, iter_prompts, scan
+from engine.jsonl import JsonlAppender
+from engine.money import Ledger, PriceCeiling, prompt_token_bound, to_dollars
+from engine.openrouter.catalog import (
+    CatalogError,
+    Endpoint,
+    allowed_endpoints,
+    exclusion_reason,
+    fetch_endpoints,
+    find_endpoint,
+)
+from engine.openrouter.client import AttemptResult, OpenRouterClient
+from engine.openrouter.errors import THROTTLE_CLASSES, AttemptError, Disposition, ErrorClass
+from engine.recovery import DatasetProgress, JournalState, Unsettled, read_journals, read_rows
+from engine.rows import build_row
+from engine.settings import Settings
+from engine.stats import ProviderStats, RateMeter
+from engine.workqueue import WorkItem, WorkQueue
+
+# After this many 400s in a row with no success at all, the settings are wrong, not the prompts.
+BAD_REQUEST_STREAK_FATAL = 20
+
+
+class JobError(RuntimeError):
+    """The job cannot start or go on; the message says why, for the operator."""
+
+
+class JobState(StrEnum):
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    PAUSED = "PAUSED"
+    DRAINING = "DRAINING"
+    STOPPED = "STOPPED"
+    DONE = "DONE"
+
+
+class StopReason(StrEnum):
+    DONE = "done"
+    BUDGET = "budget"
+    CREDITS = "credits"
+    FATAL = "fatal"
+    FAILED_PROMPTS = "failed_prompts"
+    OPERATOR = "operator"
+    SIGINT = "sigint"
+    SIGTERM = "sigterm"
+
+
+@dataclass(slots=True)
+class DatasetState:
+    """Live progress of one dataset."""
+
+    dataset: Dataset
+    total: int
+    invalid: int
+    progress: DatasetProgress
+    in_flight: int = 0
+    failed: int = 0
+    token_budget: int | None = None
+
+    @property
+    def done(self) -> int:
+        return len(self.progress.done)
+
+    @property
+    def remaining(self) -> int:
+        return self.total - self.invalid - self.done
+
+    @property
+    def budget_reached(self) -> bool:
+        return self.token_budget is not None and self.progress.output_tokens >= self.token_budget
+
+    @property
+    def state(self) -> str:
+        if self.remaining <= 0:
+            return "done"
+        if self.budget_reached:
+            return "token budget"
+        if self.in_flight:
+            return "running"
+        return "failed" if self.failed and self.remaining <= self.failed else "waiting"
+
+
+@dataclass(slots=True)
+class Outcome:
+    """How a run ended, for the exit code and the last line."""
+
+    reason: StopReason
+    message: str
+
+    @property
+    def exit_code(self) -> int:
+        return {StopReason.DONE: 0, StopReason.SIGINT: 130, StopReason.SIGTERM: 143}.get(self.reason, 1)
+
+
+@dataclass(slots=True)
+class _Flight:
+    item: WorkItem
+    reservation: Decimal
+    rid: str
+    provider: str | None = None
+    generation_id: str | None = None
+
+
+@dataclass(slots=True)
+class Counters:
+    """Totals since this process started."""
+
+    attempts: int = 0
+    rows: int = 0
+    output_tokens: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+    bad_request_streak: int = 0
+
+
+class Job:
+    """A generation job over the datasets the settings select."""
+
+    def __init__(
+        self, settings: Settings, *, only: list[str] | None = None, skip_invalid: bool | None = None
+    ) -> None:
+        self.settings = settings
+        self.only = only
+        self.skip_invalid = settings.job.skip_invalid if skip_invalid is None else skip_invalid
+        self.run_dir = settings.job.run_dir
+        self.state = JobState.STARTING
+        self.outcome: Outcome | None = None
+        self.datasets: dict[str, DatasetState] = {}
+        self.ledger = Ledger(to_dollars(settings.job.budget_usd))
+        self.limit = AdaptiveLimit(
+            settings.job.concurrency,
+            minimum=settings.job.min_concurrency,
+            adaptive=settings.job.adaptive_concurrency,
+            ceiling=settings.job.concurrency,
+        )
+        self.client = OpenRouterClient(settings.openrouter, pool_size=settings.job.concurrency)
+        self.endpoints: list[Endpoint] = []
+        self.excluded: set[str] = set()
+        self.prices = PriceCeiling(Decimal(0), Decimal(0))
+        self.counters = Counters()
+        self.providers: dict[str, ProviderStats] = {}
+        self.tokens_rate = RateMeter()
+        self.rows_rate = RateMeter()
+        self.attempts_rate = RateMeter()
+        self.started_at = time.time()
+        self._started_mono = time.monotonic()
+        self._flights: dict[asyncio.Task[None], _Flight] = {}
+        self._changed = asyncio.Event()
+        self._queue: WorkQueue | None = None
+        self._journal: JournalState | None = None
+        self._attempts: JsonlAppender | None = None
+        self._events: JsonlAppender | None = None
+        self._writers: dict[str, JsonlAppender] = {}
+        self._lock_fd: int | None = None
+        self._reconcile_tasks: set[asyncio.Task[None]] = set()
+        self._stop_mode: str | None = None
+        self._budget_blocked = False
+        self._random = random.Random()
+        self.unsettled_at_stop = 0
+
+    # ----------------------------------------------------------------------------- preparation
+
+    async def prepare(self) -> None:
+        """Validate inputs, lock the run folder, read the catalog, rebuild earlier progress."""
+        job = self.settings.job
+        if self.settings.openrouter.api_key is None:
+            raise JobError("no API key: set OPENROUTER_API_KEY (or openrouter.api_key in the settings file)")
+        if not job.datasets and not job.dataset_roots:
+            raise JobError("no datasets: set job.datasets or job.dataset_roots in the settings file")
+        try:
+            found = discover(job.datasets, job.dataset_roots, self.only)
+        except DatasetError as exc:
+            raise JobError(str(exc)) from None
+        if not found:
+            raise JobError("the dataset roots hold no dataset (no subfolder with prompts.jsonl)")
+        reports = {}
+        problems = []
+        for dataset in found:
+            report = await asyncio.to_thread(scan, dataset)
+            reports[dataset.name] = report
+            for bad in report.invalid[:20]:
+                problems.append(f"{dataset.prompts_path}:{bad.line + 1}: {bad.reason}")
+            if len(report.invalid) > 20:
+                problems.append(f"{dataset.prompts_path}: and {len(report.invalid) - 20} more invalid lines")
+        if problems and not self.skip_invalid:
+            raise JobError("invalid prompt lines (fix them or pass --skip-invalid):\n" + "\n".join(problems))
+        self._take_lock()
+        self._journal = await asyncio.to_thread(
+            read_journals, self.run_dir / "attempts.jsonl", self.run_dir / "events.jsonl"
+        )
+        for dataset in found:
+            progress = await asyncio.to_thread(read_rows, dataset.results_path)
+            report = reports[dataset.name]
+            await asyncio.to_thread(self._check_rows_match, dataset, progress)
+            self.datasets[dataset.name] = DatasetState(
+                dataset, report.total, len(report.invalid), progress, token_budget=job.dataset_token_budget
+            )
+        await self.client.open()
+        try:
+            self.endpoints = await fetch_endpoints(self.client, self.settings.openrouter.model)
+        except CatalogError as exc:
+            await self.client.close()
+            self._release_lock()
+            raise JobError(str(exc)) from None
+        self.excluded = set(self._journal.excluded)
+        self._reprice()
+        if not self._allowed():
+            await self.client.close()
+            self._release_lock()
+            raise JobError(self._no_provider_message())
+        self.ledger.spent = self._journal.spent
+        self.ledger.spent_estimated = self._journal.spent_estimated
+        await self._open_writers()
+        for name, state in self.datasets.items():
+            if state.progress.torn_bytes:
+                self._event(
+                    "repaired", dataset=name, file="raw_responses.jsonl", bytes=state.progress.torn_bytes
+                )
+            if state.progress.duplicates:
+                self._event("duplicate_rows", dataset=name, count=state.progress.duplicates)
+            if self.skip_invalid:
+                for bad in reports[name].invalid:
+                    self._event("invalid_line", dataset=name, line=bad.line, reason=bad.reason)
+        self._settle_crashed()
+        skip = {
+            name: set(state.progress.done) | reports[name].invalid_lines
+            for name, state in self.datasets.items()
+        }
+        prior = {key: n for key, n in self._journal.attempts.items() if key[1] not in skip.get(key[0], ())}
+        self._queue = WorkQueue(
+            [(name, iter_prompts(state.dataset, skip[name])) for name, state in self.datasets.items()],
+            prior_attempts=prior,
+        )
+        self._event(
+            "start",
+            pid=os.getpid(),
+            datasets=list(self.datasets),
+            budget=str(self.ledger.budget),
+            spent=str(self.ledger.spent),
+            concurrency=self.limit.configured,
+            excluded=sorted(self.excluded),
+        )
+
+    def _check_rows_match(self, dataset: Dataset, progress: DatasetProgress) -> None:
+        """A row whose prompt changed under it means the input file was edited: stop, never guess."""
+        if not progress.done:
+            return
+        seen = 0
+        for prompt in iter_prompts(dataset):
+            sha = progress.done.get(prompt.line)
+            if sha is None:
+                continue
+            seen += 1
+            if sha != prompt.sha256:
+                raise JobError(
+                    f"{dataset.prompts_path}:{prompt.line + 1}: prompt changed since its row was written "
+                    f"(row in {dataset.results_path.name} has another prompt_sha256); restore the file or "
+                    "move the results away"
+                )
+        if seen != len(progress.done):
+            orphans = sorted(set(progress.done) - self._lines_with_prompts(dataset, progress))
+            raise JobError(
+                f"{dataset.results_path}: {len(orphans)} rows name lines that are not valid prompts "
+                f"in {dataset.prompts_path.name} (first: line {orphans[0] + 1})"
+            )
+
+    @staticmethod
+    def _lines_with_prompts(dataset: Dataset, progress: DatasetProgress) -> set[int]:
+        return {p.line for p in iter_prompts(dataset) if p.line in progress.done}
+
+    def _take_lock(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        path = self.run_dir / "job.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            other = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise JobError(
+                f"{self.run_dir}: another regen job is running on this run folder (pid {other})"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    async def _open_writers(self) -> None:
+        interval = self.settings.job.commit_interval_s
+        self._attempts = await JsonlAppender.open(self.run_dir / "attempts.jsonl", commit_interval_s=interval)
+        self._events = await JsonlAppender.open(self.run_dir / "events.jsonl", commit_interval_s=interval)
+        for name, state in self.datasets.items():
+            self._writers[name] = await JsonlAppender.open(
+                state.dataset.results_path, commit_interval_s=interval
+            )
+
+    def _settle_crashed(self) -> None:
+        """Attempts in flight at a crash: charge their worst case now, look up their real cost later."""
+        assert self._journal is not None and self._attempts is not None
+        for crashed in self._journal.crashed:
+            self.ledger.charge(crashed.estimate, estimated=True)
+            self._attempts.append(
+                {
+                    "k": "end",
+                    "rid": crashed.rid,
+                    "ds": crashed.dataset,
+                    "line": crashed.line,
+                    "gen": crashed.generation_id,
+                    "outcome": "lost_at_crash",
+                    "cost": str(crashed.estimate),
+                    "est": True,
+                    "ts": time.time(),
+                }
+            )
+            if crashed.generation_id:
+                self._reconcile_later(crashed)
+        if self._journal.crashed:
+            self._event("crash_recovered", attempts=len(self._journal.crashed))
+        for pending in self._journal.to_reconcile:
+            self._reconcile_later(pending)
+
+    # ------------------------------------------------------------------------------ providers
+
+    def _allowed(self) -> list[Endpoint]:
+        return allowed_endpoints(
+            self.endpoints,
+            self.settings.openrouter.provider,
+            self.excluded,
+            self.settings.openrouter.max_tokens,
+        )
+
+    def _reprice(self) -> None:
+        self.prices = PriceCeiling.of(self._allowed())
+        self._ignore = sorted(set(self.settings.openrouter.provider.ignore) | self.excluded)
+
+    def _no_provider_message(self) -> str:
+        reasons = Counter(
+            exclusion_reason(
+                e, self.settings.openrouter.provider, self.excluded, self.settings.openrouter.max_tokens
+            )
+            for e in self.endpoints
+        )
+        detail = "; ".join(f"{n} {why}" for why, n in reasons.items() if why) or "the model has no endpoints"
+        return (
+            f"no provider of {self.settings.openrouter.model} is allowed by the routing settings ({detail})"
+        )
+
+    def exclude(self, name: str, *, source: str = "operator") -> str:
+        """Stop routing to a provider (slug or display name); later requests carry it in ignore."""
+        endpoint = find_endpoint(self.endpoints, name)
+        slug = endpoint.slug if endpoint is not None else name.strip().lower()
+        if slug in self.excluded:
+            return f"{slug} is already excluded"
+        remaining = [e for e in self._allowed() if e.slug != slug]
+        if not remaining:
+            raise JobError(f"excluding {slug} would leave no provider for {self.settings.openrouter.model}")
+        self.excluded.add(slug)
+        self._reprice()
+        self._event("exclude", provider=slug, source=source)
+        self._changed.set()
+        return f"excluded {slug}; {len({e.slug for e in remaining})} providers remain"
+
+    def include(self, name: str, *, source: str = "operator") -> str:
+        endpoint = find_endpoint(self.endpoints, name)
+        slug = endpoint.slug if endpoint is not None else name.strip().lower()
+        if slug not in self.excluded:
+            return f"{slug} is not excluded"
+        self.excluded.discard(slug)
+        self._reprice()
+        self._event("include", provider=slug, source=source)
+        self._changed.set()
+        return f"included {slug}"
+
+    # ------------------------------------------------------------------------------- commands
+
+    def pause(self, source: str = "operator") -> None:
+        if self.state is JobState.RUNNING:
+            self.state = JobState.PAUSED
+            self._event("pause", source=source)
+            self._changed.set()
+
+    def resume(self, source: str = "operator") -> None:
+        if self.state is JobState.PAUSED:
+            self.state = JobState.RUNNING
+            self._event("resume", source=source)
+            self._changed.set()
+
+    def set_concurrency(self, value: int, source: str = "operator") -> int:
+        applied = self.limit.set_configured(value)
+        self._event("concurrency", value=applied, requested=value, source=source)
+        self._changed.set()
+        return applied
+
+    def set_budget(self, dollars: float | Decimal, source: str = "operator") -> None:
+        budget = to_dollars(dollars)
+        if budget < self.ledger.spent:
+            raise JobError(
+                f"a budget of ${budget:.2f} is below what is already spent (${self.ledger.spent:.2f})"
+            )
+        self.ledger.budget = budget
+        self._event("budget", value=str(budget), source=source)
+        self._changed.set()
+
+    def stop(
+        self, *, cancel: bool = False, reason: StopReason = StopReason.OPERATOR, message: str = ""
+    ) -> None:
+        """Stop dispatching; let requests in flight finish (drain), or cancel them (they are re-sent later)."""
+        if self.outcome is None:
+            self.outcome = Outcome(reason, message or f"stopped ({reason.value})")
+        if self._stop_mode != "cancel":
+            self._stop_mode = "cancel" if cancel else "drain"
+            self._event("stop", mode=self._stop_mode, reason=reason.value)
+        if self.state not in (JobState.STOPPED, JobState.DONE):
+            self.state = JobState.DRAINING
+        if cancel:
+            for task in list(self._flights):
+                task.cancel()
+        self._changed.set()
+
+    # ---------------------------------------------------------------------------------- running
+
+    async def run(self) -> Outcome:
+        """Dispatch until done or stopped; returns how it ended. Call prepare() first."""
+        assert self._queue is not None
+        if self.state is JobState.STARTING:
+            self.state = JobState.RUNNING
+        try:
+            await self._dispatch()
+            while self._flights:
+                await asyncio.wait(list(self._flights))
+        finally:
+            await self._shutdown()
+        assert self.outcome is not None
+        if self.outcome.reason is StopReason.DONE:
+            self.state = JobState.DONE
+        else:
+            self.state = JobState.STOPPED
+        return self.outcome
+
+    def _dataset_open(self, name: str) -> bool:
+        return not self.datasets[name].budget_reached
+
+    async def _dispatch(self) -> None:
+        queue = self._queue
+        assert queue is not None
+        max_tokens = self.settings.openrouter.max_tokens
+        while True:
+            self._changed.clear()
+            if self._stop_mode is not None:
+                return
+            if self.state is JobState.PAUSED or len(self._flights) >= self.limit.effective:
+                await self._changed.wait()
+                continue
+            item, wait_s = queue.take(time.monotonic(), self._dataset_open)
+            if item is None:
+                if wait_s is None and not self._flights:
+                    self._finish_when_empty()
+                    return
+                await self._wait_changed(wait_s)
+                continue
+            reservation = self.prices.reservation(prompt_token_bound(item.prompt.messages), max_tokens)
+            if not self.ledger.fits(reservation):
+                queue.push_front(item)
+                self._budget_blocked = True
+                if not self._flights:
+                    self.stop(
+                        reason=StopReason.BUDGET,
+                        message=(
+                            f"budget reached: spent ${self.ledger.spent:.4f} of ${self.ledger.budget:.2f}; "
+                            f"the next request's worst case (${reservation:.4f}) does not fit"
+                        ),
+                    )
+                    return
+                await self._changed.wait()
+                continue
+            self._budget_blocked = False
+            self._launch(item, reservation)
+
+    async def _wait_changed(self, timeout: float | None) -> None:
+        if timeout is None:
+            await self._changed.wait()
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout=max(timeout, 0.001))
+
+    def _finish_when_empty(self) -> None:
+        failed = sum(state.failed for state in self.datasets.values())
+        if failed:
+            self.stop(
+                reason=StopReason.FAILED_PROMPTS,
+                message=f"{failed} prompts failed after {self.settings.job.max_attempts} attempts; run again to retry them",
+            )
+        else:
+            budgeted = [name for name, s in self.datasets.items() if s.budget_reached and s.remaining > 0]
+            note = f" ({', '.join(budgeted)} stopped at the token budget)" if budgeted else ""
+            self.stop(reason=StopReason.DONE, message=f"every dataset is done{note}")
+
+    def _launch(self, item: WorkItem, reservation: Decimal) -> None:
+        self.ledger.reserve(reservation)
+        rid = f"{item.prompt.id}#{item.attempts}"
+        item.attempts += 1
+        item.run_attempts += 1
+        if item.first_started is None:
+            item.first_started = time.time()
+        self.datasets[item.prompt.dataset].in_flight += 1
+        task = asyncio.get_running_loop().create_task(self._attempt(item, reservation, rid))
+        self._flights[task] = _Flight(item, reservation, rid)
+
+    async def _attempt(self, item: WorkItem, reservation: Decimal, rid: str) -> None:
+        assert self._attempts is not None
+        prompt = item.prompt
+        task = asyncio.current_task()
+        assert task is not None
+        flight = self._flights[task]
+        settled = False
+        try:
+            await self._attempts.append(
+                {
+                    "k": "start",
+                    "rid": rid,
+                    "ds": prompt.dataset,
+                    "line": prompt.line,
+                    "reserved": str(reservation),
+                    "ts": time.time(),
+                }
+            )
+
+            def on_headers(generation_id: str | None) -> None:
+                flight.generation_id = generation_id
+                if generation_id:
+                    self._attempts.append({"k": "gen", "rid": rid, "gen": generation_id})  # type: ignore[union-attr]
+
+            result = await self.client.complete(prompt.messages, self._ignore, on_headers)
+            settled = True
+            await self._settle(flight, result)
+        except asyncio.CancelledError:
+            if not settled:
+                self.unsettled_at_stop += 1
+            raise
+        finally:
+            self._flights.pop(task, None)
+            self.ledger.release(reservation)
+            self.datasets[prompt.dataset].in_flight -= 1
+            self._changed.set()
+
+    def _cost_of(self, result: AttemptResult, flight: _Flight) -> tuple[Decimal, bool]:
+        """The attempt's dollars: usage.cost when given, else an estimate that errs high."""
+        if result.cost is not None:
+            return to_dollars(result.cost), False
+        if result.http_status is not None and result.http_status != 200:
+            return Decimal(0), False  # refused before generating: nothing billed
+        usage = result.usage or {}
+        prompt_tokens, completion_tokens = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if isinstance(prompt_tokens, int) and isinstance(completion_tokens, int):
+            endpoint = find_endpoint(self.endpoints, result.provider) if result.provider else None
+            prices = (
+                PriceCeiling(endpoint.prompt_price, endpoint.completion_price) if endpoint else self.prices
+            )
+            return prices.estimate(prompt_tokens, completion_tokens), True
+        return flight.reservation, True
+
+    async def _settle(self, flight: _Flight, result: AttemptResult) -> None:
+        assert self._attempts is not None
+        item = flight.item
+        prompt = item.prompt
+        now = time.time()
+        cost, estimated = self._cost_of(result, flight)
+        self.ledger.charge(cost, estimated=estimated)
+        error = result.error
+        status = None
+        if error is None:
+            status = self.settings.job.finish_reasons.get(str(result.finish_reason))
+            if status is None:
+                error = AttemptError(
+                    ErrorClass.FINISH,
+                    Disposition.RETRY,
+                    f"finish_reason {result.finish_reason} not accepted",
+                    200,
+                )
+        self.counters.attempts += 1
+        self.attempts_rate.add(1)
+        stats = self._provider_stats(result.provider)
+        if stats is not None:
+            stats.requests += 1
+            stats.spent += cost
+        record: dict[str, Any] = {
+            "k": "end",
+            "rid": flight.rid,
+            "ds": prompt.dataset,
+            "line": prompt.line,
+            "gen": result.generation_id,
+            "provider": result.provider,
+            "model": result.served_model,
+            "outcome": status if error is None else error.error_class.value,
+            "http": result.http_status,
+            "cost": str(cost),
+            "est": estimated,
+            "ptok": (result.usage or {}).get("prompt_tokens"),
+            "ctok": (result.usage or {}).get("completion_tokens"),
+            "e2e": round(result.e2e_s, 4),
+            "ttft": None if result.ttft_s is None else round(result.ttft_s, 4),
+            "ts": now,
+        }
+        if estimated and result.generation_id:
+            self._reconcile_later(
+                Unsettled(flight.rid, prompt.dataset, prompt.line, result.generation_id, cost)
+            )
+        if error is not None:
+            record["msg"] = error.message[:300]
+            self._attempts.append(record)
+            self._on_failure(item, error, stats)
+            return
+        assert status is not None
+        row = build_row(
+            prompt,
+            result,
+            status,
+            self.settings.openrouter,
+            cost=float(cost),
+            cost_estimated=estimated,
+            started_at=item.first_started or now,
+            attempts=item.attempts,
+            now=now,
+        )
+        # The journal settles the money first, then the row makes the prompt done: a crash in
+        # between re-sends the prompt with its first cost already counted, never the reverse.
+        await self._attempts.append(record)
+        await self._writers[prompt.dataset].append(row)
+        dataset = self.datasets[prompt.dataset]
+        dataset.progress.done[prompt.line] = prompt.sha256
+        tokens = result.completion_tokens
+        dataset.progress.output_tokens += tokens
+        if status == "truncated":
+            dataset.progress.truncated += 1
+        else:
+            dataset.progress.ok += 1
+        self.counters.rows += 1
+        self.counters.output_tokens += tokens
+        self.counters.bad_request_streak = 0
+        self.tokens_rate.add(tokens)
+        self.rows_rate.add(1)
+        if stats is not None:
+            stats.ok += 1
+            stats.output_tokens += tokens
+            stats.latencies.append(result.e2e_s)
+            if result.ttft_s is not None:
+                stats.ttfts.append(result.ttft_s)
+        self.limit.on_success()
+
+    def _provider_stats(self, name: str | None) -> ProviderStats | None:
+        if not name:
+            return None
+        stats = self.providers.get(name)
+        if stats is None:
+            stats = self.providers[name] = ProviderStats(name)
+        return stats
+
+    def _on_failure(self, item: WorkItem, error: AttemptError, stats: ProviderStats | None) -> None:
+        self.counters.errors[error.error_class.value] += 1
+        if stats is not None:
+            stats.errors[error.error_class.value] += 1
+        item.last_error = error.message
+        if error.error_class in THROTTLE_CLASSES:
+            self.limit.on_throttle()
+        if error.error_class is ErrorClass.BAD_REQUEST:
+            self.counters.bad_request_streak += 1
+            if self.counters.bad_request_streak >= BAD_REQUEST_STREAK_FATAL and self.counters.rows == 0:
+                self._fatal(StopReason.FATAL, f"every request is refused as bad: {error.message}")
+                return
+        if error.disposition is Disposition.FATAL:
+            self._fatal_error(error)
+            self._queue.push_front(item)  # type: ignore[union-attr]
+            return
+        if error.disposition is Disposition.GIVE_UP or item.run_attempts >= self.settings.job.max_attempts:
+            self._give_up(item, error)
+            return
+        job = self.settings.job
+        bound = min(job.backoff_max_s, job.backoff_base_s * 2 ** (item.run_attempts - 1))
+        delay = self._random.uniform(0, bound)
+        if error.retry_after_s is not None:
+            delay = max(delay, error.retry_after_s)
+        self._queue.push_retry(item, time.monotonic() + delay)  # type: ignore[union-attr]
+
+    def _give_up(self, item: WorkItem, error: AttemptError) -> None:
+        self.datasets[item.prompt.dataset].failed += 1
+        assert self._attempts is not None
+        self._attempts.append(
+            {
+                "k": "gave_up",
+                "ds": item.prompt.dataset,
+                "line": item.prompt.line,
+                "attempts": item.run_attempts,
+                "why": error.message[:300],
+                "ts": time.time(),
+            }
+        )
+
+    def _fatal_error(self, error: AttemptError) -> None:
+        if error.error_class is ErrorClass.CREDITS:
+            self._fatal(StopReason.CREDITS, f"OpenRouter credits exhausted: {error.message}")
+        elif error.error_class is ErrorClass.NO_ENDPOINTS:
+            p = self.settings.openrouter.provider
+            constraints = ", ".join(
+                f"{name}={value}"
+                for name, value in (
+                    ("ignore", self._ignore),
+                    ("only", p.only),
+                    ("order", p.order),
+                    ("quantizations", p.quantizations),
+                    ("max_price", p.max_price),
+                    ("allow_fallbacks", p.allow_fallbacks),
+                    ("max_tokens", self.settings.openrouter.max_tokens),
+                )
+                if value not in (None, [], True)
+            )
+            self._fatal(
+                StopReason.FATAL,
+                f"no provider of {self.settings.openrouter.model} matches the routing constraints "
+                f"({constraints or 'none set'}): {error.message}",
+            )
+        else:
+            self._fatal(StopReason.FATAL, f"{error.error_class.value}: {error.message}")
+
+    def _fatal(self, reason: StopReason, message: str) -> None:
+        if self._stop_mode is None:
+            self._event("fatal", reason=reason.value, message=message)
+            self.stop(reason=reason, message=message)
+
+    # ------------------------------------------------------------------------------- reconciling
+
+    def _reconcile_later(self, pending: Unsettled) -> None:
+        task = asyncio.get_running_loop().create_task(self._reconcile(pending))
+        self._reconcile_tasks.add(task)
+        task.add_done_callback(self._reconcile_tasks.discard)
+
+    async def _reconcile(self, pending: Unsettled) -> None:
+        """Replace an estimated cost with what /generation says was billed (it lags: retry 404s)."""
+        deadline = time.monotonic() + self.settings.job.reconcile_timeout_s
+        delay = 1.0
+        while time.monotonic() < deadline:
+            try:
+                status, body = await self.client.get_json("/generation", {"id": str(pending.generation_id)})
+            except Exception:
+                status, body = 0, None
+            if status == 200 and isinstance(body, dict):
+                data = body.get("data") or {}
+                total = data.get("total_cost", data.get("usage"))
+                if isinstance(total, int | float):
+                    real = to_dollars(total)
+                    delta = real - pending.estimate
+                    self.ledger.spent += delta
+                    self.ledger.spent_estimated -= pending.estimate
+                    assert self._attempts is not None
+                    self._attempts.append(
+                        {
+                            "k": "reconciled",
+                            "rid": pending.rid,
+                            "gen": pending.generation_id,
+                            "cost": str(real),
+                            "delta": str(delta),
+                            "ts": time.time(),
+                        }
+                    )
+                    self._changed.set()
+                    return
+            if status in (401, 403):
+                return
+            await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 10.0)
+
+    # --------------------------------------------------------------------------------- shutdown
+
+    async def _shutdown(self) -> None:
+        for task in list(self._reconcile_tasks):
+            task.cancel()
+        if self._reconcile_tasks:
+            await asyncio.gather(*self._reconcile_tasks, return_exceptions=True)
+        if self.outcome is not None:
+            self._event(
+                "end",
+                reason=self.outcome.reason.value,
+                message=self.outcome.message,
+                spent=str(self.ledger.spent),
+                rows=self.counters.rows,
+            )
+        for writer in [*self._writers.values(), self._attempts, self._events]:
+            if writer is not None:
+                await writer.close()
+        await self.client.close()
+        self._release_lock()
+
+    def _event(self, event: str, **fields: Any) -> None:
+        if self._events is not None:
+            self._events.append({"ts": time.time(), "event": event, **fields})
+
+    # --------------------------------------------------------------------------------- snapshot
+
+    def snapshot(self) -> dict[str, Any]:
+        """A folded view of the job for the console and the headless line."""
+        now = time.monotonic()
+        elapsed = now - self._started_mono
+        total_requests = sum(p.requests for p in self.providers.values())
+        remaining = sum(
+            max(0, s.remaining - s.failed) for s in self.datasets.values() if not s.budget_reached
+        )
+        rows_per_s = self.rows_rate.rate(now, self._started_mono)
+        in_flight_by_provider = Counter(f.provider for f in self._flights.values() if f.provider)
+        providers = []
+        for name, stats in sorted(self.providers.items()):
+            view = stats.view(total_requests)
+            view["in_flight"] = in_flight_by_provider.get(name, 0)
+            endpoint = find_endpoint(self.endpoints, name)
+            view["slug"] = endpoint.slug if endpoint else name.lower()
+            view["excluded"] = view["slug"] in self.excluded
+            providers.append(view)
+        return {
+            "state": self.state.value,
+            "outcome": None
+            if self.outcome is None
+            else {"reason": self.outcome.reason.value, "message": self.outcome.message},
+            "elapsed_s": elapsed,
+            "model": self.settings.openrouter.model,
+            "in_flight": len(self._flights),
+            "concurrency": {"configured": self.limit.configured, "effective": self.limit.effective},
+            "rates": {
+                "output_tokens_per_s": self.tokens_rate.rate(now, self._started_mono),
+                "rows_per_s": rows_per_s,
+                "attempts_per_s": self.attempts_rate.rate(now, self._started_mono),
+            },
+            "money": {
+                "spent": float(self.ledger.spent),
+                "spent_estimated": float(self.ledger.spent_estimated),
+                "reserved": float(self.ledger.reserved),
+                "budget": float(self.ledger.budget),
+                "budget_blocked": self._budget_blocked,
+            },
+            "errors": dict(self.counters.errors),
+            "rows": self.counters.rows,
+            "attempts": self.counters.attempts,
+            "eta_s": remaining / rows_per_s if rows_per_s > 0 else None,
+            "excluded": sorted(self.excluded),
+            "datasets": [
+                {
+                    "name": name,
+                    "total": s.total - s.invalid,
+                    "done": s.done,
+                    "ok": s.progress.ok,
+                    "truncated": s.progress.truncated,
+                    "failed": s.failed,
+                    "invalid": s.invalid,
+                    "in_flight": s.in_flight,
+                    "output_tokens": s.progress.output_tokens,
+                    "token_budget": s.token_budget,
+                    "state": s.state,
+                }
+                for name, s in self.datasets.items()
+            ],
+            "providers": providers,
+        }

@@ -1,0 +1,159 @@
+"""A model's endpoints on OpenRouter, and which of them the settings allow.
+
+Prices arrive as strings of US dollars per token (reference/openrouter.md §9.2); they are kept as
+Decimal so that no float drift enters reservations or the planner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import TYPE_CHECKING, Any
+
+from engine.settings import ProviderSettings
+
+if TYPE_CHECKING:
+    from engine.openrouter.client import OpenRouterClient
+
+# A requested precision admits its finer-named members (reference §2.2).
+QUANTIZATION_FAMILY = {"fp4": {"fp4", "mxfp4", "nvfp4"}, "fp8": {"fp8", "mxfp8"}}
+
+
+class CatalogError(RuntimeError):
+    """The endpoints list could not be read or admits no provider."""
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One provider's endpoint for the model."""
+
+    provider_name: str
+    tag: str
+    quantization: str
+    prompt_price: Decimal
+    completion_price: Decimal
+    context_length: int | None
+    max_completion_tokens: int | None
+    status: int
+    uptime_30m: float | None
+
+    @property
+    def slug(self) -> str:
+        """The routing slug that provider.only/ignore/order match: the tag before any '/'."""
+        return self.tag.split("/", 1)[0].lower()
+
+    def names(self) -> set[str]:
+        return {self.slug, self.tag.lower(), self.provider_name.lower()}
+
+
+def _price(value: Any) -> Decimal:
+    try:
+        price = Decimal(str(value))
+    except (InvalidOperation, ValueError):
+        return Decimal(0)
+    return price if price.is_finite() and price >= 0 else Decimal(0)
+
+
+def parse_endpoints(body: Any) -> list[Endpoint]:
+    """Endpoints from a /models/{author}/{slug}/endpoints body."""
+    data = body.get("data") if isinstance(body, dict) else None
+    raw = data.get("endpoints") if isinstance(data, dict) else None
+    if not isinstance(raw, list):
+        raise CatalogError("endpoints response has no data.endpoints list")
+    endpoints = []
+    for item in raw:
+        if not isinstance(item, dict):
+            continue
+        pricing = item.get("pricing") or {}
+        status = item.get("status")
+        endpoints.append(
+            Endpoint(
+                provider_name=str(item.get("provider_name") or item.get("tag") or "?"),
+                tag=str(item.get("tag") or item.get("provider_name") or "?"),
+                quantization=str(item.get("quantization") or "unknown").lower(),
+                prompt_price=_price(pricing.get("prompt", 0)),
+                completion_price=_price(pricing.get("completion", 0)),
+                context_length=item.get("context_length"),
+                max_completion_tokens=item.get("max_completion_tokens"),
+                status=status if isinstance(status, int) else 0,
+                uptime_30m=item.get("uptime_last_30m"),
+            )
+        )
+    return endpoints
+
+
+async def fetch_endpoints(client: OpenRouterClient, model: str) -> list[Endpoint]:
+    """Read the model's endpoint table from the API."""
+    if model.count("/") != 1:
+        raise CatalogError(f"model {model!r} is not of the form author/slug")
+    try:
+        status, body = await client.get_json(f"/models/{model}/endpoints")
+    except Exception as exc:
+        raise CatalogError(f"cannot reach {client.settings.base_url}: {type(exc).__name__}: {exc}") from None
+    if status != 200:
+        message = body.get("error", {}).get("message") if isinstance(body, dict) else None
+        raise CatalogError(f"endpoints for {model}: HTTP {status} {message or ''}".strip())
+    return parse_endpoints(body)
+
+
+def quantization_allowed(quantization: str, allowed: Collection[str] | None) -> bool:
+    if allowed is None:
+        return True
+    admitted: set[str] = set()
+    for q in allowed:
+        admitted |= QUANTIZATION_FAMILY.get(q, {q})
+    return quantization in admitted
+
+
+def exclusion_reason(
+    endpoint: Endpoint,
+    provider: ProviderSettings,
+    excluded: Collection[str],
+    max_tokens: int | None = None,
+) -> str | None:
+    """Why routing would skip this endpoint, or None when it is allowed."""
+    names = endpoint.names()
+    if names & {name.lower() for name in excluded}:
+        return "excluded at run time"
+    if names & set(provider.ignore):
+        return "named in provider.ignore"
+    if provider.only is not None and not names & set(provider.only):
+        return "not in provider.only"
+    if not quantization_allowed(endpoint.quantization, provider.quantizations):
+        return f"precision {endpoint.quantization} not in provider.quantizations"
+    if provider.max_price:
+        per_million = Decimal(1_000_000)
+        cap_prompt = provider.max_price.get("prompt")
+        cap_completion = provider.max_price.get("completion")
+        if cap_prompt is not None and endpoint.prompt_price * per_million > Decimal(str(cap_prompt)):
+            return "prompt price above provider.max_price"
+        if cap_completion is not None and endpoint.completion_price * per_million > Decimal(
+            str(cap_completion)
+        ):
+            return "completion price above provider.max_price"
+    if (
+        max_tokens is not None
+        and endpoint.max_completion_tokens is not None
+        and max_tokens > endpoint.max_completion_tokens
+    ):
+        return f"max_tokens above its max completion tokens ({endpoint.max_completion_tokens})"
+    return None
+
+
+def allowed_endpoints(
+    endpoints: Iterable[Endpoint],
+    provider: ProviderSettings,
+    excluded: Collection[str] = (),
+    max_tokens: int | None = None,
+) -> list[Endpoint]:
+    return [e for e in endpoints if exclusion_reason(e, provider, excluded, max_tokens) is None]
+
+
+def find_endpoint(endpoints: Iterable[Endpoint], name: str) -> Endpoint | None:
+    """The endpoint a response's `provider` (display name) or an operator's slug refers to."""
+    wanted = name.lower()
+    for endpoint in endpoints:
+        if wanted in endpoint.names():
+            return endpoint
+    return None

@@ -1,0 +1,132 @@
+"""Rebuild a job's state from what it wrote: rows, the attempt journal and the event journal.
+
+Attempt journal records (one JSON object per line, key `k`):
+- `start`: written durably before the request goes out, with its reservation;
+- `gen`: the generation id, as soon as the response headers arrive;
+- `end`: the settled attempt with its cost (`est` when the cost is an estimate);
+- `reconciled`: a later correction of an estimated cost from /generation (`delta` dollars);
+- `gave_up`: a prompt that exhausted its attempts in that run.
+A `start` without an `end` was in flight at a crash: its worst case is charged as an estimate at the
+next start, and reconciled through /generation when its generation id is known.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from engine.jsonl import iter_jsonl, repair_torn_tail
+
+
+@dataclass(slots=True)
+class DatasetProgress:
+    """Rows already written for one dataset."""
+
+    done: dict[int, str] = field(default_factory=dict)  # line -> prompt_sha256
+    ok: int = 0
+    truncated: int = 0
+    output_tokens: int = 0
+    duplicates: int = 0
+    torn_bytes: int = 0
+
+
+@dataclass(slots=True)
+class Unsettled:
+    """An attempt whose cost is not known exactly yet."""
+
+    rid: str
+    dataset: str
+    line: int
+    generation_id: str | None
+    estimate: Decimal
+
+
+@dataclass(slots=True)
+class JournalState:
+    """Money and attempt history rebuilt from the attempt and event journals."""
+
+    spent: Decimal = Decimal(0)
+    spent_estimated: Decimal = Decimal(0)
+    attempts: dict[tuple[str, int], int] = field(default_factory=dict)
+    crashed: list[Unsettled] = field(default_factory=list)  # start without end
+    to_reconcile: list[Unsettled] = field(default_factory=list)  # estimated end with a gen id
+    excluded: set[str] = field(default_factory=set)
+    attempts_total: int = 0
+    torn_bytes: int = 0
+
+
+def read_rows(results_path: Path, output_tokens_of: Any = None) -> DatasetProgress:
+    """Rows of one raw_responses.jsonl, repairing a torn last line first."""
+    progress = DatasetProgress(torn_bytes=repair_torn_tail(results_path))
+    if not results_path.exists():
+        return progress
+    for _, row in iter_jsonl(results_path):
+        line = row.get("line")
+        if not isinstance(line, int):
+            continue
+        if line in progress.done:
+            progress.duplicates += 1
+            continue
+        progress.done[line] = str(row.get("prompt_sha256"))
+        if row.get("status") == "truncated":
+            progress.truncated += 1
+        else:
+            progress.ok += 1
+        usage = row.get("usage") or {}
+        tokens = usage.get("completion_tokens")
+        progress.output_tokens += tokens if isinstance(tokens, int) else 0
+    return progress
+
+
+def read_journals(attempts_path: Path, events_path: Path) -> JournalState:
+    """Spend, attempt counts, unsettled attempts and exclusions from the two journals."""
+    state = JournalState(torn_bytes=repair_torn_tail(attempts_path))
+    repair_torn_tail(events_path)
+    starts: dict[str, dict[str, Any]] = {}
+    generation: dict[str, str] = {}
+    estimated: dict[str, Unsettled] = {}
+    attempts: dict[tuple[str, int], int] = defaultdict(int)
+    if attempts_path.exists():
+        for _, rec in iter_jsonl(attempts_path):
+            kind = rec.get("k")
+            rid = str(rec.get("rid", ""))
+            if kind == "start":
+                starts[rid] = rec
+                attempts[(rec["ds"], rec["line"])] += 1
+                state.attempts_total += 1
+            elif kind == "gen":
+                generation[rid] = rec["gen"]
+            elif kind == "end":
+                start = starts.pop(rid, None)
+                cost = Decimal(str(rec.get("cost") or 0))
+                state.spent += cost
+                if rec.get("est"):
+                    state.spent_estimated += cost
+                    gen = rec.get("gen") or generation.get(rid)
+                    if gen:
+                        ds = rec.get("ds", start["ds"] if start else "")
+                        line = rec.get("line", start["line"] if start else -1)
+                        estimated[rid] = Unsettled(rid, ds, line, gen, cost)
+            elif kind == "reconciled":
+                delta = Decimal(str(rec.get("delta") or 0))
+                state.spent += delta
+                settled = estimated.pop(rid, None)
+                if settled is not None:
+                    state.spent_estimated -= settled.estimate
+    for rid, start in starts.items():
+        state.crashed.append(
+            Unsettled(rid, start["ds"], start["line"], generation.get(rid), Decimal(str(start["reserved"])))
+        )
+    state.to_reconcile = list(estimated.values())
+    state.attempts = dict(attempts)
+    if events_path.exists():
+        for _, event in iter_jsonl(events_path):
+            name = event.get("event")
+            if name == "exclude":
+                state.excluded.add(str(event["provider"]).lower())
+            elif name == "include":
+                state.excluded.discard(str(event["provider"]).lower())
+    return state

@@ -1,0 +1,225 @@
+"""Typed settings: a TOML file, then `REGEN_` environment variables, then `OPENROUTER_API_KEY`.
+
+Every field carries a docstring; `settings.example.toml` is written from them, so the two never
+drift apart (a test checks it).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+DEFAULT_SETTINGS_FILE = Path("settings.toml")
+ENV_PREFIX = "REGEN_"
+KEY_ENV = "OPENROUTER_API_KEY"
+
+Quantization = Literal[
+    "int4", "int8", "fp4", "mxfp4", "nvfp4", "fp6", "fp8", "mxfp8", "fp16", "bf16", "fp32", "unknown"
+]
+RowStatus = Literal["ok", "truncated"]
+
+
+class SettingsError(ValueError):
+    """Settings that cannot be used; `problems` holds one line per problem."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True)
+
+
+class ProviderSettings(_Section):
+    """The `provider` routing object sent with every request (reference/openrouter.md §2.2)."""
+
+    ignore: list[str] = Field(default_factory=list)
+    """Provider slugs never to route to (e.g. "deepinfra"); the console adds to this at run time."""
+    only: list[str] | None = None
+    """If set, route only to these provider slugs."""
+    order: list[str] | None = None
+    """If set, try these provider slugs first, in this order (disables load balancing)."""
+    quantizations: list[Quantization] | None = None
+    """If set, route only to endpoints serving one of these precisions (e.g. ["int4", "fp8"])."""
+    sort: Literal["price", "throughput", "latency"] | None = "price"
+    """Strict routing order by price, throughput or latency; empty for OpenRouter's balancing."""
+    allow_fallbacks: bool = True
+    """Let OpenRouter fall back to other allowed providers when the first one fails."""
+    require_parameters: bool = False
+    """Route only to endpoints that honour every sampling parameter sent."""
+    data_collection: Literal["allow", "deny"] | None = None
+    """"deny" keeps only providers that neither store nor train on prompts."""
+    max_price: dict[str, float] | None = None
+    """Price ceiling in USD per MILLION tokens, e.g. {prompt = 1, completion = 4}."""
+
+    @field_validator("ignore", "only", "order")
+    @classmethod
+    def _lower(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else [slug.strip().lower() for slug in value]
+
+
+class OpenRouterSettings(_Section):
+    """How requests reach OpenRouter and what they ask for."""
+
+    base_url: str = "https://openrouter.ai/api/v1"
+    """API root; tests and `regen demo` point this at the simulator."""
+    api_key: SecretStr | None = None
+    """The API key. Prefer the OPENROUTER_API_KEY environment variable to writing it here."""
+    model: str = "moonshotai/kimi-k2.5"
+    """The model slug to generate with."""
+    stream: bool = True
+    """Stream responses (an aborted stream stops billing at providers that support it)."""
+    max_tokens: int = Field(16384, ge=1)
+    """Output token cap per response; always sent, and the basis of each request's reservation."""
+    temperature: float | None = Field(1.0, ge=0, le=2)
+    """Sampling temperature; empty to leave it to the provider."""
+    top_p: float | None = Field(0.95, gt=0, le=1)
+    """Nucleus sampling; empty to leave it to the provider."""
+    reasoning: dict[str, Any] | None = Field(default_factory=lambda: {"enabled": True})
+    """The `reasoning` object; never set exclude = true, training needs the reasoning text."""
+    provider: ProviderSettings = Field(default_factory=ProviderSettings)
+    """Routing preferences."""
+    connect_timeout_s: float = Field(30.0, gt=0)
+    """Seconds to open a connection."""
+    read_timeout_s: float = Field(300.0, gt=0)
+    """Seconds without a byte (keep-alive comments count) before an attempt is abandoned."""
+    request_timeout_s: float = Field(1800.0, gt=0)
+    """Seconds for a whole attempt, first byte to last."""
+    app_title: str = "regen"
+    """Sent as X-Title for OpenRouter's app attribution."""
+
+
+class JobSettings(_Section):
+    """What to generate, how hard to push, and when to stop."""
+
+    datasets: list[Path] = Field(default_factory=list)
+    """Dataset folders, each holding prompts.jsonl."""
+    dataset_roots: list[Path] = Field(default_factory=list)
+    """Folders whose subfolders holding prompts.jsonl are datasets."""
+    run_dir: Path = Path("regen-run")
+    """Where the job keeps its journals, lock and control socket."""
+    concurrency: int = Field(2000, ge=1, le=20000)
+    """Requests in flight at most."""
+    adaptive_concurrency: bool = True
+    """Back off under a 429/503 storm and climb back to `concurrency` once it passes."""
+    min_concurrency: int = Field(8, ge=1)
+    """Adaptive backoff never goes below this."""
+    max_attempts: int = Field(6, ge=1)
+    """Attempts per prompt in one run before it is given up (a later run tries again)."""
+    backoff_base_s: float = Field(1.0, gt=0)
+    """First retry delay bound; doubles each attempt, full jitter."""
+    backoff_max_s: float = Field(60.0, gt=0)
+    """Largest retry delay bound."""
+    budget_usd: float = Field(100.0, ge=0)
+    """Hard dollar budget: spent + reserved for requests in flight never exceeds it."""
+    dataset_token_budget: int | None = Field(None, ge=1)
+    """Output tokens per dataset after which its dispatch stops; empty for no limit."""
+    finish_reasons: dict[str, RowStatus] = Field(
+        default_factory=lambda: {"stop": "ok", "length": "truncated"}
+    )
+    """Finish reasons that finish a prompt, and the row status each one gives."""
+    skip_invalid: bool = False
+    """Skip (and journal) invalid prompt lines instead of refusing to start."""
+    commit_interval_s: float = Field(0.005, ge=0)
+    """How long writes gather before one fsync (group commit)."""
+    reconcile_timeout_s: float = Field(60.0, ge=0)
+    """How long to look up the cost of requests a crash left unsettled before estimating it."""
+
+
+class HeadlessSettings(_Section):
+    """The status line of `--headless` runs."""
+
+    status_interval_s: float = Field(5.0, gt=0)
+    """Seconds between status lines."""
+
+
+class Settings(BaseSettings):
+    """All of regen's settings."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="forbid",
+        use_attribute_docstrings=True,
+        validate_default=True,
+    )
+
+    openrouter: OpenRouterSettings = Field(default_factory=OpenRouterSettings)
+    """The OpenRouter backend."""
+    job: JobSettings = Field(default_factory=JobSettings)
+    """The generation job."""
+    headless: HeadlessSettings = Field(default_factory=HeadlessSettings)
+    """Headless output."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The file's values arrive as init kwargs; the environment must win over them.
+        return (env_settings, init_settings)
+
+
+def _key_path(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(part) for part in loc)
+
+
+def _env_name(key: str) -> str:
+    return ENV_PREFIX + key.replace(".", "__").upper()
+
+
+def load_settings(path: Path | None = None) -> Settings:
+    """Load settings from `path` (or ./settings.toml when present, else defaults) and the environment.
+
+    Raises SettingsError with one line per problem, each naming the key and where it came from.
+    """
+    env = os.environ
+    source = path
+    if source is None and DEFAULT_SETTINGS_FILE.is_file():
+        source = DEFAULT_SETTINGS_FILE
+    data: dict[str, Any] = {}
+    if source is not None:
+        try:
+            with open(source, "rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError:
+            raise SettingsError([f"{source}: settings file not found"]) from None
+        except IsADirectoryError:
+            raise SettingsError([f"{source}: is a folder, not a settings file"]) from None
+        except tomllib.TOMLDecodeError as exc:
+            raise SettingsError([f"{source}: not valid TOML: {exc}"]) from None
+        except OSError as exc:
+            raise SettingsError([f"{source}: cannot read: {exc.strerror}"]) from None
+    where = str(source) if source is not None else "built-in defaults"
+    try:
+        settings = Settings(**data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors(include_input=False, include_url=False):
+            key = _key_path(err["loc"])
+            origin = f"environment {_env_name(key)}" if _env_name(key) in env else where
+            problems.append(f"{origin}: {key}: {err['msg']}")
+        raise SettingsError(problems) from None
+    if settings.openrouter.api_key is None and env.get(KEY_ENV):
+        settings.openrouter.api_key = SecretStr(env[KEY_ENV])
+    base = source.parent if source is not None else Path.cwd()
+    settings.job.datasets = [_resolve(base, p) for p in settings.job.datasets]
+    settings.job.dataset_roots = [_resolve(base, p) for p in settings.job.dataset_roots]
+    settings.job.run_dir = _resolve(base, settings.job.run_dir)
+    return settings
+
+
+def _resolve(base: Path, path: Path) -> Path:
+    """Relative paths in a settings file are relative to that file, not to the working folder."""
+    path = path.expanduser()
+    return path if path.is_absolute() else (base / path)
