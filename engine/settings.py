@@ -223,3 +223,57 @@ def _resolve(base: Path, path: Path) -> Path:
     """Relative paths in a settings file are relative to that file, not to the working folder."""
     path = path.expanduser()
     return path if path.is_absolute() else (base / path)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, SecretStr):
+        return '""'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, Path | str):
+        return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    raise TypeError(f"no TOML form for {type(value).__name__}")
+
+
+def example_toml() -> str:
+    """settings.example.toml: every setting, its docstring as a comment, its default value."""
+    lines = [
+        "# regen settings: every setting with its default. Copy to settings.toml and edit.",
+        "# Environment variables override the file: REGEN_<SECTION>__<KEY>, e.g. REGEN_JOB__CONCURRENCY=500.",
+        "# The API key is best given as OPENROUTER_API_KEY, never committed.",
+        "# Relative paths are relative to the settings file.",
+    ]
+
+    def section(title: str, model: type[BaseModel], defaults: BaseModel) -> None:
+        lines.append("")
+        lines.append(f"[{title}]")
+        doc = (model.__doc__ or "").strip()
+        if doc:
+            lines.append(f"# {doc}")
+        nested = []
+        for name, info in model.model_fields.items():
+            value = getattr(defaults, name)
+            if isinstance(value, BaseModel):
+                nested.append((f"{title}.{name}", type(value), value))
+                continue
+            lines.append("")
+            for doc_line in (info.description or "").splitlines():
+                lines.append(f"# {doc_line}".rstrip())
+            if value is None:
+                lines.append(f"# {name} =")
+            else:
+                lines.append(f"{name} = {_toml_value(value)}")
+        for sub in nested:
+            section(*sub)
+
+    defaults = Settings.model_construct()
+    for name in Settings.model_fields:
+        value = getattr(defaults, name)
+        section(name, type(value), value)
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,93 @@
+"""`regen demo`: the real job against the built-in OpenRouter simulator and the bundled sample.
+
+No key, no host, no money: the simulator runs in the same process on a loopback port, with a few
+providers of different speeds and a light sprinkle of faults, so retries and the budget show.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from importlib import resources
+from pathlib import Path
+
+from engine.settings import JobSettings, OpenRouterSettings, Settings
+
+MARKER = ".regen-demo"
+
+
+def demo_sim_config() -> object:
+    from engine.sim.config import SimConfig
+
+    return SimConfig(
+        min_completion_tokens=40,
+        max_completion_tokens=600,
+        chunk_interval_s=0.05,
+        keepalive_interval_s=1.0,
+        faults={"http_429": 0.02, "http_502": 0.01, "mid_stream_error": 0.005, "cut_mid_stream": 0.005},
+        seed=7,
+    )
+
+
+def prepare_folder(folder: Path) -> Path:
+    """Lay out a fresh copy of the bundled datasets; refuse to replace a folder that is not ours."""
+    if folder.exists():
+        if not (folder / MARKER).exists():
+            raise SystemExit(f"regen: {folder} exists and is not a regen demo folder; pass --dir elsewhere")
+        shutil.rmtree(folder)
+    datasets = folder / "datasets"
+    datasets.mkdir(parents=True)
+    (folder / MARKER).write_text("scratch folder of `regen demo`; replaced on each run\n")
+    bundled = resources.files("engine.demo") / "datasets"
+    for entry in bundled.iterdir():
+        source = entry / "prompts.jsonl"
+        if source.is_file():
+            target = datasets / entry.name
+            target.mkdir()
+            (target / "prompts.jsonl").write_bytes(source.read_bytes())
+    return datasets
+
+
+def demo_settings(folder: Path, base_url: str, api_key: str) -> Settings:
+    return Settings(
+        openrouter=OpenRouterSettings(base_url=base_url, api_key=api_key, max_tokens=512),
+        job=JobSettings(
+            dataset_roots=[folder / "datasets"],
+            run_dir=folder / "run",
+            concurrency=64,
+            budget_usd=5.0,
+            backoff_base_s=0.5,
+        ),
+        headless={"status_interval_s": 2.0},
+    )
+
+
+def run_demo(folder: Path, *, headless: bool) -> int:
+    from engine.headless import run_headless
+    from engine.job import Job, JobError
+    from engine.runtime import run
+    from engine.sim.server import OpenRouterSim
+
+    prepare_folder(folder)
+    if not headless:
+        print("regen: the console is not available in this version; running headless", file=sys.stderr)
+
+    async def go() -> int:
+        config = demo_sim_config()
+        sim = OpenRouterSim(config)  # type: ignore[arg-type]
+        await sim.start()
+        try:
+            settings = demo_settings(folder, sim.base_url, config.api_keys[0])  # type: ignore[attr-defined]
+            print(f"regen demo: simulator at {sim.base_url}, results under {folder}/datasets", flush=True)
+            job = Job(settings)
+            try:
+                await job.prepare()
+            except JobError as exc:
+                print(f"regen: {exc}", file=sys.stderr)
+                return 1
+            outcome = await run_headless(job)
+            return outcome.exit_code
+        finally:
+            await sim.stop()
+
+    return run(go())
