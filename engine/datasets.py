@@ -194,15 +194,18 @@ def _all_string_values(messages: list[dict[str, Any]]) -> bool:
     return True
 
 
-def _canonical_fast(messages: list[dict[str, Any]]) -> bytes:
-    # orjson with sorted keys writes the same bytes as the json.dumps definition for dicts whose
-    # values are all strings: it escapes exactly the same characters (proved over every code
-    # point in tests/test_datasets.py) and sorts keys by code point, as Python does. Numbers are
-    # where the two differ (orjson writes 1e-7 where json writes 1e-07, and reads integers past
-    # 64 bits as floats), so any non-string value takes the reference path.
-    if orjson is not None and _all_string_values(messages):
-        return orjson.dumps(messages, option=orjson.OPT_SORT_KEYS)
-    return canonical_json(messages)
+# Integers beyond 64 bits come out of orjson as floats of at least this size.
+_ORJSON_INT_LIMIT = float(2**63)
+
+
+def _holds_huge_float(value: Any) -> bool:
+    if type(value) is float:
+        return abs(value) >= _ORJSON_INT_LIMIT
+    if type(value) is dict:
+        return any(_holds_huge_float(v) for v in value.values())
+    if type(value) is list:
+        return any(_holds_huge_float(v) for v in value)
+    return False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -243,27 +246,31 @@ def reason_kind(reason: str) -> str:
     return re.sub(r"\s+", " ", _QUOTED.sub("", kind)).strip()
 
 
-def _parse(raw: bytes) -> Any:
-    """The parsed document, or a ``_Reason`` when the line is not JSON at all."""
+def _parse(raw: bytes) -> tuple[Any, bool]:
+    """``(document, exact)``, or ``(_Reason, False)`` when the line is not JSON at all.
+
+    ``exact`` is true when the reference parser (``json.loads``) read the line, so numbers are
+    exactly what it would make of them; orjson reads integers past 64 bits as floats.
+    """
     if orjson is not None:
         try:
-            return orjson.loads(raw)
+            return orjson.loads(raw), False
         except orjson.JSONDecodeError:
             pass  # classify below; some of what orjson refuses is still valid JSON
     if not raw.strip():
-        return _Reason("blank line")
+        return _Reason("blank line"), False
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        return _Reason("not valid UTF-8")
+        return _Reason("not valid UTF-8"), False
     if text.startswith("\ufeff"):
-        return _Reason("starts with a UTF-8 byte order mark")
+        return _Reason("starts with a UTF-8 byte order mark"), False
     try:
-        # Integers past 64 bits and lone surrogate escapes are valid JSON that orjson refuses
-        # or rounds; the reference parser reads them, so the line is judged on what it says.
-        return _strict_json_loads(text)
+        # Lone surrogate escapes are valid JSON that orjson refuses; the reference parser reads
+        # them, so the line is judged on what it says.
+        return _strict_json_loads(text), True
     except (ValueError, RecursionError):
-        return _Reason("not valid JSON")
+        return _Reason("not valid JSON"), False
 
 
 class _Reason(str):
@@ -273,7 +280,7 @@ class _Reason(str):
 
 
 def _check(raw: bytes) -> _Valid | str:
-    obj = _parse(raw)
+    obj, exact = _parse(raw)
     if type(obj) is _Reason:
         return str(obj)
     if not isinstance(obj, dict):
@@ -314,10 +321,24 @@ def _check(raw: bytes) -> _Valid | str:
     if meta is not None and not isinstance(meta, dict):
         return "meta is not an object"
     try:
-        canonical = _canonical_fast(messages)
+        if not exact and _all_string_values(messages) and not (meta and _holds_huge_float(meta)):
+            # orjson with sorted keys writes the same bytes as the json.dumps definition when
+            # every message value is a string: it escapes exactly the same characters (proved
+            # over every code point in tests/test_datasets.py) and sorts keys by code point, as
+            # Python does. Numbers are where the two differ (1e-7 against 1e-07, and integers
+            # past 64 bits read as floats), so those lines go the reference way.
+            canonical = orjson.dumps(messages, option=orjson.OPT_SORT_KEYS)
+        else:
+            if not exact:
+                obj = _strict_json_loads(raw)
+                messages = obj["messages"]
+            canonical = canonical_json(messages)
     except UnicodeEncodeError:
         # json.loads accepts "\ud800"; such a string has no UTF-8 form, so no canonical hash.
         return "a string holds an unpaired surrogate escape"
+    except (ValueError, RecursionError):
+        # orjson took it but the reference parser does not: judge by the reference.
+        return "not valid JSON"
     return _Valid(obj, messages, canonical, chars)
 
 
