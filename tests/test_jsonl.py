@@ -76,9 +76,7 @@ def test_iter_jsonl_missing_file_yields_nothing(tmp_path: Path) -> None:
     ("bad", "what"),
     [(b"{oops\n", "corrupt JSON"), (b"\n", "corrupt JSON"), (b"[1,2]\n", "not a JSON object")],
 )
-def test_iter_jsonl_corrupt_complete_line_names_file_and_line(
-    tmp_path: Path, bad: bytes, what: str
-) -> None:
+def test_iter_jsonl_corrupt_complete_line_names_file_and_line(tmp_path: Path, bad: bytes, what: str) -> None:
     p = tmp_path / "f.jsonl"
     p.write_bytes(b'{"i":0}\n{"i":1}\n' + bad + b'{"i":3}\n')
     it = iter_jsonl(p)
@@ -279,8 +277,9 @@ def test_sigkill_at_random_moments_loses_no_acknowledged_line(tmp_path: Path) ->
         ack_file = tmp_path / f"acks{round_no}.txt"
         before = sum(1 for _ in iter_jsonl(out))
         with open(ack_file, "wb") as ack_out:
-            child = subprocess.Popen([sys.executable, str(script), str(out)], stdout=ack_out,
-                                     env=env, cwd=REPO)
+            child = subprocess.Popen(
+                [sys.executable, str(script), str(out)], stdout=ack_out, env=env, cwd=REPO
+            )
         try:
             deadline = time.monotonic() + 15
             while ack_file.stat().st_size == 0:

@@ -32,8 +32,13 @@ def _user(text: str) -> Message:
     return {"role": "user", "content": text}
 
 
-def _line(messages: list[Message], *, id: str | None = None, meta: dict[str, Any] | None = None,
-          system: str | None = None) -> Line:
+def _line(
+    messages: list[Message],
+    *,
+    id: str | None = None,
+    meta: dict[str, Any] | None = None,
+    system: str | None = None,
+) -> Line:
     msgs = ([{"role": "system", "content": system}] if system else []) + messages
     line: Line = {}
     if id is not None:
@@ -91,17 +96,29 @@ CHAT_SYSTEMS = [
 
 # Hand-written prompts in other languages; they replace generated lines at fixed positions.
 CHAT_FOREIGN = {
-    17: _line([_user("Erkläre bitte in drei Sätzen, wie eine Wärmepumpe funktioniert "
-                     "und warum sie im Winter effizienter ist als eine Elektroheizung.")],
-              id="de-001"),
-    53: _line([_user("機械学習における過学習とは何ですか？簡単な例を挙げて説明してください。")],
-              id="ja-001"),
-    88: _line([_user("Quelle est la différence entre un virus et une bactérie ? "
-                     "Réponds en français, en un paragraphe.")]),
-    131: _line([_user("東京から大阪まで新幹線で移動する場合、所要時間と料金の目安を教えてください。")],
-               system="あなたは丁寧な旅行アドバイザーです。日本語で答えてください。"),
-    164: _line([_user("Schreib mir ein kurzes Gedicht über den Herbst im Schwarzwald 🍂.")],
-               id="de-002"),
+    17: _line(
+        [
+            _user(
+                "Erkläre bitte in drei Sätzen, wie eine Wärmepumpe funktioniert "
+                "und warum sie im Winter effizienter ist als eine Elektroheizung."
+            )
+        ],
+        id="de-001",
+    ),
+    53: _line([_user("機械学習における過学習とは何ですか？簡単な例を挙げて説明してください。")], id="ja-001"),
+    88: _line(
+        [
+            _user(
+                "Quelle est la différence entre un virus et une bactérie ? "
+                "Réponds en français, en un paragraphe."
+            )
+        ]
+    ),
+    131: _line(
+        [_user("東京から大阪まで新幹線で移動する場合、所要時間と料金の目安を教えてください。")],
+        system="あなたは丁寧な旅行アドバイザーです。日本語で答えてください。",
+    ),
+    164: _line([_user("Schreib mir ein kurzes Gedicht über den Herbst im Schwarzwald 🍂.")], id="de-002"),
 }
 
 # Multi-turn conversations; each replaces a generated line at its position.
@@ -113,14 +130,20 @@ CHAT_MULTI = {
     ],
     76: [
         _user("Summarise the plot of Hamlet in one sentence."),
-        {"role": "assistant", "content": "A Danish prince feigns madness to avenge his father's "
-                                         "murder by his uncle, and nearly everyone dies."},
+        {
+            "role": "assistant",
+            "content": "A Danish prince feigns madness to avenge his father's "
+            "murder by his uncle, and nearly everyone dies.",
+        },
         _user("Now do the same for Macbeth."),
     ],
     143: [
         _user("I want to start running. Where do I begin?"),
-        {"role": "assistant", "content": "Start with run-walk intervals three times a week: one "
-                                         "minute running, two minutes walking, for twenty minutes."},
+        {
+            "role": "assistant",
+            "content": "Start with run-walk intervals three times a week: one "
+            "minute running, two minutes walking, for twenty minutes.",
+        },
         _user("My knees hurt after the second week. What should I change?"),
     ],
     187: [
@@ -218,23 +241,38 @@ def build_code() -> list[Line]:
         for ti, task in enumerate(tasks):
             n = li * len(tasks) + ti
             prompt = f"{task} Use {lang}." if lang != "SQL" else f"{task} Use PostgreSQL."
-            system = (f"You are a senior {lang} engineer. Prefer clear, idiomatic code "
-                      "and explain trade-offs briefly.") if ti % 4 == 0 else None
+            system = (
+                (
+                    f"You are a senior {lang} engineer. Prefer clear, idiomatic code "
+                    "and explain trade-offs briefly."
+                )
+                if ti % 4 == 0
+                else None
+            )
             meta = {"language": lang.lower(), "task": ti} if n % 3 == 0 else None
             line_id = f"code-{lang.lower()}-{ti:02d}" if n % 2 == 0 else None
             if ti % 9 == 8 and lang != "SQL":
                 messages = [
                     _user(prompt),
-                    {"role": "assistant", "content": f"Here is a straightforward {lang} "
-                                                     "version, with comments on each step."},
+                    {
+                        "role": "assistant",
+                        "content": f"Here is a straightforward {lang} version, with comments on each step.",
+                    },
                     _user(CODE_MULTI_FOLLOWUPS[li % len(CODE_MULTI_FOLLOWUPS)]),
                 ]
             else:
                 messages = [_user(prompt)]
             lines.append(_line(messages, id=line_id, meta=meta, system=system))
     # One code prompt in Japanese, replacing a generated one.
-    lines[45] = _line([_user("Pythonで、与えられたリストから重複を取り除き、元の順序を保つ関数を"
-                             "書いてください。計算量も説明してください。")], id="code-ja-001")
+    lines[45] = _line(
+        [
+            _user(
+                "Pythonで、与えられたリストから重複を取り除き、元の順序を保つ関数を"
+                "書いてください。計算量も説明してください。"
+            )
+        ],
+        id="code-ja-001",
+    )
     return lines
 
 
@@ -246,25 +284,34 @@ REASONING_SYSTEM = "Think carefully, then give the final answer on its own line.
 
 def _trains(i: int) -> str:
     a, b, d = 40 + 5 * (i % 7), 55 + 3 * (i % 5), 180 + 20 * (i % 6)
-    return (f"Two trains leave stations {d} km apart at the same time and head towards each "
-            f"other, one at {a} km/h and the other at {b} km/h. When and where do they meet?")
+    return (
+        f"Two trains leave stations {d} km apart at the same time and head towards each "
+        f"other, one at {a} km/h and the other at {b} km/h. When and where do they meet?"
+    )
 
 
 def _mixture(i: int) -> str:
     x, y, p, q = 2 + i % 5, 3 + i % 4, 10 + 5 * (i % 4), 40 + 5 * (i % 3)
-    return (f"A chemist mixes {x} litres of a {p}% acid solution with {y} litres of a {q}% "
-            "solution. What is the concentration of the mixture, and how much pure water "
-            "would bring it down to 15%?")
+    return (
+        f"A chemist mixes {x} litres of a {p}% acid solution with {y} litres of a {q}% "
+        "solution. What is the concentration of the mixture, and how much pure water "
+        "would bring it down to 15%?"
+    )
 
 
 def _logic(i: int) -> str:
     names = ["Alice", "Bilal", "Chen", "Dana", "Emre", "Fatima", "Gus", "Hana"]
     a, b, c = names[i % 8], names[(i + 3) % 8], names[(i + 5) % 8]
     # The names repeat every 8 problems, so the rule of the puzzle changes with each round.
-    rule = ["Exactly one of them tells the truth.", "Exactly two of them tell the truth.",
-            "At least one of them lies."][i // 8 % 3]
-    return (f"{a} says: '{b} is lying.' {b} says: '{c} is lying.' {c} says: '{a} and {b} "
-            f"are both lying.' {rule} Who is telling the truth? Show your reasoning.")
+    rule = [
+        "Exactly one of them tells the truth.",
+        "Exactly two of them tell the truth.",
+        "At least one of them lies.",
+    ][i // 8 % 3]
+    return (
+        f"{a} says: '{b} is lying.' {b} says: '{c} is lying.' {c} says: '{a} and {b} "
+        f"are both lying.' {rule} Who is telling the truth? Show your reasoning."
+    )
 
 
 ESTIMATES = [
@@ -305,10 +352,23 @@ def build_reasoning() -> list[Line]:
         else:
             messages = [_user(text)]
         lines.append(_line(messages, id=f"r-{i:03d}" if i % 4 == 1 else None, system=system))
-    lines[42] = _line([_user("Ein Laden senkt den Preis um 20 % und erhöht ihn danach um 20 %. "
-                             "Ist der Endpreis höher, niedriger oder gleich? Begründe.")])
-    lines[67] = _line([_user("3人の兄弟の年齢の合計は36歳で、長男は次男より4歳上、次男は三男より"
-                             "4歳上です。それぞれ何歳ですか？")], system=REASONING_SYSTEM)
+    lines[42] = _line(
+        [
+            _user(
+                "Ein Laden senkt den Preis um 20 % und erhöht ihn danach um 20 %. "
+                "Ist der Endpreis höher, niedriger oder gleich? Begründe."
+            )
+        ]
+    )
+    lines[67] = _line(
+        [
+            _user(
+                "3人の兄弟の年齢の合計は36歳で、長男は次男より4歳上、次男は三男より"
+                "4歳上です。それぞれ何歳ですか？"
+            )
+        ],
+        system=REASONING_SYSTEM,
+    )
     return lines
 
 
