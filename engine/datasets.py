@@ -461,6 +461,11 @@ class ScanReport:
     content_chars: array[int] = field(default_factory=lambda: array("q"))
 
     @property
+    def total(self) -> int:
+        """Same as ``lines``: every line of the file, valid or not."""
+        return self.lines
+
+    @property
     def invalid_lines(self) -> frozenset[int]:
         """The invalid line numbers, ready for ``iter_prompts(skip_lines=...)``."""
         return frozenset(i.line for i in self.invalid)

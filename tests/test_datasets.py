@@ -306,7 +306,7 @@ def test_scan_counts_lines_invalid_duplicates(parser: str, tmp_path: Path) -> No
     ds = _mixed_dataset(tmp_path)
     r = scan(ds)
     assert (r.dataset, r.path) == ("mix", ds.prompts_path)
-    assert r.lines == 9
+    assert r.lines == r.total == 9
     assert r.valid == 6
     assert r.invalid == [
         InvalidLine("mix", 1, "blank line"),
