@@ -1,0 +1,190 @@
+"""Everything the OpenRouter simulator can be switched to, as one pydantic model.
+
+Defaults follow the current OpenRouter docs (reference/openrouter.md §13); each older or observed
+variant is a field. Tests mutate a live simulator's `config` between requests, and the /_sim/config
+admin route merges JSON patches into it, so every field is read per request.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from engine.sim.catalog import DEFAULT_MODEL_ID, SimModel, default_models
+
+# Faults that fail an attempt before the first byte with a plain HTTP error. When drawn from a
+# provider's own rates they trigger OpenRouter's silent fallback to the next endpoint.
+HTTP_FAULTS: tuple[str, ...] = (
+    "http_429",
+    "http_429_retry_after",
+    "http_429_ratelimit_reset",
+    "http_500",
+    "http_502",
+    "http_503",
+    "http_408",
+    "http_524",
+    "http_529",
+)
+
+FAULT_CLASSES: tuple[str, ...] = (
+    *HTTP_FAULTS,
+    "http_402_in_flight",
+    "error_body_200",
+    "error_choice_200",
+    "mid_stream_error",
+    "silent_failure",
+    "reset_before_headers",
+    "cut_mid_stream",
+    "cut_nonstream_body",
+    "reasoning_exhaustion",
+    "degenerate",
+    "empty_stop",
+    "missing_usage",
+    "missing_cost",
+    "slow_first_token",
+)
+
+UsageShape = Literal["A", "B", "C"]
+
+
+class SimConfigError(ValueError):
+    """A config file the simulator cannot use; the message names the file and the problem."""
+
+
+def _check_rates(rates: dict[str, float], where: str) -> dict[str, float]:
+    for name, p in rates.items():
+        if name not in FAULT_CLASSES:
+            raise ValueError(f"unknown fault class {name!r} in {where}")
+        if not 0.0 <= float(p) <= 1.0:
+            raise ValueError(f"fault {name!r} probability {p} is outside 0..1 in {where}")
+    return rates
+
+
+class SimConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+
+    # --- auth and money -------------------------------------------------------------------
+    api_keys: list[str] = Field(default_factory=lambda: ["sk-sim-test"])
+    management_key: str = "sk-sim-management"
+    credits: float = 1000.0  # total credits bought, USD; balance = credits - usage
+    key_limit: float | None = None  # per-key spending limit, USD
+    key_limit_reset: Literal["daily", "weekly", "monthly"] | None = None
+    credits_require_management_key: bool = True  # current docs; False = older docs
+    user_id: str = "user_2simSimSimSimSimSimSimSim00"
+    zero_completion_insurance: bool = True
+    byok: bool = False  # cost becomes OpenRouter's fee (0); provider charge in upstream cost
+
+    # --- catalog ---------------------------------------------------------------------------
+    models: list[SimModel] = Field(default_factory=default_models)
+    default_model: str = DEFAULT_MODEL_ID  # used when a request names no model
+    # Per-endpoint field overrides keyed by tag, base slug or display name (case-insensitive),
+    # e.g. {"fireworks": {"tokens_per_s": 500, "ttft_s": 0}}; easier to patch than `models`.
+    endpoint_overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    # --- timing ----------------------------------------------------------------------------
+    time_scale: float = 1.0  # multiplies every TTFT and per-token delay; tests use ~0.01
+    chunk_interval_s: float = 0.05  # a stream flushes the tokens produced so far this often
+    keepalive_interval_s: float = 1.0  # ": OPENROUTER PROCESSING" while no token is due
+    generation_lookup_delay_s: float = 2.0  # GET /generation is 404 until this after completion
+
+    # --- completions -------------------------------------------------------------------------
+    min_completion_tokens: int = 32
+    max_completion_tokens: int = 512
+    reasoning_share: float = 0.3  # fraction of the completion that is reasoning (if enabled)
+    usage_shape: UsageShape = "A"  # A: choices:[] + cost; B: one choice, no cost; C: none
+    seed: int = 0
+
+    # --- faults ----------------------------------------------------------------------------
+    faults: dict[str, float] = Field(default_factory=dict)  # class -> probability per request
+    # Per-provider rates keyed like endpoint_overrides, drawn per attempt; an HTTP fault here
+    # fails only that attempt and OpenRouter falls back when allowed.
+    provider_faults: dict[str, dict[str, float]] = Field(default_factory=dict)
+    rogue_providers: list[str] = Field(default_factory=list)  # ignore quantizations filter
+    slow_first_token_factor: float = 20.0
+    fault_position: float = 0.5  # share of the completion sent before a mid-stream fault
+    retry_after_s: int = 2  # Retry-After seconds on 429/503/402-in-flight faults
+    done_after_error: bool = True  # send [DONE] after a mid-stream error chunk
+    requests_maxlen: int = 100_000
+
+    @field_validator("faults")
+    @classmethod
+    def _valid_faults(cls, v: dict[str, float]) -> dict[str, float]:
+        return _check_rates(v, "faults")
+
+    @field_validator("provider_faults")
+    @classmethod
+    def _valid_provider_faults(cls, v: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        for provider, rates in v.items():
+            _check_rates(rates, f"provider_faults[{provider!r}]")
+        return v
+
+    @field_validator("min_completion_tokens", "max_completion_tokens")
+    @classmethod
+    def _positive(cls, v: int) -> int:
+        if v < 0:
+            raise ValueError("must be >= 0")
+        return v
+
+    @field_validator("reasoning_share", "fault_position")
+    @classmethod
+    def _share(cls, v: float) -> float:
+        if not 0.0 <= v <= 1.0:
+            raise ValueError("must be within 0..1")
+        return v
+
+
+def merge_patch(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """RFC 7386 merge: dicts merge recursively, null deletes a key (a top-level field then
+    falls back to its default), anything else replaces."""
+    out = dict(base)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_patch(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def patched(config: SimConfig, patch: dict[str, Any]) -> SimConfig:
+    """A new validated config with `patch` merged in; raises pydantic.ValidationError."""
+    return SimConfig.model_validate(merge_patch(config.model_dump(), patch))
+
+
+def load_sim_config(path: Path | None) -> SimConfig:
+    """Read a TOML or JSON config file; None gives the defaults."""
+    if path is None:
+        return SimConfig()
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise SimConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".toml":
+            data: Any = tomllib.loads(raw.decode("utf-8"))
+        elif suffix == ".json":
+            data = json.loads(raw.decode("utf-8"))
+        else:
+            raise SimConfigError(f"{path}: unsupported config type {suffix!r} (use .toml or .json)")
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SimConfigError(f"{path}: not valid {suffix[1:].upper()}: {exc}") from None
+    if not isinstance(data, dict):
+        raise SimConfigError(f"{path}: the top level must be a table/object")
+    # A file may wrap the settings in [openrouter] so one file can also configure other sims.
+    if set(data) == {"openrouter"} and isinstance(data["openrouter"], dict):
+        data = data["openrouter"]
+    try:
+        return SimConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '(top)'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise SimConfigError(f"{path}: {problems}") from None

@@ -1,0 +1,1262 @@
+"""`OpenRouterSim`: a real aiohttp server on loopback speaking OpenRouter's wire format.
+
+One process, one event loop. Each request is served by its own aiohttp handler task; a stream wakes
+every `chunk_interval_s` and flushes all tokens produced since its last flush in one write, so cost
+scales with chunks, never with tokens. Money truth lives in `ledger`; `requests` keeps a bounded
+summary of every chat request for tests to assert on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import math
+import os
+import random
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from aiohttp import web
+from pydantic import ValidationError
+
+from engine.sim import faults as fault_bodies
+from engine.sim.catalog import Pricing, SimEndpoint, SimModel
+from engine.sim.config import HTTP_FAULTS, SimConfig, patched
+from engine.sim.ledger import GenerationRecord, Ledger, ProviderAttempt
+from engine.sim.routing import (
+    NoEndpoints,
+    RequestError,
+    filter_endpoints,
+    matches,
+    order_endpoints,
+    parse_prefs,
+)
+from engine.sim.stream import DONE, KEEPALIVE, ChunkBuilder, costs, reasoning_details, usage_object
+from engine.sim.text import CONTENT_CYCLE, REASONING_CYCLE, degenerate, span
+
+_ALNUM = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+# Faults that end a stream early; the share sent first is config.fault_position.
+_PARTIAL_FAULTS = frozenset({"mid_stream_error", "error_choice_200", "cut_mid_stream",
+                             "cut_nonstream_body"})
+_CUT_FAULTS = frozenset({"cut_mid_stream", "cut_nonstream_body"})
+_METADATA_HEADERS = ("X-OpenRouter-Metadata", "X-OpenRouter-Experimental-Metadata")
+
+
+def _rand_id(n: int = 20) -> str:
+    # Not seeded: ids must stay unique across simulator restarts that share a seed.
+    return "".join(_ALNUM[b % 62] for b in os.urandom(n))
+
+
+def _json(
+    status: int, body: dict[str, Any], headers: dict[str, str]
+) -> web.Response:
+    headers["Content-Type"] = "application/json"
+    return web.Response(status=status, body=orjson.dumps(body), headers=headers)
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z"
+    )
+
+
+def estimate_prompt_tokens(messages: list[Any]) -> int:
+    """Deterministic stand-in for the native tokenizer: utf-8 bytes // 4 + 4 per message."""
+    n = 0
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, str):
+            n += len(content.encode())
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    n += len(part["text"].encode())
+    return n // 4 + 4 * len(messages)
+
+
+class _ClientGone(Exception):
+    """The client closed the connection while a stream was being written."""
+
+
+@dataclass(slots=True)
+class _Plan:
+    """Everything decided about one generation before its first byte."""
+
+    gen_id: str
+    request_id: str
+    created: int
+    started: float  # loop time when the request arrived
+    started_wall: float
+    model: SimModel
+    ep: SimEndpoint
+    stream: bool
+    prompt_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int  # the first `reasoning_tokens` of the completion are reasoning
+    reported_reasoning: int  # what usage says (may exceed completion_tokens, §3.1 oddity)
+    finish_reason: str | None
+    native_finish_reason: str | None
+    fault: str | None
+    ttft: float
+    tps: float
+    off_content: int
+    off_reasoning: int
+    show_reasoning: bool
+    usage_shape: str
+    stop_at: int  # tokens produced before a partial fault fires; completion_tokens otherwise
+    degenerate: bool = False
+    attempts: list[ProviderAttempt] = field(default_factory=list)
+    candidates: list[SimEndpoint] = field(default_factory=list)
+    session_id: str | None = None
+    requested_model: str = ""
+    want_metadata: bool = False
+
+
+class OpenRouterSim:
+    """The simulator. `config` may be replaced or mutated at any time; it is read per request."""
+
+    def __init__(self, config: SimConfig | None = None) -> None:
+        self.config: SimConfig = config if config is not None else SimConfig()
+        self.ledger = Ledger(lambda: self.config)
+        self.requests: deque[dict[str, Any]] = deque(maxlen=self.config.requests_maxlen)
+        self.in_flight = 0
+        self.peak_in_flight = 0
+        self.total_requests = 0
+        self.served: Counter[str] = Counter()
+        self.faults_injected: Counter[str] = Counter()
+        self._rng = random.Random(self.config.seed)
+        self._sticky: dict[tuple[str, str], str] = {}
+        self._runner: web.AppRunner | None = None
+        self._host = "127.0.0.1"
+        self._port: int | None = None
+
+    # --- lifecycle -------------------------------------------------------------------------
+    def make_app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        r = app.router
+        r.add_post("/api/v1/chat/completions", self._chat)
+        r.add_get("/api/v1/key", self._key)
+        r.add_get("/api/v1/auth/key", self._key)
+        r.add_get("/api/v1/credits", self._credits)
+        r.add_get("/api/v1/generation", self._generation)
+        r.add_get("/api/v1/models", self._models)
+        r.add_get("/api/v1/models/{author}/{slug}/endpoints", self._endpoints_route)
+        r.add_get("/_sim/state", self._state_route)
+        r.add_get("/_sim/config", self._config_get)
+        r.add_post("/_sim/config", self._config_post)
+        return app
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        # handler_cancellation off: a non-stream request keeps running (and is billed) after
+        # the client leaves, as at OpenRouter (§1.4).
+        runner = web.AppRunner(
+            self.make_app(), access_log=None, handler_cancellation=False, shutdown_timeout=1.0
+        )
+        await runner.setup()
+        # A deep backlog: 2000 clients connect at once and SYN retries would cost seconds.
+        site = web.TCPSite(runner, host, port, backlog=4096, reuse_address=True)
+        await site.start()
+        self._runner = runner
+        self._host = host
+        self._port = int(runner.addresses[0][1])
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("simulator not started")
+        return self._port
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self._host}:{self.port}/api/v1"
+
+    async def __aenter__(self) -> OpenRouterSim:
+        if self._runner is None:
+            await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "ledger": self.ledger.summary(),
+            "counters": {
+                "in_flight": self.in_flight,
+                "peak_in_flight": self.peak_in_flight,
+                "total_requests": self.total_requests,
+            },
+            "served": dict(self.served),
+            "faults_injected": dict(self.faults_injected),
+        }
+
+    # --- helpers ---------------------------------------------------------------------------
+    @staticmethod
+    def _headers(gen_id: str | None = None) -> dict[str, str]:
+        h = {
+            "server": "cloudflare",
+            "access-control-allow-origin": "*",
+            "access-control-expose-headers": "X-Generation-Id,cf-ray",
+            "cf-ray": os.urandom(8).hex() + "-DFW",
+        }
+        if gen_id is not None:
+            h["X-Generation-Id"] = gen_id
+        return h
+
+    def _error(
+        self,
+        status: int,
+        message: str,
+        *,
+        gen_id: str | None = None,
+        **extra: Any,
+    ) -> web.Response:
+        err: dict[str, Any] = {"message": message, "code": status, **extra}
+        return _json(status, {"error": err}, self._headers(gen_id))
+
+    def _auth(self, request: web.Request) -> str | web.Response:
+        header = request.headers.get("Authorization", "")
+        scheme, _, key = header.partition(" ")
+        key = key.strip()
+        if scheme.lower() != "bearer" or not key:
+            return self._error(401, "No auth credentials found")
+        cfg = self.config
+        if key not in cfg.api_keys and key != cfg.management_key:
+            return self._error(401, "User not found.")
+        return key
+
+    def _find_model(self, name: str) -> tuple[SimModel | None, str | None]:
+        base, _, variant = name.partition(":")
+        for m in self.config.models:
+            if base in (m.id, m.canonical_slug):
+                if variant and variant not in ("nitro", "floor", "exacto"):
+                    return None, None
+                return m, variant or None
+        return None, None
+
+    def _endpoints(self, model: SimModel) -> list[SimEndpoint]:
+        overrides = self.config.endpoint_overrides
+        if not overrides:
+            return model.endpoints
+        out: list[SimEndpoint] = []
+        for e in model.endpoints:
+            update: dict[str, Any] = {}
+            for name, fields in overrides.items():
+                if matches(e, name):
+                    update.update(fields)
+            if isinstance(update.get("pricing"), dict):
+                update["pricing"] = Pricing(**{**e.pricing.model_dump(), **update["pricing"]})
+            out.append(e.model_copy(update=update) if update else e)
+        return out
+
+    def _provider_rates(self, ep: SimEndpoint) -> dict[str, float]:
+        pf = self.config.provider_faults
+        if not pf:
+            return {}
+        rates: dict[str, float] = {}
+        for name, r in pf.items():
+            if matches(ep, name):
+                rates.update(r)
+        return rates
+
+    # --- POST /chat/completions ----------------------------------------------------------------
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        self.total_requests += 1
+        self.in_flight += 1
+        if self.in_flight > self.peak_in_flight:
+            self.peak_in_flight = self.in_flight
+        summary: dict[str, Any] = {
+            "model": None,
+            "provider": None,
+            "max_tokens": None,
+            "stream": None,
+            "served_by": None,
+            "error": None,
+            "fault": None,
+            "status": None,
+            "gen_id": None,
+        }
+        self.requests.append(summary)
+        try:
+            resp = await self._chat_inner(request, summary)
+            if summary["status"] is None:
+                summary["status"] = resp.status
+            return resp
+        finally:
+            self.in_flight -= 1
+
+    async def _chat_inner(
+        self, request: web.Request, summary: dict[str, Any]
+    ) -> web.StreamResponse:
+        cfg = self.config
+        auth = self._auth(request)
+        if isinstance(auth, web.Response):
+            summary["error"] = "unauthorized"
+            return auth
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError:
+            summary["error"] = "bad_request"
+            return self._error(400, "Invalid JSON in request body",
+                               metadata={"error_type": "invalid_request"})
+        if not isinstance(body, dict):
+            summary["error"] = "bad_request"
+            return self._error(400, "Request body must be a JSON object",
+                               metadata={"error_type": "invalid_request"})
+        summary["model"] = body.get("model")
+        summary["provider"] = body.get("provider")
+        summary["stream"] = body.get("stream") is True
+        bad = self._validate(body)
+        if bad is not None:
+            summary["error"] = "bad_request"
+            return self._error(400, bad, metadata={"error_type": "invalid_request"})
+        max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
+        summary["max_tokens"] = max_tokens
+        try:
+            prefs = parse_prefs(body.get("provider"))
+        except RequestError as exc:
+            summary["error"] = "bad_request"
+            return self._error(400, str(exc), metadata={"error_type": "invalid_request"})
+
+        requested = body.get("model") or cfg.default_model
+        names = [requested, *[m for m in body.get("models") or [] if m != requested]]
+        resolved: list[tuple[SimModel, str | None]] = []
+        for name in names:
+            model, variant = self._find_model(name)
+            if model is None:
+                summary["error"] = "model_not_found"
+                return self._error(
+                    400,
+                    f"{name} is not a valid model ID",
+                    metadata={"error_type": "invalid_request"},
+                    availability={
+                        "code": "model_not_found",
+                        "retryable": False,
+                        "requested_models": [name],
+                        "docs_url": "https://openrouter.ai/docs/errors#model_not_found",
+                    },
+                )
+            resolved.append((model, variant))
+
+        messages: list[Any] = body["messages"]
+        prompt_tokens = estimate_prompt_tokens(messages)
+        session_id = body.get("session_id") or request.headers.get("x-session-id")
+
+        # Routing over the model list: each model's ordered endpoints, in model order.
+        candidates: list[tuple[SimModel, SimEndpoint]] = []
+        first_404: NoEndpoints | None = None
+        for model, variant in resolved:
+            try:
+                eps = filter_endpoints(model, self._endpoints(model), prefs, body,
+                                       prompt_tokens, max_tokens, cfg.rogue_providers)
+            except NoEndpoints as exc:
+                first_404 = first_404 or exc
+                continue
+            sticky = None
+            if session_id and not prefs.order:
+                sticky = self._sticky.get((model.id, str(session_id)))
+            model_sort = {"nitro": "throughput", "floor": "price"}.get(variant or "")
+            ordered = order_endpoints(eps, prefs, self._rng, model_sort, sticky)
+            candidates.extend((model, e) for e in ordered)
+        if not candidates:
+            assert first_404 is not None
+            summary["error"] = "no_endpoints"
+            return _json(404, first_404.body, self._headers())
+
+        primary_model, primary = candidates[0]
+        refusal = self._preflight(primary_model, primary, prompt_tokens, max_tokens)
+        if refusal is not None:
+            summary["error"] = "payment_required"
+            return refusal
+
+        fault = fault_bodies.draw(cfg.faults, self._rng)
+        if fault == "http_402_in_flight":
+            return self._fault_response(fault, primary_model, primary, None, summary)
+        if fault == "reset_before_headers":
+            return self._reset(request, summary, fault)
+
+        gen_id = f"gen-{int(time.time())}-{_rand_id()}"
+        summary["gen_id"] = gen_id
+        if fault in HTTP_FAULTS:
+            return self._fault_response(fault, primary_model, primary, gen_id, summary)
+
+        tried = candidates if prefs.allow_fallbacks else candidates[:1]
+        attempts: list[ProviderAttempt] = []
+        last: tuple[str, SimModel, SimEndpoint] | None = None
+        for model, ep in tried:
+            pfault = fault_bodies.draw(self._provider_rates(ep), self._rng)
+            if pfault in HTTP_FAULTS:
+                # Fails this attempt only; OpenRouter silently moves on (§2.3 step 5).
+                status, _, _ = fault_bodies.http_fault(
+                    pfault, provider_name=ep.provider_name, model_id=model.id,
+                    retry_after_s=cfg.retry_after_s, user_id=cfg.user_id)
+                attempts.append(ProviderAttempt(
+                    endpoint_id=_endpoint_id(model, ep), provider_name=ep.provider_name,
+                    model_permaslug=model.canonical_slug, status=status, latency_ms=0,
+                    upstream_id=""))
+                last = (pfault, model, ep)
+                self.faults_injected[pfault] += 1
+                continue
+            if pfault == "reset_before_headers":
+                return self._reset(request, summary, pfault)
+            if pfault == "http_402_in_flight":
+                return self._fault_response(pfault, model, ep, gen_id, summary)
+            plan = self._plan(
+                request, body, gen_id, model, ep, prompt_tokens, max_tokens,
+                fault or pfault, attempts, [e for _, e in candidates],
+            )
+            plan.session_id = str(session_id) if session_id else None
+            plan.requested_model = requested
+            summary["served_by"] = ep.tag
+            summary["fault"] = plan.fault
+            if plan.fault:
+                self.faults_injected[plan.fault] += 1
+            self.served[ep.tag] += 1
+            if plan.session_id and not prefs.order:
+                self._sticky[(model.id, plan.session_id)] = ep.tag
+            if plan.stream:
+                return await self._serve_stream(request, plan, summary)
+            return await self._serve_json(request, plan)
+        assert last is not None
+        pfault, model, ep = last
+        self.faults_injected[pfault] -= 1  # counted again by _fault_response
+        return self._fault_response(pfault, model, ep, gen_id, summary)
+
+    @staticmethod
+    def _validate(body: dict[str, Any]) -> str | None:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return "Invalid request parameters: 'messages' is required and must be a non-empty array"
+        for m in messages:
+            if not isinstance(m, dict) or m.get("role") not in _ROLES:
+                return "Invalid request parameters: each message needs a valid 'role'"
+        model = body.get("model")
+        if model is not None and not isinstance(model, str):
+            return "Invalid request parameters: 'model' must be a string"
+        models = body.get("models")
+        if models is not None and (
+            not isinstance(models, list) or not all(isinstance(m, str) for m in models)
+        ):
+            return "Invalid request parameters: 'models' must be an array of strings"
+        for key in ("max_tokens", "max_completion_tokens"):
+            v = body.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                return f"Invalid request parameters: '{key}' must be an integer >= 1"
+        stream = body.get("stream")
+        if stream is not None and not isinstance(stream, bool):
+            return "Invalid request parameters: 'stream' must be a boolean"
+        return None
+
+    def _preflight(
+        self, model: SimModel, ep: SimEndpoint, prompt_tokens: int, max_tokens: int | None
+    ) -> web.Response | None:
+        """Refuse what the balance or key limit cannot cover at worst case (§6.5 item 1)."""
+        remaining, source = self.ledger.affordable()
+        wanted = max_tokens or ep.max_completion_tokens or model.default_max_completion_tokens
+        prompt_cost = float(ep.pricing.prompt) * prompt_tokens + float(ep.pricing.request)
+        per_token = float(ep.pricing.completion)
+        if prompt_cost + wanted * per_token <= remaining:
+            return None
+        can = max(0, math.floor((remaining - prompt_cost) / per_token)) if per_token > 0 else 0
+        if source == "key_limit":
+            tail = ("To increase, visit https://openrouter.ai/settings/keys and create a key "
+                    "with a higher monthly limit")
+        else:
+            tail = ("To increase, visit https://openrouter.ai/settings/credits and upgrade to a "
+                    "paid account")
+        body = {
+            "error": {
+                "message": (f"This request requires more credits, or fewer max_tokens. You "
+                            f"requested up to {wanted} tokens, but can only afford {can}. {tail}"),
+                "code": 402,
+                "metadata": {"provider_name": None},
+            },
+            "user_id": self.config.user_id,
+        }
+        return _json(402, body, self._headers())
+
+    def _fault_response(
+        self,
+        fault: str,
+        model: SimModel,
+        ep: SimEndpoint,
+        gen_id: str | None,
+        summary: dict[str, Any],
+    ) -> web.Response:
+        cfg = self.config
+        self.faults_injected[fault] += 1
+        status, body, extra = fault_bodies.http_fault(
+            fault, provider_name=ep.provider_name, model_id=model.id,
+            retry_after_s=cfg.retry_after_s, user_id=cfg.user_id)
+        summary["error"] = fault
+        summary["fault"] = fault
+        headers = self._headers(gen_id)
+        headers.update(extra)
+        return _json(status, body, headers)
+
+    def _reset(
+        self, request: web.Request, summary: dict[str, Any], fault: str
+    ) -> web.Response:
+        self.faults_injected[fault] += 1
+        summary["error"] = fault
+        summary["fault"] = fault
+        summary["status"] = 0
+        if request.transport is not None:
+            request.transport.close()
+        return web.Response(status=500)
+
+    # --- planning ------------------------------------------------------------------------------
+    def _plan(
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        gen_id: str,
+        model: SimModel,
+        ep: SimEndpoint,
+        prompt_tokens: int,
+        max_tokens: int | None,
+        fault: str | None,
+        attempts: list[ProviderAttempt],
+        candidates: list[SimEndpoint],
+    ) -> _Plan:
+        cfg = self.config
+        digest = hashlib.blake2b(
+            cfg.seed.to_bytes(8, "little", signed=True) + orjson.dumps(body["messages"]),
+            digest_size=16,
+        ).digest()
+        lo = cfg.min_completion_tokens
+        hi = max(lo, cfg.max_completion_tokens)
+        length = lo + int.from_bytes(digest[0:4], "little") % (hi - lo + 1)
+        reasoning_on, show = _reasoning_mode(body, model)
+        reasoning = round(length * cfg.reasoning_share) if reasoning_on else 0
+        cap = max_tokens or ep.max_completion_tokens or model.default_max_completion_tokens
+        finish: str | None = "stop"
+        native: str | None = "stop"
+        if length > cap:
+            completion = cap
+            reasoning = min(reasoning, cap)
+            finish = native = "length"
+        else:
+            completion = length
+        reported_reasoning = reasoning
+        shape = cfg.usage_shape
+        is_degenerate = False
+        if fault == "reasoning_exhaustion":
+            completion = cap if max_tokens else length
+            reasoning = completion
+            # Detail counts need not be consistent: reasoning_tokens > completion_tokens (§3.1).
+            reported_reasoning = completion + 3
+            finish = native = "length"
+            show = True
+        elif fault == "degenerate":
+            reasoning = reported_reasoning = 0
+            is_degenerate = True
+            finish = native = "stop"
+        elif fault == "empty_stop":
+            completion = reasoning
+            finish = native = "stop"
+        elif fault == "silent_failure":
+            completion = reasoning = reported_reasoning = 0
+            finish, native = "stop", "network_error"
+        elif fault == "missing_usage":
+            shape = "C"
+        elif fault == "missing_cost":
+            shape = "B"
+        jitter = int.from_bytes(digest[12:16], "little") / 2**32 * 2 - 1
+        ttft = max(0.0, ep.ttft_s + ep.ttft_jitter * jitter) * cfg.time_scale
+        if fault == "slow_first_token":
+            ttft *= cfg.slow_first_token_factor
+        tps = ep.tokens_per_s / cfg.time_scale if cfg.time_scale > 0 else math.inf
+        stop_at = completion
+        if fault in _PARTIAL_FAULTS:
+            stop_at = min(completion, max(1, int(completion * cfg.fault_position)))
+        return _Plan(
+            gen_id=gen_id,
+            request_id=f"req-{int(time.time())}-{_rand_id()}",
+            created=int(time.time()),
+            started=asyncio.get_running_loop().time(),
+            started_wall=time.time(),
+            model=model,
+            ep=ep,
+            stream=body.get("stream") is True,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion,
+            reasoning_tokens=reasoning,
+            reported_reasoning=reported_reasoning,
+            finish_reason=finish,
+            native_finish_reason=native,
+            fault=fault,
+            ttft=ttft,
+            tps=tps,
+            off_content=int.from_bytes(digest[4:8], "little"),
+            off_reasoning=int.from_bytes(digest[8:12], "little"),
+            show_reasoning=show,
+            usage_shape=shape,
+            stop_at=stop_at,
+            degenerate=is_degenerate,
+            attempts=list(attempts),
+            candidates=candidates,
+            want_metadata=any(
+                request.headers.get(h, "").lower() == "enabled" for h in _METADATA_HEADERS
+            ),
+        )
+
+    # --- billing ---------------------------------------------------------------------------
+    def _bill(
+        self,
+        plan: _Plan,
+        completion: int,
+        reasoning: int,
+        finish: str | None,
+        native: str | None,
+        *,
+        cancelled: bool,
+        first_token_at: float | None,
+    ) -> tuple[float, float, float]:
+        """Debit the ledger once per generation; returns (cost, prompt part, completion part)."""
+        cfg = self.config
+        insured = cfg.zero_completion_insurance and (
+            finish == "error" or (completion == 0 and finish is None)
+        )
+        if insured:
+            cost = prompt_cost = completion_cost = 0.0
+        else:
+            cost, prompt_cost, completion_cost = costs(plan.ep, plan.prompt_tokens, completion)
+        upstream = cost
+        if cfg.byok:
+            upstream, cost = cost, 0.0
+        now_loop = asyncio.get_running_loop().time()
+        latency = (first_token_at if first_token_at is not None else now_loop) - plan.started
+        attempts = [
+            *plan.attempts,
+            ProviderAttempt(
+                endpoint_id=_endpoint_id(plan.model, plan.ep),
+                provider_name=plan.ep.provider_name,
+                model_permaslug=plan.model.canonical_slug,
+                status=200,
+                latency_ms=int(latency * 1000),
+                upstream_id="chatcmpl-" + plan.gen_id[-20:].lower(),
+            ),
+        ]
+        self.ledger.record(
+            GenerationRecord(
+                id=plan.gen_id,
+                request_id=plan.request_id,
+                upstream_id="chatcmpl-" + plan.gen_id[-20:].lower(),
+                model=plan.model.canonical_slug,
+                provider_name=plan.ep.provider_name,
+                tag=plan.ep.tag,
+                prompt_tokens=plan.prompt_tokens,
+                completion_tokens=completion,
+                reasoning_tokens=reasoning,
+                cost=cost,
+                upstream_inference_cost=upstream if cfg.byok else 0.0,
+                streamed=plan.stream,
+                cancelled=cancelled,
+                finish_reason=finish,
+                native_finish_reason=native,
+                created_at=plan.started_wall,
+                completed_at=time.time(),
+                latency_ms=int(latency * 1000),
+                generation_time_ms=int((now_loop - plan.started) * 1000),
+                is_byok=cfg.byok,
+                session_id=plan.session_id,
+                attempts=attempts,
+            )
+        )
+        return cost, prompt_cost, completion_cost
+
+    def _bill_cancel(self, plan: _Plan, produced: int, first_token_at: float | None) -> None:
+        """§1.4: cancellation stops billing only at providers that support it."""
+        if plan.ep.supports_cancellation:
+            self._bill(plan, produced, min(produced, plan.reasoning_tokens), None, None,
+                       cancelled=True, first_token_at=first_token_at)
+        else:
+            self._bill(plan, plan.completion_tokens, plan.reported_reasoning,
+                       plan.finish_reason, plan.native_finish_reason,
+                       cancelled=True, first_token_at=first_token_at)
+
+    def _usage(self, plan: _Plan, completion: int, reasoning: int,
+               billed: tuple[float, float, float]) -> dict[str, Any] | None:
+        cost, pc, cc = billed
+        return usage_object(plan.prompt_tokens, completion, reasoning, cost, pc, cc,
+                            shape=plan.usage_shape, byok=self.config.byok)
+
+    def _router_metadata(self, plan: _Plan) -> dict[str, Any]:
+        return {
+            "requested": plan.requested_model,
+            "strategy": "fallback" if plan.attempts else "direct",
+            "region": "DFW",
+            "summary": f"available={len(plan.candidates)}, selected={plan.ep.provider_name}",
+            "attempt": len(plan.attempts) + 1,
+            "is_byok": self.config.byok,
+            "endpoints": {
+                "total": len(plan.model.endpoints),
+                "available": [
+                    {"provider": e.provider_name, "model": plan.model.canonical_slug,
+                     "selected": e is plan.ep}
+                    for e in plan.candidates
+                ],
+            },
+            "attempts": [
+                {"provider": a.provider_name, "model": a.model_permaslug, "status": a.status}
+                for a in plan.attempts
+            ],
+        }
+
+    # --- text ----------------------------------------------------------------------------------
+    def _content_text(self, plan: _Plan, start: int, end: int) -> str:
+        """Content tokens [start, end), counted from the first content token."""
+        if plan.degenerate:
+            return degenerate(start, end)
+        return span(CONTENT_CYCLE, plan.off_content, start, end)
+
+    def _token_events(self, plan: _Plan, cb: ChunkBuilder, a: int, b: int) -> bytes:
+        r = plan.reasoning_tokens
+        out: list[bytes] = []
+        if a < r and plan.show_reasoning:
+            out.append(cb.reasoning(span(REASONING_CYCLE, plan.off_reasoning, a, min(b, r))))
+        if b > r:
+            out.append(cb.content(self._content_text(plan, max(a, r) - r, b - r)))
+        return b"".join(out)
+
+    # --- non-stream ----------------------------------------------------------------------------
+    async def _serve_json(self, request: web.Request, plan: _Plan) -> web.StreamResponse:
+        fault = plan.fault
+        produced = plan.stop_at
+        if fault == "error_body_200":
+            produced = 0
+        delay = plan.ttft + (produced / plan.tps if plan.tps != math.inf else 0.0)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        # Billed whether or not the client is still there: non-stream is billed in full (§1.4).
+        first_at = plan.started + plan.ttft
+        headers = self._headers(plan.gen_id)
+        if fault == "error_body_200":
+            self._bill(plan, 0, 0, None, None, cancelled=False, first_token_at=first_at)
+            return _json(200, fault_bodies.error_body_200(plan.ep.provider_name,
+                                                         self.config.user_id), headers)
+        errored = fault in ("error_choice_200", "mid_stream_error")
+        if errored:
+            completion, reasoning = produced, min(produced, plan.reasoning_tokens)
+            finish = native = "error"
+        else:
+            completion, reasoning = plan.completion_tokens, plan.reported_reasoning
+            finish, native = plan.finish_reason, plan.native_finish_reason
+        billed = self._bill(plan, completion, reasoning, finish, native,
+                            cancelled=False, first_token_at=first_at)
+        r = min(plan.reasoning_tokens, completion)
+        content_tokens = completion - r if not errored else max(0, produced - r)
+        message: dict[str, Any] = {"role": "assistant"}
+        if content_tokens == 0 and fault == "reasoning_exhaustion":
+            message["content"] = None
+        else:
+            message["content"] = self._content_text(plan, 0, content_tokens)
+        message["refusal"] = None
+        if r and plan.show_reasoning:
+            rtext = span(REASONING_CYCLE, plan.off_reasoning, 0, r)
+            message["reasoning"] = rtext
+            message["reasoning_details"] = reasoning_details(rtext)
+        else:
+            message["reasoning"] = None
+        choice: dict[str, Any] = {
+            "index": 0,
+            "logprobs": None,
+            "finish_reason": finish,
+            "native_finish_reason": native,
+            "message": message,
+        }
+        if errored:
+            choice["error"] = fault_bodies.provider_disconnected()
+        out: dict[str, Any] = {
+            "id": plan.gen_id,
+            "object": "chat.completion",
+            "created": plan.created,
+            "model": plan.model.canonical_slug,
+            "provider": plan.ep.provider_name,
+            "system_fingerprint": None,
+            "service_tier": None,
+            "choices": [choice],
+        }
+        usage = self._usage(plan, completion, reasoning, billed)
+        if usage is not None:
+            out["usage"] = usage
+        if plan.want_metadata:
+            out["openrouter_metadata"] = self._router_metadata(plan)
+        if fault not in _CUT_FAULTS:
+            return _json(200, out, headers)
+        # Cut part-way: a Content-Length the body never reaches, then the connection closes.
+        data = orjson.dumps(out)
+        headers["Content-Type"] = "application/json"
+        resp = web.StreamResponse(status=200, headers=headers)
+        resp.content_length = len(data)
+        with contextlib.suppress(ConnectionError):
+            await resp.prepare(request)
+            await resp.write(data[: max(1, int(len(data) * self.config.fault_position))])
+        if request.transport is not None:
+            request.transport.close()
+        return resp
+
+    # --- stream --------------------------------------------------------------------------------
+    async def _serve_stream(
+        self, request: web.Request, plan: _Plan, summary: dict[str, Any]
+    ) -> web.StreamResponse:
+        headers = self._headers(plan.gen_id)
+        headers["Content-Type"] = "text/event-stream"
+        headers["Cache-Control"] = "no-cache"
+        resp = web.StreamResponse(status=200, headers=headers)
+        loop = asyncio.get_running_loop()
+        first_at = plan.started + plan.ttft
+        sent = 0
+        started_tokens = False
+        try:
+            await resp.prepare(request)
+            await resp.write(KEEPALIVE)  # seen on the wire before the first token
+            await self._wait_first_token(request, resp, first_at)
+            cb = ChunkBuilder(plan.gen_id, plan.ep.provider_name, plan.model.canonical_slug,
+                              plan.created)
+            if plan.fault == "error_body_200":
+                self._bill(plan, 0, 0, None, None, cancelled=False, first_token_at=first_at)
+                err = fault_bodies.error_body_200(plan.ep.provider_name, self.config.user_id)
+                await resp.write(cb.error_no_choices(err["error"]) + DONE)
+                return resp
+            await resp.write(cb.role())
+            started_tokens = True
+            sent = await self._pump(request, resp, plan, cb, first_at)
+        except (_ClientGone, ConnectionError):
+            produced = self._produced(plan, loop.time(), first_at) if started_tokens else 0
+            self._bill_cancel(plan, max(sent, produced), first_at if started_tokens else None)
+            summary["cancelled"] = True
+            return resp
+        except asyncio.CancelledError:
+            # Server shutdown mid-stream: still account for what the provider produced.
+            produced = self._produced(plan, loop.time(), first_at) if started_tokens else 0
+            self._bill_cancel(plan, max(sent, produced), first_at if started_tokens else None)
+            raise
+        return await self._finish_stream(request, resp, plan, cb, first_at)
+
+    async def _wait_first_token(
+        self, request: web.Request, resp: web.StreamResponse, first_at: float
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        keepalive = max(self.config.keepalive_interval_s, 0.01)
+        while True:
+            remaining = first_at - loop.time()
+            if remaining <= 0:
+                return
+            await asyncio.sleep(min(remaining, keepalive))
+            _check_client(request)
+            if loop.time() < first_at:
+                await resp.write(KEEPALIVE)
+
+    @staticmethod
+    def _produced(plan: _Plan, now: float, first_at: float) -> int:
+        if now < first_at:
+            return 0
+        if plan.tps == math.inf:
+            return plan.stop_at
+        return min(plan.stop_at, int((now - first_at) * plan.tps) + 1)
+
+    async def _pump(
+        self,
+        request: web.Request,
+        resp: web.StreamResponse,
+        plan: _Plan,
+        cb: ChunkBuilder,
+        first_at: float,
+    ) -> int:
+        """Flush produced tokens every chunk interval until `stop_at`; returns tokens sent."""
+        loop = asyncio.get_running_loop()
+        cfg = self.config
+        interval = max(cfg.chunk_interval_s, 0.001)
+        keepalive = max(cfg.keepalive_interval_s, 0.01)
+        sent = 0
+        last_write = loop.time()
+        while sent < plan.stop_at:
+            now = loop.time()
+            produced = self._produced(plan, now, first_at)
+            if produced > sent:
+                data = self._token_events(plan, cb, sent, produced)
+                sent = produced
+                if data:
+                    await resp.write(data)
+                    last_write = now
+            if now - last_write >= keepalive:
+                await resp.write(KEEPALIVE)
+                last_write = now
+            if sent >= plan.stop_at:
+                break
+            # Sleep a whole interval, or until the next token if tokens are slower than that.
+            next_token = first_at + sent / plan.tps
+            await asyncio.sleep(max(interval, min(next_token - loop.time(), keepalive)))
+            _check_client(request)
+        return sent
+
+    async def _finish_stream(
+        self,
+        request: web.Request,
+        resp: web.StreamResponse,
+        plan: _Plan,
+        cb: ChunkBuilder,
+        first_at: float,
+    ) -> web.StreamResponse:
+        fault = plan.fault
+        tail: list[bytes] = []
+        if fault in _CUT_FAULTS:
+            # The connection drops with no error event and no [DONE] (§4.4, §13.17).
+            self._bill_cancel(plan, plan.stop_at, first_at)
+            if request.transport is not None:
+                request.transport.close()
+            return resp
+        if fault in ("mid_stream_error", "error_choice_200"):
+            produced = plan.stop_at
+            self._bill(plan, produced, min(produced, plan.reasoning_tokens), "error", "error",
+                       cancelled=False, first_token_at=first_at)
+            err = fault_bodies.provider_disconnected()
+            if fault == "mid_stream_error":
+                tail.append(cb.error(err))
+                if self.config.done_after_error:
+                    tail.append(DONE)
+            else:
+                tail.append(cb.error_in_choice(err))
+                tail.append(DONE)
+        else:
+            completion, reasoning = plan.completion_tokens, plan.reported_reasoning
+            billed = self._bill(plan, completion, reasoning, plan.finish_reason,
+                                plan.native_finish_reason, cancelled=False,
+                                first_token_at=first_at)
+            usage = self._usage(plan, completion, reasoning, billed)
+            extra: dict[str, Any] = {}
+            if plan.want_metadata:
+                extra["openrouter_metadata"] = self._router_metadata(plan)
+            if usage is None:
+                tail.append(cb.finish(plan.finish_reason, plan.native_finish_reason, **extra))
+            else:
+                tail.append(cb.finish(plan.finish_reason, plan.native_finish_reason))
+                if plan.usage_shape == "B":
+                    tail.append(cb.usage_b(usage, **extra))
+                else:
+                    tail.append(cb.usage_a(usage, **extra))
+            tail.append(DONE)
+        with contextlib.suppress(ConnectionError):
+            await resp.write(b"".join(tail))
+        return resp
+
+    # --- account and catalog routes ------------------------------------------------------------
+    async def _key(self, request: web.Request) -> web.StreamResponse:
+        auth = self._auth(request)
+        if isinstance(auth, web.Response):
+            return auth
+        cfg = self.config
+        led = self.ledger
+        usage = led.usage
+        is_mgmt = auth == cfg.management_key
+        data = {
+            "label": auth[:9] + "..." + auth[-3:] if len(auth) > 12 else auth,
+            "limit": cfg.key_limit,
+            "limit_remaining": led.limit_remaining,
+            "limit_reset": cfg.key_limit_reset,
+            "include_byok_in_limit": False,
+            "usage": usage,
+            "usage_daily": usage,
+            "usage_weekly": usage,
+            "usage_monthly": usage,
+            "byok_usage": 0.0,
+            "byok_usage_daily": 0.0,
+            "byok_usage_weekly": 0.0,
+            "byok_usage_monthly": 0.0,
+            "is_free_tier": False,
+            "is_management_key": is_mgmt,
+            "is_provisioning_key": is_mgmt,
+            "creator_user_id": cfg.user_id,
+            "expires_at": None,
+            "rate_limit": {"interval": "1h", "note": "This field is deprecated and safe to ignore.",
+                           "requests": -1},
+        }
+        return _json(200, {"data": data}, self._headers())
+
+    async def _credits(self, request: web.Request) -> web.StreamResponse:
+        auth = self._auth(request)
+        if isinstance(auth, web.Response):
+            return auth
+        cfg = self.config
+        if cfg.credits_require_management_key and auth != cfg.management_key:
+            return self._error(403, "Only management keys can perform this operation")
+        data = {"total_credits": cfg.credits, "total_usage": self.ledger.usage}
+        return _json(200, {"data": data}, self._headers())
+
+    async def _generation(self, request: web.Request) -> web.StreamResponse:
+        auth = self._auth(request)
+        if isinstance(auth, web.Response):
+            return auth
+        gen_id = request.query.get("id")
+        headers = self._headers()
+        headers["cache-control"] = "private, no-store"
+        if not gen_id:
+            return _json(400, {"error": {"code": 400, "message": "Missing required parameter: id"}},
+                         headers)
+        rec = self.ledger.get(gen_id)
+        if rec is None or time.time() < rec.completed_at + self.config.generation_lookup_delay_s:
+            # Eventual consistency: unknown until a while after completion (§8 Lag).
+            return _json(404, {"error": {"message": f"Generation {gen_id} not found",
+                                         "code": 404}}, headers)
+        return _json(200, {"data": _generation_body(rec, request)}, headers)
+
+    async def _models(self, request: web.Request) -> web.StreamResponse:
+        models = self.config.models
+        total = len(models)
+        q = request.query
+        links: dict[str, Any] = {"next": None}
+        if "offset" in q or "limit" in q:
+            try:
+                offset = max(0, int(q.get("offset", "0")))
+                limit = min(1000, max(1, int(q.get("limit", "500"))))
+            except ValueError:
+                return self._error(400, "Invalid request parameters: offset/limit")
+            page = models[offset : offset + limit]
+            if offset + limit < total:
+                links["next"] = f"/api/v1/models?offset={offset + limit}&limit={limit}"
+        else:
+            page = models
+        data = [_model_entry(m, self._endpoints(m)) for m in page]
+        return _json(200, {"data": data, "links": links, "total_count": total}, self._headers())
+
+    async def _endpoints_route(self, request: web.Request) -> web.StreamResponse:
+        model_id = f"{request.match_info['author']}/{request.match_info['slug']}"
+        model, _ = self._find_model(model_id)
+        if model is None:
+            return self._error(404, f"Model {model_id} not found")
+        # Percentiles are only given to authenticated callers (§9.2).
+        header = request.headers.get("Authorization", "")
+        key = header.partition(" ")[2].strip()
+        authed = key in self.config.api_keys or key == self.config.management_key
+        entry = _model_entry(model, self._endpoints(model))
+        data = {
+            "id": model.id,
+            "name": model.name,
+            "created": model.created,
+            "description": model.description,
+            "architecture": entry["architecture"],
+            "endpoints": [_endpoint_entry(model, e, authed) for e in self._endpoints(model)],
+        }
+        return _json(200, {"data": data}, self._headers())
+
+    # --- admin -------------------------------------------------------------------------------
+    async def _state_route(self, request: web.Request) -> web.StreamResponse:
+        return _json(200, self.state(), {})
+
+    async def _config_get(self, request: web.Request) -> web.StreamResponse:
+        return _json(200, self.config.model_dump(), {})
+
+    async def _config_post(self, request: web.Request) -> web.StreamResponse:
+        try:
+            patch = orjson.loads(await request.read())
+        except orjson.JSONDecodeError:
+            return _json(400, {"error": "body is not JSON"}, {})
+        if not isinstance(patch, dict):
+            return _json(400, {"error": "patch must be a JSON object"}, {})
+        try:
+            new = patched(self.config, patch)
+        except ValidationError as exc:
+            return _json(400, {"error": str(exc)}, {})
+        self.apply_config(new)
+        return _json(200, {"ok": True, "config": new.model_dump()}, {})
+
+    def apply_config(self, config: SimConfig) -> None:
+        """Swap the whole config; reseeds the fault RNG when the seed changed."""
+        if config.seed != self.config.seed:
+            self._rng.seed(config.seed)
+        if config.requests_maxlen != self.requests.maxlen:
+            self.requests = deque(self.requests, maxlen=config.requests_maxlen)
+        self.config = config
+
+
+def _check_client(request: web.Request) -> None:
+    transport = request.transport
+    if transport is None or transport.is_closing():
+        raise _ClientGone
+
+
+def _reasoning_mode(body: dict[str, Any], model: SimModel) -> tuple[bool, bool]:
+    """(reasoning happens, reasoning text is returned) from reasoning / legacy fields (§2.4)."""
+    on, show = model.reasoning, True
+    r = body.get("reasoning")
+    if isinstance(r, dict):
+        if r.get("enabled") is True or r.get("effort") not in (None, "none"):
+            on = True
+        if r.get("effort") == "none" or r.get("enabled") is False:
+            on = False
+        if r.get("exclude") is True:
+            show = False
+    if body.get("reasoning_effort") == "none":
+        on = False
+    if body.get("include_reasoning") is False:
+        show = False
+    return on, show
+
+
+def _endpoint_id(model: SimModel, ep: SimEndpoint) -> str:
+    h = hashlib.blake2b(f"{model.id}|{ep.tag}".encode(), digest_size=16).hexdigest()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def _generation_body(rec: GenerationRecord, request: web.Request) -> dict[str, Any]:
+    return {
+        "created_at": _iso(rec.created_at),
+        "model": rec.model,
+        "app_id": None,
+        "external_user": None,
+        # OpenRouter reports streamed:true even for non-stream requests (§8 oddities).
+        "streamed": True,
+        "cancelled": rec.cancelled,
+        "latency": rec.latency_ms,
+        "moderation_latency": None,
+        "generation_time": rec.generation_time_ms,
+        # Normalised counts differ from native ones; usage matches the native counts (§8).
+        "tokens_prompt": max(0, rec.prompt_tokens - 2),
+        "tokens_completion": rec.completion_tokens + (1 if rec.completion_tokens else 0),
+        "native_tokens_prompt": rec.prompt_tokens,
+        "native_tokens_completion": rec.completion_tokens,
+        "native_tokens_completion_images": None,
+        "native_tokens_reasoning": rec.reasoning_tokens,
+        "native_tokens_cached": 0,
+        "num_media_prompt": None,
+        "num_input_audio_prompt": None,
+        "num_media_completion": 0,
+        "num_search_results": None,
+        "num_fetches": None,
+        "web_search_engine": None,
+        "origin": "",
+        "is_byok": rec.is_byok,
+        "finish_reason": rec.finish_reason,
+        "native_finish_reason": rec.native_finish_reason,
+        "service_tier": None,
+        "usage": rec.cost,
+        "router": None,
+        "provider_responses": [
+            {
+                "endpoint_id": a.endpoint_id,
+                "id": a.upstream_id or None,
+                "is_byok": rec.is_byok,
+                "latency": a.latency_ms,
+                "model_permaslug": a.model_permaslug,
+                "provider_name": a.provider_name,
+                "status": a.status,
+            }
+            for a in rec.attempts
+        ],
+        "user_agent": request.headers.get("User-Agent"),
+        "http_referer": None,
+        "request_id": rec.request_id,
+        "session_id": rec.session_id,
+        "preset_id": None,
+        "api_type": "completions",
+        "id": rec.id,
+        "upstream_id": rec.upstream_id,
+        "total_cost": rec.cost,
+        "cache_discount": None,
+        "upstream_inference_cost": rec.upstream_inference_cost,
+        "provider_name": rec.provider_name,
+        "response_cache_source_id": None,
+        "data_region": "global",
+    }
+
+
+def _architecture(model: SimModel) -> dict[str, Any]:
+    modality = "+".join(model.input_modalities) + "->text"
+    return {
+        "modality": modality,
+        "input_modalities": list(model.input_modalities),
+        "output_modalities": ["text"],
+        "tokenizer": model.tokenizer,
+        "instruct_type": None,
+    }
+
+
+def _model_entry(model: SimModel, endpoints: list[SimEndpoint]) -> dict[str, Any]:
+    cheapest = min(endpoints, key=lambda e: (float(e.pricing.completion),
+                                             float(e.pricing.prompt)))
+    top = max(endpoints, key=lambda e: (e.max_completion_tokens or model.context_length))
+    params = sorted({p for e in endpoints for p in e.supported_parameters})
+    pricing = {"prompt": cheapest.pricing.prompt, "completion": cheapest.pricing.completion,
+               "request": "0", "image": "0", "web_search": "0", "internal_reasoning": "0"}
+    if cheapest.pricing.input_cache_read is not None:
+        pricing["input_cache_read"] = cheapest.pricing.input_cache_read
+    return {
+        "id": model.id,
+        "canonical_slug": model.canonical_slug,
+        "hugging_face_id": model.hugging_face_id,
+        "name": model.name,
+        "created": model.created,
+        "description": model.description,
+        "context_length": model.context_length,
+        "architecture": _architecture(model),
+        "pricing": pricing,
+        "top_provider": {
+            "context_length": top.context_length,
+            "max_completion_tokens": top.max_completion_tokens,
+            "is_moderated": False,
+        },
+        "per_request_limits": None,
+        "supported_parameters": params,
+        "default_parameters": {},
+        "reasoning": {
+            "supported_efforts": ["high", "medium", "low", "none"] if model.reasoning else [],
+            "default_effort": "medium" if model.reasoning else None,
+            "default_enabled": model.reasoning,
+            "mandatory": False,
+            "supports_max_tokens": model.reasoning,
+        },
+        "expiration_date": None,
+        "knowledge_cutoff": None,
+        "links": {"details": f"/api/v1/models/{model.id}/endpoints"},
+    }
+
+
+def _endpoint_entry(model: SimModel, ep: SimEndpoint, authed: bool) -> dict[str, Any]:
+    latency = throughput = None
+    if authed:
+        t = ep.ttft_s
+        latency = {"p50": round(t, 3), "p75": round(t * 1.3, 3), "p90": round(t * 1.8, 3),
+                   "p99": round(t * 3.0, 3)}
+        s = ep.tokens_per_s
+        throughput = {"p50": round(s, 1), "p75": round(s * 0.85, 1), "p90": round(s * 0.65, 1),
+                      "p99": round(s * 0.35, 1)}
+    pricing: dict[str, Any] = {"prompt": ep.pricing.prompt, "completion": ep.pricing.completion,
+                               "request": ep.pricing.request, "image": ep.pricing.image}
+    if ep.pricing.input_cache_read is not None:
+        pricing["input_cache_read"] = ep.pricing.input_cache_read
+    return {
+        "name": f"{ep.provider_name}: {model.name.split(': ', 1)[-1]}",
+        "model_id": model.id,
+        "model_name": model.name,
+        "context_length": ep.context_length,
+        "pricing": pricing,
+        "provider_name": ep.provider_name,
+        "tag": ep.tag,
+        "quantization": ep.quantization,
+        "max_completion_tokens": ep.max_completion_tokens,
+        "max_prompt_tokens": ep.max_prompt_tokens,
+        "supported_parameters": list(ep.supported_parameters),
+        "status": ep.status,
+        "uptime_last_5m": ep.uptime_last_5m,
+        "uptime_last_30m": ep.uptime_last_30m,
+        "uptime_last_1d": ep.uptime_last_1d,
+        "latency_last_30m": latency,
+        "throughput_last_30m": throughput,
+        "supports_implicit_caching": ep.supports_implicit_caching,
+    }
+
+
+__all__ = ["OpenRouterSim", "estimate_prompt_tokens"]
