@@ -5,32 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import signal
 import sys
 from pathlib import Path
 
-from engine.sim.config import SimConfig, SimConfigError, load_sim_config
-from engine.sim.server import OpenRouterSim
-
-
-async def serve_forever(config: SimConfig, host: str = "127.0.0.1", port: int = 8765) -> None:
-    """Serve until SIGINT/SIGTERM, after printing one "listening" line to stdout."""
-    sim = OpenRouterSim(config)
-    await sim.start(host, port)
-    print(f"regen sim openrouter listening on http://{host}:{sim.port}/api/v1", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    installed: list[signal.Signals] = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-            installed.append(sig)
-    try:
-        await stop.wait()
-    finally:
-        for sig in installed:
-            loop.remove_signal_handler(sig)
-        await sim.stop()
+from engine.sim.config import SimConfigError, load_sim_config
+from engine.sim.server import serve_forever
 
 
 def run_sim(port: int = 8765, host: str = "127.0.0.1", config_path: Path | None = None) -> int:

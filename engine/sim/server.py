@@ -14,6 +14,7 @@ import hashlib
 import math
 import os
 import random
+import signal
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -1082,6 +1083,26 @@ class OpenRouterSim:
         self.config = config
 
 
+async def serve_forever(config: SimConfig, host: str = "127.0.0.1", port: int = 8765) -> None:
+    """Serve until SIGINT/SIGTERM, after printing one "listening" line to stdout."""
+    sim = OpenRouterSim(config)
+    await sim.start(host, port)
+    print(f"regen sim openrouter listening on http://{host}:{sim.port}/api/v1", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    installed: list[signal.Signals] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+            installed.append(sig)
+    try:
+        await stop.wait()
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+        await sim.stop()
+
+
 def _check_client(request: web.Request) -> None:
     transport = request.transport
     if transport is None or transport.is_closing():
@@ -1259,4 +1280,4 @@ def _endpoint_entry(model: SimModel, ep: SimEndpoint, authed: bool) -> dict[str,
     }
 
 
-__all__ = ["OpenRouterSim", "estimate_prompt_tokens"]
+__all__ = ["OpenRouterSim", "estimate_prompt_tokens", "serve_forever"]
