@@ -66,9 +66,9 @@ class SimEndpoint(BaseModel):
     data_collection: bool = False
     zdr: bool = True
     # Simulator-only performance profile.
-    ttft_s: float = 0.8
-    ttft_jitter: float = 0.2
-    tokens_per_s: float = 60.0
+    ttft_s: float = Field(default=0.8, ge=0)
+    ttft_jitter: float = Field(default=0.2, ge=0)
+    tokens_per_s: float = Field(default=60.0, gt=0)
     supports_cancellation: bool = False
 
     @property

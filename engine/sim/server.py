@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import math
 import os
 import random
 import signal
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -29,6 +26,7 @@ from engine.sim import faults as fault_bodies
 from engine.sim.catalog import Pricing, SimEndpoint, SimModel
 from engine.sim.config import HTTP_FAULTS, SimConfig, patched
 from engine.sim.ledger import GenerationRecord, Ledger, ProviderAttempt
+from engine.sim.plan import Plan, make_plan, rand_id
 from engine.sim.routing import (
     NoEndpoints,
     RequestError,
@@ -39,19 +37,11 @@ from engine.sim.routing import (
 )
 from engine.sim.stream import DONE, KEEPALIVE, ChunkBuilder, costs, reasoning_details, usage_object
 from engine.sim.text import CONTENT_CYCLE, REASONING_CYCLE, degenerate, span
+from engine.sim.views import endpoint_entry, endpoint_id, generation_body, model_entry
 
-_ALNUM = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
-# Faults that end a stream early; the share sent first is config.fault_position.
-_PARTIAL_FAULTS = frozenset({"mid_stream_error", "error_choice_200", "cut_mid_stream",
-                             "cut_nonstream_body"})
 _CUT_FAULTS = frozenset({"cut_mid_stream", "cut_nonstream_body"})
 _METADATA_HEADERS = ("X-OpenRouter-Metadata", "X-OpenRouter-Experimental-Metadata")
-
-
-def _rand_id(n: int = 20) -> str:
-    # Not seeded: ids must stay unique across simulator restarts that share a seed.
-    return "".join(_ALNUM[b % 62] for b in os.urandom(n))
 
 
 def _json(
@@ -59,12 +49,6 @@ def _json(
 ) -> web.Response:
     headers["Content-Type"] = "application/json"
     return web.Response(status=status, body=orjson.dumps(body), headers=headers)
-
-
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace(
-        "+00:00", "Z"
-    )
 
 
 def estimate_prompt_tokens(messages: list[Any]) -> int:
@@ -83,40 +67,6 @@ def estimate_prompt_tokens(messages: list[Any]) -> int:
 
 class _ClientGone(Exception):
     """The client closed the connection while a stream was being written."""
-
-
-@dataclass(slots=True)
-class _Plan:
-    """Everything decided about one generation before its first byte."""
-
-    gen_id: str
-    request_id: str
-    created: int
-    started: float  # loop time when the request arrived
-    started_wall: float
-    model: SimModel
-    ep: SimEndpoint
-    stream: bool
-    prompt_tokens: int
-    completion_tokens: int
-    reasoning_tokens: int  # the first `reasoning_tokens` of the completion are reasoning
-    reported_reasoning: int  # what usage says (may exceed completion_tokens, §3.1 oddity)
-    finish_reason: str | None
-    native_finish_reason: str | None
-    fault: str | None
-    ttft: float
-    tps: float
-    off_content: int
-    off_reasoning: int
-    show_reasoning: bool
-    usage_shape: str
-    stop_at: int  # tokens produced before a partial fault fires; completion_tokens otherwise
-    degenerate: bool = False
-    attempts: list[ProviderAttempt] = field(default_factory=list)
-    candidates: list[SimEndpoint] = field(default_factory=list)
-    session_id: str | None = None
-    requested_model: str = ""
-    want_metadata: bool = False
 
 
 class OpenRouterSim:
@@ -287,6 +237,7 @@ class OpenRouterSim:
             "fault": None,
             "status": None,
             "gen_id": None,
+            "cancelled": False,
         }
         self.requests.append(summary)
         try:
@@ -322,7 +273,9 @@ class OpenRouterSim:
         if bad is not None:
             summary["error"] = "bad_request"
             return self._error(400, bad, metadata={"error_type": "invalid_request"})
-        max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
+        max_tokens = body.get("max_tokens")
+        if max_tokens is None:
+            max_tokens = body.get("max_completion_tokens")
         summary["max_tokens"] = max_tokens
         try:
             prefs = parse_prefs(body.get("provider"))
@@ -387,7 +340,7 @@ class OpenRouterSim:
         if fault == "reset_before_headers":
             return self._reset(request, summary, fault)
 
-        gen_id = f"gen-{int(time.time())}-{_rand_id()}"
+        gen_id = f"gen-{int(time.time())}-{rand_id()}"
         summary["gen_id"] = gen_id
         if fault in HTTP_FAULTS:
             return self._fault_response(fault, primary_model, primary, gen_id, summary)
@@ -403,7 +356,7 @@ class OpenRouterSim:
                     pfault, provider_name=ep.provider_name, model_id=model.id,
                     retry_after_s=cfg.retry_after_s, user_id=cfg.user_id)
                 attempts.append(ProviderAttempt(
-                    endpoint_id=_endpoint_id(model, ep), provider_name=ep.provider_name,
+                    endpoint_id=endpoint_id(model, ep), provider_name=ep.provider_name,
                     model_permaslug=model.canonical_slug, status=status, latency_ms=0,
                     upstream_id=""))
                 last = (pfault, model, ep)
@@ -413,8 +366,8 @@ class OpenRouterSim:
                 return self._reset(request, summary, pfault)
             if pfault == "http_402_in_flight":
                 return self._fault_response(pfault, model, ep, gen_id, summary)
-            plan = self._plan(
-                request, body, gen_id, model, ep, prompt_tokens, max_tokens,
+            plan = make_plan(
+                cfg, _wants_metadata(request), body, gen_id, model, ep, prompt_tokens, max_tokens,
                 fault or pfault, attempts, [e for _, e in candidates],
             )
             plan.session_id = str(session_id) if session_id else None
@@ -431,8 +384,7 @@ class OpenRouterSim:
             return await self._serve_json(request, plan)
         assert last is not None
         pfault, model, ep = last
-        self.faults_injected[pfault] -= 1  # counted again by _fault_response
-        return self._fault_response(pfault, model, ep, gen_id, summary)
+        return self._fault_response(pfault, model, ep, gen_id, summary, count=False)
 
     @staticmethod
     def _validate(body: dict[str, Any]) -> str | None:
@@ -494,9 +446,12 @@ class OpenRouterSim:
         ep: SimEndpoint,
         gen_id: str | None,
         summary: dict[str, Any],
+        *,
+        count: bool = True,
     ) -> web.Response:
         cfg = self.config
-        self.faults_injected[fault] += 1
+        if count:
+            self.faults_injected[fault] += 1
         status, body, extra = fault_bodies.http_fault(
             fault, provider_name=ep.provider_name, model_id=model.id,
             retry_after_s=cfg.retry_after_s, user_id=cfg.user_id)
@@ -518,105 +473,10 @@ class OpenRouterSim:
         return web.Response(status=500)
 
     # --- planning ------------------------------------------------------------------------------
-    def _plan(
-        self,
-        request: web.Request,
-        body: dict[str, Any],
-        gen_id: str,
-        model: SimModel,
-        ep: SimEndpoint,
-        prompt_tokens: int,
-        max_tokens: int | None,
-        fault: str | None,
-        attempts: list[ProviderAttempt],
-        candidates: list[SimEndpoint],
-    ) -> _Plan:
-        cfg = self.config
-        digest = hashlib.blake2b(
-            cfg.seed.to_bytes(8, "little", signed=True) + orjson.dumps(body["messages"]),
-            digest_size=16,
-        ).digest()
-        lo = cfg.min_completion_tokens
-        hi = max(lo, cfg.max_completion_tokens)
-        length = lo + int.from_bytes(digest[0:4], "little") % (hi - lo + 1)
-        reasoning_on, show = _reasoning_mode(body, model)
-        reasoning = round(length * cfg.reasoning_share) if reasoning_on else 0
-        cap = max_tokens or ep.max_completion_tokens or model.default_max_completion_tokens
-        finish: str | None = "stop"
-        native: str | None = "stop"
-        if length > cap:
-            completion = cap
-            reasoning = min(reasoning, cap)
-            finish = native = "length"
-        else:
-            completion = length
-        reported_reasoning = reasoning
-        shape = cfg.usage_shape
-        is_degenerate = False
-        if fault == "reasoning_exhaustion":
-            completion = cap if max_tokens else length
-            reasoning = completion
-            # Detail counts need not be consistent: reasoning_tokens > completion_tokens (§3.1).
-            reported_reasoning = completion + 3
-            finish = native = "length"
-            show = True
-        elif fault == "degenerate":
-            reasoning = reported_reasoning = 0
-            is_degenerate = True
-            finish = native = "stop"
-        elif fault == "empty_stop":
-            completion = reasoning
-            finish = native = "stop"
-        elif fault == "silent_failure":
-            completion = reasoning = reported_reasoning = 0
-            finish, native = "stop", "network_error"
-        elif fault == "missing_usage":
-            shape = "C"
-        elif fault == "missing_cost":
-            shape = "B"
-        jitter = int.from_bytes(digest[12:16], "little") / 2**32 * 2 - 1
-        ttft = max(0.0, ep.ttft_s + ep.ttft_jitter * jitter) * cfg.time_scale
-        if fault == "slow_first_token":
-            ttft *= cfg.slow_first_token_factor
-        tps = ep.tokens_per_s / cfg.time_scale if cfg.time_scale > 0 else math.inf
-        stop_at = completion
-        if fault in _PARTIAL_FAULTS:
-            stop_at = min(completion, max(1, int(completion * cfg.fault_position)))
-        return _Plan(
-            gen_id=gen_id,
-            request_id=f"req-{int(time.time())}-{_rand_id()}",
-            created=int(time.time()),
-            started=asyncio.get_running_loop().time(),
-            started_wall=time.time(),
-            model=model,
-            ep=ep,
-            stream=body.get("stream") is True,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion,
-            reasoning_tokens=reasoning,
-            reported_reasoning=reported_reasoning,
-            finish_reason=finish,
-            native_finish_reason=native,
-            fault=fault,
-            ttft=ttft,
-            tps=tps,
-            off_content=int.from_bytes(digest[4:8], "little"),
-            off_reasoning=int.from_bytes(digest[8:12], "little"),
-            show_reasoning=show,
-            usage_shape=shape,
-            stop_at=stop_at,
-            degenerate=is_degenerate,
-            attempts=list(attempts),
-            candidates=candidates,
-            want_metadata=any(
-                request.headers.get(h, "").lower() == "enabled" for h in _METADATA_HEADERS
-            ),
-        )
-
     # --- billing ---------------------------------------------------------------------------
     def _bill(
         self,
-        plan: _Plan,
+        plan: Plan,
         completion: int,
         reasoning: int,
         finish: str | None,
@@ -642,7 +502,7 @@ class OpenRouterSim:
         attempts = [
             *plan.attempts,
             ProviderAttempt(
-                endpoint_id=_endpoint_id(plan.model, plan.ep),
+                endpoint_id=endpoint_id(plan.model, plan.ep),
                 provider_name=plan.ep.provider_name,
                 model_permaslug=plan.model.canonical_slug,
                 status=200,
@@ -678,7 +538,7 @@ class OpenRouterSim:
         )
         return cost, prompt_cost, completion_cost
 
-    def _bill_cancel(self, plan: _Plan, produced: int, first_token_at: float | None) -> None:
+    def _bill_cancel(self, plan: Plan, produced: int, first_token_at: float | None) -> None:
         """§1.4: cancellation stops billing only at providers that support it."""
         if plan.ep.supports_cancellation:
             self._bill(plan, produced, min(produced, plan.reasoning_tokens), None, None,
@@ -688,13 +548,13 @@ class OpenRouterSim:
                        plan.finish_reason, plan.native_finish_reason,
                        cancelled=True, first_token_at=first_token_at)
 
-    def _usage(self, plan: _Plan, completion: int, reasoning: int,
+    def _usage(self, plan: Plan, completion: int, reasoning: int,
                billed: tuple[float, float, float]) -> dict[str, Any] | None:
         cost, pc, cc = billed
         return usage_object(plan.prompt_tokens, completion, reasoning, cost, pc, cc,
                             shape=plan.usage_shape, byok=self.config.byok)
 
-    def _router_metadata(self, plan: _Plan) -> dict[str, Any]:
+    def _router_metadata(self, plan: Plan) -> dict[str, Any]:
         return {
             "requested": plan.requested_model,
             "strategy": "fallback" if plan.attempts else "direct",
@@ -717,13 +577,13 @@ class OpenRouterSim:
         }
 
     # --- text ----------------------------------------------------------------------------------
-    def _content_text(self, plan: _Plan, start: int, end: int) -> str:
+    def _content_text(self, plan: Plan, start: int, end: int) -> str:
         """Content tokens [start, end), counted from the first content token."""
         if plan.degenerate:
             return degenerate(start, end)
         return span(CONTENT_CYCLE, plan.off_content, start, end)
 
-    def _token_events(self, plan: _Plan, cb: ChunkBuilder, a: int, b: int) -> bytes:
+    def _token_events(self, plan: Plan, cb: ChunkBuilder, a: int, b: int) -> bytes:
         r = plan.reasoning_tokens
         out: list[bytes] = []
         if a < r and plan.show_reasoning:
@@ -733,7 +593,7 @@ class OpenRouterSim:
         return b"".join(out)
 
     # --- non-stream ----------------------------------------------------------------------------
-    async def _serve_json(self, request: web.Request, plan: _Plan) -> web.StreamResponse:
+    async def _serve_json(self, request: web.Request, plan: Plan) -> web.StreamResponse:
         fault = plan.fault
         produced = plan.stop_at
         if fault == "error_body_200":
@@ -811,7 +671,7 @@ class OpenRouterSim:
 
     # --- stream --------------------------------------------------------------------------------
     async def _serve_stream(
-        self, request: web.Request, plan: _Plan, summary: dict[str, Any]
+        self, request: web.Request, plan: Plan, summary: dict[str, Any]
     ) -> web.StreamResponse:
         headers = self._headers(plan.gen_id)
         headers["Content-Type"] = "text/event-stream"
@@ -862,7 +722,7 @@ class OpenRouterSim:
                 await resp.write(KEEPALIVE)
 
     @staticmethod
-    def _produced(plan: _Plan, now: float, first_at: float) -> int:
+    def _produced(plan: Plan, now: float, first_at: float) -> int:
         if now < first_at:
             return 0
         if plan.tps == math.inf:
@@ -873,7 +733,7 @@ class OpenRouterSim:
         self,
         request: web.Request,
         resp: web.StreamResponse,
-        plan: _Plan,
+        plan: Plan,
         cb: ChunkBuilder,
         first_at: float,
     ) -> int:
@@ -908,7 +768,7 @@ class OpenRouterSim:
         self,
         request: web.Request,
         resp: web.StreamResponse,
-        plan: _Plan,
+        plan: Plan,
         cb: ChunkBuilder,
         first_at: float,
     ) -> web.StreamResponse:
@@ -1012,7 +872,7 @@ class OpenRouterSim:
             # Eventual consistency: unknown until a while after completion (§8 Lag).
             return _json(404, {"error": {"message": f"Generation {gen_id} not found",
                                          "code": 404}}, headers)
-        return _json(200, {"data": _generation_body(rec, request)}, headers)
+        return _json(200, {"data": generation_body(rec, request.headers.get("User-Agent"))}, headers)
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
         models = self.config.models
@@ -1030,7 +890,7 @@ class OpenRouterSim:
                 links["next"] = f"/api/v1/models?offset={offset + limit}&limit={limit}"
         else:
             page = models
-        data = [_model_entry(m, self._endpoints(m)) for m in page]
+        data = [model_entry(m, self._endpoints(m)) for m in page]
         return _json(200, {"data": data, "links": links, "total_count": total}, self._headers())
 
     async def _endpoints_route(self, request: web.Request) -> web.StreamResponse:
@@ -1042,14 +902,14 @@ class OpenRouterSim:
         header = request.headers.get("Authorization", "")
         key = header.partition(" ")[2].strip()
         authed = key in self.config.api_keys or key == self.config.management_key
-        entry = _model_entry(model, self._endpoints(model))
+        entry = model_entry(model, self._endpoints(model))
         data = {
             "id": model.id,
             "name": model.name,
             "created": model.created,
             "description": model.description,
             "architecture": entry["architecture"],
-            "endpoints": [_endpoint_entry(model, e, authed) for e in self._endpoints(model)],
+            "endpoints": [endpoint_entry(model, e, authed) for e in self._endpoints(model)],
         }
         return _json(200, {"data": data}, self._headers())
 
@@ -1103,181 +963,14 @@ async def serve_forever(config: SimConfig, host: str = "127.0.0.1", port: int = 
         await sim.stop()
 
 
+def _wants_metadata(request: web.Request) -> bool:
+    return any(request.headers.get(h, "").lower() == "enabled" for h in _METADATA_HEADERS)
+
+
 def _check_client(request: web.Request) -> None:
     transport = request.transport
     if transport is None or transport.is_closing():
         raise _ClientGone
-
-
-def _reasoning_mode(body: dict[str, Any], model: SimModel) -> tuple[bool, bool]:
-    """(reasoning happens, reasoning text is returned) from reasoning / legacy fields (§2.4)."""
-    on, show = model.reasoning, True
-    r = body.get("reasoning")
-    if isinstance(r, dict):
-        if r.get("enabled") is True or r.get("effort") not in (None, "none"):
-            on = True
-        if r.get("effort") == "none" or r.get("enabled") is False:
-            on = False
-        if r.get("exclude") is True:
-            show = False
-    if body.get("reasoning_effort") == "none":
-        on = False
-    if body.get("include_reasoning") is False:
-        show = False
-    return on, show
-
-
-def _endpoint_id(model: SimModel, ep: SimEndpoint) -> str:
-    h = hashlib.blake2b(f"{model.id}|{ep.tag}".encode(), digest_size=16).hexdigest()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
-
-
-def _generation_body(rec: GenerationRecord, request: web.Request) -> dict[str, Any]:
-    return {
-        "created_at": _iso(rec.created_at),
-        "model": rec.model,
-        "app_id": None,
-        "external_user": None,
-        # OpenRouter reports streamed:true even for non-stream requests (§8 oddities).
-        "streamed": True,
-        "cancelled": rec.cancelled,
-        "latency": rec.latency_ms,
-        "moderation_latency": None,
-        "generation_time": rec.generation_time_ms,
-        # Normalised counts differ from native ones; usage matches the native counts (§8).
-        "tokens_prompt": max(0, rec.prompt_tokens - 2),
-        "tokens_completion": rec.completion_tokens + (1 if rec.completion_tokens else 0),
-        "native_tokens_prompt": rec.prompt_tokens,
-        "native_tokens_completion": rec.completion_tokens,
-        "native_tokens_completion_images": None,
-        "native_tokens_reasoning": rec.reasoning_tokens,
-        "native_tokens_cached": 0,
-        "num_media_prompt": None,
-        "num_input_audio_prompt": None,
-        "num_media_completion": 0,
-        "num_search_results": None,
-        "num_fetches": None,
-        "web_search_engine": None,
-        "origin": "",
-        "is_byok": rec.is_byok,
-        "finish_reason": rec.finish_reason,
-        "native_finish_reason": rec.native_finish_reason,
-        "service_tier": None,
-        "usage": rec.cost,
-        "router": None,
-        "provider_responses": [
-            {
-                "endpoint_id": a.endpoint_id,
-                "id": a.upstream_id or None,
-                "is_byok": rec.is_byok,
-                "latency": a.latency_ms,
-                "model_permaslug": a.model_permaslug,
-                "provider_name": a.provider_name,
-                "status": a.status,
-            }
-            for a in rec.attempts
-        ],
-        "user_agent": request.headers.get("User-Agent"),
-        "http_referer": None,
-        "request_id": rec.request_id,
-        "session_id": rec.session_id,
-        "preset_id": None,
-        "api_type": "completions",
-        "id": rec.id,
-        "upstream_id": rec.upstream_id,
-        "total_cost": rec.cost,
-        "cache_discount": None,
-        "upstream_inference_cost": rec.upstream_inference_cost,
-        "provider_name": rec.provider_name,
-        "response_cache_source_id": None,
-        "data_region": "global",
-    }
-
-
-def _architecture(model: SimModel) -> dict[str, Any]:
-    modality = "+".join(model.input_modalities) + "->text"
-    return {
-        "modality": modality,
-        "input_modalities": list(model.input_modalities),
-        "output_modalities": ["text"],
-        "tokenizer": model.tokenizer,
-        "instruct_type": None,
-    }
-
-
-def _model_entry(model: SimModel, endpoints: list[SimEndpoint]) -> dict[str, Any]:
-    cheapest = min(endpoints, key=lambda e: (float(e.pricing.completion),
-                                             float(e.pricing.prompt)))
-    top = max(endpoints, key=lambda e: (e.max_completion_tokens or model.context_length))
-    params = sorted({p for e in endpoints for p in e.supported_parameters})
-    pricing = {"prompt": cheapest.pricing.prompt, "completion": cheapest.pricing.completion,
-               "request": "0", "image": "0", "web_search": "0", "internal_reasoning": "0"}
-    if cheapest.pricing.input_cache_read is not None:
-        pricing["input_cache_read"] = cheapest.pricing.input_cache_read
-    return {
-        "id": model.id,
-        "canonical_slug": model.canonical_slug,
-        "hugging_face_id": model.hugging_face_id,
-        "name": model.name,
-        "created": model.created,
-        "description": model.description,
-        "context_length": model.context_length,
-        "architecture": _architecture(model),
-        "pricing": pricing,
-        "top_provider": {
-            "context_length": top.context_length,
-            "max_completion_tokens": top.max_completion_tokens,
-            "is_moderated": False,
-        },
-        "per_request_limits": None,
-        "supported_parameters": params,
-        "default_parameters": {},
-        "reasoning": {
-            "supported_efforts": ["high", "medium", "low", "none"] if model.reasoning else [],
-            "default_effort": "medium" if model.reasoning else None,
-            "default_enabled": model.reasoning,
-            "mandatory": False,
-            "supports_max_tokens": model.reasoning,
-        },
-        "expiration_date": None,
-        "knowledge_cutoff": None,
-        "links": {"details": f"/api/v1/models/{model.id}/endpoints"},
-    }
-
-
-def _endpoint_entry(model: SimModel, ep: SimEndpoint, authed: bool) -> dict[str, Any]:
-    latency = throughput = None
-    if authed:
-        t = ep.ttft_s
-        latency = {"p50": round(t, 3), "p75": round(t * 1.3, 3), "p90": round(t * 1.8, 3),
-                   "p99": round(t * 3.0, 3)}
-        s = ep.tokens_per_s
-        throughput = {"p50": round(s, 1), "p75": round(s * 0.85, 1), "p90": round(s * 0.65, 1),
-                      "p99": round(s * 0.35, 1)}
-    pricing: dict[str, Any] = {"prompt": ep.pricing.prompt, "completion": ep.pricing.completion,
-                               "request": ep.pricing.request, "image": ep.pricing.image}
-    if ep.pricing.input_cache_read is not None:
-        pricing["input_cache_read"] = ep.pricing.input_cache_read
-    return {
-        "name": f"{ep.provider_name}: {model.name.split(': ', 1)[-1]}",
-        "model_id": model.id,
-        "model_name": model.name,
-        "context_length": ep.context_length,
-        "pricing": pricing,
-        "provider_name": ep.provider_name,
-        "tag": ep.tag,
-        "quantization": ep.quantization,
-        "max_completion_tokens": ep.max_completion_tokens,
-        "max_prompt_tokens": ep.max_prompt_tokens,
-        "supported_parameters": list(ep.supported_parameters),
-        "status": ep.status,
-        "uptime_last_5m": ep.uptime_last_5m,
-        "uptime_last_30m": ep.uptime_last_30m,
-        "uptime_last_1d": ep.uptime_last_1d,
-        "latency_last_30m": latency,
-        "throughput_last_30m": throughput,
-        "supports_implicit_caching": ep.supports_implicit_caching,
-    }
 
 
 __all__ = ["OpenRouterSim", "estimate_prompt_tokens", "serve_forever"]
