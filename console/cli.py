@@ -37,7 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--headless", action="store_true", help="print status lines instead of the console")
     run.add_argument("--datasets", metavar="A,B", help="only these datasets (by folder name)")
     run.add_argument(
-        "--skip-invalid", action="store_true", help="skip and journal invalid prompt lines instead of refusing"
+        "--skip-invalid",
+        action="store_true",
+        help="skip and journal invalid prompt lines instead of refusing",
     )
 
     demo = commands.add_parser("demo", help="the job on the built-in simulator and a bundled sample dataset")

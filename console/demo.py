@@ -11,7 +11,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from engine.settings import JobSettings, OpenRouterSettings, Settings
+from engine.settings import JobSettings, OpenRouterSettings, ProviderSettings, Settings
 
 MARKER = ".regen-demo"
 
@@ -50,7 +50,13 @@ def prepare_folder(folder: Path) -> Path:
 
 def demo_settings(folder: Path, base_url: str, api_key: str) -> Settings:
     return Settings(
-        openrouter=OpenRouterSettings(base_url=base_url, api_key=api_key, max_tokens=512),
+        openrouter=OpenRouterSettings(
+            base_url=base_url,
+            api_key=api_key,
+            max_tokens=512,
+            # Price-weighted balancing rather than strict price order, so several providers serve.
+            provider=ProviderSettings(sort=None),
+        ),
         job=JobSettings(
             dataset_roots=[folder / "datasets"],
             run_dir=folder / "run",

@@ -1,12 +1,15 @@
 """The in-flight limit: set by the operator, lowered by the job itself under a throttling storm.
 
-Multiplicative decrease on 429/503/in-flight-402 (at most once per `cooldown_s`, so one storm is
-one step, not two thousand), multiplicative recovery after `quiet_s` without throttling.
+A storm is throttling (429, 503, in-flight 402) on a noticeable share of recent attempts, not the
+odd 429 any busy provider returns. Under a storm the limit shrinks multiplicatively, at most once
+per `cooldown_s` (one storm is one step, not two thousand); after `quiet_s` without a storm it grows
+back multiplicatively to what the operator set.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 
 
 class AdaptiveLimit:
@@ -23,6 +26,9 @@ class AdaptiveLimit:
         increase: float = 1.25,
         cooldown_s: float = 1.0,
         quiet_s: float = 5.0,
+        window_s: float = 5.0,
+        storm_share: float = 0.1,
+        storm_min_events: int = 3,
     ) -> None:
         self.ceiling = ceiling
         self.configured = min(configured, ceiling)
@@ -33,7 +39,12 @@ class AdaptiveLimit:
         self.increase = increase
         self.cooldown_s = cooldown_s
         self.quiet_s = quiet_s
-        self._last_throttle = float("-inf")
+        self.window_s = window_s
+        self.storm_share = storm_share
+        self.storm_min_events = storm_min_events
+        self._recent: deque[tuple[float, bool]] = deque()  # (when, throttled)
+        self._throttled_in_window = 0
+        self._last_storm = float("-inf")
         self._last_change = float("-inf")
         self.backoffs = 0
 
@@ -44,10 +55,26 @@ class AdaptiveLimit:
         self.effective = self.configured
         return self.configured
 
+    def _record(self, now: float, throttled: bool) -> None:
+        self._recent.append((now, throttled))
+        self._throttled_in_window += throttled
+        horizon = now - self.window_s
+        while self._recent and self._recent[0][0] < horizon:
+            _, old = self._recent.popleft()
+            self._throttled_in_window -= old
+
+    @property
+    def storming(self) -> bool:
+        throttled = self._throttled_in_window
+        return throttled >= self.storm_min_events and throttled >= self.storm_share * len(self._recent)
+
     def on_throttle(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
-        self._last_throttle = now
-        if not self.adaptive or now - self._last_change < self.cooldown_s:
+        self._record(now, True)
+        if not self.adaptive or not self.storming:
+            return
+        self._last_storm = now
+        if now - self._last_change < self.cooldown_s:
             return
         lowered = max(self.minimum, int(self.effective * self.decrease))
         if lowered < self.effective:
@@ -56,10 +83,11 @@ class AdaptiveLimit:
             self._last_change = now
 
     def on_success(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self._record(now, False)
         if self.effective >= self.configured:
             return
-        now = time.monotonic() if now is None else now
-        if now - self._last_throttle < self.quiet_s or now - self._last_change < self.cooldown_s:
+        if now - self._last_storm < self.quiet_s or now - self._last_change < self.cooldown_s:
             return
         self.effective = min(self.configured, max(self.effective + 1, int(self.effective * self.increase)))
         self._last_change = now

@@ -34,7 +34,7 @@ from engine.openrouter.catalog import (
     find_endpoint,
 )
 from engine.openrouter.client import AttemptResult, OpenRouterClient
-from engine.openrouter.errors import THROTTLE_CLASSES, AttemptError, Disposition, ErrorClass
+from engine.openrouter.errors import THROTTLE_CLASSES, AttemptError, Disposition, ErrorClass, classify_status
 from engine.recovery import DatasetProgress, JournalState, Unsettled, read_journals, read_rows
 from engine.rows import build_row
 from engine.settings import Settings
@@ -123,6 +123,7 @@ class _Flight:
     rid: str
     provider: str | None = None
     generation_id: str | None = None
+    released: bool = False
 
 
 @dataclass(slots=True)
@@ -220,17 +221,16 @@ class Job:
             )
         await self.client.open()
         try:
+            await self._check_key()
             self.endpoints = await fetch_endpoints(self.client, self.settings.openrouter.model)
-        except CatalogError as exc:
+            self.excluded = set(self._journal.excluded)
+            self._reprice()
+            if not self._allowed():
+                raise JobError(self._no_provider_message())
+        except (JobError, CatalogError) as exc:
             await self.client.close()
             self._release_lock()
             raise JobError(str(exc)) from None
-        self.excluded = set(self._journal.excluded)
-        self._reprice()
-        if not self._allowed():
-            await self.client.close()
-            self._release_lock()
-            raise JobError(self._no_provider_message())
         self.ledger.spent = self._journal.spent
         self.ledger.spent_estimated = self._journal.spent_estimated
         await self._open_writers()
@@ -263,6 +263,17 @@ class Job:
             concurrency=self.limit.configured,
             excluded=sorted(self.excluded),
         )
+
+    async def _check_key(self) -> None:
+        """Refuse to start on a key OpenRouter refuses, before any dataset work is sent."""
+        try:
+            status, body = await self.client.get_json("/key")
+        except Exception as exc:
+            raise JobError(
+                f"cannot reach {self.settings.openrouter.base_url}: {type(exc).__name__}: {exc}"
+            ) from None
+        if status in (401, 403):
+            raise JobError(f"the API key was refused ({classify_status(status, body, {}).message})")
 
     def _check_rows_match(self, dataset: Dataset, progress: DatasetProgress) -> None:
         """A row whose prompt changed under it means the input file was edited: stop, never guess."""
@@ -374,6 +385,7 @@ class Job:
 
     def exclude(self, name: str, *, source: str = "operator") -> str:
         """Stop routing to a provider (slug or display name); later requests carry it in ignore."""
+        self._check_live()
         endpoint = find_endpoint(self.endpoints, name)
         slug = endpoint.slug if endpoint is not None else name.strip().lower()
         if slug in self.excluded:
@@ -388,6 +400,7 @@ class Job:
         return f"excluded {slug}; {len({e.slug for e in remaining})} providers remain"
 
     def include(self, name: str, *, source: str = "operator") -> str:
+        self._check_live()
         endpoint = find_endpoint(self.endpoints, name)
         slug = endpoint.slug if endpoint is not None else name.strip().lower()
         if slug not in self.excluded:
@@ -399,6 +412,10 @@ class Job:
         return f"included {slug}"
 
     # ------------------------------------------------------------------------------- commands
+
+    def _check_live(self) -> None:
+        if self.state in (JobState.STOPPED, JobState.DONE):
+            raise JobError(f"the job has ended ({self.state.value})")
 
     def pause(self, source: str = "operator") -> None:
         if self.state is JobState.RUNNING:
@@ -413,12 +430,14 @@ class Job:
             self._changed.set()
 
     def set_concurrency(self, value: int, source: str = "operator") -> int:
+        self._check_live()
         applied = self.limit.set_configured(value)
         self._event("concurrency", value=applied, requested=value, source=source)
         self._changed.set()
         return applied
 
     def set_budget(self, dollars: float | Decimal, source: str = "operator") -> None:
+        self._check_live()
         budget = to_dollars(dollars)
         if budget < self.ledger.spent:
             raise JobError(
@@ -566,7 +585,8 @@ class Job:
             raise
         finally:
             self._flights.pop(task, None)
-            self.ledger.release(reservation)
+            if not flight.released:
+                self.ledger.release(reservation)
             self.datasets[prompt.dataset].in_flight -= 1
             self._changed.set()
 
@@ -592,7 +612,10 @@ class Job:
         prompt = item.prompt
         now = time.time()
         cost, estimated = self._cost_of(result, flight)
+        # The cost replaces the reservation in one step, so spent + reserved never counts it twice.
         self.ledger.charge(cost, estimated=estimated)
+        self.ledger.release(flight.reservation)
+        flight.released = True
         error = result.error
         status = None
         if error is None:

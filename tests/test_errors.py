@@ -18,18 +18,73 @@ from engine.openrouter.errors import (
 @pytest.mark.parametrize(
     ("status", "body", "cls", "disposition"),
     [
-        (429, {"error": {"code": 429, "message": "Rate limit exceeded"}}, ErrorClass.RATE_LIMITED, Disposition.RETRY),
-        (503, {"error": {"code": 503, "message": "Service temporarily unavailable"}}, ErrorClass.OVERLOADED, Disposition.RETRY),
-        (529, {"error": {"code": 529, "message": "Provider returned error"}}, ErrorClass.OVERLOADED, Disposition.RETRY),
-        (502, {"error": {"code": 502, "message": "Provider returned error"}}, ErrorClass.SERVER, Disposition.RETRY),
+        (
+            429,
+            {"error": {"code": 429, "message": "Rate limit exceeded"}},
+            ErrorClass.RATE_LIMITED,
+            Disposition.RETRY,
+        ),
+        (
+            503,
+            {"error": {"code": 503, "message": "Service temporarily unavailable"}},
+            ErrorClass.OVERLOADED,
+            Disposition.RETRY,
+        ),
+        (
+            529,
+            {"error": {"code": 529, "message": "Provider returned error"}},
+            ErrorClass.OVERLOADED,
+            Disposition.RETRY,
+        ),
+        (
+            502,
+            {"error": {"code": 502, "message": "Provider returned error"}},
+            ErrorClass.SERVER,
+            Disposition.RETRY,
+        ),
         (500, None, ErrorClass.SERVER, Disposition.RETRY),
-        (408, {"error": {"code": 408, "message": "Operation timed out."}}, ErrorClass.SERVER, Disposition.RETRY),
-        (524, {"error": {"code": 524, "message": "Request timed out."}}, ErrorClass.SERVER, Disposition.RETRY),
-        (400, {"error": {"code": 400, "message": "Invalid request parameters"}}, ErrorClass.BAD_REQUEST, Disposition.GIVE_UP),
-        (401, {"error": {"code": 401, "message": "No auth credentials found"}}, ErrorClass.AUTH, Disposition.FATAL),
-        (403, {"error": {"code": 403, "message": "Workspace budget exceeded"}}, ErrorClass.AUTH, Disposition.FATAL),
-        (404, {"error": {"code": 404, "message": "No endpoints found matching your data policy"}}, ErrorClass.NO_ENDPOINTS, Disposition.FATAL),
-        (402, {"error": {"code": 402, "message": "This request requires more credits, or fewer max_tokens."}}, ErrorClass.CREDITS, Disposition.FATAL),
+        (
+            408,
+            {"error": {"code": 408, "message": "Operation timed out."}},
+            ErrorClass.SERVER,
+            Disposition.RETRY,
+        ),
+        (
+            524,
+            {"error": {"code": 524, "message": "Request timed out."}},
+            ErrorClass.SERVER,
+            Disposition.RETRY,
+        ),
+        (
+            400,
+            {"error": {"code": 400, "message": "Invalid request parameters"}},
+            ErrorClass.BAD_REQUEST,
+            Disposition.GIVE_UP,
+        ),
+        (
+            401,
+            {"error": {"code": 401, "message": "No auth credentials found"}},
+            ErrorClass.AUTH,
+            Disposition.FATAL,
+        ),
+        (
+            403,
+            {"error": {"code": 403, "message": "Workspace budget exceeded"}},
+            ErrorClass.AUTH,
+            Disposition.FATAL,
+        ),
+        (
+            404,
+            {"error": {"code": 404, "message": "No endpoints found matching your data policy"}},
+            ErrorClass.NO_ENDPOINTS,
+            Disposition.FATAL,
+        ),
+        (
+            402,
+            {"error": {"code": 402, "message": "This request requires more credits, or fewer max_tokens."}},
+            ErrorClass.CREDITS,
+            Disposition.FATAL,
+        ),
     ],
 )
 def test_status_classes(status: int, body: object, cls: ErrorClass, disposition: Disposition) -> None:
@@ -38,8 +93,16 @@ def test_status_classes(status: int, body: object, cls: ErrorClass, disposition:
 
 
 def test_in_flight_budget_402_is_retried_only_with_retry_after() -> None:
-    body = {"error": {"code": 402, "message": "would exceed", "metadata": {
-        "reason": "in_flight_budget_exhausted", "limit_source": "openrouter_in_flight_budget"}}}
+    body = {
+        "error": {
+            "code": 402,
+            "message": "would exceed",
+            "metadata": {
+                "reason": "in_flight_budget_exhausted",
+                "limit_source": "openrouter_in_flight_budget",
+            },
+        }
+    }
     retried = classify_status(402, body, {"Retry-After": "3"})
     assert retried.error_class is ErrorClass.IN_FLIGHT_BUDGET and retried.disposition is Disposition.RETRY
     assert retried.retry_after_s == 3.0
@@ -47,14 +110,24 @@ def test_in_flight_budget_402_is_retried_only_with_retry_after() -> None:
 
 
 def test_availability_retryable_wins() -> None:
-    body = {"error": {"message": "transient", "availability": {"code": "no_endpoints", "retryable": True, "retry_after": 7}}}
+    body = {
+        "error": {
+            "message": "transient",
+            "availability": {"code": "no_endpoints", "retryable": True, "retry_after": 7},
+        }
+    }
     error = classify_status(404, body, {})
     assert error.disposition is Disposition.RETRY and error.retry_after_s == 7.0
 
 
 def test_provider_returned_error_shows_the_upstream_cause() -> None:
-    body = {"error": {"code": 502, "message": "Provider returned error",
-                      "metadata": {"raw": '{"error":"upstream exploded"}', "provider_name": "Crucible"}}}
+    body = {
+        "error": {
+            "code": 502,
+            "message": "Provider returned error",
+            "metadata": {"raw": '{"error":"upstream exploded"}', "provider_name": "Crucible"},
+        }
+    }
     assert "Crucible" in classify_status(502, body, {}).message
     assert "upstream exploded" in classify_status(502, body, {}).message
 
@@ -72,9 +145,14 @@ def test_retry_hints() -> None:
 
 
 def test_errors_inside_200() -> None:
-    top = {"error": {"message": "Provider returned error", "code": 429, "metadata": {"raw": "error code: 1015"}}}
+    top = {
+        "error": {"message": "Provider returned error", "code": 429, "metadata": {"raw": "error code: 1015"}}
+    }
     assert classify_error_in_ok_response(top, streamed=False).error_class is ErrorClass.RATE_LIMITED
     chunk = {"error": {"code": "server_error", "message": "boom", "metadata": {"error_type": "server"}}}
     error = classify_error_in_ok_response(chunk, streamed=True)
     assert error.error_class is ErrorClass.STREAM_ERROR and error.disposition is Disposition.RETRY
-    assert classify_error_in_ok_response({"error": {"code": 401, "message": "x"}}, streamed=True).disposition is Disposition.FATAL
+    assert (
+        classify_error_in_ok_response({"error": {"code": 401, "message": "x"}}, streamed=True).disposition
+        is Disposition.FATAL
+    )

@@ -9,16 +9,40 @@ from engine.money import Ledger, PriceCeiling, prompt_token_bound
 from engine.openrouter.catalog import allowed_endpoints, exclusion_reason, find_endpoint, parse_endpoints
 from engine.settings import ProviderSettings
 
-BODY = {"data": {"endpoints": [
-    {"provider_name": "Moonshot AI", "tag": "moonshotai", "quantization": "int4",
-     "pricing": {"prompt": "0.0000006", "completion": "0.0000025"}, "max_completion_tokens": None},
-    {"provider_name": "DeepInfra", "tag": "deepinfra/fp4", "quantization": "fp4",
-     "pricing": {"prompt": "0.00000045", "completion": "0.0000022"}, "max_completion_tokens": 16384},
-    {"provider_name": "Nebula", "tag": "nebula", "quantization": "nvfp4",
-     "pricing": {"prompt": "0.0000005", "completion": "0.0000024"}, "max_completion_tokens": None},
-    {"provider_name": "Together", "tag": "together", "quantization": "fp8",
-     "pricing": {"prompt": "0.0000012", "completion": "0.000003"}, "max_completion_tokens": 8192},
-]}}
+BODY = {
+    "data": {
+        "endpoints": [
+            {
+                "provider_name": "Moonshot AI",
+                "tag": "moonshotai",
+                "quantization": "int4",
+                "pricing": {"prompt": "0.0000006", "completion": "0.0000025"},
+                "max_completion_tokens": None,
+            },
+            {
+                "provider_name": "DeepInfra",
+                "tag": "deepinfra/fp4",
+                "quantization": "fp4",
+                "pricing": {"prompt": "0.00000045", "completion": "0.0000022"},
+                "max_completion_tokens": 16384,
+            },
+            {
+                "provider_name": "Nebula",
+                "tag": "nebula",
+                "quantization": "nvfp4",
+                "pricing": {"prompt": "0.0000005", "completion": "0.0000024"},
+                "max_completion_tokens": None,
+            },
+            {
+                "provider_name": "Together",
+                "tag": "together",
+                "quantization": "fp8",
+                "pricing": {"prompt": "0.0000012", "completion": "0.000003"},
+                "max_completion_tokens": 8192,
+            },
+        ]
+    }
+}
 
 
 def test_prices_are_exact_decimals() -> None:
@@ -33,13 +57,21 @@ def test_filters_and_reasons() -> None:
     assert [e.slug for e in allowed_endpoints(endpoints, only_int4_fp8)] == ["moonshotai", "together"]
     fp4 = ProviderSettings(quantizations=["fp4"])
     assert [e.slug for e in allowed_endpoints(endpoints, fp4)] == ["deepinfra", "nebula"], "fp4 covers nvfp4"
-    assert exclusion_reason(endpoints[0], ProviderSettings(ignore=["MoonshotAI"]), ()) == "named in provider.ignore"
-    assert exclusion_reason(endpoints[0], ProviderSettings(ignore=["moonshotai"]), ()) == "named in provider.ignore"
+    assert (
+        exclusion_reason(endpoints[0], ProviderSettings(ignore=["MoonshotAI"]), ())
+        == "named in provider.ignore"
+    )
+    assert (
+        exclusion_reason(endpoints[0], ProviderSettings(ignore=["moonshotai"]), ())
+        == "named in provider.ignore"
+    )
     assert exclusion_reason(endpoints[1], ProviderSettings(), {"DeepInfra"}) == "excluded at run time"
     capped = ProviderSettings(max_price={"completion": 2.5})
     assert exclusion_reason(endpoints[3], capped, ()) == "completion price above provider.max_price"
     assert exclusion_reason(endpoints[0], capped, ()) is None, "the cap is inclusive"
-    assert "max completion tokens" in (exclusion_reason(endpoints[3], ProviderSettings(), (), max_tokens=16384) or "")
+    assert "max completion tokens" in (
+        exclusion_reason(endpoints[3], ProviderSettings(), (), max_tokens=16384) or ""
+    )
     assert find_endpoint(endpoints, "Moonshot AI") is endpoints[0]
 
 
@@ -65,6 +97,18 @@ def test_ledger_gate_never_admits_past_the_budget() -> None:
     ledger.release(Decimal("0.3"))
     ledger.charge(Decimal("0.25"))
     assert ledger.fits(Decimal("0.15")) and not ledger.fits(Decimal("0.16"))
+
+
+def test_adaptive_limit_ignores_the_odd_429() -> None:
+    limit = AdaptiveLimit(1000, minimum=10, adaptive=True, ceiling=1000)
+    t = 100.0
+    for i in range(2000):
+        t += 0.002
+        if i % 50 == 0:  # 2% throttled: normal for a busy provider
+            limit.on_throttle(now=t)
+        else:
+            limit.on_success(now=t)
+    assert limit.effective == 1000
 
 
 def test_adaptive_limit_backs_off_once_per_storm_and_recovers() -> None:

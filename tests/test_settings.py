@@ -94,7 +94,10 @@ def test_cli_bad_settings_exit_2_one_line_per_problem_no_traceback(tmp_path: Pat
     path.write_text("[job]\nconcurrency = 0\nmax_attempts = 0\n")
     proc = subprocess.run(
         [sys.executable, "-m", "console.cli", "run", "--headless", "--settings", str(path)],
-        capture_output=True, text=True, cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
     )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()

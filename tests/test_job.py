@@ -1,0 +1,336 @@
+"""The job against the simulator over real loopback HTTP: rows, money, routing, faults, steering."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Callable
+from decimal import Decimal
+from pathlib import Path
+
+import orjson
+import pytest
+
+from engine.job import Job, JobError, JobState, StopReason
+from engine.settings import Settings
+from engine.sim.server import OpenRouterSim
+from tests.conftest import read_rows, write_dataset
+
+
+def assert_one_row_per_prompt(folder: Path, expected: int) -> list[dict]:
+    rows = read_rows(folder)
+    lines = Counter(row["line"] for row in rows)
+    assert len(rows) == expected, f"{len(rows)} rows for {expected} prompts"
+    assert set(lines) == set(range(expected)) and max(lines.values()) == 1
+    return rows
+
+
+async def run_job(settings: Settings, **kwargs: object) -> Job:
+    job = Job(settings, **kwargs)  # type: ignore[arg-type]
+    await job.prepare()
+    await job.run()
+    return job
+
+
+async def test_every_prompt_gets_one_row_and_spend_matches_the_bill(
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    a = write_dataset(tmp_path, "A", 40)
+    b = write_dataset(
+        tmp_path, "B", [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]] * 5
+    )
+    job = await run_job(make_settings(sim.base_url, [a, b]))
+    assert job.outcome is not None and job.outcome.reason is StopReason.DONE and job.outcome.exit_code == 0
+    assert job.state is JobState.DONE
+    rows = assert_one_row_per_prompt(a, 40)
+    assert_one_row_per_prompt(b, 5)  # identical prompts stay distinct rows
+    row = rows[0]
+    assert row["schema_version"] == 1 and row["backend"] == "openrouter"
+    assert row["id"] == f"A-{row['line']:08d}" and len(row["prompt_sha256"]) == 64
+    assert row["status"] in ("ok", "truncated") and row["provider"] and row["served_model"]
+    assert row["generation_id"].startswith("gen-") and row["content"] and isinstance(row["reasoning"], str)
+    assert row["cost"] > 0 and row["cost_estimated"] is False
+    assert job.ledger.spent == sim.ledger.billed_total, "spent is the exact sum of usage.cost"
+    assert job.ledger.reserved == 0
+
+
+async def test_requests_carry_the_settings_and_the_provider_object(
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    a = write_dataset(tmp_path, "A", 10)
+    settings = make_settings(
+        sim.base_url, [a], openrouter={"provider": {"ignore": ["deepinfra"], "sort": "price"}}
+    )
+    await run_job(settings)
+    sent = [r for r in sim.requests if r.get("model")]
+    assert sent and all(r["provider"]["ignore"] == ["deepinfra"] for r in sent)
+    assert all(r["max_tokens"] == 64 and r["stream"] is True for r in sent)
+    assert {r["served_by"] for r in sent}.isdisjoint({"deepinfra/fp4"})
+
+
+async def test_exclude_while_running_reaches_later_requests(
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    sim.config.time_scale = 0.05
+    a = write_dataset(tmp_path, "A", 60)
+    job = Job(make_settings(sim.base_url, [a], concurrency=4, openrouter={"provider": {"sort": "price"}}))
+    await job.prepare()
+    runner = asyncio.create_task(job.run())
+    while job.counters.rows < 5:
+        await asyncio.sleep(0.01)
+    served_before = {r["served_by"] for r in sim.requests if r.get("served_by")}
+    assert "deepinfra/fp4" in served_before, "the cheapest provider serves first under sort=price"
+    message = job.exclude("DeepInfra")
+    assert "excluded deepinfra" in message
+    mark = len(sim.requests)
+    await runner
+    later = list(sim.requests)[mark:]
+    assert later and all("deepinfra" in r["provider"].get("ignore", []) for r in later)
+    assert all(r["served_by"] != "deepinfra/fp4" for r in later)
+    events = [orjson.loads(x) for x in (job.run_dir / "events.jsonl").read_bytes().splitlines()]
+    assert any(e["event"] == "exclude" and e["provider"] == "deepinfra" for e in events)
+    assert_one_row_per_prompt(a, 60)
+
+
+async def test_excluding_the_last_provider_is_refused(
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    a = write_dataset(tmp_path, "A", 1)
+    job = Job(make_settings(sim.base_url, [a], openrouter={"provider": {"only": ["moonshotai"]}}))
+    await job.prepare()
+    with pytest.raises(JobError, match="would leave no provider"):
+        job.exclude("moonshotai")
+    await job.run()
+
+
+async def test_pause_stops_dispatch_and_resume_goes_on(
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    sim.config.time_scale = 0.02
+    a = write_dataset(tmp_path, "A", 80)
+    job = Job(make_settings(sim.base_url, [a], concurrency=8))
+    await job.prepare()
+    runner = asyncio.create_task(job.run())
+    while job.counters.rows < 8:
+        await asyncio.sleep(0.01)
+    job.pause()
+    assert job.state is JobState.PAUSED
+    while job.snapshot()["in_flight"]:
+        await asyncio.sleep(0.01)
+    sent = sim.total_requests
+    await asyncio.sleep(0.3)
+    assert sim.total_requests == sent, "nothing dispatched while paused"
+    job.resume()
+    await runner
+    assert job.outcome is not None and job.outcome.reason is StopReason.DONE
+    assert_one_row_per_prompt(a, 80)
+
+
+async def test_stop_with_cancel_then_resume_completes_without_duplicates(
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    sim.config.time_scale = 0.05
+    a = write_dataset(tmp_path, "A", 50)
+    settings = make_settings(sim.base_url, [a], concurrency=16)
+    job = Job(settings)
+    await job.prepare()
+    runner = asyncio.create_task(job.run())
+    while job.counters.rows < 10:
+        await asyncio.sleep(0.01)
+    job.stop(cancel=True)
+    outcome = await runner
+    assert outcome.reason is StopReason.OPERATOR and outcome.exit_code == 1
+    done_first = len(read_rows(a))
+    assert 10 <= done_first < 50
+    again = await run_job(settings)
+    assert again.outcome is not None and again.outcome.reason is StopReason.DONE
+    assert_one_row_per_prompt(a, 50)
+    assert again.counters.rows == 50 - done_first, "finished prompts are skipped by identity"
+
+
+async def test_concurrency_change_applies_while_running(
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    sim.config.time_scale = 0.05
+    a = write_dataset(tmp_path, "A", 60)
+    job = Job(make_settings(sim.base_url, [a], concurrency=32))
+    await job.prepare()
+    assert job.set_concurrency(10_000) == 32, "clamped to the pool the job started with"
+    job.set_concurrency(3)
+    runner = asyncio.create_task(job.run())
+    peak = 0
+    while not runner.done():
+        peak = max(peak, job.snapshot()["in_flight"])
+        await asyncio.sleep(0.002)
+    assert peak <= 3
+    with pytest.raises(JobError, match="has ended"):
+        job.set_concurrency(5)
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        "http_429",
+        "http_429_retry_after",
+        "http_429_ratelimit_reset",
+        "http_500",
+        "http_502",
+        "http_503",
+        "http_408",
+        "http_524",
+        "http_529",
+        "http_402_in_flight",
+        "error_body_200",
+        "error_choice_200",
+        "mid_stream_error",
+        "silent_failure",
+        "reset_before_headers",
+        "cut_mid_stream",
+        "empty_stop",
+        "missing_usage",
+        "missing_cost",
+        "slow_first_token",
+        "reasoning_exhaustion",
+        "degenerate",
+    ],
+)
+async def test_every_fault_class_ends_with_one_row_per_prompt(
+    fault: str, sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    sim.config.faults = {fault: 0.3}
+    a = write_dataset(tmp_path, "A", 30)
+    job = await run_job(make_settings(sim.base_url, [a], max_attempts=30, reconcile_timeout_s=3.0))
+    assert job.outcome is not None and job.outcome.reason is StopReason.DONE, job.outcome
+    rows = assert_one_row_per_prompt(a, 30)
+    assert job.ledger.reserved == 0
+    if fault == "reasoning_exhaustion":
+        assert any(r["status"] == "truncated" and r["content"] == "" and r["reasoning"] for r in rows)
+    elif fault == "degenerate":
+        assert any("degenerate_content" in r["flags"] for r in rows)
+    elif fault == "empty_stop":  # reasoning without an answer is kept, flagged (data-contract §4.11)
+        assert any("empty_content" in r["flags"] for r in rows) or job.counters.errors["empty"]
+    elif fault in ("missing_usage", "missing_cost"):
+        assert any(r["cost_estimated"] for r in rows)
+    elif fault != "slow_first_token":
+        assert sum(job.counters.errors.values()) > 0, "the fault was seen and retried"
+    # Money: failed attempts count too; estimates are replaced by the billed amount when known.
+    if fault not in ("missing_cost", "reset_before_headers"):
+        for _ in range(100):
+            if job.ledger.spent_estimated == 0:
+                break
+            await asyncio.sleep(0.05)
+    assert job.ledger.spent >= sim.ledger.billed_total or job.ledger.spent_estimated > 0
+
+
+async def test_non_streaming_mode(
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    sim.config.faults = {"cut_nonstream_body": 0.2, "error_body_200": 0.1}
+    a = write_dataset(tmp_path, "A", 20)
+    job = await run_job(make_settings(sim.base_url, [a], max_attempts=20, openrouter={"stream": False}))
+    assert job.outcome is not None and job.outcome.reason is StopReason.DONE
+    rows = assert_one_row_per_prompt(a, 20)
+    assert all(r["request"]["stream"] is False for r in rows)
+    assert all(r["stream"] is False for r in sim.requests if r.get("model"))
+
+
+async def test_attempt_cap_gives_up_and_exits_1(
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    sim.config.faults = {"http_502": 1.0}
+    a = write_dataset(tmp_path, "A", 3)
+    job = await run_job(make_settings(sim.base_url, [a], max_attempts=2))
+    assert job.outcome is not None and job.outcome.reason is StopReason.FAILED_PROMPTS
+    assert job.outcome.exit_code == 1 and "3 prompts failed after 2 attempts" in job.outcome.message
+    assert read_rows(a) == []
+    journal = [orjson.loads(x) for x in (job.run_dir / "attempts.jsonl").read_bytes().splitlines()]
+    assert sum(1 for r in journal if r["k"] == "end") == 6
+    assert sum(1 for r in journal if r["k"] == "gave_up") == 3
+
+
+async def test_bad_key_stops_with_auth_and_never_echoes_it(
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    a = write_dataset(tmp_path, "A", 5)
+    settings = make_settings(sim.base_url, [a])
+    settings.openrouter.api_key = type(settings.openrouter.api_key)("sk-or-v1-wrongwrongwrongwrongwrong")  # type: ignore[misc]
+    job = Job(settings)
+    with pytest.raises(JobError) as info:
+        await job.prepare()
+    assert "wrongwrong" not in str(info.value)
+
+
+async def test_no_endpoints_404_is_fatal_with_the_constraint_named(
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    a = write_dataset(tmp_path, "A", 5)
+    # order + no fallbacks names a provider the model does not have: the server answers 404.
+    settings = make_settings(
+        sim.base_url, [a], openrouter={"provider": {"order": ["nosuchprovider"], "allow_fallbacks": False}}
+    )
+    job = await run_job(settings)
+    assert job.outcome is not None and job.outcome.reason is StopReason.FATAL
+    assert (
+        "order=['nosuchprovider']" in job.outcome.message and "allow_fallbacks=False" in job.outcome.message
+    )
+    assert sum(1 for r in sim.requests if r.get("model")) <= 64, "never retried unchanged"
+
+
+async def test_credits_running_out_stops_cleanly(
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    sim.config.credits = 0.002
+    a = write_dataset(tmp_path, "A", 200)
+    job = await run_job(make_settings(sim.base_url, [a], concurrency=4))
+    assert job.outcome is not None and job.outcome.reason is StopReason.CREDITS
+    assert "credits" in job.outcome.message.lower()
+    assert 0 < len(read_rows(a)) < 200
+
+
+async def test_dataset_token_budget_stops_its_dispatch(
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    a = write_dataset(tmp_path, "A", 100)
+    b = write_dataset(tmp_path, "B", 10)
+    job = await run_job(make_settings(sim.base_url, [a, b], concurrency=4, dataset_token_budget=200))
+    assert job.outcome is not None and job.outcome.reason is StopReason.DONE
+    rows_a = read_rows(a)
+    tokens = sum(r["usage"]["completion_tokens"] for r in rows_a)
+    assert 200 <= tokens < 200 + 4 * 64, "over by at most what was in flight"
+    assert len(rows_a) < 100
+    snapshot = {d["name"]: d for d in job.snapshot()["datasets"]}
+    assert snapshot["A"]["state"] == "token budget"
+
+
+async def test_budget_with_2000_in_flight_never_overshoots_the_bill(
+    tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    from tests.conftest import fast_sim_config
+
+    server = OpenRouterSim(
+        fast_sim_config(time_scale=0.2, min_completion_tokens=20, max_completion_tokens=60)
+    )
+    await server.start()
+    try:
+        a = write_dataset(tmp_path, "A", 10000)
+        budget = 0.8  # room for about 8000 responses: the budget, not the prompts, ends the run
+        settings = make_settings(server.base_url, [a], concurrency=2000, budget_usd=budget)
+        settings.openrouter.max_tokens = 60
+        job = Job(settings)
+        await job.prepare()
+        runner = asyncio.create_task(job.run())
+        peak = 0
+        while not runner.done():
+            peak = max(peak, len(job._flights))
+            assert job.ledger.spent + job.ledger.reserved <= job.ledger.budget
+            await asyncio.sleep(0.01)
+        outcome = runner.result()
+    finally:
+        await server.stop()
+    assert outcome.reason is StopReason.BUDGET, outcome
+    assert peak >= 1500, f"only {peak} in flight"
+    assert server.peak_in_flight >= 1500
+    assert server.ledger.billed_total <= Decimal(str(budget)), "the simulator's own ledger"
+    assert job.ledger.spent == server.ledger.billed_total
+    rows = read_rows(a)
+    assert len(rows) == len({r["line"] for r in rows})
