@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--dir", type=Path, default=Path("regen-demo"), help="scratch folder, replaced on each run"
     )
+    demo.add_argument(
+        "--speed", type=float, default=1.0, help="run the simulated providers this many times faster"
+    )
 
     sim = commands.add_parser("sim", help="run a simulator standalone on a port")
     sims = sim.add_subparsers(dest="sim", metavar="BACKEND", required=True)
@@ -72,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             from console.demo import run_demo
 
-            return run_demo(args.dir, headless=args.headless)
+            return run_demo(args.dir, headless=args.headless, speed=args.speed)
         settings = load_settings(args.settings)
         if args.command == "run":
             return _run(args, settings)

@@ -16,7 +16,7 @@ from engine.settings import JobSettings, OpenRouterSettings, ProviderSettings, S
 MARKER = ".regen-demo"
 
 
-def demo_sim_config() -> object:
+def demo_sim_config(speed: float = 1.0) -> object:
     from engine.sim.config import SimConfig
 
     return SimConfig(
@@ -26,6 +26,7 @@ def demo_sim_config() -> object:
         keepalive_interval_s=1.0,
         faults={"http_429": 0.02, "http_502": 0.01, "mid_stream_error": 0.005, "cut_mid_stream": 0.005},
         seed=7,
+        time_scale=1.0 / speed,
     )
 
 
@@ -68,18 +69,21 @@ def demo_settings(folder: Path, base_url: str, api_key: str) -> Settings:
     )
 
 
-def run_demo(folder: Path, *, headless: bool) -> int:
+def run_demo(folder: Path, *, headless: bool, speed: float = 1.0) -> int:
     from engine.headless import run_headless
     from engine.job import Job, JobError
     from engine.runtime import run
     from engine.sim.server import OpenRouterSim
 
+    if speed <= 0:
+        print("regen: --speed must be positive", file=sys.stderr)
+        return 2
     prepare_folder(folder)
     if not headless:
         print("regen: the console is not available in this version; running headless", file=sys.stderr)
 
     async def go() -> int:
-        config = demo_sim_config()
+        config = demo_sim_config(speed)
         sim = OpenRouterSim(config)  # type: ignore[arg-type]
         await sim.start()
         try:

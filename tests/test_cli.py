@@ -1,0 +1,284 @@
+"""The `regen` command as operators run it: real processes, real signals, a simulator in its own process."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.conftest import read_rows, write_dataset
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+ENV.pop("OPENROUTER_API_KEY", None)
+SECRET = "sk-or-v1-" + "".join(random.Random(5).choices("abcdef0123456789", k=48))
+
+
+def regen(*args: str) -> list[str]:
+    return [sys.executable, "-m", "console.cli", *args]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def sim_process(tmp_path: Path) -> Iterator[str]:
+    """`regen sim openrouter` in its own process, so it outlives the jobs the tests kill."""
+    port = free_port()
+    config = tmp_path / "sim.json"
+    config.write_text(
+        json.dumps(
+            {
+                "api_keys": ["sk-sim-test", SECRET],
+                "time_scale": 0.05,
+                "min_completion_tokens": 10,
+                "max_completion_tokens": 60,
+                "chunk_interval_s": 0.01,
+                "keepalive_interval_s": 0.05,
+                "generation_lookup_delay_s": 0.1,
+                "retry_after_s": 0,
+                "faults": {"http_502": 0.02, "cut_mid_stream": 0.02},
+                "seed": 3,
+            }
+        )
+    )
+    proc = subprocess.Popen(
+        regen("sim", "openrouter", "--port", str(port), "--config", str(config)),
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert "listening on" in line, line
+    try:
+        yield f"http://127.0.0.1:{port}/api/v1"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+
+
+def settings_file(tmp_path: Path, base_url: str, datasets: list[Path], **job: object) -> Path:
+    path = tmp_path / "settings.toml"
+    job_lines = "\n".join(f"{k} = {json.dumps(v)}" for k, v in job.items())
+    path.write_text(
+        f'[openrouter]\nbase_url = "{base_url}"\nmax_tokens = 64\n'
+        f"[job]\ndatasets = {json.dumps([str(d) for d in datasets])}\n"
+        f'run_dir = "{tmp_path / "run"}"\nbackoff_base_s = 0.01\nbackoff_max_s = 0.1\n{job_lines}\n'
+        "[headless]\nstatus_interval_s = 0.2\n"
+    )
+    return path
+
+
+def test_sigkill_at_random_moments_then_resume_loses_and_duplicates_nothing(
+    sim_process: str, tmp_path: Path
+) -> None:
+    data = [write_dataset(tmp_path, "A", 1500), write_dataset(tmp_path, "B", 500)]
+    settings = settings_file(tmp_path, sim_process, data, concurrency=32, max_attempts=20)
+    env = {**ENV, "OPENROUTER_API_KEY": "sk-sim-test"}
+    rng = random.Random(11)
+    kills = 0
+    for _ in range(4):
+        proc = subprocess.Popen(
+            regen("run", "--headless", "--settings", str(settings)),
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(rng.uniform(0.8, 2.5))
+        if proc.poll() is None:
+            proc.kill()
+            kills += 1
+        proc.wait()
+    assert kills >= 2, "the job finished too fast to be killed"
+    final = subprocess.run(
+        regen("run", "--headless", "--settings", str(settings)),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert final.returncode == 0, final.stdout[-2000:] + final.stderr[-2000:]
+    for folder, count in zip(data, (1500, 500), strict=True):
+        raw = (folder / "raw_responses.jsonl").read_bytes()
+        assert raw.endswith(b"\n")
+        rows = [orjson.loads(line) for line in raw.splitlines()]
+        lines = Counter(row["line"] for row in rows)
+        assert set(lines) == set(range(count)), "no prompt lost"
+        assert max(lines.values()) == 1, "no row duplicated"
+    journal = [orjson.loads(x) for x in (tmp_path / "run" / "attempts.jsonl").read_bytes().splitlines()]
+    starts = {r["rid"] for r in journal if r["k"] == "start"}
+    ends = {r["rid"] for r in journal if r["k"] == "end"}
+    assert starts == ends, "every attempt in flight at a kill was settled at the next start"
+    assert any(r.get("outcome") == "lost_at_crash" for r in journal)
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signals_drain_and_exit_with_their_code(
+    sim_process: str, tmp_path: Path, signum: int, code: int
+) -> None:
+    data = [write_dataset(tmp_path, "A", 3000)]
+    settings = settings_file(tmp_path, sim_process, data, concurrency=32)
+    proc = subprocess.Popen(
+        regen("run", "--headless", "--settings", str(settings)),
+        env={**ENV, "OPENROUTER_API_KEY": "sk-sim-test"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(1.5)
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, out[-1500:] + err[-1500:]
+    assert "draining" in out and "Traceback" not in err
+    assert out.strip().splitlines()[-1].startswith("stopped: interrupted by")
+    rows = read_rows(data[0])
+    assert 0 < len(rows) < 3000 and len({r["line"] for r in rows}) == len(rows)
+    journal = [orjson.loads(x) for x in (tmp_path / "run" / "attempts.jsonl").read_bytes().splitlines()]
+    starts = {r["rid"] for r in journal if r["k"] == "start"}
+    assert starts == {r["rid"] for r in journal if r["k"] == "end"}, "drained: nothing left in flight"
+
+
+def test_status_lines_and_summary(sim_process: str, tmp_path: Path) -> None:
+    data = [write_dataset(tmp_path, "A", 60), write_dataset(tmp_path, "B", 20)]
+    settings = settings_file(tmp_path, sim_process, data, concurrency=8)
+    done = subprocess.run(
+        regen("run", "--headless", "--settings", str(settings)),
+        env={**ENV, "OPENROUTER_API_KEY": "sk-sim-test"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    status = [line for line in lines if line.startswith("[")]
+    assert status, done.stdout
+    last = status[-1]
+    for part in (
+        "DONE",
+        "A 60/60",
+        "B 20/20",
+        "tok/s",
+        "req/s",
+        "in flight",
+        "spent",
+        "reserved",
+        "/ $100.00",
+        "errors",
+        "ETA",
+    ):
+        assert part in last, (part, last)
+    assert lines[-1] == "done: every dataset is done"
+
+
+def test_bad_prompt_lines_are_listed_and_nothing_is_written(sim_process: str, tmp_path: Path) -> None:
+    good = b'{"messages": [{"role": "user", "content": "hi"}]}'
+    data = write_dataset(
+        tmp_path,
+        "A",
+        0,
+        raw=[good, b"{not json", b"", b'{"messages": [{"role": "assistant", "content": "x"}]}', good],
+    )
+    settings = settings_file(tmp_path, sim_process, [data])
+    env = {**ENV, "OPENROUTER_API_KEY": "sk-sim-test"}
+    bad = subprocess.run(
+        regen("run", "--headless", "--settings", str(settings)), env=env, capture_output=True, text=True
+    )
+    assert bad.returncode == 1
+    prompts = data / "prompts.jsonl"
+    assert f"{prompts}:2: not valid JSON" in bad.stderr
+    assert f"{prompts}:3: blank line" in bad.stderr
+    assert f"{prompts}:4: last message is not from the user" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    assert not (data / "raw_responses.jsonl").exists() and not (tmp_path / "run").exists()
+    skipped = subprocess.run(
+        regen("run", "--headless", "--skip-invalid", "--settings", str(settings)),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert skipped.returncode == 0, skipped.stderr
+    assert sorted(r["line"] for r in read_rows(data)) == [0, 4]
+    events = [orjson.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_bytes().splitlines()]
+    assert sorted(e["line"] for e in events if e["event"] == "invalid_line") == [1, 2, 3]
+
+
+def test_the_key_appears_in_no_output_and_no_file(sim_process: str, tmp_path: Path) -> None:
+    data = [write_dataset(tmp_path, "A", 30)]
+    settings = settings_file(tmp_path, sim_process, data, concurrency=8)
+    good = subprocess.run(
+        regen("run", "--headless", "--settings", str(settings)),
+        env={**ENV, "OPENROUTER_API_KEY": SECRET},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert good.returncode == 0, good.stderr
+    wrong = SECRET[:-6] + "000000"
+    refused = subprocess.run(
+        regen("run", "--headless", "--settings", str(settings)),
+        env={**ENV, "OPENROUTER_API_KEY": wrong},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 1 and "API key was refused" in refused.stderr
+    texts = [good.stdout, good.stderr, refused.stdout, refused.stderr]
+    texts += [
+        p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.is_file() and p.name != "sim.json"
+    ]
+    for text in texts:
+        assert SECRET not in text and wrong not in text and SECRET[9:30] not in text
+
+
+def test_no_key_and_no_datasets_are_clear_errors(tmp_path: Path) -> None:
+    settings = tmp_path / "settings.toml"
+    settings.write_text("[job]\nbudget_usd = 5\n")
+    no_key = subprocess.run(
+        regen("run", "--headless", "--settings", str(settings)), env=ENV, capture_output=True, text=True
+    )
+    assert no_key.returncode == 1 and "no API key" in no_key.stderr and "Traceback" not in no_key.stderr
+    no_data = subprocess.run(
+        regen("run", "--headless", "--settings", str(settings)),
+        env={**ENV, "OPENROUTER_API_KEY": "x"},
+        capture_output=True,
+        text=True,
+    )
+    assert no_data.returncode == 1 and "no datasets" in no_data.stderr
+
+
+def test_demo_runs_to_the_end_and_exits_0(tmp_path: Path) -> None:
+    folder = tmp_path / "demo"
+    done = subprocess.run(
+        regen("demo", "--headless", "--dir", str(folder), "--speed", "25"),
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1].startswith("done: every dataset is done")
+    for name in ("chat", "code", "reasoning"):
+        prompts = (folder / "datasets" / name / "prompts.jsonl").read_bytes().count(b"\n")
+        assert len(read_rows(folder / "datasets" / name)) == prompts
+    again = subprocess.run(
+        regen("demo", "--headless", "--dir", str(tmp_path)), env=ENV, capture_output=True, text=True
+    )
+    assert again.returncode != 0 and "is not a regen demo folder" in again.stderr
