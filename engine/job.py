@@ -43,6 +43,8 @@ from engine.workqueue import WorkItem, WorkQueue
 
 # After this many 400s in a row with no success at all, the settings are wrong, not the prompts.
 BAD_REQUEST_STREAK_FATAL = 20
+# Seconds the end of a run waits for pending /generation cost lookups.
+RECONCILE_GRACE_S = 5.0
 
 
 class JobError(RuntimeError):
@@ -821,6 +823,10 @@ class Job:
     # --------------------------------------------------------------------------------- shutdown
 
     async def _shutdown(self) -> None:
+        # Give cost lookups a short grace so the summary is exact; what is left stays estimated
+        # in the journal and is looked up again by the next start.
+        if self._reconcile_tasks and self._stop_mode != "cancel":
+            await asyncio.wait(list(self._reconcile_tasks), timeout=RECONCILE_GRACE_S)
         for task in list(self._reconcile_tasks):
             task.cancel()
         if self._reconcile_tasks:

@@ -146,6 +146,69 @@ async def test_stop_with_cancel_then_resume_completes_without_duplicates(
     assert again.outcome is not None and again.outcome.reason is StopReason.DONE
     assert_one_row_per_prompt(a, 50)
     assert again.counters.rows == 50 - done_first, "finished prompts are skipped by identity"
+    # Cancelled requests with a generation id were looked up in /generation; those cancelled
+    # before their headers keep their worst case, flagged: the ledger never reads below the bill.
+    known = again.ledger.spent - again.ledger.spent_estimated
+    assert known <= sim.ledger.billed_total <= again.ledger.spent
+
+
+async def test_a_changed_prompt_stops_the_resume(
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    a = write_dataset(tmp_path, "A", 5)
+    settings = make_settings(sim.base_url, [a])
+    await run_job(settings)
+    lines = (a / "prompts.jsonl").read_bytes().splitlines()
+    lines[3] = orjson.dumps({"messages": [{"role": "user", "content": "edited"}]})
+    (a / "prompts.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    with pytest.raises(JobError, match=r"prompts.jsonl:4: prompt changed since its row was written"):
+        await Job(settings).prepare()
+
+
+async def test_a_second_job_on_the_same_run_folder_is_refused(
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    a = write_dataset(tmp_path, "A", 3)
+    settings = make_settings(sim.base_url, [a])
+    first = Job(settings)
+    await first.prepare()
+    with pytest.raises(JobError, match="another regen job is running"):
+        await Job(settings).prepare()
+    await first.run()
+
+
+async def test_a_429_storm_lowers_concurrency_and_it_recovers(
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    sim.config.time_scale = 0.02
+    sim.config.faults = {"http_429": 0.7}
+    a = write_dataset(tmp_path, "A", 600)
+    job = Job(make_settings(sim.base_url, [a], concurrency=64, max_attempts=50))
+    await job.prepare()
+    job.limit.quiet_s = 0.3
+    job.limit.cooldown_s = 0.05
+    runner = asyncio.create_task(job.run())
+    while job.limit.backoffs < 2:
+        await asyncio.sleep(0.01)
+    lowest = job.limit.effective
+    assert lowest < 64
+    sim.config.faults = {}
+    while job.limit.effective < 64 and not runner.done():
+        await asyncio.sleep(0.01)
+    assert job.limit.effective == 64, "back to the configured limit once the storm passed"
+    await runner
+    assert_one_row_per_prompt(a, 600)
+
+
+def test_engine_never_imports_textual() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, engine.job, engine.headless, engine.sim.server; "
+        "assert not [m for m in sys.modules if m.split('.')[0] == 'textual']"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 async def test_concurrency_change_applies_while_running(
