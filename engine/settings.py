@@ -132,6 +132,23 @@ class JobSettings(_Section):
     """How long to look up the cost of requests a crash left unsettled before estimating it."""
 
 
+class TokenizerSettings(_Section):
+    """The target model's tokenizer, which turns finished rows into the token ids drafters train on."""
+
+    path: Path | None = None
+    """Local folder holding the tokenizer files (pulled from the GPU host or downloaded by hand); empty to leave output_ids empty."""
+    name: str | None = None
+    """Name recorded in every row (e.g. "moonshotai/Kimi-K2.5"); defaults to the folder name."""
+    trust_remote_code: bool = False
+    """Allow the tokenizer's own Python code to run (Kimi's tokenizer needs it); off unless you trust the files."""
+    thinking: bool = True
+    """The chat template's thinking switch (Kimi's `thinking` keyword), matching how responses were generated."""
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Further keyword arguments for the chat template."""
+    workers: int = Field(2, ge=1, le=64)
+    """Processes that tokenize rows beside the job's loop."""
+
+
 class HeadlessSettings(_Section):
     """The status line of `--headless` runs."""
 
@@ -154,6 +171,8 @@ class Settings(BaseSettings):
     """The OpenRouter backend."""
     job: JobSettings = Field(default_factory=JobSettings)
     """The generation job."""
+    tokenizer: TokenizerSettings = Field(default_factory=TokenizerSettings)
+    """The target model's tokenizer."""
     headless: HeadlessSettings = Field(default_factory=HeadlessSettings)
     """Headless output."""
 
@@ -216,6 +235,8 @@ def load_settings(path: Path | None = None) -> Settings:
     settings.job.datasets = [_resolve(base, p) for p in settings.job.datasets]
     settings.job.dataset_roots = [_resolve(base, p) for p in settings.job.dataset_roots]
     settings.job.run_dir = _resolve(base, settings.job.run_dir)
+    if settings.tokenizer.path is not None:
+        settings.tokenizer.path = _resolve(base, settings.tokenizer.path)
     return settings
 
 
