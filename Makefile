@@ -21,7 +21,7 @@ demo: $(VENV)/.installed-base
 	$(BIN)/regen demo
 
 test: $(VENV)/.installed-test
-	$(BIN)/ruff check engine console tests bench
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
 bench: $(VENV)/.installed-test
