@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from engine.settings import SettingsError, load_settings
+from engine.settings import Settings, SettingsError, load_settings
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
@@ -24,6 +24,12 @@ def _add_settings(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="settings file (default ./settings.toml when present, else built-in defaults)",
     )
+
+
+def _add_console_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--readonly", action="store_true", help="watch without the power to steer")
+    parser.add_argument("--no-mouse", action="store_true", help="no mouse reporting (slow links)")
+    parser.add_argument("--fps", type=int, default=None, help="screen updates per second at most")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,6 +47,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="skip and journal invalid prompt lines instead of refusing",
     )
+    _add_console_options(run)
+
+    job = commands.add_parser("job-process", help=argparse.SUPPRESS)
+    _add_settings(job)
+    job.add_argument("--datasets", default=None)
+    job.add_argument("--skip-invalid", action="store_true")
+
+    attach = commands.add_parser("attach", help="attach the console to the running job")
+    _add_settings(attach)
+    _add_console_options(attach)
+
+    stop = commands.add_parser("stop", help="gracefully stop the running job (drain requests in flight)")
+    _add_settings(stop)
+    stop.add_argument("--cancel", action="store_true", help="cancel requests in flight instead of draining")
 
     demo = commands.add_parser("demo", help="the job on the built-in simulator and a bundled sample dataset")
     _add_settings(demo)
@@ -77,8 +97,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return run_demo(args.dir, headless=args.headless, speed=args.speed)
         settings = load_settings(args.settings)
-        if args.command == "run":
+        if args.command == "run" and args.headless:
             return _run(args, settings)
+        if args.command == "job-process":
+            return _run(args, settings)
+        if args.command == "run":
+            return _run_detached(args, settings)
+        if args.command == "attach":
+            return _attach(args, settings.job.run_dir)
+        if args.command == "stop":
+            return _stop(args, settings.job.run_dir)
     except SettingsError as exc:
         return _fail(str(exc), EXIT_USAGE)
     except KeyboardInterrupt:
@@ -86,15 +114,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _fail(f"unknown command {args.command}", EXIT_USAGE)
 
 
-def _run(args: argparse.Namespace, settings: object) -> int:
+def _run(args: argparse.Namespace, settings: Settings) -> int:
     from engine.job import Job, JobError
     from engine.runtime import run
-    from engine.settings import Settings
 
-    assert isinstance(settings, Settings)
     only = [name.strip() for name in args.datasets.split(",") if name.strip()] if args.datasets else None
-    if not args.headless:
-        print("regen: the console is not available in this version; running headless", file=sys.stderr)
 
     async def go() -> int:
         from engine.headless import run_headless
@@ -106,6 +130,81 @@ def _run(args: argparse.Namespace, settings: object) -> int:
             return _fail(str(exc))
         outcome = await run_headless(job)
         return outcome.exit_code
+
+    return run(go())
+
+
+def _run_detached(args: argparse.Namespace, settings: Settings) -> int:
+    """Start the job in its own session, then attach to it."""
+    from console.attach import JOB_LOG, start_detached
+
+    job_args = ["job-process"]
+    if args.settings is not None:
+        job_args += ["--settings", str(args.settings.resolve())]
+    if args.datasets:
+        job_args += ["--datasets", args.datasets]
+    if args.skip_invalid:
+        job_args.append("--skip-invalid")
+    code, said = start_detached(settings.job.run_dir, job_args)
+    if code != 0:
+        return _fail(said or f"the job ended at once (exit {code})", code)
+    print(
+        f"regen: job started; it keeps running after this console (log: {settings.job.run_dir / JOB_LOG})",
+        file=sys.stderr,
+    )
+    return _attach(args, settings.job.run_dir)
+
+
+def _attach(args: argparse.Namespace, run_dir: Path) -> int:
+    from console.attach import follow_lines
+    from console.client import SocketSource
+    from engine.control import SOCKET_NAME, ControlError
+    from engine.runtime import run
+
+    source = SocketSource(run_dir / SOCKET_NAME, readonly=args.readonly)
+    if sys.stdout.isatty():
+        from console.launch import run_console
+
+        return run_console(source, fps=args.fps, no_mouse=args.no_mouse)
+
+    async def go() -> int:
+        try:
+            await source.connect()
+        except ControlError as exc:
+            return _fail(str(exc))
+        try:
+            return await follow_lines(source)
+        finally:
+            await source.close()
+
+    return run(go())
+
+
+def _stop(args: argparse.Namespace, run_dir: Path) -> int:
+    from console.client import SocketSource
+    from engine.control import SOCKET_NAME, ControlError
+    from engine.headless import status_line
+    from engine.runtime import run
+
+    async def go() -> int:
+        source = SocketSource(run_dir / SOCKET_NAME)
+        try:
+            await source.connect()
+        except ControlError as exc:
+            return _fail(str(exc))
+        try:
+            reply = await source.command("stop", cancel=args.cancel)
+            print(f"regen: {reply['message']}", file=sys.stderr)
+            if not reply["ok"]:
+                return EXIT_FAILURE
+            last = None
+            async for snap in source.snapshots():
+                last = snap
+            if last is not None:
+                print(status_line(last))
+            return EXIT_OK
+        finally:
+            await source.close()
 
     return run(go())
 

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from engine.control import SOCKET_NAME, ControlServer
 from engine.job import Job, Outcome, StopReason
 
 
@@ -116,6 +117,22 @@ async def run_headless(
             installed.append(signum)
         except (NotImplementedError, RuntimeError):
             pass
+    control: ControlServer | None = ControlServer(
+        job.run_dir / SOCKET_NAME,
+        snapshot=job.snapshot,
+        events_since=job.events_since,
+        job_info=job.info(),
+        handle=job.handle_command,
+    )
+    try:
+        await control.start()
+    except OSError as exc:
+        print(
+            f"regen: warning: no control socket at {control.path} ({exc}); consoles cannot attach",
+            file=out,
+            flush=True,
+        )
+        control = None
     if on_ready is not None:
         on_ready(job)
     runner = asyncio.ensure_future(job.run())
@@ -128,6 +145,9 @@ async def run_headless(
     finally:
         for signum in installed:
             loop.remove_signal_handler(signum)
+        if control is not None:
+            await control.push_now()
+            await control.close()
     print(status_line(job.snapshot()), file=out, flush=True)
     for line in summary_lines(job.snapshot(), outcome):
         print(line, file=out, flush=True)

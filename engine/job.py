@@ -15,7 +15,7 @@ import fcntl
 import os
 import random
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from decimal import Decimal
 from enum import StrEnum
@@ -43,6 +43,7 @@ from engine.workqueue import WorkItem, WorkQueue
 
 # After this many 400s in a row with no success at all, the settings are wrong, not the prompts.
 BAD_REQUEST_STREAK_FATAL = 20
+RECENT_EVENTS = 1000
 # Seconds the end of a run waits for pending /generation cost lookups.
 RECONCILE_GRACE_S = 5.0
 
@@ -183,6 +184,9 @@ class Job:
         self._budget_blocked = False
         self._random = random.Random()
         self.unsettled_at_stop = 0
+        # Recent events for attached consoles: operator actions, state changes and errors.
+        self._recent: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
+        self._recent_seq = 0
 
     # ----------------------------------------------------------------------------- preparation
 
@@ -712,6 +716,16 @@ class Job:
         if stats is not None:
             stats.errors[error.error_class.value] += 1
         item.last_error = error.message
+        self._remember(
+            {
+                "ts": time.time(),
+                "event": "error",
+                "class": error.error_class.value,
+                "provider": stats.name if stats else None,
+                "message": error.message[:200],
+                "prompt": item.prompt.id,
+            }
+        )
         if error.error_class in THROTTLE_CLASSES:
             self.limit.on_throttle()
         if error.error_class is ErrorClass.BAD_REQUEST:
@@ -846,8 +860,67 @@ class Job:
         self._release_lock()
 
     def _event(self, event: str, **fields: Any) -> None:
+        record = {"ts": time.time(), "event": event, **fields}
         if self._events is not None:
-            self._events.append({"ts": time.time(), "event": event, **fields})
+            self._events.append(record)
+        self._remember(record)
+
+    def _remember(self, record: dict[str, Any]) -> None:
+        self._recent_seq += 1
+        self._recent.append({"seq": self._recent_seq, **record})
+
+    def events_since(self, cursor: int) -> tuple[int, list[dict[str, Any]]]:
+        """Events after `cursor` (or the last -cursor events when negative), and the new cursor."""
+        if cursor < 0:
+            return self._recent_seq, list(self._recent)[cursor:]
+        return self._recent_seq, [e for e in self._recent if e["seq"] > cursor]
+
+    def info(self) -> dict[str, Any]:
+        """What does not change while the job runs, for a console's hello."""
+        return {
+            "pid": os.getpid(),
+            "run_dir": str(self.run_dir),
+            "model": self.settings.openrouter.model,
+            "base_url": self.settings.openrouter.base_url,
+            "datasets": list(self.datasets),
+            "started_at": self.started_at,
+        }
+
+    async def handle_command(self, name: str, args: dict[str, Any], source: str = "console") -> str:
+        """Run an operator command by name; the returned text is shown to the operator."""
+        if name == "pause":
+            self.pause(source)
+            return "paused: no new requests; those in flight finish"
+        if name == "resume":
+            self.resume(source)
+            return "resumed"
+        if name in ("exclude", "include"):
+            provider = str(args.get("provider") or "")
+            if not provider:
+                raise JobError(f"{name} needs a provider")
+            return (
+                self.exclude(provider, source=source)
+                if name == "exclude"
+                else self.include(provider, source=source)
+            )
+        if name == "concurrency":
+            applied = self.set_concurrency(int(args["value"]), source)
+            return f"concurrency {applied}"
+        if name == "budget":
+            self.set_budget(Decimal(str(args["value"])), source)
+            return f"budget ${self.ledger.budget:.2f}"
+        if name == "stop":
+            cancel = bool(args.get("cancel"))
+            self._check_live()
+            self.stop(
+                cancel=cancel, reason=StopReason.OPERATOR, message=f"stopped by the operator ({source})"
+            )
+            return (
+                "stopping: cancelling requests in flight"
+                if cancel
+                else "stopping: draining requests in flight"
+            )
+        raise JobError(f"unknown command {name!r}")
 
     # --------------------------------------------------------------------------------- snapshot
 
