@@ -53,6 +53,26 @@ def status_line(snap: dict[str, Any]) -> str:
     )
 
 
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}s"
+
+
+def _millis(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.1f}ms"
+
+
+def provider_line(p: dict[str, Any]) -> str:
+    errors = sum(p["errors"].values())
+    per_m = "-" if p.get("usd_per_m_output") is None else f"${p['usd_per_m_output']:.2f}/M"
+    return (
+        f"  {p['status']:<4} {p['name']}: {p['requests']} requests ({p['share'] * 100:.0f}%), {p['ok']} rows, "
+        f"latency p50 {_seconds(p['latency_p50_s'])} p95 {_seconds(p['latency_p95_s'])}, "
+        f"TTFT p50 {_seconds(p['ttft_p50_s'])}, TPOT {_millis(p['tpot_s'])}, "
+        f"{_count(p['output_tokens_per_s'])} tok/s, ${p['spent']:.4f} ({per_m}), "
+        f"errors {errors} (429s {p['throttled']})"
+    )
+
+
 def summary_lines(snap: dict[str, Any], outcome: Outcome) -> list[str]:
     lines = ["", "summary:"]
     for d in snap["datasets"]:
@@ -60,21 +80,25 @@ def summary_lines(snap: dict[str, Any], outcome: Outcome) -> list[str]:
             f"  {d['name']}: {d['done']}/{d['total']} rows ({d['ok']} ok, {d['truncated']} truncated, "
             f"{d['failed']} failed, {d['invalid']} invalid skipped), {d['output_tokens']} output tokens, {d['state']}"
         )
-    for p in snap["providers"]:
-        p50 = "-" if p["latency_p50_s"] is None else f"{p['latency_p50_s']:.2f}s"
-        lines.append(
-            f"  provider {p['name']}: {p['requests']} requests, {p['ok']} rows, {p['share'] * 100:.0f}% share, "
-            f"p50 {p50}, ${p['spent']:.4f}, errors {sum(p['errors'].values())}"
-        )
+    lines.append("providers:")
+    lines.extend(provider_line(p) for p in snap["providers"])
     money = snap["money"]
+    estimated = money["spent_estimated"]
     lines.append(
-        f"  spent ${money['spent']:.4f} of ${money['budget']:.2f}"
-        + (
-            f" (${money['spent_estimated']:.4f} estimated, reconciled later)"
-            if money["spent_estimated"]
-            else ""
-        )
+        f"money: spent ${money['spent']:.4f} of ${money['budget']:.2f}"
+        + (f" (${estimated:.4f} of it estimated until /generation confirms)" if estimated else "")
     )
+    per_m = money.get("useful_usd_per_m")
+    lines.append(
+        f"  useful ${money['useful_usd']:.4f} for {money['useful_output_tokens']} output tokens"
+        + (f" (${per_m:.2f}/M)" if per_m is not None else "")
+    )
+    waste = ", ".join(
+        f"{cause} ${w['usd']:.4f}" for cause, w in money["waste"].items() if w["usd"] or w["tokens"]
+    )
+    lines.append(f"  waste ${money['waste_usd']:.4f}" + (f": {waste}" if waste else ""))
+    if snap.get("quarantined"):
+        lines.append(f"  quarantined responses: {snap['quarantined']} (see quarantine.jsonl)")
     lines.append(f"{'done' if outcome.reason is StopReason.DONE else 'stopped'}: {outcome.message}")
     return lines
 

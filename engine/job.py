@@ -21,10 +21,18 @@ from decimal import Decimal
 from enum import StrEnum
 from typing import Any
 
+from engine.account import generation_cost, read_credits
 from engine.concurrency import AdaptiveLimit
 from engine.datasets import Dataset, DatasetError, discover, iter_prompts, scan
 from engine.jsonl import JsonlAppender
-from engine.money import Ledger, PriceCeiling, prompt_token_bound, to_dollars
+from engine.money import (
+    TEMPLATE_TOKENS_FIXED,
+    Ledger,
+    PriceCeiling,
+    SpendBreakdown,
+    prompt_token_bound,
+    to_dollars,
+)
 from engine.openrouter.catalog import (
     CatalogError,
     Endpoint,
@@ -32,18 +40,21 @@ from engine.openrouter.catalog import (
     exclusion_reason,
     fetch_endpoints,
     find_endpoint,
+    precision_allowlist,
 )
 from engine.openrouter.client import AttemptResult, OpenRouterClient
 from engine.openrouter.errors import THROTTLE_CLASSES, AttemptError, Disposition, ErrorClass, classify_status
+from engine.planner import DatasetNeed, plan, remaining_output_tokens
 from engine.recovery import DatasetProgress, JournalState, Unsettled, read_journals, read_rows
 from engine.rows import build_row
 from engine.settings import Settings
-from engine.stats import ProviderStats, RateMeter
+from engine.stats import ProviderStats, RateMeter, StatusRules, provider_views
 from engine.workqueue import WorkItem, WorkQueue
 
 # After this many 400s in a row with no success at all, the settings are wrong, not the prompts.
 BAD_REQUEST_STREAK_FATAL = 20
 RECENT_EVENTS = 1000
+PLAN_INTERVAL_S = 2.0
 # Seconds the end of a run waits for pending /generation cost lookups.
 RECONCILE_GRACE_S = 5.0
 
@@ -83,6 +94,7 @@ class DatasetState:
     in_flight: int = 0
     failed: int = 0
     token_budget: int | None = None
+    prompt_tokens_mean: float = 0.0
 
     @property
     def done(self) -> int:
@@ -160,7 +172,15 @@ class Job:
             adaptive=settings.job.adaptive_concurrency,
             ceiling=settings.job.concurrency,
         )
-        self.client = OpenRouterClient(settings.openrouter, pool_size=settings.job.concurrency)
+        openrouter = settings.openrouter
+        allowlist = (
+            precision_allowlist(openrouter.native_precision, openrouter.provider.quantizations)
+            if openrouter.precision_guard
+            else openrouter.provider.quantizations
+        )
+        # The routing actually sent: the settings' provider object with the precision allowlist.
+        self.routing = openrouter.provider.model_copy(update={"quantizations": allowlist})
+        self.client = OpenRouterClient(openrouter, pool_size=settings.job.concurrency, routing=self.routing)
         self.endpoints: list[Endpoint] = []
         self.excluded: set[str] = set()
         self.prices = PriceCeiling(Decimal(0), Decimal(0))
@@ -169,6 +189,8 @@ class Job:
         self.tokens_rate = RateMeter()
         self.rows_rate = RateMeter()
         self.attempts_rate = RateMeter()
+        self.spend_rate = RateMeter(window_s=60)
+        self._spent_at_start = Decimal(0)
         self.started_at = time.time()
         self._started_mono = time.monotonic()
         self._flights: dict[asyncio.Task[None], _Flight] = {}
@@ -184,6 +206,15 @@ class Job:
         self._budget_blocked = False
         self._random = random.Random()
         self.unsettled_at_stop = 0
+        self.breakdown = SpendBreakdown()
+        self.credits: dict[str, Any] = {}
+        self.quarantined = 0
+        self.rules = StatusRules(settings.stats.fail_error_share, settings.stats.slow_factor)
+        self._credit_warned = False
+        self._background: set[asyncio.Task[None]] = set()
+        self._plan: dict[str, Any] | None = None
+        self._plan_at = float("-inf")
+        self._quarantine: JsonlAppender | None = None
         # Recent events for attached consoles: operator actions, state changes and errors.
         self._recent: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
         self._recent_seq = 0
@@ -222,8 +253,17 @@ class Job:
             progress = await asyncio.to_thread(read_rows, dataset.results_path)
             report = reports[dataset.name]
             await asyncio.to_thread(self._check_rows_match, dataset, progress)
+            chars = report.content_chars
             self.datasets[dataset.name] = DatasetState(
-                dataset, report.total, len(report.invalid), progress, token_budget=job.dataset_token_budget
+                dataset,
+                report.total,
+                len(report.invalid),
+                progress,
+                token_budget=job.dataset_token_budget,
+                # About four characters a token for planning; the reservation uses a strict bound instead.
+                prompt_tokens_mean=(sum(chars) / len(chars) / 4 + TEMPLATE_TOKENS_FIXED)
+                if len(chars)
+                else 0.0,
             )
         await self.client.open()
         try:
@@ -237,7 +277,9 @@ class Job:
             await self.client.close()
             self._release_lock()
             raise JobError(str(exc)) from None
+        self.breakdown = self._journal.breakdown
         self.ledger.spent = self._journal.spent
+        self._spent_at_start = self._journal.spent
         self.ledger.spent_estimated = self._journal.spent_estimated
         await self._open_writers()
         for name, state in self.datasets.items():
@@ -333,6 +375,9 @@ class Job:
         interval = self.settings.job.commit_interval_s
         self._attempts = await JsonlAppender.open(self.run_dir / "attempts.jsonl", commit_interval_s=interval)
         self._events = await JsonlAppender.open(self.run_dir / "events.jsonl", commit_interval_s=interval)
+        self._quarantine = await JsonlAppender.open(
+            self.run_dir / "quarantine.jsonl", commit_interval_s=interval
+        )
         for name, state in self.datasets.items():
             self._writers[name] = await JsonlAppender.open(
                 state.dataset.results_path, commit_interval_s=interval
@@ -343,6 +388,7 @@ class Job:
         assert self._journal is not None and self._attempts is not None
         for crashed in self._journal.crashed:
             self.ledger.charge(crashed.estimate, estimated=True)
+            self.breakdown.add("lost_at_crash", crashed.estimate)
             self._attempts.append(
                 {
                     "k": "end",
@@ -368,7 +414,7 @@ class Job:
     def _allowed(self) -> list[Endpoint]:
         return allowed_endpoints(
             self.endpoints,
-            self.settings.openrouter.provider,
+            self.routing,
             self.excluded,
             self.settings.openrouter.max_tokens,
         )
@@ -379,9 +425,7 @@ class Job:
 
     def _no_provider_message(self) -> str:
         reasons = Counter(
-            exclusion_reason(
-                e, self.settings.openrouter.provider, self.excluded, self.settings.openrouter.max_tokens
-            )
+            exclusion_reason(e, self.routing, self.excluded, self.settings.openrouter.max_tokens)
             for e in self.endpoints
         )
         detail = "; ".join(f"{n} {why}" for why, n in reasons.items() if why) or "the model has no endpoints"
@@ -476,6 +520,8 @@ class Job:
         assert self._queue is not None
         if self.state is JobState.STARTING:
             self.state = JobState.RUNNING
+        watcher = asyncio.get_running_loop().create_task(self._watch_credits())
+        self._background.add(watcher)
         try:
             await self._dispatch()
             while self._flights:
@@ -582,12 +628,15 @@ class Job:
                 if generation_id:
                     self._attempts.append({"k": "gen", "rid": rid, "gen": generation_id})  # type: ignore[union-attr]
 
-            result = await self.client.complete(prompt.messages, self._ignore, on_headers)
+            def on_provider(name: str) -> None:
+                flight.provider = name
+
+            result = await self.client.complete(prompt.messages, self._ignore, on_headers, on_provider)
             settled = True
             await self._settle(flight, result)
         except asyncio.CancelledError:
             if not settled:
-                self.unsettled_at_stop += 1
+                self._cancelled(flight)
             raise
         finally:
             self._flights.pop(task, None)
@@ -595,6 +644,30 @@ class Job:
                 self.ledger.release(reservation)
             self.datasets[prompt.dataset].in_flight -= 1
             self._changed.set()
+
+    def _cancelled(self, flight: _Flight) -> None:
+        """A request cancelled by a stop: its worst case counts until /generation says otherwise."""
+        self.unsettled_at_stop += 1
+        prompt = flight.item.prompt
+        self.ledger.charge(flight.reservation, estimated=True)
+        self.breakdown.add("cancelled", flight.reservation)
+        self.ledger.release(flight.reservation)
+        flight.released = True
+        assert self._attempts is not None
+        self._attempts.append(
+            {
+                "k": "end",
+                "rid": flight.rid,
+                "ds": prompt.dataset,
+                "line": prompt.line,
+                "gen": flight.generation_id,
+                "provider": flight.provider,
+                "outcome": "cancelled",
+                "cost": str(flight.reservation),
+                "est": True,
+                "ts": time.time(),
+            }
+        )
 
     def _cost_of(self, result: AttemptResult, flight: _Flight) -> tuple[Decimal, bool]:
         """The attempt's dollars: usage.cost when given, else an estimate that errs high."""
@@ -612,6 +685,22 @@ class Job:
             return prices.estimate(prompt_tokens, completion_tokens), True
         return flight.reservation, True
 
+    def _guard_violation(self, provider: str | None) -> str | None:
+        """Why a response's serving provider is outside the precision allowlist, or None."""
+        if not self.settings.openrouter.precision_guard or self.routing.quantizations is None:
+            return None
+        if not provider:
+            return "the response names no serving provider"
+        endpoint = find_endpoint(self.endpoints, provider)
+        if endpoint is None:
+            return f"{provider} is not in the catalog for {self.settings.openrouter.model}"
+        allowed = allowed_endpoints([endpoint], self.routing.model_copy(update={"ignore": [], "only": None}))
+        if not allowed:
+            return (
+                f"{provider} serves {endpoint.quantization}, outside {', '.join(self.routing.quantizations)}"
+            )
+        return None
+
     async def _settle(self, flight: _Flight, result: AttemptResult) -> None:
         assert self._attempts is not None
         item = flight.item
@@ -624,6 +713,7 @@ class Job:
         flight.released = True
         error = result.error
         status = None
+        violation = None
         if error is None:
             status = self.settings.job.finish_reasons.get(str(result.finish_reason))
             if status is None:
@@ -633,12 +723,26 @@ class Job:
                     f"finish_reason {result.finish_reason} not accepted",
                     200,
                 )
+            else:
+                violation = self._guard_violation(result.provider)
+        tokens = result.completion_tokens
+        outcome = "quarantined" if violation else (status if error is None else error.error_class.value)
+        assert outcome is not None
+        self.breakdown.add(outcome, cost, tokens)
+        self.spend_rate.add(float(cost))
         self.counters.attempts += 1
         self.attempts_rate.add(1)
         stats = self._provider_stats(result.provider)
         if stats is not None:
-            stats.requests += 1
-            stats.spent += cost
+            stats.record(
+                ok=error is None and violation is None,
+                e2e=result.e2e_s,
+                ttft=result.ttft_s,
+                tokens=tokens,
+                cost=cost,
+                error=None if error is None else error.error_class.value,
+                message="" if error is None else error.message,
+            )
         record: dict[str, Any] = {
             "k": "end",
             "rid": flight.rid,
@@ -647,7 +751,7 @@ class Job:
             "gen": result.generation_id,
             "provider": result.provider,
             "model": result.served_model,
-            "outcome": status if error is None else error.error_class.value,
+            "outcome": outcome,
             "http": result.http_status,
             "cost": str(cost),
             "est": estimated,
@@ -659,7 +763,15 @@ class Job:
         }
         if estimated and result.generation_id:
             self._reconcile_later(
-                Unsettled(flight.rid, prompt.dataset, prompt.line, result.generation_id, cost)
+                Unsettled(
+                    flight.rid,
+                    prompt.dataset,
+                    prompt.line,
+                    result.generation_id,
+                    cost,
+                    outcome,
+                    result.provider,
+                )
             )
         if error is not None:
             record["msg"] = error.message[:300]
@@ -678,13 +790,17 @@ class Job:
             attempts=item.attempts,
             now=now,
         )
+        if violation is not None:
+            record["msg"] = violation
+            await self._attempts.append(record)
+            await self._quarantine_row(item, row, violation, result.provider)
+            return
         # The journal settles the money first, then the row makes the prompt done: a crash in
         # between re-sends the prompt with its first cost already counted, never the reverse.
         await self._attempts.append(record)
         await self._writers[prompt.dataset].append(row)
         dataset = self.datasets[prompt.dataset]
         dataset.progress.done[prompt.line] = prompt.sha256
-        tokens = result.completion_tokens
         dataset.progress.output_tokens += tokens
         if status == "truncated":
             dataset.progress.truncated += 1
@@ -695,26 +811,36 @@ class Job:
         self.counters.bad_request_streak = 0
         self.tokens_rate.add(tokens)
         self.rows_rate.add(1)
-        if stats is not None:
-            stats.ok += 1
-            stats.output_tokens += tokens
-            stats.latencies.append(result.e2e_s)
-            if result.ttft_s is not None:
-                stats.ttfts.append(result.ttft_s)
         self.limit.on_success()
+
+    async def _quarantine_row(
+        self, item: WorkItem, row: dict[str, Any], why: str, provider: str | None
+    ) -> None:
+        """A response from a provider outside the allowlist: kept apart, never a training row."""
+        assert self._quarantine is not None and self._queue is not None
+        self.quarantined += 1
+        await self._quarantine.append({**row, "quarantine_reason": why})
+        self._event("quarantine", prompt=item.prompt.id, provider=provider, reason=why)
+        if provider:
+            endpoint = find_endpoint(self.endpoints, provider)
+            slug = endpoint.slug if endpoint is not None else provider.lower()
+            if slug not in self.excluded:
+                try:
+                    self.exclude(slug, source="guard")
+                except JobError as exc:
+                    self._fatal(StopReason.FATAL, f"precision guard: {why}; {exc}")
+        self._queue.push_retry(item, time.monotonic())
 
     def _provider_stats(self, name: str | None) -> ProviderStats | None:
         if not name:
             return None
         stats = self.providers.get(name)
         if stats is None:
-            stats = self.providers[name] = ProviderStats(name)
+            stats = self.providers[name] = ProviderStats(name, window_s=self.settings.stats.window_s)
         return stats
 
     def _on_failure(self, item: WorkItem, error: AttemptError, stats: ProviderStats | None) -> None:
         self.counters.errors[error.error_class.value] += 1
-        if stats is not None:
-            stats.errors[error.error_class.value] += 1
         item.last_error = error.message
         self._remember(
             {
@@ -765,7 +891,7 @@ class Job:
         if error.error_class is ErrorClass.CREDITS:
             self._fatal(StopReason.CREDITS, f"OpenRouter credits exhausted: {error.message}")
         elif error.error_class is ErrorClass.NO_ENDPOINTS:
-            p = self.settings.openrouter.provider
+            p = self.routing
             constraints = ", ".join(
                 f"{name}={value}"
                 for name, value in (
@@ -800,43 +926,64 @@ class Job:
         task.add_done_callback(self._reconcile_tasks.discard)
 
     async def _reconcile(self, pending: Unsettled) -> None:
-        """Replace an estimated cost with what /generation says was billed (it lags: retry 404s)."""
-        deadline = time.monotonic() + self.settings.job.reconcile_timeout_s
-        delay = 1.0
-        while time.monotonic() < deadline:
+        """Replace an estimated cost with what OpenRouter billed for that generation."""
+        assert pending.generation_id is not None
+        real = await generation_cost(
+            self.client, pending.generation_id, self.settings.job.reconcile_timeout_s
+        )
+        if real is None:
+            return
+        delta = real - pending.estimate
+        self.ledger.spent += delta
+        self.ledger.spent_estimated -= pending.estimate
+        self.breakdown.add(pending.outcome, delta)
+        stats = self.providers.get(pending.provider) if pending.provider else None
+        if stats is not None:
+            stats.adjust_cost(delta)
+        assert self._attempts is not None
+        self._attempts.append(
+            {
+                "k": "reconciled",
+                "rid": pending.rid,
+                "gen": pending.generation_id,
+                "outcome": pending.outcome,
+                "cost": str(real),
+                "delta": str(delta),
+                "ts": time.time(),
+            }
+        )
+        self._changed.set()
+
+    async def _watch_credits(self) -> None:
+        """Poll the key's credit; warn when it is below what the job may still spend, stop at zero."""
+        while True:
             try:
-                status, body = await self.client.get_json("/generation", {"id": str(pending.generation_id)})
-            except Exception:
-                status, body = 0, None
-            if status == 200 and isinstance(body, dict):
-                data = body.get("data") or {}
-                total = data.get("total_cost", data.get("usage"))
-                if isinstance(total, int | float):
-                    real = to_dollars(total)
-                    delta = real - pending.estimate
-                    self.ledger.spent += delta
-                    self.ledger.spent_estimated -= pending.estimate
-                    assert self._attempts is not None
-                    self._attempts.append(
-                        {
-                            "k": "reconciled",
-                            "rid": pending.rid,
-                            "gen": pending.generation_id,
-                            "cost": str(real),
-                            "delta": str(delta),
-                            "ts": time.time(),
-                        }
+                self.credits = await read_credits(self.client)
+            except Exception as exc:
+                self.credits = {"checked_at": time.time(), "key_error": f"{type(exc).__name__}: {exc}"}
+            remaining = self.credits.get("remaining")
+            if isinstance(remaining, int | float):
+                job_left = float(self.ledger.budget - self.ledger.spent)
+                if remaining <= 0 and self.state in (JobState.RUNNING, JobState.PAUSED):
+                    self._fatal(
+                        StopReason.CREDITS, f"OpenRouter credits exhausted (remaining ${remaining:.2f})"
                     )
-                    self._changed.set()
-                    return
-            if status in (401, 403):
-                return
-            await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-            delay = min(delay * 2, 10.0)
+                elif remaining < job_left and not self._credit_warned:
+                    self._credit_warned = True
+                    self._event(
+                        "credits_low",
+                        remaining=round(remaining, 4),
+                        budget_left=round(job_left, 4),
+                        message=f"the account has ${remaining:.2f} left, below the job's remaining budget ${job_left:.2f}",
+                    )
+            await asyncio.sleep(self.settings.openrouter.key_poll_interval_s)
 
     # --------------------------------------------------------------------------------- shutdown
 
     async def _shutdown(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
         # Give cost lookups a short grace so the summary is exact; what is left stays estimated
         # in the journal and is looked up again by the next start.
         if self._reconcile_tasks and self._stop_mode != "cancel":
@@ -853,7 +1000,7 @@ class Job:
                 spent=str(self.ledger.spent),
                 rows=self.counters.rows,
             )
-        for writer in [*self._writers.values(), self._attempts, self._events]:
+        for writer in [*self._writers.values(), self._attempts, self._events, self._quarantine]:
             if writer is not None:
                 await writer.close()
         await self.client.close()
@@ -924,24 +1071,70 @@ class Job:
 
     # --------------------------------------------------------------------------------- snapshot
 
+    def _current_plan(self, now: float) -> dict[str, Any] | None:
+        """The budget planner on live figures; recomputed every few seconds, not per snapshot."""
+        if now - self._plan_at < PLAN_INTERVAL_S and self._plan is not None:
+            return self._plan
+        needs = []
+        for name, state in self.datasets.items():
+            done = state.done
+            per_prompt = (
+                state.progress.output_tokens / done
+                if done
+                else float(self.settings.stats.expected_output_tokens)
+            )
+            remaining = max(0, state.remaining)
+            needs.append(
+                DatasetNeed(
+                    name,
+                    remaining,
+                    remaining_output_tokens(
+                        remaining, per_prompt, state.progress.output_tokens, state.token_budget
+                    ),
+                    int(remaining * state.prompt_tokens_mean),
+                )
+            )
+        self._plan = plan(needs, self._allowed(), self.ledger.budget - self.ledger.spent)
+        self._plan_at = now
+        return self._plan
+
     def snapshot(self) -> dict[str, Any]:
         """A folded view of the job for the console and the headless line."""
         now = time.monotonic()
         elapsed = now - self._started_mono
-        total_requests = sum(p.requests for p in self.providers.values())
         remaining = sum(
             max(0, s.remaining - s.failed) for s in self.datasets.values() if not s.budget_reached
         )
         rows_per_s = self.rows_rate.rate(now, self._started_mono)
-        in_flight_by_provider = Counter(f.provider for f in self._flights.values() if f.provider)
-        providers = []
-        for name, stats in sorted(self.providers.items()):
-            view = stats.view(total_requests)
-            view["in_flight"] = in_flight_by_provider.get(name, 0)
+        slugs = {}
+        for name in self.providers:
             endpoint = find_endpoint(self.endpoints, name)
-            view["slug"] = endpoint.slug if endpoint else name.lower()
-            view["excluded"] = view["slug"] in self.excluded
-            providers.append(view)
+            slugs[name] = endpoint.slug if endpoint is not None else name.lower()
+        providers = provider_views(
+            self.providers,
+            now=now,
+            elapsed_s=elapsed,
+            in_flight=Counter(f.provider for f in self._flights.values() if f.provider),
+            excluded_names={name for name, slug in slugs.items() if slug in self.excluded},
+            slugs=slugs,
+            rules=self.rules,
+        )
+        burn_per_h = self.spend_rate.rate(now, self._started_mono) * 3600
+        spent_here = float(self.ledger.spent - self._spent_at_start)
+        per_row = spent_here / self.counters.rows if self.counters.rows else None
+        money = {
+            "spent": float(self.ledger.spent),
+            "spent_estimated": float(self.ledger.spent_estimated),
+            "reserved": float(self.ledger.reserved),
+            "budget": float(self.ledger.budget),
+            "headroom": float(self.ledger.headroom),
+            "budget_blocked": self._budget_blocked,
+            "burn_usd_per_h": burn_per_h,
+            "projected_total_usd": None
+            if per_row is None
+            else float(self.ledger.spent) + per_row * remaining,
+            **self.breakdown.view(),
+        }
         return {
             "state": self.state.value,
             "outcome": None
@@ -956,18 +1149,16 @@ class Job:
                 "rows_per_s": rows_per_s,
                 "attempts_per_s": self.attempts_rate.rate(now, self._started_mono),
             },
-            "money": {
-                "spent": float(self.ledger.spent),
-                "spent_estimated": float(self.ledger.spent_estimated),
-                "reserved": float(self.ledger.reserved),
-                "budget": float(self.ledger.budget),
-                "budget_blocked": self._budget_blocked,
-            },
+            "money": money,
+            "credits": self.credits,
+            "plan": self._current_plan(now),
             "errors": dict(self.counters.errors),
             "rows": self.counters.rows,
             "attempts": self.counters.attempts,
+            "quarantined": self.quarantined,
             "eta_s": remaining / rows_per_s if rows_per_s > 0 else None,
             "excluded": sorted(self.excluded),
+            "allowed_precisions": self.routing.quantizations,
             "datasets": [
                 {
                     "name": name,

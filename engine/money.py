@@ -84,3 +84,49 @@ class Ledger:
     @property
     def headroom(self) -> Decimal:
         return self.budget - self.spent - self.reserved
+
+
+WASTE_CAUSES = ("retries", "truncated", "quarantined", "crash", "cancelled")
+
+
+def spend_cause(outcome: str) -> str | None:
+    """Which waste an attempt's dollars belong to; None for a usable (ok) row."""
+    if outcome == "ok":
+        return None
+    if outcome in ("truncated", "quarantined", "cancelled"):
+        return outcome
+    if outcome == "lost_at_crash":
+        return "crash"
+    return "retries"
+
+
+class SpendBreakdown:
+    """Useful spend against waste by cause, in dollars and output tokens."""
+
+    def __init__(self) -> None:
+        self.useful_usd = Decimal(0)
+        self.useful_tokens = 0
+        self.waste_usd: dict[str, Decimal] = dict.fromkeys(WASTE_CAUSES, Decimal(0))
+        self.waste_tokens: dict[str, int] = dict.fromkeys(WASTE_CAUSES, 0)
+
+    def add(self, outcome: str, usd: Decimal, tokens: int = 0) -> None:
+        cause = spend_cause(outcome)
+        if cause is None:
+            self.useful_usd += usd
+            self.useful_tokens += tokens
+        else:
+            self.waste_usd[cause] += usd
+            self.waste_tokens[cause] += tokens
+
+    def view(self) -> dict[str, Any]:
+        per_m = float(self.useful_usd) / self.useful_tokens * 1e6 if self.useful_tokens else None
+        return {
+            "useful_usd": float(self.useful_usd),
+            "useful_output_tokens": self.useful_tokens,
+            "useful_usd_per_m": per_m,
+            "waste": {
+                cause: {"usd": float(self.waste_usd[cause]), "tokens": self.waste_tokens[cause]}
+                for cause in WASTE_CAUSES
+            },
+            "waste_usd": float(sum(self.waste_usd.values(), Decimal(0))),
+        }

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.jsonl import iter_jsonl, repair_torn_tail
+from engine.money import SpendBreakdown
 
 
 @dataclass(slots=True)
@@ -42,6 +43,8 @@ class Unsettled:
     line: int
     generation_id: str | None
     estimate: Decimal
+    outcome: str = "lost_at_crash"
+    provider: str | None = None
 
 
 @dataclass(slots=True)
@@ -54,6 +57,7 @@ class JournalState:
     crashed: list[Unsettled] = field(default_factory=list)  # start without end
     to_reconcile: list[Unsettled] = field(default_factory=list)  # estimated end with a gen id
     excluded: set[str] = field(default_factory=set)
+    breakdown: SpendBreakdown = field(default_factory=SpendBreakdown)
     attempts_total: int = 0
     torn_bytes: int = 0
 
@@ -103,16 +107,20 @@ def read_journals(attempts_path: Path, events_path: Path) -> JournalState:
                 start = starts.pop(rid, None)
                 cost = Decimal(str(rec.get("cost") or 0))
                 state.spent += cost
+                outcome = str(rec.get("outcome"))
+                tokens = rec.get("ctok") or 0
+                state.breakdown.add(outcome, cost, tokens if isinstance(tokens, int) else 0)
                 if rec.get("est"):
                     state.spent_estimated += cost
                     gen = rec.get("gen") or generation.get(rid)
                     if gen:
                         ds = rec.get("ds", start["ds"] if start else "")
                         line = rec.get("line", start["line"] if start else -1)
-                        estimated[rid] = Unsettled(rid, ds, line, gen, cost)
+                        estimated[rid] = Unsettled(rid, ds, line, gen, cost, outcome, rec.get("provider"))
             elif kind == "reconciled":
                 delta = Decimal(str(rec.get("delta") or 0))
                 state.spent += delta
+                state.breakdown.add(str(rec.get("outcome", "lost_at_crash")), delta)
                 settled = estimated.pop(rid, None)
                 if settled is not None:
                     state.spent_estimated -= settled.estimate

@@ -85,6 +85,12 @@ class OpenRouterSettings(_Section):
     """The `reasoning` object; never set exclude = true, training needs the reasoning text."""
     provider: ProviderSettings = Field(default_factory=ProviderSettings)
     """Routing preferences."""
+    native_precision: Quantization = "int4"
+    """The model's native precision (Kimi K2.5: int4). With provider.quantizations empty, only this precision and finer are allowed."""
+    precision_guard: bool = True
+    """Send the precision allowlist, check every response's serving provider against it, and quarantine and exclude offenders."""
+    key_poll_interval_s: float = Field(30.0, gt=0)
+    """Seconds between reads of the key's credit (/key) during a run."""
     connect_timeout_s: float = Field(30.0, gt=0)
     """Seconds to open a connection."""
     read_timeout_s: float = Field(300.0, gt=0)
@@ -149,6 +155,19 @@ class TokenizerSettings(_Section):
     """Processes that tokenize rows beside the job's loop."""
 
 
+class StatsSettings(_Section):
+    """Per-provider statistics and the status words they give."""
+
+    window_s: float = Field(60.0, gt=0)
+    """Sliding window for per-provider rates and percentiles."""
+    fail_error_share: float = Field(0.5, gt=0, le=1)
+    """A provider is FAIL when this share of its recent attempts failed."""
+    slow_factor: float = Field(2.0, gt=1)
+    """A provider is SLOW when its median latency is this many times the typical provider's."""
+    expected_output_tokens: int = Field(2000, ge=1)
+    """Output tokens per prompt the budget planner assumes until finished rows measure it."""
+
+
 class HeadlessSettings(_Section):
     """The status line of `--headless` runs."""
 
@@ -171,6 +190,8 @@ class Settings(BaseSettings):
     """The OpenRouter backend."""
     job: JobSettings = Field(default_factory=JobSettings)
     """The generation job."""
+    stats: StatsSettings = Field(default_factory=StatsSettings)
+    """Statistics and planning."""
     tokenizer: TokenizerSettings = Field(default_factory=TokenizerSettings)
     """The target model's tokenizer."""
     headless: HeadlessSettings = Field(default_factory=HeadlessSettings)

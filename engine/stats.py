@@ -1,11 +1,14 @@
-"""Folded statistics: rates over a sliding window, counters per provider and per error class.
+"""Folded statistics: rates over a sliding window, per-provider latency and money, errors by class.
 
-The job folds every settled attempt in here; snapshots read the folds a few times a second, so
-no consumer ever sees one event per token or per response.
+The job folds every settled attempt in here; snapshots read the folds a few times a second, so no
+consumer ever sees one event per token or per response. Latency definitions follow SGLang's
+bench_serving (reference/sglang.md): TTFT is the time to the first content or reasoning token,
+E2E the time to the last byte, TPOT = (E2E - TTFT) / (output tokens - 1).
 """
 
 from __future__ import annotations
 
+import random
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -50,32 +53,207 @@ def percentile(sorted_values: list[float], q: float) -> float | None:
     return sorted_values[index]
 
 
+class Reservoir:
+    """A uniform sample of at most `size` values of a stream (Algorithm R): whole-run percentiles."""
+
+    def __init__(self, size: int = 2048, seed: int = 0) -> None:
+        self.size = size
+        self.seen = 0
+        self.values: list[float] = []
+        self._random = random.Random(seed)
+
+    def add(self, value: float) -> None:
+        self.seen += 1
+        if len(self.values) < self.size:
+            self.values.append(value)
+            return
+        slot = self._random.randrange(self.seen)
+        if slot < self.size:
+            self.values[slot] = value
+
+
+def _quantiles(values: list[float]) -> dict[str, float | None]:
+    ordered = sorted(values)
+    return {
+        "p50": percentile(ordered, 0.5),
+        "p95": percentile(ordered, 0.95),
+        "p99": percentile(ordered, 0.99),
+    }
+
+
+@dataclass(slots=True)
+class _Sample:
+    at: float
+    ok: bool
+    e2e: float
+    ttft: float | None
+    tpot: float | None
+    tokens: int
+    cost: Decimal
+    error: str | None
+
+
+@dataclass(slots=True)
+class StatusRules:
+    """When a provider's status word turns from OK to SLOW or FAIL."""
+
+    fail_error_share: float = 0.5
+    slow_factor: float = 2.0
+    min_samples: int = 5
+
+
 @dataclass(slots=True)
 class ProviderStats:
-    """What one upstream provider did in this run."""
+    """What one upstream provider did, over the whole run and over a sliding window."""
 
     name: str
+    window_s: float = 60.0
     requests: int = 0
     ok: int = 0
-    in_flight: int = 0
     output_tokens: int = 0
     spent: Decimal = Decimal(0)
     errors: Counter[str] = field(default_factory=Counter)
-    latencies: deque[float] = field(default_factory=lambda: deque(maxlen=512))
-    ttfts: deque[float] = field(default_factory=lambda: deque(maxlen=512))
+    e2e: Reservoir = field(default_factory=Reservoir)
+    ttft: Reservoir = field(default_factory=Reservoir)
+    tpot: Reservoir = field(default_factory=Reservoir)
+    recent: deque[_Sample] = field(default_factory=lambda: deque(maxlen=8192))
+    recent_errors: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=20))
 
-    def view(self, total_requests: int) -> dict[str, Any]:
-        lat = sorted(self.latencies)
-        ttft = sorted(self.ttfts)
+    def record(
+        self,
+        *,
+        ok: bool,
+        e2e: float,
+        ttft: float | None,
+        tokens: int,
+        cost: Decimal,
+        error: str | None = None,
+        message: str = "",
+        now: float | None = None,
+    ) -> None:
+        now = time.monotonic() if now is None else now
+        self.requests += 1
+        self.spent += cost
+        tpot = (e2e - ttft) / (tokens - 1) if ok and ttft is not None and tokens > 1 else None
+        if ok:
+            self.ok += 1
+            self.output_tokens += tokens
+            self.e2e.add(e2e)
+            if ttft is not None:
+                self.ttft.add(ttft)
+            if tpot is not None:
+                self.tpot.add(tpot)
+        else:
+            self.errors[error or "unknown"] += 1
+            self.recent_errors.append({"ts": time.time(), "class": error, "message": message[:200]})
+        self.recent.append(_Sample(now, ok, e2e, ttft, tpot, tokens if ok else 0, cost, error))
+        self._trim(now)
+
+    def adjust_cost(self, delta: Decimal) -> None:
+        """A cost estimate replaced by the billed amount."""
+        self.spent += delta
+
+    def _trim(self, now: float) -> None:
+        horizon = now - self.window_s
+        while self.recent and self.recent[0].at < horizon:
+            self.recent.popleft()
+
+    def window(self, now: float, span_s: float) -> dict[str, Any]:
+        self._trim(now)
+        samples = list(self.recent)
+        ok = [s for s in samples if s.ok]
+        errors = Counter(s.error for s in samples if not s.ok)
+        tokens = sum(s.tokens for s in ok)
         return {
-            "name": self.name,
+            "requests": len(samples),
+            "ok": len(ok),
+            "errors": dict(errors),
+            "error_share": (len(samples) - len(ok)) / len(samples) if samples else 0.0,
+            "output_tokens_per_s": tokens / span_s if span_s > 0 else 0.0,
+            "e2e_s": _quantiles([s.e2e for s in ok]),
+            "ttft_s": _quantiles([s.ttft for s in ok if s.ttft is not None]),
+            "tpot_s": _quantiles([s.tpot for s in ok if s.tpot is not None]),
+            "spent": float(sum((s.cost for s in samples), Decimal(0))),
+        }
+
+    def run_view(self) -> dict[str, Any]:
+        return {
             "requests": self.requests,
             "ok": self.ok,
-            "share": self.requests / total_requests if total_requests else 0.0,
+            "errors": dict(self.errors),
             "output_tokens": self.output_tokens,
             "spent": float(self.spent),
-            "errors": dict(self.errors),
-            "latency_p50_s": percentile(lat, 0.5),
-            "latency_p95_s": percentile(lat, 0.95),
-            "ttft_p50_s": percentile(ttft, 0.5),
+            "e2e_s": _quantiles(self.e2e.values),
+            "ttft_s": _quantiles(self.ttft.values),
+            "tpot_s": _quantiles(self.tpot.values),
+            "usd_per_m_output": float(self.spent) / self.output_tokens * 1e6 if self.output_tokens else None,
         }
+
+
+def provider_views(
+    providers: dict[str, ProviderStats],
+    *,
+    now: float,
+    elapsed_s: float,
+    in_flight: Counter[str],
+    excluded_names: set[str],
+    slugs: dict[str, str],
+    rules: StatusRules,
+) -> list[dict[str, Any]]:
+    """One row per provider for snapshots: whole-run and window figures, plus a status word."""
+    total = sum(p.requests for p in providers.values())
+    rows = []
+    for name, stats in sorted(providers.items()):
+        span = min(stats.window_s, max(elapsed_s, 1.0))
+        window = stats.window(now, span)
+        run = stats.run_view()
+        latency = window["e2e_s"] if window["ok"] >= rules.min_samples else run["e2e_s"]
+        ttft = window["ttft_s"] if window["ok"] >= rules.min_samples else run["ttft_s"]
+        tpot = window["tpot_s"] if window["ok"] >= rules.min_samples else run["tpot_s"]
+        rows.append(
+            {
+                "name": name,
+                "slug": slugs.get(name, name.lower()),
+                "excluded": name in excluded_names,
+                "requests": stats.requests,
+                "ok": stats.ok,
+                "share": stats.requests / total if total else 0.0,
+                "in_flight": in_flight.get(name, 0),
+                "output_tokens": stats.output_tokens,
+                "spent": float(stats.spent),
+                "errors": dict(stats.errors),
+                "throttled": stats.errors.get("rate_limited", 0),
+                "latency_p50_s": latency["p50"],
+                "latency_p95_s": latency["p95"],
+                "latency_p99_s": latency["p99"],
+                "ttft_p50_s": ttft["p50"],
+                "ttft_p95_s": ttft["p95"],
+                "ttft_p99_s": ttft["p99"],
+                "tpot_s": tpot["p50"],
+                "output_tokens_per_s": window["output_tokens_per_s"],
+                "usd_per_m_output": run["usd_per_m_output"],
+                "recent_errors": list(stats.recent_errors),
+                "window": window,
+                "run": run,
+            }
+        )
+    medians = sorted(
+        r["latency_p50_s"] for r in rows if r["latency_p50_s"] is not None and r["ok"] >= rules.min_samples
+    )
+    typical = percentile(medians, 0.5)
+    for row in rows:
+        window = row["window"]
+        if row["excluded"]:
+            row["status"] = "EXCL"
+        elif window["requests"] >= rules.min_samples and window["error_share"] >= rules.fail_error_share:
+            row["status"] = "FAIL"
+        elif (
+            typical is not None
+            and row["latency_p50_s"] is not None
+            and row["ok"] >= rules.min_samples
+            and row["latency_p50_s"] > rules.slow_factor * typical
+        ):
+            row["status"] = "SLOW"
+        else:
+            row["status"] = "OK"
+    return rows

@@ -20,6 +20,35 @@ if TYPE_CHECKING:
 QUANTIZATION_FAMILY = {"fp4": {"fp4", "mxfp4", "nvfp4"}, "fp8": {"fp8", "mxfp8"}}
 
 
+# Coarse quality order of precisions (reference §2.2, §10.2): NVFP4 and FP4 sit below INT4.
+PRECISION_RANK = {
+    "fp4": 1,
+    "mxfp4": 1,
+    "nvfp4": 1,
+    "int4": 2,
+    "fp6": 3,
+    "int8": 4,
+    "fp8": 4,
+    "mxfp8": 4,
+    "fp16": 5,
+    "bf16": 5,
+    "fp32": 6,
+}
+
+
+def precision_allowlist(native: str, explicit: Collection[str] | None) -> list[str] | None:
+    """The precisions routing may use: the settings' list, else the native precision and finer.
+
+    "unknown" is never implied: a provider that does not say what it serves cannot be checked.
+    """
+    if explicit is not None:
+        return list(explicit)
+    floor = PRECISION_RANK.get(native)
+    if floor is None:
+        return None
+    return [q for q, rank in PRECISION_RANK.items() if rank >= floor]
+
+
 class CatalogError(RuntimeError):
     """The endpoints list could not be read or admits no provider."""
 

@@ -22,7 +22,7 @@ from engine.openrouter.errors import (
     classify_error_in_ok_response,
     classify_status,
 )
-from engine.settings import OpenRouterSettings
+from engine.settings import OpenRouterSettings, ProviderSettings
 
 FAILED_NATIVE_FINISH = frozenset({"error", "network_error"})
 
@@ -77,8 +77,11 @@ def _reasoning_from_details(details: Any) -> str:
 class OpenRouterClient:
     """Sends chat completions and reads the account endpoints; safe to share across tasks."""
 
-    def __init__(self, settings: OpenRouterSettings, *, pool_size: int) -> None:
+    def __init__(
+        self, settings: OpenRouterSettings, *, pool_size: int, routing: ProviderSettings | None = None
+    ) -> None:
         self.settings = settings
+        self.routing = routing if routing is not None else settings.provider
         self.pool_size = pool_size
         self._session: aiohttp.ClientSession | None = None
         self._chat_url = settings.base_url.rstrip("/") + "/chat/completions"
@@ -107,7 +110,7 @@ class OpenRouterClient:
 
     def provider_object(self, ignore: Sequence[str]) -> dict[str, Any]:
         """The `provider` routing object: settings plus the slugs excluded at run time."""
-        p = self.settings.provider
+        p = self.routing
         obj: dict[str, Any] = {"allow_fallbacks": p.allow_fallbacks}
         if ignore:
             obj["ignore"] = list(ignore)
@@ -183,6 +186,7 @@ class OpenRouterClient:
         messages: list[dict[str, Any]],
         ignore: Sequence[str],
         on_headers: Callable[[str | None], None] | None = None,
+        on_provider: Callable[[str], None] | None = None,
     ) -> AttemptResult:
         """Run one attempt; never raises for server or network trouble (it is in `.error`)."""
         result = AttemptResult()
@@ -203,7 +207,7 @@ class OpenRouterClient:
                         body = None
                     result.error = classify_status(resp.status, body, resp.headers)
                 elif self.settings.stream and resp.content_type == "text/event-stream":
-                    await self._read_stream(resp, result, started)
+                    await self._read_stream(resp, result, started, on_provider)
                 else:
                     await self._read_body(resp, result, started)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
@@ -261,7 +265,13 @@ class OpenRouterClient:
         if choice.get("error") is not None:
             result.error = classify_error_in_ok_response({"error": choice["error"]}, streamed=False)
 
-    async def _read_stream(self, resp: aiohttp.ClientResponse, result: AttemptResult, started: float) -> None:
+    async def _read_stream(
+        self,
+        resp: aiohttp.ClientResponse,
+        result: AttemptResult,
+        started: float,
+        on_provider: Callable[[str], None] | None,
+    ) -> None:
         content: list[str] = []
         reasoning: list[str] = []
         done = False
@@ -289,6 +299,8 @@ class OpenRouterClient:
                 result.provider = chunk.get("provider")
                 result.served_model = chunk.get("model")
                 result.generation_id = result.generation_id or chunk.get("id")
+                if result.provider and on_provider is not None:
+                    on_provider(result.provider)
             usage = chunk.get("usage")
             if usage:
                 result.usage = usage

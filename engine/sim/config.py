@@ -184,7 +184,6 @@ def load_sim_config(path: Path | None) -> SimConfig:
         return SimConfig.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '(top)'}: {err['msg']}"
-            for err in exc.errors()
+            f"{'.'.join(str(p) for p in err['loc']) or '(top)'}: {err['msg']}" for err in exc.errors()
         )
         raise SimConfigError(f"{path}: {problems}") from None

@@ -54,9 +54,7 @@ def http_fault(
         headers["Retry-After"] = ra
         body = {
             "error": {
-                "message": (
-                    f"All providers for {model_id} are at capacity. Retry after {ra} seconds."
-                ),
+                "message": (f"All providers for {model_id} are at capacity. Retry after {ra} seconds."),
                 "code": 429,
                 "error_type": "rate_limit_exceeded",
                 "http_status": 429,
@@ -78,8 +76,7 @@ def http_fault(
         return 429, body, headers
     if fault == "http_429_ratelimit_reset":
         reset_ms = str(int((time.time() + retry_after_s) * 1000))
-        limits = {"X-RateLimit-Limit": "20", "X-RateLimit-Remaining": "0",
-                  "X-RateLimit-Reset": reset_ms}
+        limits = {"X-RateLimit-Limit": "20", "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": reset_ms}
         headers.update(limits)
         body = {
             "error": {
@@ -92,12 +89,26 @@ def http_fault(
         return 429, body, headers
     if fault == "http_500":
         # 5xx messages are masked and provider_code dropped (§4.4).
-        return 500, {"error": {"code": 500, "message": "Internal Server Error",
-                               "metadata": {"error_type": "server"}}}, headers
+        return (
+            500,
+            {
+                "error": {
+                    "code": 500,
+                    "message": "Internal Server Error",
+                    "metadata": {"error_type": "server"},
+                }
+            },
+            headers,
+        )
     if fault == "http_502":
         raw = orjson.dumps(
-            {"error": {"message": "upstream connect error or disconnect/reset before headers",
-                       "type": "server_error", "code": 502}}
+            {
+                "error": {
+                    "message": "upstream connect error or disconnect/reset before headers",
+                    "type": "server_error",
+                    "code": 502,
+                }
+            }
         ).decode()
         body = {
             "error": {
@@ -110,21 +121,40 @@ def http_fault(
         return 502, body, headers
     if fault == "http_503":
         headers["Retry-After"] = ra
-        return 503, {"error": {"code": 503, "message": "Service temporarily unavailable",
-                               "metadata": {"error_type": "provider_overloaded",
-                                            "provider_name": provider_name}}}, headers
+        return (
+            503,
+            {
+                "error": {
+                    "code": 503,
+                    "message": "Service temporarily unavailable",
+                    "metadata": {"error_type": "provider_overloaded", "provider_name": provider_name},
+                }
+            },
+            headers,
+        )
     if fault == "http_408":
-        return 408, {"error": {"code": 408,
-                               "message": "Operation timed out. Please try again later."}}, headers
+        return (
+            408,
+            {"error": {"code": 408, "message": "Operation timed out. Please try again later."}},
+            headers,
+        )
     if fault == "http_524":
-        return 524, {"error": {"code": 524,
-                               "message": "Request timed out. Please try again later."}}, headers
+        return 524, {"error": {"code": 524, "message": "Request timed out. Please try again later."}}, headers
     if fault == "http_529":
         raw = orjson.dumps(
             {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
         ).decode()
-        return 529, {"error": {"code": 529, "message": "Provider returned error",
-                               "metadata": {"raw": raw, "provider_name": provider_name}}}, headers
+        return (
+            529,
+            {
+                "error": {
+                    "code": 529,
+                    "message": "Provider returned error",
+                    "metadata": {"raw": raw, "provider_name": provider_name},
+                }
+            },
+            headers,
+        )
     if fault == "http_402_in_flight":
         headers["Retry-After"] = ra
         body = {

@@ -20,8 +20,7 @@ from engine.sim.ledger import ProviderAttempt
 
 _ALNUM = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 # Faults that end a stream early; the share sent first is config.fault_position.
-PARTIAL_FAULTS = frozenset({"mid_stream_error", "error_choice_200", "cut_mid_stream",
-                            "cut_nonstream_body"})
+PARTIAL_FAULTS = frozenset({"mid_stream_error", "error_choice_200", "cut_mid_stream", "cut_nonstream_body"})
 
 
 def rand_id(n: int = 20) -> str:

@@ -62,8 +62,7 @@ PARAMETER_FIELDS: frozenset[str] = frozenset(
 )
 
 QUANTIZATIONS: frozenset[str] = frozenset(
-    {"int4", "int8", "fp4", "mxfp4", "nvfp4", "fp6", "fp8", "mxfp8", "fp16", "bf16", "fp32",
-     "unknown"}
+    {"int4", "int8", "fp4", "mxfp4", "nvfp4", "fp6", "fp8", "mxfp8", "fp16", "bf16", "fp32", "unknown"}
 )
 # The docs say `fp4` covers mxfp4 and nvfp4, and `fp8` covers mxfp8.
 _QUANT_FAMILY: dict[str, tuple[str, ...]] = {
@@ -254,9 +253,11 @@ def filter_endpoints(
         mp = prefs.max_price
         apply(
             "max_price",
-            lambda e: _within(e.pricing.prompt, mp.get("prompt"), _MILLION)
-            and _within(e.pricing.completion, mp.get("completion"), _MILLION)
-            and _within(e.pricing.request, mp.get("request"), Decimal(1)),
+            lambda e: (
+                _within(e.pricing.prompt, mp.get("prompt"), _MILLION)
+                and _within(e.pricing.completion, mp.get("completion"), _MILLION)
+                and _within(e.pricing.request, mp.get("request"), Decimal(1))
+            ),
         )
     if max_tokens is not None:
         apply(
@@ -265,8 +266,10 @@ def filter_endpoints(
         )
     apply(
         "context_length",
-        lambda e: prompt_tokens + (max_tokens or 0) <= e.context_length
-        and (e.max_prompt_tokens is None or prompt_tokens <= e.max_prompt_tokens),
+        lambda e: (
+            prompt_tokens + (max_tokens or 0) <= e.context_length
+            and (e.max_prompt_tokens is None or prompt_tokens <= e.max_prompt_tokens)
+        ),
     )
     if eps:
         return eps
@@ -276,12 +279,10 @@ def filter_endpoints(
 _MESSAGES: dict[str, str] = {
     "quantization": "No endpoints found matching your quantization requirements.",
     "data_policy:zdr": (
-        f"No endpoints found matching your data policy (Zero data retention). "
-        f"Configure: {_PRIVACY_URL}"
+        f"No endpoints found matching your data policy (Zero data retention). Configure: {_PRIVACY_URL}"
     ),
     "data_policy:training": (
-        f"No endpoints found matching your data policy (Paid model training). "
-        f"Configure: {_PRIVACY_URL}"
+        f"No endpoints found matching your data policy (Paid model training). Configure: {_PRIVACY_URL}"
     ),
     "require_parameters": "No endpoints found that can handle the requested parameters.",
     "tools": "No endpoints found that support tool use.",
@@ -315,7 +316,8 @@ def _no_endpoints_body(
         error["metadata"] = metadata
     # Newest docs add an `availability` object on top of the older envelope (§6.2).
     error["availability"] = {
-        "code": "privacy_restricted" if (emptied_by or "").startswith("data_policy")
+        "code": "privacy_restricted"
+        if (emptied_by or "").startswith("data_policy")
         else "constraint_filtered",
         "retryable": False,
         "requested_models": [model.id],
@@ -368,10 +370,7 @@ def _weighted(eps: list[SimEndpoint], rng: random.Random) -> list[SimEndpoint]:
     """Pick the primary among stable endpoints by 1/price^2; the rest follow by price, degraded
     (negative status) ones last (reference §2.2 Default routing)."""
     stable = [e for e in eps if e.status >= 0] or eps
-    weights = [
-        1.0 / max(float(e.pricing.prompt) + float(e.pricing.completion), 1e-12) ** 2
-        for e in stable
-    ]
+    weights = [1.0 / max(float(e.pricing.prompt) + float(e.pricing.completion), 1e-12) ** 2 for e in stable]
     primary = rng.choices(stable, weights=weights, k=1)[0]
     rest = sorted((e for e in eps if e is not primary), key=_default_key)
     return [primary, *rest]

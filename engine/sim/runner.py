@@ -31,8 +31,7 @@ def run_sim(port: int = 8765, host: str = "127.0.0.1", config_path: Path | None 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.sim",
-                                     description="Run the OpenRouter simulator.")
+    parser = argparse.ArgumentParser(prog="python -m engine.sim", description="Run the OpenRouter simulator.")
     parser.add_argument("kind", nargs="?", default="openrouter", choices=["openrouter"])
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--host", default="127.0.0.1")

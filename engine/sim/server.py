@@ -44,9 +44,7 @@ _CUT_FAULTS = frozenset({"cut_mid_stream", "cut_nonstream_body"})
 _METADATA_HEADERS = ("X-OpenRouter-Metadata", "X-OpenRouter-Experimental-Metadata")
 
 
-def _json(
-    status: int, body: dict[str, Any], headers: dict[str, str]
-) -> web.Response:
+def _json(status: int, body: dict[str, Any], headers: dict[str, str]) -> web.Response:
     headers["Content-Type"] = "application/json"
     return web.Response(status=status, body=orjson.dumps(body), headers=headers)
 
@@ -248,9 +246,7 @@ class OpenRouterSim:
         finally:
             self.in_flight -= 1
 
-    async def _chat_inner(
-        self, request: web.Request, summary: dict[str, Any]
-    ) -> web.StreamResponse:
+    async def _chat_inner(self, request: web.Request, summary: dict[str, Any]) -> web.StreamResponse:
         cfg = self.config
         auth = self._auth(request)
         if isinstance(auth, web.Response):
@@ -260,12 +256,14 @@ class OpenRouterSim:
             body = orjson.loads(await request.read())
         except orjson.JSONDecodeError:
             summary["error"] = "bad_request"
-            return self._error(400, "Invalid JSON in request body",
-                               metadata={"error_type": "invalid_request"})
+            return self._error(
+                400, "Invalid JSON in request body", metadata={"error_type": "invalid_request"}
+            )
         if not isinstance(body, dict):
             summary["error"] = "bad_request"
-            return self._error(400, "Request body must be a JSON object",
-                               metadata={"error_type": "invalid_request"})
+            return self._error(
+                400, "Request body must be a JSON object", metadata={"error_type": "invalid_request"}
+            )
         summary["model"] = body.get("model")
         summary["provider"] = body.get("provider")
         summary["stream"] = body.get("stream") is True
@@ -312,8 +310,9 @@ class OpenRouterSim:
         first_404: NoEndpoints | None = None
         for model, variant in resolved:
             try:
-                eps = filter_endpoints(model, self._endpoints(model), prefs, body,
-                                       prompt_tokens, max_tokens, cfg.rogue_providers)
+                eps = filter_endpoints(
+                    model, self._endpoints(model), prefs, body, prompt_tokens, max_tokens, cfg.rogue_providers
+                )
             except NoEndpoints as exc:
                 first_404 = first_404 or exc
                 continue
@@ -353,12 +352,22 @@ class OpenRouterSim:
             if pfault in HTTP_FAULTS:
                 # Fails this attempt only; OpenRouter silently moves on (§2.3 step 5).
                 status, _, _ = fault_bodies.http_fault(
-                    pfault, provider_name=ep.provider_name, model_id=model.id,
-                    retry_after_s=cfg.retry_after_s, user_id=cfg.user_id)
-                attempts.append(ProviderAttempt(
-                    endpoint_id=endpoint_id(model, ep), provider_name=ep.provider_name,
-                    model_permaslug=model.canonical_slug, status=status, latency_ms=0,
-                    upstream_id=""))
+                    pfault,
+                    provider_name=ep.provider_name,
+                    model_id=model.id,
+                    retry_after_s=cfg.retry_after_s,
+                    user_id=cfg.user_id,
+                )
+                attempts.append(
+                    ProviderAttempt(
+                        endpoint_id=endpoint_id(model, ep),
+                        provider_name=ep.provider_name,
+                        model_permaslug=model.canonical_slug,
+                        status=status,
+                        latency_ms=0,
+                        upstream_id="",
+                    )
+                )
                 last = (pfault, model, ep)
                 self.faults_injected[pfault] += 1
                 continue
@@ -367,8 +376,17 @@ class OpenRouterSim:
             if pfault == "http_402_in_flight":
                 return self._fault_response(pfault, model, ep, gen_id, summary)
             plan = make_plan(
-                cfg, _wants_metadata(request), body, gen_id, model, ep, prompt_tokens, max_tokens,
-                fault or pfault, attempts, [e for _, e in candidates],
+                cfg,
+                _wants_metadata(request),
+                body,
+                gen_id,
+                model,
+                ep,
+                prompt_tokens,
+                max_tokens,
+                fault or pfault,
+                attempts,
+                [e for _, e in candidates],
             )
             plan.session_id = str(session_id) if session_id else None
             plan.requested_model = requested
@@ -423,15 +441,18 @@ class OpenRouterSim:
             return None
         can = max(0, math.floor((remaining - prompt_cost) / per_token)) if per_token > 0 else 0
         if source == "key_limit":
-            tail = ("To increase, visit https://openrouter.ai/settings/keys and create a key "
-                    "with a higher monthly limit")
+            tail = (
+                "To increase, visit https://openrouter.ai/settings/keys and create a key "
+                "with a higher monthly limit"
+            )
         else:
-            tail = ("To increase, visit https://openrouter.ai/settings/credits and upgrade to a "
-                    "paid account")
+            tail = "To increase, visit https://openrouter.ai/settings/credits and upgrade to a paid account"
         body = {
             "error": {
-                "message": (f"This request requires more credits, or fewer max_tokens. You "
-                            f"requested up to {wanted} tokens, but can only afford {can}. {tail}"),
+                "message": (
+                    f"This request requires more credits, or fewer max_tokens. You "
+                    f"requested up to {wanted} tokens, but can only afford {can}. {tail}"
+                ),
                 "code": 402,
                 "metadata": {"provider_name": None},
             },
@@ -453,17 +474,19 @@ class OpenRouterSim:
         if count:
             self.faults_injected[fault] += 1
         status, body, extra = fault_bodies.http_fault(
-            fault, provider_name=ep.provider_name, model_id=model.id,
-            retry_after_s=cfg.retry_after_s, user_id=cfg.user_id)
+            fault,
+            provider_name=ep.provider_name,
+            model_id=model.id,
+            retry_after_s=cfg.retry_after_s,
+            user_id=cfg.user_id,
+        )
         summary["error"] = fault
         summary["fault"] = fault
         headers = self._headers(gen_id)
         headers.update(extra)
         return _json(status, body, headers)
 
-    def _reset(
-        self, request: web.Request, summary: dict[str, Any], fault: str
-    ) -> web.Response:
+    def _reset(self, request: web.Request, summary: dict[str, Any], fault: str) -> web.Response:
         self.faults_injected[fault] += 1
         summary["error"] = fault
         summary["fault"] = fault
@@ -541,18 +564,40 @@ class OpenRouterSim:
     def _bill_cancel(self, plan: Plan, produced: int, first_token_at: float | None) -> None:
         """§1.4: cancellation stops billing only at providers that support it."""
         if plan.ep.supports_cancellation:
-            self._bill(plan, produced, min(produced, plan.reasoning_tokens), None, None,
-                       cancelled=True, first_token_at=first_token_at)
+            self._bill(
+                plan,
+                produced,
+                min(produced, plan.reasoning_tokens),
+                None,
+                None,
+                cancelled=True,
+                first_token_at=first_token_at,
+            )
         else:
-            self._bill(plan, plan.completion_tokens, plan.reported_reasoning,
-                       plan.finish_reason, plan.native_finish_reason,
-                       cancelled=True, first_token_at=first_token_at)
+            self._bill(
+                plan,
+                plan.completion_tokens,
+                plan.reported_reasoning,
+                plan.finish_reason,
+                plan.native_finish_reason,
+                cancelled=True,
+                first_token_at=first_token_at,
+            )
 
-    def _usage(self, plan: Plan, completion: int, reasoning: int,
-               billed: tuple[float, float, float]) -> dict[str, Any] | None:
+    def _usage(
+        self, plan: Plan, completion: int, reasoning: int, billed: tuple[float, float, float]
+    ) -> dict[str, Any] | None:
         cost, pc, cc = billed
-        return usage_object(plan.prompt_tokens, completion, reasoning, cost, pc, cc,
-                            shape=plan.usage_shape, byok=self.config.byok)
+        return usage_object(
+            plan.prompt_tokens,
+            completion,
+            reasoning,
+            cost,
+            pc,
+            cc,
+            shape=plan.usage_shape,
+            byok=self.config.byok,
+        )
 
     def _router_metadata(self, plan: Plan) -> dict[str, Any]:
         return {
@@ -565,8 +610,11 @@ class OpenRouterSim:
             "endpoints": {
                 "total": len(plan.model.endpoints),
                 "available": [
-                    {"provider": e.provider_name, "model": plan.model.canonical_slug,
-                     "selected": e is plan.ep}
+                    {
+                        "provider": e.provider_name,
+                        "model": plan.model.canonical_slug,
+                        "selected": e is plan.ep,
+                    }
                     for e in plan.candidates
                 ],
             },
@@ -606,8 +654,9 @@ class OpenRouterSim:
         headers = self._headers(plan.gen_id)
         if fault == "error_body_200":
             self._bill(plan, 0, 0, None, None, cancelled=False, first_token_at=first_at)
-            return _json(200, fault_bodies.error_body_200(plan.ep.provider_name,
-                                                         self.config.user_id), headers)
+            return _json(
+                200, fault_bodies.error_body_200(plan.ep.provider_name, self.config.user_id), headers
+            )
         errored = fault in ("error_choice_200", "mid_stream_error")
         if errored:
             completion, reasoning = produced, min(produced, plan.reasoning_tokens)
@@ -615,8 +664,9 @@ class OpenRouterSim:
         else:
             completion, reasoning = plan.completion_tokens, plan.reported_reasoning
             finish, native = plan.finish_reason, plan.native_finish_reason
-        billed = self._bill(plan, completion, reasoning, finish, native,
-                            cancelled=False, first_token_at=first_at)
+        billed = self._bill(
+            plan, completion, reasoning, finish, native, cancelled=False, first_token_at=first_at
+        )
         r = min(plan.reasoning_tokens, completion)
         content_tokens = completion - r if not errored else max(0, produced - r)
         message: dict[str, Any] = {"role": "assistant"}
@@ -685,8 +735,7 @@ class OpenRouterSim:
             await resp.prepare(request)
             await resp.write(KEEPALIVE)  # seen on the wire before the first token
             await self._wait_first_token(request, resp, first_at)
-            cb = ChunkBuilder(plan.gen_id, plan.ep.provider_name, plan.model.canonical_slug,
-                              plan.created)
+            cb = ChunkBuilder(plan.gen_id, plan.ep.provider_name, plan.model.canonical_slug, plan.created)
             if plan.fault == "error_body_200":
                 self._bill(plan, 0, 0, None, None, cancelled=False, first_token_at=first_at)
                 err = fault_bodies.error_body_200(plan.ep.provider_name, self.config.user_id)
@@ -782,8 +831,15 @@ class OpenRouterSim:
             return resp
         if fault in ("mid_stream_error", "error_choice_200"):
             produced = plan.stop_at
-            self._bill(plan, produced, min(produced, plan.reasoning_tokens), "error", "error",
-                       cancelled=False, first_token_at=first_at)
+            self._bill(
+                plan,
+                produced,
+                min(produced, plan.reasoning_tokens),
+                "error",
+                "error",
+                cancelled=False,
+                first_token_at=first_at,
+            )
             err = fault_bodies.provider_disconnected()
             if fault == "mid_stream_error":
                 tail.append(cb.error(err))
@@ -794,9 +850,15 @@ class OpenRouterSim:
                 tail.append(DONE)
         else:
             completion, reasoning = plan.completion_tokens, plan.reported_reasoning
-            billed = self._bill(plan, completion, reasoning, plan.finish_reason,
-                                plan.native_finish_reason, cancelled=False,
-                                first_token_at=first_at)
+            billed = self._bill(
+                plan,
+                completion,
+                reasoning,
+                plan.finish_reason,
+                plan.native_finish_reason,
+                cancelled=False,
+                first_token_at=first_at,
+            )
             usage = self._usage(plan, completion, reasoning, billed)
             extra: dict[str, Any] = {}
             if plan.want_metadata:
@@ -842,8 +904,11 @@ class OpenRouterSim:
             "is_provisioning_key": is_mgmt,
             "creator_user_id": cfg.user_id,
             "expires_at": None,
-            "rate_limit": {"interval": "1h", "note": "This field is deprecated and safe to ignore.",
-                           "requests": -1},
+            "rate_limit": {
+                "interval": "1h",
+                "note": "This field is deprecated and safe to ignore.",
+                "requests": -1,
+            },
         }
         return _json(200, {"data": data}, self._headers())
 
@@ -865,13 +930,11 @@ class OpenRouterSim:
         headers = self._headers()
         headers["cache-control"] = "private, no-store"
         if not gen_id:
-            return _json(400, {"error": {"code": 400, "message": "Missing required parameter: id"}},
-                         headers)
+            return _json(400, {"error": {"code": 400, "message": "Missing required parameter: id"}}, headers)
         rec = self.ledger.get(gen_id)
         if rec is None or time.time() < rec.completed_at + self.config.generation_lookup_delay_s:
             # Eventual consistency: unknown until a while after completion (§8 Lag).
-            return _json(404, {"error": {"message": f"Generation {gen_id} not found",
-                                         "code": 404}}, headers)
+            return _json(404, {"error": {"message": f"Generation {gen_id} not found", "code": 404}}, headers)
         return _json(200, {"data": generation_body(rec, request.headers.get("User-Agent"))}, headers)
 
     async def _models(self, request: web.Request) -> web.StreamResponse:

@@ -11,9 +11,7 @@ from engine.sim.ledger import GenerationRecord
 
 
 def iso_time(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace(
-        "+00:00", "Z"
-    )
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def endpoint_id(model: SimModel, ep: SimEndpoint) -> str:
@@ -95,12 +93,17 @@ def architecture(model: SimModel) -> dict[str, Any]:
 
 
 def model_entry(model: SimModel, endpoints: list[SimEndpoint]) -> dict[str, Any]:
-    cheapest = min(endpoints, key=lambda e: (float(e.pricing.completion),
-                                             float(e.pricing.prompt)))
-    top = max(endpoints, key=lambda e: (e.max_completion_tokens or model.context_length))
+    cheapest = min(endpoints, key=lambda e: (float(e.pricing.completion), float(e.pricing.prompt)))
+    top = max(endpoints, key=lambda e: e.max_completion_tokens or model.context_length)
     params = sorted({p for e in endpoints for p in e.supported_parameters})
-    pricing = {"prompt": cheapest.pricing.prompt, "completion": cheapest.pricing.completion,
-               "request": "0", "image": "0", "web_search": "0", "internal_reasoning": "0"}
+    pricing = {
+        "prompt": cheapest.pricing.prompt,
+        "completion": cheapest.pricing.completion,
+        "request": "0",
+        "image": "0",
+        "web_search": "0",
+        "internal_reasoning": "0",
+    }
     if cheapest.pricing.input_cache_read is not None:
         pricing["input_cache_read"] = cheapest.pricing.input_cache_read
     return {
@@ -138,13 +141,25 @@ def endpoint_entry(model: SimModel, ep: SimEndpoint, authed: bool) -> dict[str, 
     latency = throughput = None
     if authed:
         t = ep.ttft_s
-        latency = {"p50": round(t, 3), "p75": round(t * 1.3, 3), "p90": round(t * 1.8, 3),
-                   "p99": round(t * 3.0, 3)}
+        latency = {
+            "p50": round(t, 3),
+            "p75": round(t * 1.3, 3),
+            "p90": round(t * 1.8, 3),
+            "p99": round(t * 3.0, 3),
+        }
         s = ep.tokens_per_s
-        throughput = {"p50": round(s, 1), "p75": round(s * 0.85, 1), "p90": round(s * 0.65, 1),
-                      "p99": round(s * 0.35, 1)}
-    pricing: dict[str, Any] = {"prompt": ep.pricing.prompt, "completion": ep.pricing.completion,
-                               "request": ep.pricing.request, "image": ep.pricing.image}
+        throughput = {
+            "p50": round(s, 1),
+            "p75": round(s * 0.85, 1),
+            "p90": round(s * 0.65, 1),
+            "p99": round(s * 0.35, 1),
+        }
+    pricing: dict[str, Any] = {
+        "prompt": ep.pricing.prompt,
+        "completion": ep.pricing.completion,
+        "request": ep.pricing.request,
+        "image": ep.pricing.image,
+    }
     if ep.pricing.input_cache_read is not None:
         pricing["input_cache_read"] = ep.pricing.input_cache_read
     return {
