@@ -324,17 +324,22 @@ class TargetTokenizer:
 
     # -- prompts (§5.1) ------------------------------------------------------------------------
 
-    def render(self, messages: Sequence[Mapping[str, Any]]) -> str:
+    def _template_kwargs(self, thinking: bool | None) -> dict[str, Any]:
+        if thinking is None:
+            return self.template_kwargs
+        return {**self.template_kwargs, "thinking": thinking}
+
+    def render(self, messages: Sequence[Mapping[str, Any]], thinking: bool | None = None) -> str:
         """The generation prompt as text: the chat template with ``add_generation_prompt``."""
         text = self._tok.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=True, **self.template_kwargs
+            list(messages), tokenize=False, add_generation_prompt=True, **self._template_kwargs(thinking)
         )
         return str(text)
 
-    def prompt_ids(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    def prompt_ids(self, messages: Sequence[Mapping[str, Any]], thinking: bool | None = None) -> list[int]:
         """``apply_chat_template(tokenize=True, add_generation_prompt=True, **template_kwargs)``."""
         out = self._tok.apply_chat_template(
-            list(messages), tokenize=True, add_generation_prompt=True, **self.template_kwargs
+            list(messages), tokenize=True, add_generation_prompt=True, **self._template_kwargs(thinking)
         )
         # A list in most transformers versions, a BatchEncoding in others (data-contract §5.1).
         if isinstance(out, Mapping) or hasattr(out, "keys"):
@@ -342,6 +347,16 @@ class TargetTokenizer:
         if out and isinstance(out[0], list):
             out = out[0]
         return [int(i) for i in out]
+
+    def generation_suffix(self, thinking: bool | None = None) -> list[int]:
+        """The ids every generation prompt ends with (e.g. ``<|im_end|><|im_assistant|>assistant
+        <|im_middle|><think>`` for Kimi in thinking mode): the common tail of two renders."""
+        a = self.prompt_ids([{"role": "user", "content": "a"}], thinking)
+        b = self.prompt_ids([{"role": "user", "content": "b"}], thinking)
+        k = 0
+        while k < min(len(a), len(b)) and a[-1 - k] == b[-1 - k]:
+            k += 1
+        return a[len(a) - k :] if k else []
 
     # -- outputs (§5.2, §5.3) ------------------------------------------------------------------
 

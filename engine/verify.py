@@ -102,6 +102,7 @@ class DatasetReport:
     cost: float = 0.0
     rows_without_cost: int = 0
     journal_spend: float | None = None
+    covered: int = 0  # prompt lines with a row
     not_tokenized: int = 0
     decoded: int = 0
     tokenizer_hashes: int = 0
@@ -115,15 +116,7 @@ class DatasetReport:
     @property
     def missing(self) -> int:
         """Valid prompts with no row yet: not a violation (the job may still be running)."""
-        return max(0, self.prompts - self.invalid_prompts - (self.rows - self.orphans - self.duplicates))
-
-    @property
-    def orphans(self) -> int:
-        return self.violations.get("orphan_row", 0)
-
-    @property
-    def duplicates(self) -> int:
-        return self.violations.get("duplicate_row", 0)
+        return max(0, self.prompts - self.invalid_prompts - self.covered)
 
     @property
     def failed(self) -> bool:
@@ -330,6 +323,7 @@ class _Checker:
             )
             return
         self.first_row[line] = n
+        r.covered += 1
         if _hash_key(row["prompt_sha256"]) != hashes[line]:
             r.add(n, line, "prompt_changed", "prompt_sha256 does not match the line now in prompts.jsonl")
 
