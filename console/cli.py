@@ -62,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_settings(stop)
     stop.add_argument("--cancel", action="store_true", help="cancel requests in flight instead of draining")
 
+    catalog = commands.add_parser(
+        "catalog", help="providers for the model: price, precision, status; budget plan"
+    )
+    _add_settings(catalog)
+    catalog.add_argument("--json", action="store_true", help="machine-readable output")
+
     demo = commands.add_parser("demo", help="the job on the built-in simulator and a bundled sample dataset")
     _add_settings(demo)
     demo.add_argument("--headless", action="store_true", help="print status lines instead of the console")
@@ -103,6 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(args, settings)
         if args.command == "run":
             return _run_detached(args, settings)
+        if args.command == "catalog":
+            return _catalog(args, settings)
         if args.command == "attach":
             return _attach(args, settings.job.run_dir)
         if args.command == "stop":
@@ -207,6 +215,23 @@ def _stop(args: argparse.Namespace, run_dir: Path) -> int:
             await source.close()
 
     return run(go())
+
+
+def _catalog(args: argparse.Namespace, settings: Settings) -> int:
+    import orjson
+
+    from engine.catalog_report import CatalogError, DatasetError, build_catalog, format_catalog
+    from engine.runtime import run
+
+    try:
+        report = run(build_catalog(settings))
+    except (CatalogError, DatasetError) as exc:
+        return _fail(str(exc))
+    if args.json:
+        sys.stdout.write(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        print("\n".join(format_catalog(report)))
+    return EXIT_OK
 
 
 def _sim(args: argparse.Namespace) -> int:

@@ -112,8 +112,10 @@ def parse_endpoints(body: Any) -> list[Endpoint]:
     return endpoints
 
 
-async def fetch_endpoints(client: OpenRouterClient, model: str) -> list[Endpoint]:
-    """Read the model's endpoint table from the API."""
+async def fetch_endpoint_table(
+    client: OpenRouterClient, model: str
+) -> tuple[list[Endpoint], list[dict[str, Any]]]:
+    """The model's endpoints, parsed and as the API sent them (for the fields regen does not model)."""
     if model.count("/") != 1:
         raise CatalogError(f"model {model!r} is not of the form author/slug")
     try:
@@ -123,7 +125,14 @@ async def fetch_endpoints(client: OpenRouterClient, model: str) -> list[Endpoint
     if status != 200:
         message = body.get("error", {}).get("message") if isinstance(body, dict) else None
         raise CatalogError(f"endpoints for {model}: HTTP {status} {message or ''}".strip())
-    return parse_endpoints(body)
+    endpoints = parse_endpoints(body)
+    raw = [item for item in body["data"]["endpoints"] if isinstance(item, dict)]
+    return endpoints, raw
+
+
+async def fetch_endpoints(client: OpenRouterClient, model: str) -> list[Endpoint]:
+    """Read the model's endpoint table from the API."""
+    return (await fetch_endpoint_table(client, model))[0]
 
 
 def quantization_allowed(quantization: str, allowed: Collection[str] | None) -> bool:
@@ -133,6 +142,17 @@ def quantization_allowed(quantization: str, allowed: Collection[str] | None) -> 
     for q in allowed:
         admitted |= QUANTIZATION_FAMILY.get(q, {q})
     return quantization in admitted
+
+
+def _precision_reason(quantization: str, allowed: Collection[str]) -> str:
+    rank = PRECISION_RANK.get(quantization)
+    ranks = [PRECISION_RANK[q] for q in allowed if q in PRECISION_RANK]
+    if rank is None:
+        return f"precision {quantization}: cannot be checked against the allowlist"
+    if ranks and rank < min(ranks):
+        lowest = min((q for q in allowed if q in PRECISION_RANK), key=lambda q: PRECISION_RANK[q])
+        return f"precision {quantization} below the allowed set ({lowest} and finer)"
+    return f"precision {quantization} not in the allowed set ({', '.join(allowed)})"
 
 
 def exclusion_reason(
@@ -150,7 +170,7 @@ def exclusion_reason(
     if provider.only is not None and not names & set(provider.only):
         return "not in provider.only"
     if not quantization_allowed(endpoint.quantization, provider.quantizations):
-        return f"precision {endpoint.quantization} not in provider.quantizations"
+        return _precision_reason(endpoint.quantization, provider.quantizations or [])
     if provider.max_price:
         per_million = Decimal(1_000_000)
         cap_prompt = provider.max_price.get("prompt")

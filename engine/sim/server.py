@@ -97,6 +97,7 @@ class OpenRouterSim:
         r.add_get("/api/v1/models", self._models)
         r.add_get("/api/v1/models/{author}/{slug}/endpoints", self._endpoints_route)
         r.add_get("/_sim/state", self._state_route)
+        r.add_get("/_sim/ledger", self._ledger_route)
         r.add_get("/_sim/config", self._config_get)
         r.add_post("/_sim/config", self._config_post)
         return app
@@ -979,6 +980,14 @@ class OpenRouterSim:
     # --- admin -------------------------------------------------------------------------------
     async def _state_route(self, request: web.Request) -> web.StreamResponse:
         return _json(200, self.state(), {})
+
+    async def _ledger_route(self, request: web.Request) -> web.StreamResponse:
+        """Every billed generation (id, provider, cost): what a test compares a client's ledger with."""
+        records = [
+            {"id": rec.id, "provider": rec.provider_name, "cost": rec.cost, "cancelled": rec.cancelled}
+            for rec in self.ledger.records
+        ]
+        return _json(200, {"billed_total": str(self.ledger.billed_total), "records": records}, {})
 
     async def _config_get(self, request: web.Request) -> web.StreamResponse:
         return _json(200, self.config.model_dump(), {})
