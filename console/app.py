@@ -1,0 +1,657 @@
+"""The regen console: a Textual app over a `JobSource` (a running job's socket, or a script).
+
+Snapshots arrive in one worker, are folded into `History` there, and reach the UI as a coalescing
+`SnapshotArrived` message; widgets change only in message handlers. Steering keys send commands
+through the source and report the job's answer in the log and a toast. `q` detaches: the job
+lives on. Call `console.options.configure_environment` before importing this module.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+from textual import events, on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+from textual.reactive import reactive
+from textual.theme import Theme
+from textual.widgets import DataTable, Footer, Input, Static
+from textual.worker import Worker, WorkerState
+
+from console.commands import RegenCommands
+from console.export import export_snapshot
+from console.format import number
+from console.history import History, LogLine
+from console.messages import CommandDone, Connected, ExportDone, SnapshotArrived, SourceEnded
+from console.options import ConsoleOptions
+from console.screens import (
+    BudgetScreen,
+    ConfirmScreen,
+    HelpEntry,
+    HelpScreen,
+    ProviderDetailScreen,
+    StopScreen,
+    exclude_impact,
+)
+from console.source import JobSource
+from console.themes import DEFAULT_THEME, LoadedThemes, load_themes, variable_defaults
+from console.widgets.cost import CostPane
+from console.widgets.datasets import DatasetsPane
+from console.widgets.host import HostPane
+from console.widgets.log import EventLog
+from console.widgets.providers import ProvidersPane, ProvidersTable
+from console.widgets.status import Freshness, StatusStrip
+from console.widgets.throughput import ThroughputPane
+
+# At this many columns and more, the secondary panes sit in a right-hand column and every
+# provider column shows; below it the console is "narrow" (80x24 over SSH in tmux).
+WIDE_AT = 120
+# At this many rows and more, a narrow console still shows cost and throughput in a bottom strip.
+TALL_AT = 40
+STEERING_ACTIONS = frozenset(
+    {
+        "pause_job",
+        "resume_job",
+        "toggle_provider",
+        "exclude_provider",
+        "concurrency",
+        "set_budget",
+        "stop_job",
+    }
+)
+LIVE_STATES = ("RUNNING", "PAUSED")
+HELP_GROUPS = {
+    "pause": "Steer the job",
+    "toggle-provider": "Steer the job",
+    "exclude": "Steer the job",
+    "concurrency-up": "Steer the job",
+    "concurrency-down": "Steer the job",
+    "budget": "Steer the job",
+}
+
+
+class RegenApp(App[str]):
+    """The console: header strip, providers, cost, datasets, throughput, log and host panes."""
+
+    TITLE = "regen"
+    CSS_PATH = "app.tcss"
+    COMMANDS: ClassVar[set[Any]] = {*App.COMMANDS, RegenCommands}
+    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (WIDE_AT, "-wide")]
+    VERTICAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-short"), (TALL_AT, "-tall")]
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding(
+            "p",
+            "pause_job",
+            "Pause",
+            id="pause",
+            tooltip="Pause the job: no new requests; those in flight finish",
+        ),
+        Binding("p", "resume_job", "Resume", id="pause", tooltip="Resume dispatching requests"),
+        Binding(
+            "space",
+            "toggle_provider",
+            "Excl/Incl",
+            id="toggle-provider",
+            show=False,
+            tooltip="Exclude the highlighted provider, or include it again",
+        ),
+        Binding(
+            "x",
+            "exclude_provider",
+            "Exclude",
+            id="exclude",
+            tooltip="Exclude the highlighted provider (asks first, shows the impact)",
+        ),
+        Binding(
+            "plus",
+            "concurrency(1)",
+            "Conc+",
+            id="concurrency-up",
+            key_display="+",
+            tooltip="Raise the configured concurrency by a step",
+        ),
+        Binding(
+            "minus",
+            "concurrency(-1)",
+            "Conc-",
+            id="concurrency-down",
+            key_display="-",
+            tooltip="Lower the configured concurrency by a step",
+        ),
+        Binding(
+            "b", "set_budget", "Budget", id="budget", tooltip="Set a new dollar budget (not below spent)"
+        ),
+        Binding("f", "freeze", "Freeze", id="freeze", tooltip="Stop repainting (the job keeps running)"),
+        Binding("f", "thaw", "Thaw", id="freeze", tooltip="Repaint again, from the newest snapshot"),
+        Binding(
+            "slash", "filter", "Filter", id="filter", key_display="/", tooltip="Filter providers by name"
+        ),
+        Binding("s", "cycle_sort", "Sort", id="sort", show=False, tooltip="Cycle the providers' sort order"),
+        Binding(
+            "enter",
+            "details",
+            "Details",
+            id="details",
+            show=False,
+            tooltip="The highlighted provider in detail",
+        ),
+        Binding(
+            "e",
+            "export",
+            "Export",
+            id="export",
+            show=False,
+            tooltip="Write the snapshot on screen to CSV and JSON",
+        ),
+        Binding("t", "next_theme", "Theme", id="theme", show=False, tooltip="Next theme"),
+        Binding(
+            "question_mark", "help", "Help", id="help", key_display="?", tooltip="Every key and what it does"
+        ),
+        Binding("q", "detach", "Detach", id="detach", tooltip="Quit the console; the job keeps running"),
+    ]
+
+    job_state: reactive[str] = reactive("STARTING", bindings=True)
+    """The job's state word from the newest snapshot; the footer offers what applies to it."""
+    frozen: reactive[bool] = reactive(False, bindings=True)
+    """Whether the display is frozen (snapshots still arrive and are kept)."""
+
+    def __init__(
+        self,
+        source: JobSource,
+        options: ConsoleOptions | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__()
+        self.source = source
+        self.options = options or ConsoleOptions()
+        self.clock = clock
+        self.readonly = bool(source.readonly)
+        self.hello: dict[str, Any] = {}
+        self.history = History(points=self.options.history_points)
+        self.latest: dict[str, Any] | None = None
+        self.latest_at: float | None = None
+        self.displayed: dict[str, Any] | None = None
+        self.displayed_at: float | None = None
+        self.ended: str | None = None
+        self.loaded_themes: LoadedThemes = load_themes(self.options.theme_dirs)
+        for theme in self.loaded_themes.themes:
+            self.register_theme(theme)
+        self._told_not_steer = 0.0
+
+    # ------------------------------------------------------------------------------- layout
+
+    def compose(self) -> ComposeResult:
+        yield StatusStrip(id="status")
+        with Vertical(id="main"):
+            with Vertical(id="left"):
+                yield ProvidersPane(id="providers-pane")
+                yield DatasetsPane(id="datasets-pane")
+                yield EventLog(max_lines=self.options.log_max_lines, id="log-pane")
+            with Vertical(id="right"):
+                yield CostPane(id="cost-pane")
+                yield ThroughputPane(id="throughput-pane")
+                yield HostPane(id="host-pane")
+        yield Static("", id="too-small")
+        yield Footer()
+
+    def get_theme_variable_defaults(self) -> dict[str, str]:
+        return variable_defaults(self.current_theme)
+
+    def on_mount(self) -> None:
+        self.status.budget_warn_fraction = self.options.budget_warn_fraction
+        self.query_one(CostPane).budget_warn_fraction = self.options.budget_warn_fraction
+        self._apply_theme_choice()
+        if self.options.keymap:
+            self.set_keymap(self.options.keymap)
+        self.theme_changed_signal.subscribe(self, self._theme_changed)
+        self._fit(self.size.width, self.size.height)
+        self.query_one(ProvidersTable).focus()
+        self.status.show(None, self._freshness())
+        self._receive()
+        self.set_interval(1.0, self._tick_freshness, name="freshness")
+
+    def _apply_theme_choice(self) -> None:
+        problems = list(self.loaded_themes.problems)
+        wanted = self.options.theme
+        if wanted in self.available_themes:
+            self.theme = wanted
+        else:
+            problems.append(f"unknown theme {wanted!r}; using {DEFAULT_THEME}")
+            self.theme = DEFAULT_THEME if DEFAULT_THEME in self.available_themes else "textual-dark"
+        if problems:
+            self.notify("\n".join(problems), title="Themes", severity="warning", timeout=10)
+
+    def _theme_changed(self, theme: Theme) -> None:
+        self.query_one(ProvidersTable).restyle()
+        self._repaint()
+
+    def on_resize(self, event: events.Resize) -> None:
+        self._fit(event.size.width, event.size.height)
+
+    def _fit(self, width: int, height: int) -> None:
+        """Show a message instead of a broken layout below the minimum size (breakpoints do the rest)."""
+        min_width, min_height = self.options.min_size
+        too_small = width < min_width or height < min_height
+        self.set_class(too_small, "-too-small")
+        if too_small:
+            self.query_one("#too-small", Static).update(
+                f"regen needs at least {min_width}x{min_height}; this terminal is {width}x{height}.\n"
+                "Enlarge it, or press q to detach (the job keeps running)."
+            )
+
+    # ------------------------------------------------------------------------------ widgets
+
+    @property
+    def status(self) -> StatusStrip:
+        return self.query_one(StatusStrip)
+
+    @property
+    def providers_pane(self) -> ProvidersPane:
+        return self.query_one(ProvidersPane)
+
+    @property
+    def event_log(self) -> EventLog:
+        return self.query_one(EventLog)
+
+    def provider_rows(self) -> list[dict[str, Any]]:
+        """Providers of the snapshot on screen."""
+        return list((self.displayed or {}).get("providers") or [])
+
+    @property
+    def highlighted_slug(self) -> str | None:
+        return self.query_one(ProvidersTable).highlighted_slug
+
+    # ----------------------------------------------------------------------------- receiving
+
+    @work(group="snapshots", exclusive=True, exit_on_error=False, description="Receiving snapshots")
+    async def _receive(self) -> None:
+        hello = await self.source.connect()
+        self.history.add_events(list(hello.get("events") or []))
+        self.post_message(Connected(hello))
+        async for snap in self.source.snapshots():
+            received = self.clock()
+            self.history.add(snap, received)
+            self.post_message(SnapshotArrived(snap, received))
+        reason = getattr(self.source, "closed_reason", None) or "the job closed the connection"
+        self.post_message(SourceEnded(str(reason)))
+
+    @on(Connected)
+    def _connected(self, message: Connected) -> None:
+        self.hello = message.hello
+        self.readonly = self.readonly or bool(message.hello.get("readonly"))
+        self.status.hello = message.hello
+        job = message.hello.get("job") or {}
+        self.sub_title = str(job.get("model") or "")
+        self.refresh_bindings()
+        self._repaint_status()
+
+    @on(SnapshotArrived)
+    def _snapshot_arrived(self, message: SnapshotArrived) -> None:
+        self.latest, self.latest_at = message.snapshot, message.received_at
+        self.job_state = str(message.snapshot.get("state") or "STARTING")
+        if self.frozen:
+            self._repaint_status()
+            return
+        self.displayed, self.displayed_at = self.latest, self.latest_at
+        self._repaint()
+
+    @on(SourceEnded)
+    def _source_ended(self, message: SourceEnded) -> None:
+        self.ended = message.reason
+        self.event_log.add(
+            [
+                LogLine(
+                    self.clock(), "error" if message.failed else "warning", f"disconnected: {message.reason}"
+                )
+            ]
+        )
+        self.notify(message.reason, title="Disconnected", severity="error" if message.failed else "warning")
+        self.refresh_bindings()
+        self._repaint_status()
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """One place where workers' failures become messages for the operator."""
+        if event.state is not WorkerState.ERROR:
+            return
+        error = event.worker.error
+        text = str(error) or type(error).__name__
+        if event.worker.group == "snapshots":
+            self.post_message(SourceEnded(text, failed=True))
+        elif event.worker.group == "commands":
+            self.event_log.add([LogLine(self.clock(), "error", f"command failed: {text}")])
+            self.notify(text, title="Command failed", severity="error")
+        elif event.worker.group == "export":
+            self.notify(text, title="Export failed", severity="error")
+
+    # ------------------------------------------------------------------------------- painting
+
+    def _freshness(self) -> Freshness:
+        shown_at = self.displayed_at if self.frozen else self.latest_at
+        return Freshness(
+            age_s=None if shown_at is None else max(0.0, self.clock() - shown_at),
+            stale_after_s=self.options.stale_after_s,
+            frozen=self.frozen,
+            readonly=self.readonly,
+            disconnected=self.ended,
+        )
+
+    def _repaint_status(self) -> None:
+        self.status.show(self.displayed, self._freshness())
+
+    def _tick_freshness(self) -> None:
+        self._repaint_status()
+
+    def _repaint(self) -> None:
+        """Repaint every pane from the snapshot on screen."""
+        snap = self.displayed
+        if snap is None:
+            self._repaint_status()
+            self.event_log.add(self.history.take_lines())
+            return
+        with self.batch_update():
+            self._repaint_status()
+            self.providers_pane.show(list(snap.get("providers") or []), self.history)
+            self.query_one(CostPane).show(snap)
+            self.query_one(DatasetsPane).show(snap, self.history)
+            self.query_one(ThroughputPane).show(self.history)
+            self.query_one(HostPane).show(snap)
+            self.event_log.add(self.history.take_lines())
+            for screen in self.screen_stack:
+                if isinstance(screen, ProviderDetailScreen) and screen.is_mounted:
+                    screen.show(snap, self.history)
+
+    @on(ProvidersPane.FilterChanged)
+    def _filter_changed(self) -> None:
+        if self.displayed is not None:
+            self.providers_pane.show(self.provider_rows(), self.history)
+
+    @on(DataTable.RowSelected, "#providers")
+    def _row_selected(self) -> None:
+        self.action_details()
+
+    # ------------------------------------------------------------------------------- steering
+
+    @property
+    def can_steer(self) -> bool:
+        """Whether commands may be sent now."""
+        return not self.readonly and self.ended is None and bool(self.hello) and self.job_state in LIVE_STATES
+
+    def why_not_steer(self) -> str:
+        """Why a steering key does nothing now."""
+        if self.readonly:
+            return "read-only console: it watches; attach without --readonly to steer"
+        if self.ended is not None:
+            return f"not connected to the job ({self.ended})"
+        if not self.hello:
+            return "not connected to the job yet"
+        return f"the job is {self.job_state}: nothing to steer"
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "pause_job" and self.job_state == "PAUSED":
+            return False
+        if action == "resume_job" and self.job_state != "PAUSED":
+            return False
+        if action == "freeze":
+            return not self.frozen
+        if action == "thaw":
+            return self.frozen
+        if action in STEERING_ACTIONS:
+            return True if self.can_steer else None
+        return True
+
+    def on_key(self, event: events.Key) -> None:
+        """Say why a steering key does nothing, instead of staying silent."""
+        if isinstance(self.focused, Input) or len(self.screen_stack) > 1:
+            return
+        active = self.screen.active_bindings.get(event.key)
+        if active is None or active.enabled or active.binding.action.split("(")[0] not in STEERING_ACTIONS:
+            return
+        now = self.clock()
+        if now - self._told_not_steer >= 2.0 or now < self._told_not_steer:
+            self._told_not_steer = now
+            self.notify(self.why_not_steer(), title="Not sent", severity="warning", timeout=4)
+
+    def send(self, name: str, what: str, **args: Any) -> None:
+        """Send a command to the job; its answer goes to the log and a toast."""
+        if not self.can_steer:
+            self.notify(self.why_not_steer(), title="Not sent", severity="warning")
+            return
+        self.event_log.add([LogLine(self.clock(), "action", f"→ {what}")])
+        self._command(name, args)
+
+    @work(group="commands", exit_on_error=False, description="Sending a command to the job")
+    async def _command(self, name: str, args: dict[str, Any]) -> None:
+        result = await self.source.command(name, **args)
+        self.post_message(CommandDone(name, args, bool(result.get("ok")), str(result.get("message", ""))))
+
+    @on(CommandDone)
+    def _command_done(self, message: CommandDone) -> None:
+        text = message.message or ("done" if message.ok else "refused")
+        if message.ok:
+            self.event_log.add([LogLine(self.clock(), "action", f"✓ {message.name}: {text}")])
+            self.notify(text, title=message.name)
+        else:
+            self.event_log.add([LogLine(self.clock(), "error", f"✗ {message.name} refused: {text}")])
+            self.notify(text, title=f"{message.name} refused", severity="error")
+
+    def action_pause_job(self) -> None:
+        self.send("pause", "pause the job")
+
+    def action_resume_job(self) -> None:
+        self.send("resume", "resume the job")
+
+    def send_include(self, slug: str) -> None:
+        """Route to a provider again."""
+        self.send("include", f"include {slug}", provider=slug)
+
+    def action_toggle_provider(self) -> None:
+        slug = self.highlighted_slug
+        if slug is None:
+            self.notify("no provider highlighted", severity="warning")
+            return
+        provider = next((p for p in self.provider_rows() if str(p.get("slug") or p.get("name")) == slug), {})
+        if provider.get("excluded"):
+            self.send_include(slug)
+        else:
+            self.send("exclude", f"exclude {slug}", provider=slug)
+
+    def action_exclude_provider(self) -> None:
+        slug = self.highlighted_slug
+        if slug is None:
+            self.notify("no provider highlighted", severity="warning")
+            return
+        self.confirm_exclude(slug)
+
+    def confirm_exclude(self, slug: str) -> None:
+        """Ask before excluding a provider, stating the impact."""
+        impact = exclude_impact(self.provider_rows(), slug)
+        if impact is None:
+            self.notify(f"{slug} is not in the snapshot", severity="warning")
+            return
+        provider = next(p for p in self.provider_rows() if str(p.get("slug") or p.get("name")) == slug)
+        if provider.get("excluded"):
+            self.notify(f"{impact.name} is already excluded; space includes it again", severity="warning")
+            return
+        if impact.remaining == 0:
+            self.notify(
+                f"{impact.name} is the last provider allowed; excluding it would stop the job",
+                severity="error",
+            )
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.send("exclude", f"exclude {slug}", provider=slug)
+
+        self.push_screen(ConfirmScreen(f"Exclude {impact.name}?", impact.text, "Exclude"), answered)
+
+    def action_concurrency(self, direction: int) -> None:
+        concurrency = (self.latest or {}).get("concurrency") or {}
+        configured = int(number(concurrency.get("configured")) or 0)
+        if configured <= 0:
+            self.notify("the job has not reported its concurrency yet", severity="warning")
+            return
+        step = max(1, round(configured * self.options.concurrency_step))
+        value = max(1, configured + direction * step)
+        if value == configured:
+            self.notify(f"concurrency is already {configured}", severity="warning")
+            return
+        self.send("concurrency", f"concurrency {configured} → {value}", value=value)
+
+    def action_set_budget(self) -> None:
+        money = (self.latest or {}).get("money") or {}
+
+        def answered(value: float | None) -> None:
+            if value is not None:
+                self.send("budget", f"budget → ${value:.2f}", value=value)
+
+        self.push_screen(BudgetScreen(money), answered)
+
+    def action_stop_job(self) -> None:
+        """Stop the job after a typed confirmation: drain or cancel what is in flight."""
+        if not self.can_steer:
+            self.notify(self.why_not_steer(), title="Not sent", severity="warning")
+            return
+        in_flight = int(number((self.latest or {}).get("in_flight")) or 0)
+
+        def answered(mode: str | None) -> None:
+            if mode in ("drain", "cancel"):
+                self.send("stop", f"stop the job ({mode})", cancel=mode == "cancel")
+
+        self.push_screen(StopScreen(in_flight), answered)
+
+    # ---------------------------------------------------------------------------------- view
+
+    def action_freeze(self) -> None:
+        self.frozen = True
+        self._repaint_status()
+        self.notify("display frozen; the job keeps running (f thaws)", title="Frozen")
+
+    def action_thaw(self) -> None:
+        if self.frozen:
+            self.action_toggle_freeze()
+
+    def action_toggle_freeze(self) -> None:
+        """Freeze the display, or thaw it and catch up with the newest snapshot."""
+        if not self.frozen:
+            self.action_freeze()
+            return
+        self.frozen = False
+        self.displayed, self.displayed_at = self.latest, self.latest_at
+        self._repaint()
+
+    def action_filter(self) -> None:
+        self.providers_pane.open_filter()
+
+    def action_cycle_sort(self) -> None:
+        self.providers_pane.sort_index += 1
+        if self.displayed is not None:
+            self.providers_pane.show(self.provider_rows(), self.history)
+        self.notify(f"providers sorted by {self.providers_pane.sort[0]}", timeout=2)
+
+    def action_details(self) -> None:
+        slug = self.highlighted_slug
+        if slug is None or self.displayed is None:
+            self.notify("no provider highlighted", severity="warning")
+            return
+        screen = ProviderDetailScreen(slug)
+        snap = self.displayed
+        self.push_screen(screen)
+        screen.call_after_refresh(screen.show, snap, self.history)
+
+    def export_folder(self) -> Path:
+        """Where `e` writes: the configured folder, else the job's run folder, else the current one."""
+        if self.options.export_dir is not None:
+            return self.options.export_dir
+        run_dir = (self.hello.get("job") or {}).get("run_dir")
+        if run_dir and Path(run_dir).is_dir():
+            return Path(run_dir)
+        return Path.cwd()
+
+    def action_export(self) -> None:
+        if self.displayed is None:
+            self.notify("nothing to export yet", severity="warning")
+            return
+        self._export(self.displayed, self.export_folder(), self.clock())
+
+    @work(thread=True, group="export", exit_on_error=False, description="Exporting the snapshot")
+    def _export(self, snap: dict[str, Any], folder: Path, now: float) -> None:
+        paths = export_snapshot(snap, folder, now)
+        self.post_message(ExportDone([str(p) for p in paths]))
+
+    @on(ExportDone)
+    def _exported(self, message: ExportDone) -> None:
+        where = str(Path(message.paths[0]).parent)
+        names = ", ".join(Path(p).name for p in message.paths)
+        self.event_log.add([LogLine(self.clock(), "info", f"exported {names} to {where}")])
+        self.notify(f"{names}\nin {where}", title="Exported")
+
+    def action_next_theme(self) -> None:
+        names = self.loaded_themes.names or [self.theme]
+        index = names.index(self.theme) if self.theme in names else -1
+        self.theme = names[(index + 1) % len(names)]
+        self.notify(f"theme {self.theme}", timeout=2)
+
+    def help_entries(self) -> list[HelpEntry]:
+        """Every binding with its current keys, pause/resume and freeze/thaw folded into one line each."""
+        keymap = self.options.keymap
+        entries: list[HelpEntry] = []
+        seen: set[str] = set()
+        bindings = [
+            *[b for b in self.BINDINGS if isinstance(b, Binding)],
+            *[b for b in ProvidersTable.BINDINGS if isinstance(b, Binding)],
+        ]
+        for binding in bindings:
+            key_id = binding.id or binding.action
+            if key_id in seen:
+                continue
+            seen.add(key_id)
+            keys = keymap.get(binding.id or "", binding.key)
+            shown = "/".join(
+                self.get_key_display(
+                    binding.with_key(
+                        key.strip(), key_display=None if key.strip() != binding.key else binding.key_display
+                    )
+                )
+                for key in keys.split(",")
+            )
+            description = binding.tooltip or binding.description
+            if binding.id == "pause":
+                description = "Pause the job, or resume it when paused (the footer shows which)"
+            elif binding.id == "freeze":
+                description = "Freeze the display, or thaw it (the job keeps running either way)"
+            group = HELP_GROUPS.get(binding.id or "", "View")
+            if binding.id in ("help", "detach"):
+                group = "Console"
+            entries.append(HelpEntry(shown, description, group))
+        entries.append(HelpEntry("↑/↓", "Move between providers", "View"))
+        entries.append(HelpEntry("tab", "Move between panes", "Console"))
+        entries.append(
+            HelpEntry(
+                self.get_key_display(Binding(self.COMMAND_PALETTE_BINDING, "")),
+                "Commands, including Stop job (typed confirmation)",
+                "Console",
+            )
+        )
+        order = {"Steer the job": 0, "View": 1, "Console": 2}
+        return sorted(entries, key=lambda e: order.get(e.group, 3))
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen(self.help_entries(), self.readonly))
+
+    def action_detach(self) -> None:
+        self.exit("detached")
+
+    async def on_unmount(self) -> None:
+        await self.source.close()
+
+
+def run_console(app: RegenApp) -> int:
+    """Run the console in the terminal until the operator detaches; returns the exit code."""
+    app.run(mouse=app.options.mouse)
+    return 0

@@ -1,0 +1,98 @@
+"""Numbers as the console prints them: fixed widths, "-" for what the job did not report."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+DASH = "-"
+
+
+def clock(seconds: float | None) -> str:
+    """Elapsed or remaining time as H:MM:SS (or "-")."""
+    if seconds is None or seconds < 0:
+        return DASH
+    whole = int(seconds)
+    return f"{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
+
+
+def short_duration(seconds: float | None) -> str:
+    """A compact duration: 45s, 12m05s, 3h20m (or "-")."""
+    if seconds is None or seconds < 0:
+        return DASH
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+
+
+def count(n: float | None) -> str:
+    """A count with a k/M suffix once it is large."""
+    if n is None:
+        return DASH
+    if abs(n) >= 1e9:
+        return f"{n / 1e9:.2f}G"
+    if abs(n) >= 1e6:
+        return f"{n / 1e6:.2f}M"
+    if abs(n) >= 1e4:
+        return f"{n / 1e3:.1f}k"
+    if n == int(n) or abs(n) >= 100:
+        return f"{n:.0f}"
+    return f"{n:.1f}"
+
+
+def rate(n: float | None) -> str:
+    """A per-second rate: one decimal below 100, a count above."""
+    if n is None:
+        return DASH
+    return f"{n:.1f}" if abs(n) < 100 else count(n)
+
+
+def money(dollars: float | None, *, cents: bool = True) -> str:
+    """US dollars: $12.34, or $1,234 once cents stop mattering."""
+    if dollars is None:
+        return DASH
+    if abs(dollars) >= 10_000 or not cents:
+        return f"${dollars:,.0f}"
+    return f"${dollars:,.2f}"
+
+
+def money_short(dollars: float | None) -> str:
+    """Dollars in at most seven cells: cents below $100, whole dollars above."""
+    if dollars is None:
+        return DASH
+    if abs(dollars) >= 100_000:
+        return f"${dollars / 1000:,.0f}k"
+    return money(dollars, cents=abs(dollars) < 100)
+
+
+def seconds(value: float | None) -> str:
+    """A latency: 850ms, 1.25s, 42s."""
+    if value is None:
+        return DASH
+    if value < 1:
+        return f"{value * 1000:.0f}ms"
+    if value < 10:
+        return f"{value:.2f}s"
+    return f"{value:.0f}s"
+
+
+def percent(fraction: float | None, digits: int = 0) -> str:
+    """A fraction as a percentage."""
+    if fraction is None:
+        return DASH
+    return f"{fraction * 100:.{digits}f}%"
+
+
+def wall_time(ts: float) -> str:
+    """A wall-clock timestamp as local HH:MM:SS."""
+    return time.strftime("%H:%M:%S", time.localtime(ts))
+
+
+def number(value: Any) -> float | None:
+    """A snapshot field as a float, None when absent or not a number."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)

@@ -1,0 +1,119 @@
+"""The cost pane: spent, reserved, headroom, a budget bar, burn rate, projection and waste."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual import events
+from textual.content import Content
+from textual.markup import escape
+from textual.widgets import Static
+
+from console import format as fmt
+from console.format import number
+from console.widgets.bars import segments
+
+# Below this many columns of content the pane prints five short lines instead of ten labelled ones.
+COMPACT_BELOW = 40
+
+
+class CostPane(Static):
+    """Money, in words and numbers; the bar repeats what the percentages say."""
+
+    DEFAULT_CSS = """
+    CostPane {
+        padding: 0 1;
+        background: $surface;
+    }
+    """
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__("", id=id)
+        self.border_title = "Cost"
+        self.money: dict[str, Any] = {}
+        self.credits: dict[str, Any] | None = None
+        self.budget_warn_fraction = 0.8
+
+    def show(self, snap: dict[str, Any]) -> None:
+        """Repaint from a snapshot."""
+        self.money = dict(snap.get("money") or {})
+        credits = snap.get("credits")
+        self.credits = credits if isinstance(credits, dict) else None
+        self._paint()
+
+    def on_resize(self, event: events.Resize) -> None:
+        self._paint()
+
+    def _paint(self) -> None:
+        if not self.money:
+            self.update("waiting for data")
+            return
+        self.update(Content.from_markup("\n".join(self._lines())))
+
+    def _lines(self) -> list[str]:
+        money = self.money
+        spent = number(money.get("spent")) or 0.0
+        reserved = number(money.get("reserved")) or 0.0
+        estimated = number(money.get("spent_estimated")) or 0.0
+        budget = number(money.get("budget"))
+        headroom = None if budget is None else budget - spent - reserved
+        used = (spent + reserved) / budget if budget else None
+        if money.get("budget_blocked"):
+            bar_colour, verdict = "$budget-over", "[b $budget-over]budget reached: no new requests[/]"
+        elif used is not None and used >= self.budget_warn_fraction:
+            bar_colour, verdict = "$budget-warn", f"[b $budget-warn]{fmt.percent(used)} used: near budget[/]"
+        else:
+            bar_colour, verdict = "$primary", f"{fmt.percent(used)} used"
+        width = max(10, self.content_size.width or 30)
+        bar = segments(
+            [
+                ((spent / budget) if budget else 0.0, bar_colour, "█"),
+                ((reserved / budget) if budget else 0.0, "$secondary", "▒"),
+            ],
+            width,
+        )
+        burn = number(money.get("burn_usd_per_h"))
+        projected = number(money.get("projected_total_usd"))
+        projection = f"{fmt.money(projected):>10}"
+        if projected is not None and budget is not None:
+            projection += (
+                f" [b $budget-warn]over by {fmt.money(projected - budget)}[/]"
+                if projected > budget
+                else " fits"
+            )
+        waste = money.get("waste") if isinstance(money.get("waste"), dict) else None
+        waste_usd = (
+            None if waste is None else sum(number((w or {}).get("usd")) or 0.0 for w in waste.values())
+        )
+        waste_causes = (
+            ""
+            if not waste
+            else " ("
+            + ", ".join(
+                f"{escape(str(cause))} {fmt.money(number((w or {}).get('usd')))}"
+                for cause, w in waste.items()
+            )
+            + ")"
+        )
+        estimate = f" (~{fmt.money(estimated)} est.)" if estimated > 0.005 else ""
+        credits_left = None if self.credits is None else number(self.credits.get("limit_remaining"))
+        if width < COMPACT_BELOW:
+            return [
+                f"{fmt.money(spent)} spent + {fmt.money(reserved)} rsv{estimate}",
+                bar,
+                f"{verdict} of {fmt.money(budget)}",
+                f"headroom {fmt.money(headroom)} · {fmt.money(burn)}/h",
+                f"projected {projection.strip()}",
+            ]
+        return [
+            f"Spent      {fmt.money(spent):>10}{estimate}",
+            f"Reserved   {fmt.money(reserved):>10}",
+            f"Headroom   {fmt.money(headroom):>10}",
+            f"Budget     {fmt.money(budget):>10}  {verdict}",
+            bar,
+            f"Burn       {fmt.money(burn):>10}/h",
+            f"Projected  {projection}",
+            f"Useful $/M {fmt.money(number(money.get('useful_usd_per_m'))):>10}",
+            f"Waste      {fmt.money(waste_usd):>10}{waste_causes}",
+            f"Credits    {fmt.money(credits_left):>10} left",
+        ]

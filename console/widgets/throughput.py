@@ -1,0 +1,67 @@
+"""Throughput sparklines: output tokens/s, requests/s and latency over the last minutes."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Label, Sparkline
+
+from console import format as fmt
+from console.history import History
+
+SERIES = (
+    ("tokens", "output tok/s", fmt.rate),
+    ("requests", "requests/s", fmt.rate),
+    ("latency", "latency p50", fmt.seconds),
+)
+
+
+class ThroughputPane(Vertical):
+    """Three labelled sparklines; each gets a new list per repaint, never a mutated one."""
+
+    DEFAULT_CSS = """
+    ThroughputPane {
+        background: $surface;
+        padding: 0 1;
+    }
+    ThroughputPane > Label {
+        width: 1fr;
+        color: $text-muted;
+    }
+    ThroughputPane > Sparkline {
+        height: 1fr;
+        min-height: 1;
+        margin-bottom: 0;
+    }
+    ThroughputPane > Sparkline > .sparkline--max-color {
+        color: $accent;
+    }
+    ThroughputPane > Sparkline > .sparkline--min-color {
+        color: $primary 50%;
+    }
+    """
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.border_title = "Throughput"
+
+    def compose(self) -> ComposeResult:
+        for key, title, _ in SERIES:
+            yield Label(f"{title} -", id=f"{key}-label")
+            yield Sparkline([], id=f"{key}-spark", summary_function=max)
+
+    def show(self, history: History) -> None:
+        """Repaint from the history windows."""
+        windows = {
+            "tokens": history.output_tokens_per_s,
+            "requests": history.requests_per_s,
+            "latency": history.latency_p50_s,
+        }
+        minutes = len(history.output_tokens_per_s) * history.sample_every_s / 60
+        self.border_subtitle = f"last {minutes:.0f} min" if minutes >= 1 else "last minute"
+        for key, title, render in SERIES:
+            window = windows[key]
+            now = window[-1] if window else None
+            peak = max(window) if window else None
+            self.query_one(f"#{key}-label", Label).update(f"{title} {render(now)} (peak {render(peak)})")
+            self.query_one(f"#{key}-spark", Sparkline).data = list(window)
