@@ -18,12 +18,12 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from decimal import Decimal
-from enum import StrEnum
 from typing import Any
 
 from engine.account import generation_cost, read_credits
 from engine.concurrency import AdaptiveLimit
 from engine.datasets import Dataset, DatasetError, discover, iter_prompts, scan
+from engine.jobstate import DatasetState, JobError, JobState, Outcome, StopReason
 from engine.jsonl import JsonlAppender
 from engine.money import (
     TEMPLATE_TOKENS_FIXED,
@@ -44,91 +44,18 @@ from engine.openrouter.catalog import (
 )
 from engine.openrouter.client import AttemptResult, OpenRouterClient
 from engine.openrouter.errors import THROTTLE_CLASSES, AttemptError, Disposition, ErrorClass, classify_status
-from engine.planner import DatasetNeed, plan, remaining_output_tokens
 from engine.recovery import DatasetProgress, JournalState, Unsettled, read_journals, read_rows
 from engine.rows import build_row
 from engine.settings import Settings
-from engine.stats import ProviderStats, RateMeter, StatusRules, provider_views
+from engine.snapshot import build_snapshot
+from engine.stats import ProviderStats, RateMeter, StatusRules
 from engine.workqueue import WorkItem, WorkQueue
 
 # After this many 400s in a row with no success at all, the settings are wrong, not the prompts.
 BAD_REQUEST_STREAK_FATAL = 20
 RECENT_EVENTS = 1000
-PLAN_INTERVAL_S = 2.0
 # Seconds the end of a run waits for pending /generation cost lookups.
 RECONCILE_GRACE_S = 5.0
-
-
-class JobError(RuntimeError):
-    """The job cannot start or go on; the message says why, for the operator."""
-
-
-class JobState(StrEnum):
-    STARTING = "STARTING"
-    RUNNING = "RUNNING"
-    PAUSED = "PAUSED"
-    DRAINING = "DRAINING"
-    STOPPED = "STOPPED"
-    DONE = "DONE"
-
-
-class StopReason(StrEnum):
-    DONE = "done"
-    BUDGET = "budget"
-    CREDITS = "credits"
-    FATAL = "fatal"
-    FAILED_PROMPTS = "failed_prompts"
-    OPERATOR = "operator"
-    SIGINT = "sigint"
-    SIGTERM = "sigterm"
-
-
-@dataclass(slots=True)
-class DatasetState:
-    """Live progress of one dataset."""
-
-    dataset: Dataset
-    total: int
-    invalid: int
-    progress: DatasetProgress
-    in_flight: int = 0
-    failed: int = 0
-    token_budget: int | None = None
-    prompt_tokens_mean: float = 0.0
-
-    @property
-    def done(self) -> int:
-        return len(self.progress.done)
-
-    @property
-    def remaining(self) -> int:
-        return self.total - self.invalid - self.done
-
-    @property
-    def budget_reached(self) -> bool:
-        return self.token_budget is not None and self.progress.output_tokens >= self.token_budget
-
-    @property
-    def state(self) -> str:
-        if self.remaining <= 0:
-            return "done"
-        if self.budget_reached:
-            return "token budget"
-        if self.in_flight:
-            return "running"
-        return "failed" if self.failed and self.remaining <= self.failed else "waiting"
-
-
-@dataclass(slots=True)
-class Outcome:
-    """How a run ended, for the exit code and the last line."""
-
-    reason: StopReason
-    message: str
-
-    @property
-    def exit_code(self) -> int:
-        return {StopReason.DONE: 0, StopReason.SIGINT: 130, StopReason.SIGTERM: 143}.get(self.reason, 1)
 
 
 @dataclass(slots=True)
@@ -190,9 +117,9 @@ class Job:
         self.rows_rate = RateMeter()
         self.attempts_rate = RateMeter()
         self.spend_rate = RateMeter(window_s=60)
-        self._spent_at_start = Decimal(0)
+        self.spent_at_start = Decimal(0)
         self.started_at = time.time()
-        self._started_mono = time.monotonic()
+        self.started_mono = time.monotonic()
         self._flights: dict[asyncio.Task[None], _Flight] = {}
         self._changed = asyncio.Event()
         self._queue: WorkQueue | None = None
@@ -203,7 +130,7 @@ class Job:
         self._lock_fd: int | None = None
         self._reconcile_tasks: set[asyncio.Task[None]] = set()
         self._stop_mode: str | None = None
-        self._budget_blocked = False
+        self.budget_blocked = False
         self._random = random.Random()
         self.unsettled_at_stop = 0
         self.breakdown = SpendBreakdown()
@@ -212,8 +139,8 @@ class Job:
         self.rules = StatusRules(settings.stats.fail_error_share, settings.stats.slow_factor)
         self._credit_warned = False
         self._background: set[asyncio.Task[None]] = set()
-        self._plan: dict[str, Any] | None = None
-        self._plan_at = float("-inf")
+        self.plan_cache: dict[str, Any] | None = None
+        self.plan_at = float("-inf")
         self._quarantine: JsonlAppender | None = None
         # Recent events for attached consoles: operator actions, state changes and errors.
         self._recent: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
@@ -271,7 +198,7 @@ class Job:
             self.endpoints = await fetch_endpoints(self.client, self.settings.openrouter.model)
             self.excluded = set(self._journal.excluded)
             self._reprice()
-            if not self._allowed():
+            if not self.allowed():
                 raise JobError(self._no_provider_message())
         except (JobError, CatalogError) as exc:
             await self.client.close()
@@ -279,7 +206,7 @@ class Job:
             raise JobError(str(exc)) from None
         self.breakdown = self._journal.breakdown
         self.ledger.spent = self._journal.spent
-        self._spent_at_start = self._journal.spent
+        self.spent_at_start = self._journal.spent
         self.ledger.spent_estimated = self._journal.spent_estimated
         await self._open_writers()
         for name, state in self.datasets.items():
@@ -411,7 +338,7 @@ class Job:
 
     # ------------------------------------------------------------------------------ providers
 
-    def _allowed(self) -> list[Endpoint]:
+    def allowed(self) -> list[Endpoint]:
         return allowed_endpoints(
             self.endpoints,
             self.routing,
@@ -420,7 +347,7 @@ class Job:
         )
 
     def _reprice(self) -> None:
-        self.prices = PriceCeiling.of(self._allowed())
+        self.prices = PriceCeiling.of(self.allowed())
         self._ignore = sorted(set(self.settings.openrouter.provider.ignore) | self.excluded)
 
     def _no_provider_message(self) -> str:
@@ -440,7 +367,7 @@ class Job:
         slug = endpoint.slug if endpoint is not None else name.strip().lower()
         if slug in self.excluded:
             return f"{slug} is already excluded"
-        remaining = [e for e in self._allowed() if e.slug != slug]
+        remaining = [e for e in self.allowed() if e.slug != slug]
         if not remaining:
             raise JobError(f"excluding {slug} would leave no provider for {self.settings.openrouter.model}")
         self.excluded.add(slug)
@@ -559,7 +486,7 @@ class Job:
             reservation = self.prices.reservation(prompt_token_bound(item.prompt.messages), max_tokens)
             if not self.ledger.fits(reservation):
                 queue.push_front(item)
-                self._budget_blocked = True
+                self.budget_blocked = True
                 if not self._flights:
                     self.stop(
                         reason=StopReason.BUDGET,
@@ -571,7 +498,7 @@ class Job:
                     return
                 await self._changed.wait()
                 continue
-            self._budget_blocked = False
+            self.budget_blocked = False
             self._launch(item, reservation)
 
     async def _wait_changed(self, timeout: float | None) -> None:
@@ -1071,109 +998,14 @@ class Job:
 
     # --------------------------------------------------------------------------------- snapshot
 
-    def _current_plan(self, now: float) -> dict[str, Any] | None:
-        """The budget planner on live figures; recomputed every few seconds, not per snapshot."""
-        if now - self._plan_at < PLAN_INTERVAL_S and self._plan is not None:
-            return self._plan
-        needs = []
-        for name, state in self.datasets.items():
-            done = state.done
-            per_prompt = (
-                state.progress.output_tokens / done
-                if done
-                else float(self.settings.stats.expected_output_tokens)
-            )
-            remaining = max(0, state.remaining)
-            needs.append(
-                DatasetNeed(
-                    name,
-                    remaining,
-                    remaining_output_tokens(
-                        remaining, per_prompt, state.progress.output_tokens, state.token_budget
-                    ),
-                    int(remaining * state.prompt_tokens_mean),
-                )
-            )
-        self._plan = plan(needs, self._allowed(), self.ledger.budget - self.ledger.spent)
-        self._plan_at = now
-        return self._plan
+    @property
+    def in_flight(self) -> int:
+        return len(self._flights)
+
+    def in_flight_by_provider(self) -> Counter[str]:
+        """Requests in flight per serving provider (known from a stream's first chunk)."""
+        return Counter(f.provider for f in self._flights.values() if f.provider)
 
     def snapshot(self) -> dict[str, Any]:
         """A folded view of the job for the console and the headless line."""
-        now = time.monotonic()
-        elapsed = now - self._started_mono
-        remaining = sum(
-            max(0, s.remaining - s.failed) for s in self.datasets.values() if not s.budget_reached
-        )
-        rows_per_s = self.rows_rate.rate(now, self._started_mono)
-        slugs = {}
-        for name in self.providers:
-            endpoint = find_endpoint(self.endpoints, name)
-            slugs[name] = endpoint.slug if endpoint is not None else name.lower()
-        providers = provider_views(
-            self.providers,
-            now=now,
-            elapsed_s=elapsed,
-            in_flight=Counter(f.provider for f in self._flights.values() if f.provider),
-            excluded_names={name for name, slug in slugs.items() if slug in self.excluded},
-            slugs=slugs,
-            rules=self.rules,
-        )
-        burn_per_h = self.spend_rate.rate(now, self._started_mono) * 3600
-        spent_here = float(self.ledger.spent - self._spent_at_start)
-        per_row = spent_here / self.counters.rows if self.counters.rows else None
-        money = {
-            "spent": float(self.ledger.spent),
-            "spent_estimated": float(self.ledger.spent_estimated),
-            "reserved": float(self.ledger.reserved),
-            "budget": float(self.ledger.budget),
-            "headroom": float(self.ledger.headroom),
-            "budget_blocked": self._budget_blocked,
-            "burn_usd_per_h": burn_per_h,
-            "projected_total_usd": None
-            if per_row is None
-            else float(self.ledger.spent) + per_row * remaining,
-            **self.breakdown.view(),
-        }
-        return {
-            "state": self.state.value,
-            "outcome": None
-            if self.outcome is None
-            else {"reason": self.outcome.reason.value, "message": self.outcome.message},
-            "elapsed_s": elapsed,
-            "model": self.settings.openrouter.model,
-            "in_flight": len(self._flights),
-            "concurrency": {"configured": self.limit.configured, "effective": self.limit.effective},
-            "rates": {
-                "output_tokens_per_s": self.tokens_rate.rate(now, self._started_mono),
-                "rows_per_s": rows_per_s,
-                "attempts_per_s": self.attempts_rate.rate(now, self._started_mono),
-            },
-            "money": money,
-            "credits": self.credits,
-            "plan": self._current_plan(now),
-            "errors": dict(self.counters.errors),
-            "rows": self.counters.rows,
-            "attempts": self.counters.attempts,
-            "quarantined": self.quarantined,
-            "eta_s": remaining / rows_per_s if rows_per_s > 0 else None,
-            "excluded": sorted(self.excluded),
-            "allowed_precisions": self.routing.quantizations,
-            "datasets": [
-                {
-                    "name": name,
-                    "total": s.total - s.invalid,
-                    "done": s.done,
-                    "ok": s.progress.ok,
-                    "truncated": s.progress.truncated,
-                    "failed": s.failed,
-                    "invalid": s.invalid,
-                    "in_flight": s.in_flight,
-                    "output_tokens": s.progress.output_tokens,
-                    "token_budget": s.token_budget,
-                    "state": s.state,
-                }
-                for name, s in self.datasets.items()
-            ],
-            "providers": providers,
-        }
+        return build_snapshot(self)

@@ -387,7 +387,7 @@ async def test_budget_with_2000_in_flight_never_overshoots_the_bill(
         runner = asyncio.create_task(job.run())
         peak = 0
         while not runner.done():
-            peak = max(peak, len(job._flights))
+            peak = max(peak, job.in_flight)
             assert job.ledger.spent + job.ledger.reserved <= job.ledger.budget
             await asyncio.sleep(0.01)
         outcome = runner.result()
