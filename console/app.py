@@ -38,7 +38,7 @@ from console.screens import (
     exclude_impact,
 )
 from console.source import JobSource
-from console.themes import DEFAULT_THEME, LoadedThemes, load_themes, variable_defaults
+from console.theming import DEFAULT_THEME, LoadedThemes, load_themes, variable_defaults
 from console.widgets.cost import CostPane
 from console.widgets.datasets import DatasetsPane
 from console.widgets.host import HostPane

@@ -2,7 +2,7 @@
 
 The bundled files live in the top-level `themes/` folder of a checkout; an installed wheel carries
 them as `console/themes/` (pyproject maps the one onto the other), so `bundled_theme_dir` looks in
-the package first and then beside it.
+the package first and then beside it. (This module is `theming`, so `console/themes/` stays a data folder.)
 """
 
 from __future__ import annotations
