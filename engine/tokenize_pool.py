@@ -195,6 +195,11 @@ class TokenizePool:
         return self._info
 
     @property
+    def thinking(self) -> bool:
+        """The template's thinking switch the rows are rendered with."""
+        return bool(self.info["template_kwargs"].get("thinking", False))
+
+    @property
     def pending(self) -> int:
         """Rows waiting for a worker or being tokenized; for the job's snapshot."""
         return len(self._pending) + self._rows_in_flight
@@ -238,6 +243,14 @@ class TokenizePool:
             raise TokenizeError("tokenize pool is not running")
         backend = row.get("backend")
         finish = row.get("finish_reason")
+        request = row.get("request")
+        asked = request.get("thinking") if isinstance(request, dict) else None
+        if isinstance(asked, bool) and asked != self.thinking:
+            # The prompt would be rendered for one mode while the model answered in the other.
+            raise TokenizeError(
+                f"{row.get('id', '?')}: the request had thinking={asked} but the tokenizer's template "
+                f"renders thinking={self.thinking}; make tokenizer.thinking match the backend"
+            )
         msgs = [dict(m) for m in messages]
         job: Job
         if backend == "sglang":
@@ -264,7 +277,7 @@ class TokenizePool:
         if backend == "sglang":
             row["reasoning"] = reasoning
             row["content"] = content
-        row["tokenizer"] = self.info
+        row["tokenizer"] = dict(self.info)
         self.rows_filled += 1
         return row
 

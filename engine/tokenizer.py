@@ -317,9 +317,8 @@ class TargetTokenizer:
 
     def decode_batch(self, seqs: Sequence[Sequence[int]]) -> list[str]:
         if self.is_fast and not self._tok.clean_up_tokenization_spaces:
-            return list(
-                self._tok.backend_tokenizer.decode_batch([list(s) for s in seqs], skip_special_tokens=False)
-            )
+            lists = [s if isinstance(s, list) else list(s) for s in seqs]
+            return list(self._tok.backend_tokenizer.decode_batch(lists, skip_special_tokens=False))
         return [self.decode(s) for s in seqs]
 
     # -- prompts (§5.1) ------------------------------------------------------------------------

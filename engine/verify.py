@@ -228,7 +228,8 @@ def journal_spend(attempts_path: Path) -> dict[str, float]:
 def _degenerate(content: str) -> bool:
     """Content made of one repeated character (Kimi's `!!!!` failure)."""
     stripped = content.strip()
-    return len(stripped) > 1 and len(set(stripped)) == 1
+    # str.count runs in C; a set of every character of a long answer does not.
+    return len(stripped) > 1 and stripped.count(stripped[0]) == len(stripped)
 
 
 def _row_thinking(row: dict[str, Any]) -> bool:
@@ -428,6 +429,11 @@ class _Checker:
     ) -> None:
         tok, r = self.tok, self.r
         assert tok is not None
+        if thinking and tok.think_end_id is None:
+            r.add(
+                n, line, "tokenizer_mismatch", f"a thinking row, but the tokenizer has no {THINK_END} token"
+            )
+            return
         eot = tok.end_of_turn_id
         last = output_ids[-1] if output_ids else None
         # §4.5

@@ -388,6 +388,11 @@ async def test_pool_matches_direct_calls(kimi_dir: Path, kimi: TargetTokenizer) 
         assert isinstance(results[0], TokenizeError) and "T-bad" in str(results[0])
         assert isinstance(results[1], dict) and results[1]["output_ids"][-1] == kimi.end_of_turn_id
 
+        # A row generated in the other thinking mode would get a prompt the model never saw.
+        instant = {**good, "id": "T-instant", "request": {"thinking": False}}
+        with pytest.raises(TokenizeError, match="thinking=False"):
+            await pool.fill(instant, USER)
+
         # The loop stays responsive while workers tokenize.
         ticks = 0
 

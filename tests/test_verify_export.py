@@ -450,6 +450,15 @@ def test_export_json_and_several_datasets(
     assert {r["id"][:2] for r in _load(out)} == {"A1", "A2"}
 
 
+def test_thinking_rows_against_a_tokenizer_without_think(clean: Dataset, tmp_path: Path) -> None:
+    folder = build_tokenizer(tmp_path / "chatml", "chatml")
+    tok = TargetTokenizer(TokenizerSpec(folder, template_kwargs={"thinking": False}))
+    report = verify_dataset(clean, tok)
+    # Different tokenizer files: reported once per dataset, ids not checked against it.
+    assert dict(report.violations) == {"tokenizer_mismatch": 1}
+    assert report.decoded == 0
+
+
 def test_chatml_dataset_round_trip(tmp_path: Path) -> None:
     folder = build_tokenizer(tmp_path / "chatml", "chatml")
     tok = TargetTokenizer(TokenizerSpec(folder, template_kwargs={"thinking": False}))

@@ -1,0 +1,224 @@
+"""Tokenizer-stage benchmarks: TokenizePool throughput and ``regen verify`` speed.
+
+    python bench/tokenizer_stage.py                       # pool vs single-process batch encode
+    python bench/tokenizer_stage.py --verify-rows 100000  # also verify a generated dataset of that size
+
+The tokenizer is a Kimi-shaped byte-level BPE trained here (no model can be downloaded); its
+vocabulary is far smaller than Kimi's 163,840, so absolute rates differ from the real one, but the
+pool's overhead relative to the tokenizer's own batch rate is what this measures.
+
+Pool: ``fill`` is called for every row at once from an event loop, as the job does with thousands
+of requests in flight; tokens/s counts prompt and output ids. Reference: the same fast tokenizer,
+in this process, encoding the same texts (rendered prompts and output texts) with one batch call,
+which already uses every core. The pool also renders each chat template (Python Jinja), which the
+reference does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine.tokenize_pool import TokenizePool
+from engine.tokenizer import THINK_END, TargetTokenizer, TokenizerSpec
+from tests.tokenizers_fixture import build_tokenizer, corpus
+
+DEMO = Path(__file__).resolve().parent.parent / "engine" / "demo" / "datasets"
+
+
+def _words() -> list[str]:
+    import json
+
+    words: list[str] = []
+    for path in sorted(DEMO.glob("*/prompts.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            for m in json.loads(line)["messages"]:
+                words.extend(m["content"].split())
+    return words or " ".join(corpus()).split()
+
+
+def _text(rng: random.Random, words: list[str], n_words: int) -> str:
+    out = []
+    for i in range(n_words):
+        out.append(words[rng.randrange(len(words))])
+        if i % 17 == 16:
+            out.append("\n\n" if i % 51 == 50 else "\n")
+    return " ".join(out)
+
+
+def make_cases(n: int, seed: int = 7) -> list[tuple[dict[str, Any], list[dict[str, str]]]]:
+    """Rows shaped like Kimi thinking answers: ~600-word reasoning, ~300-word content."""
+    rng = random.Random(seed)
+    words = _words()
+    cases = []
+    for i in range(n):
+        messages = [{"role": "user", "content": _text(rng, words, rng.randint(20, 200))}]
+        row = {
+            "id": f"BENCH-{i:08d}",
+            "backend": "openrouter",
+            "finish_reason": "stop",
+            "reasoning": _text(rng, words, rng.randint(200, 1000)),
+            "content": _text(rng, words, rng.randint(100, 500)),
+        }
+        cases.append((row, messages))
+    return cases
+
+
+def build(folder: Path, vocab_size: int) -> Path:
+    words = _words()
+    rng = random.Random(1)
+    texts = [_text(rng, words, 200) for _ in range(2000)] + corpus()
+    return build_tokenizer(folder, "kimi", vocab_size=vocab_size, texts=texts)
+
+
+def reference_rate(tok: TargetTokenizer, cases: list[tuple[dict[str, Any], list[dict[str, str]]]]) -> float:
+    texts = []
+    for row, messages in cases:
+        texts.append(tok.render(messages))
+        texts.append(tok.openrouter_text(row["reasoning"], row["content"], row["finish_reason"])[0])
+    t0 = time.perf_counter()
+    enc = tok._tok(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"]
+    elapsed = time.perf_counter() - t0
+    tokens = sum(len(ids) for ids in enc) + len(cases)  # + the appended end-of-turn ids
+    return tokens / elapsed
+
+
+async def pool_rate(
+    spec: TokenizerSpec,
+    cases: list[tuple[dict[str, Any], list[dict[str, str]]]],
+    workers: int,
+    max_batch: int,
+) -> tuple[float, float, int]:
+    async with TokenizePool(spec, workers=workers, max_batch=max_batch) as pool:
+        # Warm up (first calls import code paths in each worker).
+        await asyncio.gather(*(pool.fill(dict(r), m) for r, m in cases[: workers * 8]))
+        batches = pool.batches
+        t0 = time.perf_counter()
+        rows = await asyncio.gather(*(pool.fill(dict(r), m) for r, m in cases))
+        elapsed = time.perf_counter() - t0
+        tokens = sum(r["num_prompt_tokens"] + r["num_output_tokens"] for r in rows)
+        return tokens / elapsed, len(rows) / elapsed, pool.batches - batches
+
+
+def bench_pool(args: argparse.Namespace, folder: Path) -> None:
+    spec = TokenizerSpec(folder, template_kwargs={"thinking": True})
+    tok = TargetTokenizer(spec)
+    cases = make_cases(args.rows)
+    ref = max(reference_rate(tok, cases) for _ in range(3))
+    print(f"cpus {os.cpu_count()}, vocab {len(tok._tok)}, rows {len(cases)}")
+    print(f"reference: fast tokenizer, one process, one batch call: {ref:,.0f} tokens/s")
+    counts = sorted({1, 2, os.cpu_count() or 1, *args.workers})
+    for workers in counts:
+        tps, rps, batches = asyncio.run(pool_rate(spec, cases, workers, args.max_batch))
+        print(
+            f"pool: {workers} worker(s), max_batch {args.max_batch}: {tps:,.0f} tokens/s, {rps:,.0f} rows/s, "
+            f"{batches} batches ({len(cases) / max(1, batches):.0f} rows each), ratio {tps / ref:.2f}"
+        )
+
+
+def bench_verify(args: argparse.Namespace, folder: Path, work: Path) -> None:
+    import orjson
+
+    from engine.datasets import Dataset, canonical_sha256
+    from engine.verify import verify_dataset
+
+    spec = TokenizerSpec(folder, template_kwargs={"thinking": True})
+    tok = TargetTokenizer(spec)
+    n = args.verify_rows
+    ds_dir = work / "V1"
+    ds_dir.mkdir()
+    rng = random.Random(3)
+    words = _words()
+    t0 = time.perf_counter()
+    info = tok.info()
+    with (
+        open(ds_dir / "prompts.jsonl", "wb") as prompts,
+        open(ds_dir / "raw_responses.jsonl", "wb") as results,
+    ):
+        chunk = 2000
+        for start in range(0, n, chunk):
+            batch = []
+            for line in range(start, min(n, start + chunk)):
+                messages = [{"role": "user", "content": _text(rng, words, rng.randint(10, 60))}]
+                reasoning = _text(rng, words, rng.randint(40, 200))
+                content = _text(rng, words, rng.randint(20, 100))
+                batch.append((line, messages, reasoning, content))
+            texts = []
+            for _, messages, reasoning, content in batch:
+                texts.append(tok.render(messages))
+                texts.append(reasoning + THINK_END + content)
+            enc = tok.encode_batch(texts)
+            for k, (line, messages, reasoning, content) in enumerate(batch):
+                prompts.write(orjson.dumps({"messages": messages}) + b"\n")
+                prompt_ids, out = enc[2 * k], [*enc[2 * k + 1], tok.end_of_turn_id]
+                row = {
+                    "schema_version": 1,
+                    "id": f"V1-{line:08d}",
+                    "dataset": "V1",
+                    "line": line,
+                    "prompt_sha256": canonical_sha256(messages),
+                    "status": "ok",
+                    "backend": "openrouter",
+                    "finish_reason": "stop",
+                    "reasoning": reasoning,
+                    "content": content,
+                    "prompt_ids": prompt_ids,
+                    "output_ids": out,
+                    "output_ids_source": "retokenized",
+                    "terminator_appended": True,
+                    "num_prompt_tokens": len(prompt_ids),
+                    "num_output_tokens": len(out),
+                    "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(out)},
+                    "cost": 0.001,
+                    "request": {"thinking": True},
+                    "tokenizer": info,
+                }
+                results.write(orjson.dumps(row) + b"\n")
+    size = (ds_dir / "raw_responses.jsonl").stat().st_size
+    print(f"verify: generated {n:,} rows ({size / 1e6:,.0f} MB) in {time.perf_counter() - t0:.1f}s")
+    ds = Dataset("V1", ds_dir)
+    for label, kwargs in (
+        ("structure only (no tokenizer)", {"tokenizer": None}),
+        ("with tokenizer (decode checks)", {"tokenizer": tok}),
+        ("with tokenizer and --check-prompts", {"tokenizer": tok, "check_prompts": True}),
+    ):
+        t0 = time.perf_counter()
+        report = verify_dataset(ds, **kwargs)  # type: ignore[arg-type]
+        elapsed = time.perf_counter() - t0
+        assert not report.violations, report.examples
+        print(
+            f"verify {label}: {n / elapsed:,.0f} rows/s, "
+            f"{(report.prompt_tokens + report.output_tokens) / elapsed / 1e6:,.1f} M ids/s ({elapsed:.1f}s)"
+        )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=4000, help="rows for the pool benchmark")
+    parser.add_argument("--workers", type=int, nargs="*", default=[], help="extra worker counts to try")
+    parser.add_argument("--max-batch", type=int, default=64)
+    parser.add_argument("--vocab", type=int, default=8000, help="BPE vocabulary size to train")
+    parser.add_argument("--verify-rows", type=int, default=0, help="also benchmark verify on this many rows")
+    parser.add_argument("--skip-pool", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="regen-bench-") as tmp:
+        work = Path(tmp)
+        folder = build(work / "tok", args.vocab)
+        if not args.skip_pool:
+            bench_pool(args, folder)
+        if args.verify_rows:
+            bench_verify(args, folder, work)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
