@@ -61,7 +61,7 @@ class StatusStrip(Static):
     StatusStrip {
         height: 2;
         padding: 0 1;
-        background: $panel;
+        background: $surface;
         color: $foreground;
     }
     """

@@ -1,0 +1,404 @@
+"""Keys drive the job through the source: every test asserts the commands actually sent."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from textual.widgets import Input
+
+from console.app import RegenApp
+from console.options import ConsoleOptions
+from console.screens import BudgetScreen, ConfirmScreen, HelpScreen, ProviderDetailScreen, StopScreen
+from console.source import ScriptedSource
+from console.widgets.log import EventLog
+from console.widgets.providers import ProvidersTable
+from console.widgets.status import StatusStrip
+from tests.console.conftest import cell, make_app, scripted, settle
+
+SIZE = (120, 40)
+
+
+def footer_actions(app: RegenApp) -> set[str]:
+    """Actions the footer offers now (enabled)."""
+    return {b.binding.action for b in app.screen.active_bindings.values() if b.enabled}
+
+
+def log_text(app: RegenApp) -> str:
+    return "\n".join(line.text for line in app.query_one(EventLog).lines)
+
+
+def status_text(app: RegenApp) -> str:
+    return str(app.query_one(StatusStrip).render())
+
+
+async def test_p_pauses_then_resumes_and_the_footer_follows() -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert app.job_state == "RUNNING"
+        assert "pause_job" in footer_actions(app) and "resume_job" not in footer_actions(app)
+        await pilot.press("p")
+        await settle(pilot)
+        assert scripted(app).commands == [("pause", {})]
+        assert app.job_state == "PAUSED"
+        assert "resume_job" in footer_actions(app) and "pause_job" not in footer_actions(app)
+        await pilot.press("p")
+        await settle(pilot)
+        assert scripted(app).commands == [("pause", {}), ("resume", {})]
+        assert app.job_state == "RUNNING"
+        assert "→ pause the job" in log_text(app)
+        assert "✓ resume: resumed" in log_text(app)
+
+
+async def test_space_toggles_the_highlighted_provider() -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("j")
+        assert app.highlighted_slug == "deepinfra"
+        await pilot.press("space")
+        await settle(pilot)
+        assert scripted(app).commands == [("exclude", {"provider": "deepinfra"})]
+        assert cell(app, "deepinfra", "status") == "- EXCL"
+        await pilot.press("space")
+        await settle(pilot)
+        assert scripted(app).commands[-1] == ("include", {"provider": "deepinfra"})
+        assert cell(app, "deepinfra", "status") != "- EXCL"
+
+
+async def test_x_asks_first_with_the_impact_and_cancel_is_the_default() -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("x")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        body = str(app.screen.query_one("#body").render())
+        assert "5 of 6 providers remain" in body and "of traffic moves" in body
+        await pilot.press("enter")  # focus starts on Cancel
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmScreen)
+        await pilot.press("x", "escape")
+        await pilot.pause()
+        assert scripted(app).commands == []
+        await pilot.press("x")
+        await pilot.pause()
+        await pilot.press("y")
+        await settle(pilot)
+        assert scripted(app).commands == [("exclude", {"provider": "chutes"})]
+
+
+async def test_x_on_an_excluded_provider_says_so_and_sends_nothing() -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("space")
+        await settle(pilot)
+        await pilot.press("x")
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmScreen)
+        assert scripted(app).commands == [("exclude", {"provider": "chutes"})]
+        assert any("already excluded" in n.message for n in app._notifications)
+
+
+async def test_b_refuses_a_budget_below_spent() -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        spent = app.latest["money"]["spent"] if app.latest else 0.0
+        assert spent > 0.1
+        await pilot.press("b")
+        await pilot.pause()
+        assert isinstance(app.screen, BudgetScreen)
+        box = app.screen.query_one(Input)
+        box.value = "0.01"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, BudgetScreen)
+        assert "below what is already spent" in str(app.screen.query_one("#budget-error").render())
+        box.value = "75"
+        await pilot.press("enter")
+        await settle(pilot)
+        assert scripted(app).commands == [("budget", {"value": 75.0})]
+        assert app.latest is not None and app.latest["money"]["budget"] == 75.0
+
+
+async def test_plus_and_minus_step_the_concurrency() -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("plus")
+        await settle(pilot)
+        await pilot.press("minus")
+        await settle(pilot)
+        assert scripted(app).commands == [("concurrency", {"value": 220}), ("concurrency", {"value": 198})]
+
+
+async def test_f_freezes_the_display_but_not_the_feed() -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        before = cell(app, "together", "requests")
+        await pilot.press("f")
+        scripted(app).advance(5)
+        await settle(pilot)
+        assert app.frozen and "FROZEN" in status_text(app)
+        assert cell(app, "together", "requests") == before
+        assert app.latest is not None and app.displayed is not app.latest
+        assert "thaw" in footer_actions(app)
+        await pilot.press("f")
+        await pilot.pause()
+        assert not app.frozen
+        assert cell(app, "together", "requests") != before
+        assert scripted(app).commands == []
+
+
+async def test_readonly_refuses_every_steering_key_and_says_so() -> None:
+    app = make_app(readonly=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert "READ-ONLY" in status_text(app)
+        for key in ("p", "space", "x", "b", "plus", "minus"):
+            await pilot.press(key)
+            await pilot.pause()
+        assert not isinstance(app.screen, ConfirmScreen | BudgetScreen)
+        assert scripted(app).commands == []
+        assert any("read-only" in n.message for n in app._notifications)
+        app.action_stop_job()
+        await pilot.pause()
+        assert not isinstance(app.screen, StopScreen)
+        # The view still works.
+        await pilot.press("s", "f")
+        assert app.frozen
+
+
+async def test_filter_sort_and_cursor_keys() -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        table = app.query_one(ProvidersTable)
+        assert table.row_count == 6
+        await pilot.press("slash", "d", "e", "e", "p")
+        await pilot.pause()
+        assert table.row_count == 1 and app.highlighted_slug == "deepinfra"
+        await pilot.press("escape")
+        await pilot.pause()
+        assert table.row_count == 6
+        await pilot.press("s")  # spent, descending
+        await pilot.pause()
+        providers = {p["slug"]: p for p in app.provider_rows()}
+        order = table_order(table)
+        spent = [providers[slug]["spent"] for slug in order]
+        assert spent == sorted(spent, reverse=True)
+        start = order.index(app.highlighted_slug or "")  # the cursor kept its provider through the sort
+        await pilot.press("k", "k", "k", "k", "k", "k", "j", "j", "k")
+        assert app.highlighted_slug == order[1]
+        del start
+
+
+def table_order(table: ProvidersTable) -> list[str]:
+    from textual.coordinate import Coordinate
+
+    return [str(table.coordinate_to_cell_key(Coordinate(i, 0))[0].value) for i in range(table.row_count)]
+
+
+async def test_the_cursor_stays_on_its_provider_when_the_order_changes() -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("s")  # by spent: the order moves as money comes in
+        await pilot.press("j", "j")
+        slug = app.highlighted_slug
+        for _ in range(4):
+            scripted(app).advance(3)
+            await settle(pilot)
+            assert app.highlighted_slug == slug
+
+
+async def test_enter_opens_the_provider_detail() -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("j", "j", "j", "j")  # Parasail: failing
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, ProviderDetailScreen)
+        await pilot.pause()
+        assert "Parasail (parasail)" in str(app.screen.query_one("#detail-title").render())
+        assert "FAIL" in str(app.screen.query_one("#detail-title").render())
+        assert "upstream_5xx" in str(app.screen.query_one("#detail-errors-text").render())
+        scripted(app).advance(2)
+        await settle(pilot)
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, ProviderDetailScreen)
+
+
+async def test_e_exports_the_snapshot_on_screen(tmp_path: Path) -> None:
+    app = make_app(options=ConsoleOptions(export_dir=tmp_path))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("e")
+        await settle(pilot)
+        files = sorted(p.name for p in tmp_path.iterdir())
+        assert len(files) == 3
+        data = json.loads(next(tmp_path.glob("*.json")).read_text())
+        assert data["state"] == "RUNNING" and len(data["providers"]) == 6
+        header = next(tmp_path.glob("*-providers.csv")).read_text().splitlines()[0]
+        assert header.startswith("name,slug,status")
+        assert "exported" in log_text(app) and str(tmp_path) in log_text(app)
+
+
+async def test_t_cycles_the_themes() -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert app.theme == "regen-dark"
+        seen = []
+        for _ in range(3):
+            await pilot.press("t")
+            await pilot.pause()
+            seen.append(app.theme)
+        assert sorted(seen) == ["regen-contrast", "regen-dark", "regen-light"]
+
+
+async def test_help_lists_every_binding_with_its_current_key() -> None:
+    app = make_app(options=ConsoleOptions(keymap={"pause": "P", "freeze": "F"}))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        text = str(app.screen.query_one("#help-text").render())
+        for binding in RegenApp.BINDINGS:
+            assert binding.tooltip.split(" (")[0] in text or binding.id in ("pause", "freeze")  # type: ignore[union-attr]
+        assert "Pause the job, or resume it" in text
+        lines = {line.split()[0]: line for line in text.splitlines() if line.strip()}
+        assert "P" in lines and "Pause the job" in lines["P"]
+        assert "?" in lines and "/" in lines and "+" in lines
+        await pilot.press("escape")
+        await pilot.press("p")  # remapped away: nothing
+        await settle(pilot)
+        assert scripted(app).commands == []
+        await pilot.press("P")
+        await settle(pilot)
+        assert scripted(app).commands == [("pause", {})]
+
+
+async def test_stop_is_typed_and_offers_drain_or_cancel() -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        app.action_stop_job()
+        await pilot.pause()
+        assert isinstance(app.screen, StopScreen)
+        await pilot.press("s", "t", "o", "enter")  # not the word yet
+        await pilot.pause()
+        assert isinstance(app.screen, StopScreen)
+        await pilot.press("p", "enter")
+        await settle(pilot)
+        assert scripted(app).commands == [("stop", {"cancel": False})]
+        assert app.job_state in ("DRAINING", "STOPPED")
+
+
+async def test_stop_from_the_command_palette() -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        await pilot.press(*"stop job")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, StopScreen)
+        await pilot.press(*"stop")
+        await pilot.pause()
+        await pilot.click("#cancel")
+        await settle(pilot)
+        assert scripted(app).commands == [("stop", {"cancel": True})]
+
+
+async def test_a_refused_command_goes_to_the_log_and_a_toast() -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        app.send("budget", "budget → $0.00", value=0.0)
+        await settle(pilot)
+        assert "✗ budget refused: a budget of $0.00 is below" in log_text(app)
+        assert any(n.severity == "error" for n in app._notifications)
+
+
+async def test_the_end_of_the_feed_disables_steering() -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        scripted(app).finish()
+        await pilot.pause()
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert app.ended is not None and "DISCONNECTED" in status_text(app)
+        await pilot.press("p")
+        await pilot.pause()
+        assert scripted(app).commands == []
+
+
+async def test_core_snapshot_fields_only_render_dashes_and_derived_status() -> None:
+    app = make_app(extended=False)
+    async with app.run_test(size=(200, 40)) as pilot:
+        await settle(pilot)
+        assert cell(app, "fireworks", "p99") == "-"
+        assert cell(app, "fireworks", "ttft95") == "-"
+        assert cell(app, "parasail", "status") == "✗ FAIL"
+        assert cell(app, "novita", "status") == "~ SLOW"
+        assert cell(app, "fireworks", "usd_m").startswith("$")  # derived: spent / output tokens
+        assert "-/h" in status_text(app)
+
+
+async def test_narrow_terminal_drops_secondary_columns_and_tiny_shows_a_message() -> None:
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        table = app.query_one(ProvidersTable)
+        assert table.column_keys == [
+            "status",
+            "name",
+            "p50",
+            "ttft",
+            "tps",
+            "requests",
+            "errors",
+            "share",
+            "spent",
+        ]
+        assert app.screen.has_class("-narrow")
+        await pilot.resize_terminal(50, 12)
+        await pilot.pause()
+        assert app.has_class("-too-small")
+        assert "needs at least 60x16" in str(app.query_one("#too-small").render())
+        await pilot.resize_terminal(200, 50)
+        await pilot.pause()
+        assert not app.has_class("-too-small")
+        assert len(table.column_keys) == 14
+
+
+async def test_snapshots_coalesce() -> None:
+    from console.messages import SnapshotArrived
+
+    first, second = SnapshotArrived({"state": "RUNNING"}, 1.0), SnapshotArrived({"state": "PAUSED"}, 2.0)
+    assert second.can_replace(first)
+
+
+async def test_a_source_that_fails_to_connect_is_reported() -> None:
+    class Refusing(ScriptedSource):
+        async def connect(self) -> dict[str, object]:
+            raise ConnectionRefusedError("no job is running on /srv/regen-run")
+
+    app = make_app(source=Refusing())
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert "no job is running" in status_text(app)
+        assert any("no job is running" in n.message for n in app._notifications)

@@ -1,0 +1,194 @@
+"""The console's Textual-free parts: history, formatting, export, options, the scripted source."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from console import format as fmt
+from console.export import export_snapshot
+from console.history import ERROR_LINE_EVERY_S, History, event_line, provider_status
+from console.options import configure_environment
+from console.source import JobSource, ScriptedSource, SimulatedJob
+
+
+def test_console_data_modules_do_not_import_textual() -> None:
+    code = (
+        "import sys, console.source, console.history, console.options, console.export, console.format; "
+        "assert not [m for m in sys.modules if m.split('.')[0] == 'textual']"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_formatting() -> None:
+    assert fmt.clock(3725) == "1:02:05"
+    assert fmt.clock(None) == "-"
+    assert (
+        fmt.short_duration(45) == "45s"
+        and fmt.short_duration(725) == "12m05s"
+        and fmt.short_duration(7300) == "2h01m"
+    )
+    assert fmt.count(1464.4) == "1464" and fmt.count(12_345) == "12.3k" and fmt.count(2_500_000) == "2.50M"
+    assert fmt.money(12.345) == "$12.35" and fmt.money(12_345) == "$12,345"
+    assert fmt.money_short(123.4) == "$123" and fmt.money_short(5.5) == "$5.50"
+    assert fmt.seconds(0.85) == "850ms" and fmt.seconds(1.234) == "1.23s" and fmt.seconds(42.4) == "42s"
+    assert fmt.number(True) is None and fmt.number("1") is None and fmt.number(2) == 2.0
+
+
+def test_provider_status_prefers_the_jobs_word_and_derives_otherwise() -> None:
+    peers = [
+        {"slug": "a", "latency_p50_s": 10.0, "requests": 100, "errors": {}},
+        {"slug": "b", "latency_p50_s": 11.0, "requests": 100, "errors": {}},
+        {"slug": "slow", "latency_p50_s": 40.0, "requests": 100, "errors": {}},
+        {"slug": "bad", "latency_p50_s": 10.0, "requests": 100, "errors": {"timeout": 40}},
+        {"slug": "gone", "excluded": True, "requests": 5, "errors": {}},
+        {"slug": "said", "status": "slow", "requests": 1, "errors": {}},
+    ]
+    assert [provider_status(p, peers) for p in peers] == ["OK", "OK", "SLOW", "FAIL", "EXCL", "SLOW"]
+
+
+def test_history_windows_are_bounded_and_sampled_by_job_time() -> None:
+    history = History(points=5, sample_every_s=1.0)
+    job = SimulatedJob(1)
+    for _ in range(40):
+        job.step(0.5)
+        history.add(job.snapshot(), 0.0)
+    assert len(history.output_tokens_per_s) == 5
+    assert history.snapshots_seen == 40
+    assert history.provider_tokens_per_s("fireworks") is not None
+    snap = job.snapshot()
+    assert history.dataset_eta_s(snap["datasets"][0]) is not None
+
+
+def test_error_lines_are_rate_limited_and_no_event_is_lost() -> None:
+    history = History()
+    for second in range(12):
+        history.add(
+            {
+                "elapsed_s": float(second),
+                "state": "RUNNING",
+                "errors": {"timeout": second},
+                "events": [{"ts": 1.0, "event": "pause", "source": "console"}] if second == 3 else [],
+            },
+            0.0,
+        )
+    lines = history.take_lines()
+    errors = [line for line in lines if line.text.startswith("errors")]
+    assert len(errors) == 1 + (11 - 1) // int(ERROR_LINE_EVERY_S)
+    assert sum(int(part.split()[0][1:]) for line in errors for part in line.text[7:].split(", ")) <= 11
+    assert [line.text for line in lines if line.level == "action"] == ["paused (by console)"]
+    assert history.take_lines() == []
+
+
+def test_state_changes_and_budget_block_become_lines() -> None:
+    history = History()
+    history.add({"elapsed_s": 0.0, "state": "RUNNING"}, 0.0)
+    history.add({"elapsed_s": 1.0, "state": "PAUSED"}, 0.0)
+    history.add(
+        {
+            "elapsed_s": 2.0,
+            "state": "STOPPED",
+            "outcome": {"message": "budget spent"},
+            "money": {"budget_blocked": True, "budget": 5},
+        },
+        0.0,
+    )
+    texts = [line.text for line in history.take_lines()]
+    assert texts == [
+        "job RUNNING → PAUSED",
+        "job PAUSED → STOPPED: budget spent",
+        "budget reached: no new requests (budget $5.00)",
+    ]
+
+
+def test_event_lines_for_known_and_unknown_events() -> None:
+    assert (
+        event_line({"ts": 1, "event": "exclude", "provider": "x", "source": "console"}).text
+        == "excluded x (by console)"
+    )
+    line = event_line({"ts": 1, "event": "crash_recovered", "attempts": 3})
+    assert line.text == "crash recovered attempts=3" and line.level == "info"
+    assert event_line({"event": "fatal", "reason": "credits", "message": "m"}).level == "error"
+
+
+def test_export_writes_json_and_csv(tmp_path: Path) -> None:
+    job = SimulatedJob(2)
+    job.step(1.0)
+    snap = job.snapshot()
+    paths = export_snapshot(snap, tmp_path / "out", 1_750_000_000.0)
+    assert [p.name for p in paths] == [
+        "regen-snapshot-20250615-150640.json",
+        "regen-snapshot-20250615-150640-providers.csv",
+        "regen-snapshot-20250615-150640-datasets.csv",
+    ]
+    assert json.loads(paths[0].read_text())["model"] == "moonshotai/kimi-k2.5"
+    rows = list(csv.DictReader(paths[1].open()))
+    assert len(rows) == 6 and rows[0]["name"] == "Chutes"
+    assert len(list(csv.DictReader(paths[2].open()))) == 3
+
+
+def test_configure_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("TEXTUAL_FPS", "TEXTUAL_COLOR_SYSTEM", "NO_COLOR", "ESCDELAY"):
+        monkeypatch.delenv(name, raising=False)
+    configure_environment(fps=15, color_system="256", escape_delay_ms=25)
+    assert os.environ["TEXTUAL_FPS"] == "15" and os.environ["TEXTUAL_COLOR_SYSTEM"] == "256"
+    assert os.environ["ESCDELAY"] == "25"
+    configure_environment(color_system="none")
+    assert os.environ["NO_COLOR"] == "1"
+    with pytest.raises(ValueError):
+        configure_environment(fps=0)
+    with pytest.raises(ValueError):
+        configure_environment(color_system="16m")
+
+
+async def test_scripted_source_plays_holds_and_applies_commands() -> None:
+    source = ScriptedSource(seed=5, count=3)
+    assert isinstance(source, JobSource)
+    hello = await source.connect()
+    assert hello["protocol"] == 1 and hello["job"]["model"] == "moonshotai/kimi-k2.5"
+    frames = []
+    stream = source.snapshots()
+    for _ in range(3):
+        frames.append(await anext(stream))
+    assert [f["elapsed_s"] for f in frames] == [1.0, 2.0, 3.0]
+    result = await source.command("pause")
+    assert result == {"ok": True, "message": "paused: no new requests; those in flight finish"}
+    paused = await anext(stream)
+    assert paused["state"] == "PAUSED" and [e["event"] for e in paused["events"]] == ["pause"]
+    refused = await source.command("exclude", provider="nobody")
+    assert refused["ok"] is False
+    await anext(stream)
+    source.finish()
+    with pytest.raises(StopAsyncIteration):
+        await anext(stream)
+    assert source.commands == [("pause", {}), ("exclude", {"provider": "nobody"})]
+
+
+async def test_scripted_source_plays_given_frames_and_readonly_refuses() -> None:
+    source = ScriptedSource(
+        [{"state": "RUNNING", "elapsed_s": 1.0}, {"state": "DONE", "elapsed_s": 2.0}], count=2, readonly=True
+    )
+    stream = source.snapshots()
+    assert [(await anext(stream))["state"] for _ in range(2)] == ["RUNNING", "DONE"]
+    assert (await source.command("pause"))["ok"] is False
+    assert source.commands == [("pause", {})]
+
+
+def test_the_simulated_job_is_reproducible_and_refuses_like_the_job() -> None:
+    a, b = SimulatedJob(9), SimulatedJob(9)
+    for _ in range(10):
+        a.step(1.0)
+        b.step(1.0)
+    assert a.snapshot() == b.snapshot()
+    with pytest.raises(ValueError, match="below what is already spent"):
+        a.command("budget", {"value": 0.0})
+    for slug in ("chutes", "deepinfra", "fireworks", "novita", "parasail"):
+        a.command("exclude", {"provider": slug})
+    with pytest.raises(ValueError, match="would leave no provider"):
+        a.command("exclude", {"provider": "together"})
