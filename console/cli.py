@@ -11,6 +11,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from console.data_commands import add_parsers as add_data_parsers
+from console.data_commands import run as run_data_command
 from engine.settings import Settings, SettingsError, load_settings
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
@@ -49,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_console_options(run)
 
-    job = commands.add_parser("job-process", help=argparse.SUPPRESS)
+    job = commands.add_parser("job-process")  # internal: the detached job; no help, so not listed
     _add_settings(job)
     job.add_argument("--datasets", default=None)
     job.add_argument("--skip-invalid", action="store_true")
@@ -67,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_settings(catalog)
     catalog.add_argument("--json", action="store_true", help="machine-readable output")
+
+    add_data_parsers(commands)
 
     demo = commands.add_parser("demo", help="the job on the built-in simulator and a bundled sample dataset")
     _add_settings(demo)
@@ -98,6 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "sim":
             return _sim(args)
+        data_code = run_data_command(args)
+        if data_code is not None:
+            return data_code
         if args.command == "demo":
             from console.demo import run_demo
 

@@ -45,10 +45,12 @@ from engine.openrouter.catalog import (
 from engine.openrouter.client import AttemptResult, OpenRouterClient
 from engine.openrouter.errors import THROTTLE_CLASSES, AttemptError, Disposition, ErrorClass, classify_status
 from engine.recovery import DatasetProgress, JournalState, Unsettled, read_journals, read_rows
-from engine.rows import build_row
+from engine.rows import build_row, requested_thinking
 from engine.settings import Settings
 from engine.snapshot import build_snapshot
 from engine.stats import ProviderStats, RateMeter, StatusRules
+from engine.tokenize_pool import TokenizePool
+from engine.tokenizer import TokenizeError, TokenizerError, TokenizerSpec
 from engine.workqueue import WorkItem, WorkQueue
 
 # After this many 400s in a row with no success at all, the settings are wrong, not the prompts.
@@ -142,6 +144,7 @@ class Job:
         self.plan_cache: dict[str, Any] | None = None
         self.plan_at = float("-inf")
         self._quarantine: JsonlAppender | None = None
+        self._pool: TokenizePool | None = None
         # Recent events for attached consoles: operator actions, state changes and errors.
         self._recent: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
         self._recent_seq = 0
@@ -200,7 +203,8 @@ class Job:
             self._reprice()
             if not self.allowed():
                 raise JobError(self._no_provider_message())
-        except (JobError, CatalogError) as exc:
+            self._pool = await self._start_tokenizer()
+        except (JobError, CatalogError, TokenizerError) as exc:
             await self.client.close()
             self._release_lock()
             raise JobError(str(exc)) from None
@@ -238,6 +242,22 @@ class Job:
             concurrency=self.limit.configured,
             excluded=sorted(self.excluded),
         )
+
+    async def _start_tokenizer(self) -> TokenizePool | None:
+        """Worker processes that turn every row's text into the target model's token ids."""
+        tokenizer = self.settings.tokenizer
+        if tokenizer.path is None:
+            return None
+        thinking = requested_thinking(self.settings.openrouter)
+        if tokenizer.thinking != thinking:
+            raise JobError(
+                f"tokenizer.thinking is {str(tokenizer.thinking).lower()} but requests "
+                f"{'ask for' if thinking else 'do not ask for'} reasoning (openrouter.reasoning): "
+                "the prompt ids would be rendered in the wrong mode"
+            )
+        pool = TokenizePool(TokenizerSpec.from_settings(tokenizer), workers=tokenizer.workers)
+        await pool.start()
+        return pool
 
     async def _check_key(self) -> None:
         """Refuse to start on a key OpenRouter refuses, before any dataset work is sent."""
@@ -725,6 +745,12 @@ class Job:
         # The journal settles the money first, then the row makes the prompt done: a crash in
         # between re-sends the prompt with its first cost already counted, never the reverse.
         await self._attempts.append(record)
+        if self._pool is not None:
+            try:
+                row = await self._pool.fill(row, prompt.request_messages)
+            except TokenizeError as exc:
+                self._fatal(StopReason.FATAL, f"tokenizing failed: {exc}")
+                return
         await self._writers[prompt.dataset].append(row)
         dataset = self.datasets[prompt.dataset]
         dataset.progress.done[prompt.line] = prompt.sha256
@@ -931,6 +957,8 @@ class Job:
             if writer is not None:
                 await writer.close()
         await self.client.close()
+        if self._pool is not None:
+            await self._pool.close()
         self._release_lock()
 
     def _event(self, event: str, **fields: Any) -> None:

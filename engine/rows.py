@@ -16,6 +16,12 @@ SCHEMA_VERSION = 1
 _DEGENERATE = re.compile(r"(.)\1{63,}", re.DOTALL)
 
 
+def requested_thinking(settings: OpenRouterSettings) -> bool:
+    """Whether requests ask the model to reason (and return the reasoning)."""
+    reasoning = settings.reasoning or {}
+    return bool(settings.reasoning) and not reasoning.get("exclude", False) and reasoning.get("effort") != "none"
+
+
 def utc_iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
@@ -82,7 +88,7 @@ def build_row(
         "cost_estimated": cost_estimated,
         "is_byok": result.is_byok,
         "request": {
-            "thinking": bool(settings.reasoning) and not (settings.reasoning or {}).get("exclude", False),
+            "thinking": requested_thinking(settings),
             "max_tokens": settings.max_tokens,
             "temperature": settings.temperature,
             "top_p": settings.top_p,

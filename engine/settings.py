@@ -151,6 +151,8 @@ class TokenizerSettings(_Section):
     """The chat template's thinking switch (Kimi's `thinking` keyword), matching how responses were generated."""
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Further keyword arguments for the chat template."""
+    end_of_turn: str = "<|im_end|>"
+    """The end-of-turn token, by name: appended to output_ids of rows the model finished."""
     workers: int = Field(2, ge=1, le=64)
     """Processes that tokenize rows beside the job's loop."""
 

@@ -143,7 +143,7 @@ class TokenizerSpec:
         settings: TokenizerSettings,
         *,
         path: Path | None = None,
-        end_of_turn: str = DEFAULT_END_OF_TURN,
+        end_of_turn: str | None = None,
     ) -> TokenizerSpec:
         folder = path if path is not None else settings.path
         if folder is None:
@@ -154,7 +154,7 @@ class TokenizerSpec:
             name=settings.name,
             trust_remote_code=settings.trust_remote_code,
             template_kwargs=kwargs,
-            end_of_turn=end_of_turn,
+            end_of_turn=end_of_turn or settings.end_of_turn or DEFAULT_END_OF_TURN,
         )
 
 

@@ -1,0 +1,104 @@
+"""The job with a tokenizer: rows carry token ids, `regen verify` passes, `regen export` loads back."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+import pytest
+
+from engine.job import Job, JobError, StopReason
+from engine.settings import Settings, TokenizerSettings
+from engine.sim.server import OpenRouterSim
+from engine.tokenizer import TargetTokenizer
+from tests.conftest import read_rows, write_dataset
+from tests.test_cli import ENV, regen
+from tests.tokenizers_fixture import build_tokenizer
+
+
+@pytest.fixture(scope="module")
+def kimi_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tokenizer(tmp_path_factory.mktemp("tok") / "kimi", "kimi")
+
+
+async def test_rows_carry_ids_that_verify_and_export(
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings], kimi_folder: Path
+) -> None:
+    sim.config.max_completion_tokens = 90  # max_tokens 64: some rows end truncated
+    a = write_dataset(tmp_path, "A", 40)
+    settings = make_settings(sim.base_url, [a])
+    settings.tokenizer = TokenizerSettings(path=kimi_folder, name="test/kimi-shaped", workers=1)
+    job = Job(settings)
+    await job.prepare()
+    outcome = await job.run()
+    assert outcome.reason is StopReason.DONE
+    rows = read_rows(a)
+    assert len(rows) == 40
+    tokenizer = TargetTokenizer.from_settings(settings.tokenizer)
+    for row in rows:
+        assert row["output_ids_source"] == "retokenized" and row["prompt_ids"] and row["output_ids"]
+        assert row["num_output_tokens"] == len(row["output_ids"])
+        assert row["tokenizer"]["name"] == "test/kimi-shaped"
+        if row["status"] == "ok":
+            assert row["output_ids"][-1] == tokenizer.end_of_turn_id and row["terminator_appended"]
+            assert row["output_ids"].count(tokenizer.think_end_id) == 1
+    settings_path = tmp_path / "settings.toml"
+    settings_path.write_text(f'[tokenizer]\npath = "{kimi_folder}"\n[job]\nrun_dir = "{tmp_path / "run"}"\n')
+    verified = subprocess.run(
+        regen("verify", "--settings", str(settings_path), "--require-ids", "--json", str(a)),
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert verified.returncode == 0, verified.stdout[-2000:] + verified.stderr[-2000:]
+    exported = subprocess.run(
+        regen("export", "--format", "specforge", "--settings", str(settings_path), str(a)),
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert exported.returncode == 0, exported.stderr
+    lines = [orjson.loads(x) for x in (a / "export.specforge.jsonl").read_bytes().splitlines()]
+    ok_rows = {r["id"]: r for r in rows if r["status"] == "ok"}
+    assert len(lines) == len(ok_rows) > 0
+    for line in lines:
+        row = ok_rows[line["id"]]
+        assert line["input_ids"] == row["prompt_ids"] + row["output_ids"]
+        assert line["loss_mask"] == [0] * len(row["prompt_ids"]) + [1] * len(row["output_ids"])
+    # A planted fault is caught by the same command.
+    broken = [json.dumps(r) for r in rows] + [json.dumps(rows[0])]
+    (a / "raw_responses.jsonl").write_text("\n".join(broken) + "\n")
+    caught = subprocess.run(
+        regen("verify", "--settings", str(settings_path), str(a)),
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert caught.returncode == 1 and "duplicate" in caught.stdout + caught.stderr
+
+
+async def test_a_thinking_mismatch_is_refused_at_start(
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings], kimi_folder: Path
+) -> None:
+    a = write_dataset(tmp_path, "A", 2)
+    settings = make_settings(sim.base_url, [a])
+    settings.tokenizer = TokenizerSettings(path=kimi_folder, thinking=False)
+    with pytest.raises(JobError, match=r"tokenizer\.thinking is false but requests ask for reasoning"):
+        await Job(settings).prepare()
+
+
+async def test_a_missing_tokenizer_folder_is_a_clear_error(
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    a = write_dataset(tmp_path, "A", 2)
+    settings = make_settings(sim.base_url, [a])
+    settings.tokenizer = TokenizerSettings(path=tmp_path / "nowhere")
+    with pytest.raises(JobError, match="nowhere"):
+        await Job(settings).prepare()
+    assert not (a / "raw_responses.jsonl").exists()
