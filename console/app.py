@@ -104,7 +104,7 @@ class RegenApp(App[str]):
             "exclude_provider",
             "Exclude",
             id="exclude",
-            tooltip="Exclude the highlighted provider (asks first, shows the impact)",
+            tooltip="Exclude the highlighted provider (asks first)",
         ),
         Binding(
             "plus",
@@ -341,7 +341,9 @@ class RegenApp(App[str]):
         )
 
     def _repaint_status(self) -> None:
-        self.status.show(self.displayed, self._freshness())
+        snap = self.displayed
+        burn = None if snap is None else self.history.burn_usd_per_h(snap)
+        self.status.show(snap, self._freshness(), burn)
 
     def _tick_freshness(self) -> None:
         self._repaint_status()
@@ -356,7 +358,7 @@ class RegenApp(App[str]):
         with self.batch_update():
             self._repaint_status()
             self.providers_pane.show(list(snap.get("providers") or []), self.history)
-            self.query_one(CostPane).show(snap)
+            self.query_one(CostPane).show(snap, self.history.burn_usd_per_h(snap))
             self.query_one(DatasetsPane).show(snap, self.history)
             self.query_one(ThroughputPane).show(self.history)
             self.query_one(HostPane).show(snap)
@@ -622,9 +624,9 @@ class RegenApp(App[str]):
             )
             description = binding.tooltip or binding.description
             if binding.id == "pause":
-                description = "Pause the job, or resume it when paused (the footer shows which)"
+                description = "Pause the job, or resume it when paused"
             elif binding.id == "freeze":
-                description = "Freeze the display, or thaw it (the job keeps running either way)"
+                description = "Freeze or thaw the display (the job runs on)"
             group = HELP_GROUPS.get(binding.id or "", "View")
             if binding.id in ("help", "detach"):
                 group = "Console"

@@ -92,6 +92,7 @@ class History:
         self.latency_p50_s: deque[float] = deque(maxlen=points)
         self.providers: dict[str, ProviderHistory] = {}
         self.datasets: dict[str, _Window] = {}
+        self.spent = _Window()
         self.statuses: dict[str, str] = {}
         self.snapshots_seen = 0
         self._last_sample: float | None = None
@@ -113,6 +114,14 @@ class History:
         """A provider's output tokens per second over the last minute of job time (derived)."""
         history = self.providers.get(slug)
         return None if history is None else history.tokens.rate()
+
+    def burn_usd_per_h(self, snap: dict[str, Any]) -> float | None:
+        """The job's burn rate, else the console's own: spend over the last minute of job time."""
+        given = number((snap.get("money") or {}).get("burn_usd_per_h"))
+        if given is not None:
+            return given
+        rate = self.spent.rate()
+        return None if rate is None else rate * 3600
 
     def dataset_eta_s(self, dataset: dict[str, Any]) -> float | None:
         """Seconds until a dataset is done at its rate over the last minute (None when unknown)."""
@@ -159,6 +168,7 @@ class History:
             history.latency_p50_s.append(number(provider.get("latency_p50_s")) or 0.0)
             given = number(provider.get("output_tokens_per_s"))
             history.output_tokens_per_s.append(given if given is not None else history.tokens.rate() or 0.0)
+        self.spent.add(elapsed, number((snap.get("money") or {}).get("spent")) or 0.0)
         for dataset in snap.get("datasets") or []:
             self.datasets.setdefault(str(dataset.get("name")), _Window()).add(
                 elapsed, number(dataset.get("done")) or 0.0
@@ -169,6 +179,7 @@ class History:
             window.clear()
         self.providers.clear()
         self.datasets.clear()
+        self.spent = _Window()
         self._errors.clear()
         self._error_delta.clear()
         self._last_sample = None

@@ -112,8 +112,8 @@ class ConfirmScreen(ModalScreen[bool]):
             yield Label(self.title_text, classes="title", markup=False)
             yield Static(self.body, markup=False, id="body")
             with Horizontal():
-                yield Button("Cancel [n]", id="no", variant="default")
-                yield Button(f"{self.yes_label} [y]", id="yes", variant="error")
+                yield Button(Content("Cancel [n]"), id="no", variant="default")
+                yield Button(Content(f"{self.yes_label} [y]"), id="yes", variant="error")
 
     def on_mount(self) -> None:
         self.query_one("#no", Button).focus()
@@ -156,8 +156,8 @@ class BudgetScreen(ModalScreen[float | None]):
             )
             yield Label("", classes="error", id="budget-error", markup=False)
             with Horizontal():
-                yield Button("Cancel [esc]", id="cancel")
-                yield Button("Set [enter]", id="set", variant="primary")
+                yield Button(Content("Cancel [esc]"), id="cancel")
+                yield Button(Content("Set [enter]"), id="set", variant="primary")
 
     def on_mount(self) -> None:
         self.query_one(Input).focus()
@@ -212,9 +212,9 @@ class StopScreen(ModalScreen[str | None]):
             )
             yield Input(placeholder=f'type "{self.WORD}"', id="stop-word")
             with Horizontal():
-                yield Button("Back [esc]", id="back")
+                yield Button(Content("Back [esc]"), id="back")
                 yield Button("Cancel in-flight", id="cancel", variant="error", disabled=True)
-                yield Button("Drain [enter]", id="drain", variant="warning", disabled=True)
+                yield Button(Content("Drain [enter]"), id="drain", variant="warning", disabled=True)
 
     def on_mount(self) -> None:
         self.query_one(Input).focus()

@@ -34,9 +34,11 @@ class CostPane(Static):
         self.credits: dict[str, Any] | None = None
         self.budget_warn_fraction = 0.8
 
-    def show(self, snap: dict[str, Any]) -> None:
-        """Repaint from a snapshot."""
+    def show(self, snap: dict[str, Any], burn_usd_per_h: float | None = None) -> None:
+        """Repaint from a snapshot (with the console's burn rate when the job sends none)."""
         self.money = dict(snap.get("money") or {})
+        if burn_usd_per_h is not None:
+            self.money["burn_usd_per_h"] = burn_usd_per_h
         credits = snap.get("credits")
         self.credits = credits if isinstance(credits, dict) else None
         self._paint()

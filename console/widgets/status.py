@@ -23,10 +23,6 @@ STATE_LOOK = {
 }
 
 
-# Narrower than this, the strip abbreviates.
-WIDE_BELOW = 118
-
-
 @dataclass(slots=True)
 class Freshness:
     """How old the numbers on screen are, and why they may not move."""
@@ -72,11 +68,15 @@ class StatusStrip(Static):
         self.hello: dict[str, Any] = {}
         self.budget_warn_fraction = 0.8
         self.freshness = Freshness(None, 5.0)
+        self.burn_usd_per_h: float | None = None
 
-    def show(self, snap: dict[str, Any] | None, freshness: Freshness) -> None:
+    def show(
+        self, snap: dict[str, Any] | None, freshness: Freshness, burn_usd_per_h: float | None = None
+    ) -> None:
         """Repaint from a snapshot (or the last one, for a freshness tick)."""
         if snap is not None:
             self.snapshot = snap
+            self.burn_usd_per_h = burn_usd_per_h
         self.freshness = freshness
         self.update(Content.from_markup(self._markup(freshness)))
 
@@ -98,7 +98,7 @@ class StatusStrip(Static):
         money = snap.get("money") or {}
         done = completion(snap)
         used = budget_used(money)
-        burn = number(money.get("burn_usd_per_h"))
+        burn = self.burn_usd_per_h if self.burn_usd_per_h is not None else number(money.get("burn_usd_per_h"))
         spent, reserved, budget = (number(money.get(k)) for k in ("spent", "reserved", "budget"))
         if money.get("budget_blocked"):
             money_colour, budget_word = "$budget-over", " BUDGET REACHED"
@@ -112,44 +112,55 @@ class StatusStrip(Static):
         if conc.get("configured") not in (None, conc.get("effective")):
             in_flight += f"<{conc.get('configured')}"
         model = escape(str(snap.get("model") or job.get("model") or "?"))
-        narrow = (self.content_size.width or 120) < WIDE_BELOW
-        age = self._age(fresh, short=narrow)
-        if narrow:
-            first = (
-                f"[b {colour}]{glyph} {state}[/] {fmt.clock(number(snap.get('elapsed_s')))} "
-                f"{fmt.percent(done)} ETA {fmt.short_duration(number(snap.get('eta_s')))} │ "
-                f"[{money_colour}]{fmt.money(spent)}+{fmt.money(reserved)}/{fmt.money(budget, cents=False)} "
-                f"{fmt.percent(used)}{budget_word}[/] {fmt.money(burn, cents=False)}/h │ {age}"
+        elapsed, eta = number(snap.get("elapsed_s")), number(snap.get("eta_s"))
+        state_text = f"[b {colour}]{glyph} {state}[/]"
+        tokens, requests = (
+            fmt.rate(number(rates.get("output_tokens_per_s"))),
+            fmt.rate(number(rates.get("attempts_per_s"))),
+        )
+        firsts = [
+            f"{state_text}  {fmt.clock(elapsed)} elapsed  {fmt.percent(done, 1)} done  ETA {fmt.clock(eta)}  │  "
+            f"[{money_colour}]{fmt.money(spent)} spent + {fmt.money(reserved)} reserved of {fmt.money(budget)} "
+            f"({fmt.percent(used)} used){budget_word}[/]  {fmt.money(burn)}/h  │  {self._age(fresh)}",
+            f"{state_text} {fmt.clock(elapsed)}  {fmt.percent(done, 1)} done  ETA {fmt.clock(eta)} │ "
+            f"[{money_colour}]{fmt.money(spent)} + {fmt.money(reserved)} rsv of {fmt.money(budget)} "
+            f"{fmt.percent(used)}{budget_word}[/] {fmt.money(burn)}/h │ {self._age(fresh)}",
+            f"{state_text} {fmt.clock(elapsed)} {fmt.percent(done)} ETA {fmt.short_duration(eta)} │ "
+            f"[{money_colour}]{fmt.money(spent)}+{fmt.money(reserved)}/{fmt.money(budget, cents=False)} "
+            f"{fmt.percent(used)}{budget_word}[/] {fmt.money(burn, cents=False)}/h │ {self._age(fresh, short=True)}",
+        ]
+        where = " · ".join(
+            part
+            for part in (
+                model,
+                f"pid {job['pid']}" if job.get("pid") else "",
+                escape(str(job["run_dir"])) if job.get("run_dir") else "",
             )
-            second = (
-                f"{model.split('/')[-1]} · fly {in_flight} · {fmt.rate(number(rates.get('output_tokens_per_s')))} tok/s "
-                f"{fmt.rate(number(rates.get('attempts_per_s')))} req/s"
-            )
-        else:
-            first = (
-                f"[b {colour}]{glyph} {state}[/]  {fmt.clock(number(snap.get('elapsed_s')))} elapsed  "
-                f"{fmt.percent(done, 1)} done  ETA {fmt.clock(number(snap.get('eta_s')))}  │  "
-                f"[{money_colour}]{fmt.money(spent)} spent + {fmt.money(reserved)} reserved of {fmt.money(budget)} "
-                f"({fmt.percent(used)} used){budget_word}[/]  {fmt.money(burn)}/h  │  {age}"
-            )
-            where = " · ".join(
-                part
-                for part in (
-                    model,
-                    f"pid {job['pid']}" if job.get("pid") else "",
-                    escape(str(job["run_dir"])) if job.get("run_dir") else "",
-                )
-                if part
-            )
-            second = (
-                f"{where} · in flight {in_flight} · {fmt.rate(number(rates.get('output_tokens_per_s')))} tok/s · "
-                f"{fmt.rate(number(rates.get('attempts_per_s')))} req/s · {fmt.count(number(snap.get('rows')))} rows"
-            )
+            if part
+        )
         outcome = snap.get("outcome") or {}
-        if state in ("STOPPED", "DONE") and outcome.get("message"):
-            second += f" · {escape(str(outcome['message']))}"
+        ended = (
+            f" · {escape(str(outcome['message']))}"
+            if state in ("STOPPED", "DONE") and outcome.get("message")
+            else ""
+        )
         flags = self._flags(fresh)
-        return f"{first}\n{second}{'  ' + flags if flags else ''}"
+        lead = f"{flags} " if flags else ""
+        seconds = [
+            f"{lead}{where} · in flight {in_flight} · {tokens} tok/s · {requests} req/s · "
+            f"{fmt.count(number(snap.get('rows')))} rows{ended}",
+            f"{lead}{model} · in flight {in_flight} · {tokens} tok/s · {requests} req/s{ended}",
+            f"{lead}{model.split('/')[-1]} · fly {in_flight} · {tokens} tok/s {requests} req/s{ended}",
+        ]
+        return f"{self._fit(firsts)}\n{self._fit(seconds)}"
+
+    def _fit(self, candidates: list[str]) -> str:
+        """The first candidate that fits the strip's width (else the last, which is the shortest)."""
+        width = self.content_size.width or 200
+        for candidate in candidates:
+            if Content.from_markup(candidate).cell_length <= width:
+                return candidate
+        return candidates[-1]
 
     @staticmethod
     def _flags(fresh: Freshness) -> str:

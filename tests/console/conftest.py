@@ -19,6 +19,13 @@ FROZEN_NOW = SIM_EPOCH + 100.0
 
 
 @pytest.fixture(autouse=True)
+def plain_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The caller's colour and frame-rate settings do not reach the tests."""
+    for name in ("NO_COLOR", "TEXTUAL_COLOR_SYSTEM", "TEXTUAL_FPS", "TEXTUAL_THEME", "TEXTUAL_ANIMATIONS"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(autouse=True)
 def utc() -> Iterator[None]:
     """Wall-clock times print the same everywhere."""
     before = os.environ.get("TZ")

@@ -134,8 +134,7 @@ def test_export_writes_json_and_csv(tmp_path: Path) -> None:
 
 
 def test_configure_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("TEXTUAL_FPS", "TEXTUAL_COLOR_SYSTEM", "NO_COLOR", "ESCDELAY"):
-        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # nothing leaks into later tests
     configure_environment(fps=15, color_system="256", escape_delay_ms=25)
     assert os.environ["TEXTUAL_FPS"] == "15" and os.environ["TEXTUAL_COLOR_SYSTEM"] == "256"
     assert os.environ["ESCDELAY"] == "25"

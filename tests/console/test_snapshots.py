@@ -1,0 +1,185 @@
+"""Screenshots of the console and of each pane on a seeded scripted job, frozen clock, no animation.
+
+Update after an intended change with `pytest tests/console --snapshot-update`, then look at the
+SVGs under `__snapshots__/` before committing them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from textual.app import App, ComposeResult
+from textual.pilot import Pilot
+from textual.widget import Widget
+from textual.widgets import Input
+
+from console.history import History
+from console.options import ConsoleOptions
+from console.source import SimulatedJob
+from console.theming import load_themes, variable_defaults
+from console.widgets.cost import CostPane
+from console.widgets.datasets import DatasetsPane
+from console.widgets.host import HostPane
+from console.widgets.log import EventLog
+from console.widgets.providers import ProvidersPane
+from console.widgets.throughput import ThroughputPane
+from tests.console.conftest import FROZEN_NOW, make_app, settle
+
+SnapCompare = Callable[..., bool]
+
+
+async def settled(pilot: Pilot[Any]) -> None:
+    await settle(pilot)
+
+
+def test_console_wide(snap_compare: SnapCompare) -> None:
+    assert snap_compare(make_app(), terminal_size=(140, 42), run_before=settled)
+
+
+def test_console_80x24(snap_compare: SnapCompare) -> None:
+    assert snap_compare(make_app(), terminal_size=(80, 24), run_before=settled)
+
+
+def test_console_narrow_and_tall(snap_compare: SnapCompare) -> None:
+    assert snap_compare(make_app(), terminal_size=(100, 44), run_before=settled)
+
+
+def test_console_too_small(snap_compare: SnapCompare) -> None:
+    assert snap_compare(make_app(), terminal_size=(50, 12), run_before=settled)
+
+
+def test_console_light_theme(snap_compare: SnapCompare) -> None:
+    app = make_app(options=ConsoleOptions(theme="regen-light"))
+    assert snap_compare(app, terminal_size=(120, 36), run_before=settled)
+
+
+def test_console_high_contrast_with_core_fields_only(snap_compare: SnapCompare) -> None:
+    app = make_app(options=ConsoleOptions(theme="regen-contrast"), extended=False)
+    assert snap_compare(app, terminal_size=(120, 36), run_before=settled)
+
+
+def test_console_no_color(snap_compare: SnapCompare, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under NO_COLOR every state still reads: words and glyphs, never colour alone."""
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert snap_compare(make_app(), terminal_size=(100, 30), run_before=settled)
+
+
+def test_console_readonly_and_frozen(snap_compare: SnapCompare) -> None:
+    app = make_app(readonly=True)
+    assert snap_compare(app, terminal_size=(120, 36), run_before=settled, press=["f"])
+
+
+def test_exclude_confirmation(snap_compare: SnapCompare) -> None:
+    assert snap_compare(make_app(), terminal_size=(100, 30), run_before=settled, press=["j", "x"])
+
+
+def test_budget_refusal(snap_compare: SnapCompare) -> None:
+    async def run_before(pilot: Pilot[Any]) -> None:
+        await settle(pilot)
+        await pilot.press("b")
+        await pilot.pause()
+        box = pilot.app.screen.query_one(Input)
+        box.cursor_blink = False
+        box.value = "0.05"
+        await pilot.press("enter")
+
+    assert snap_compare(make_app(), terminal_size=(100, 30), run_before=run_before)
+
+
+def test_help_screen(snap_compare: SnapCompare) -> None:
+    assert snap_compare(make_app(), terminal_size=(100, 44), run_before=settled, press=["question_mark"])
+
+
+def test_provider_detail(snap_compare: SnapCompare) -> None:
+    async def run_before(pilot: Pilot[Any]) -> None:
+        await settle(pilot)
+        await pilot.press("j", "j", "j", "j", "enter")
+        await pilot.pause()
+        await pilot.pause()
+
+    assert snap_compare(make_app(), terminal_size=(120, 40), run_before=run_before)
+
+
+# ---------------------------------------------------------------------------------- each pane
+
+
+class PaneApp(App[None]):
+    """One pane alone, fed the 20th frame of the seeded job (and the history up to it)."""
+
+    CSS = """
+    Screen { background: $background; }
+    #pane { border: round $border; height: 1fr; }
+    """
+
+    def __init__(self, pane: Widget, feed: Callable[[Widget, dict[str, Any], History], None]) -> None:
+        super().__init__()
+        self.pane = pane
+        self.feed = feed
+        for theme in load_themes().themes:
+            self.register_theme(theme)
+
+    def get_theme_variable_defaults(self) -> dict[str, str]:
+        return variable_defaults(self.current_theme)
+
+    def compose(self) -> ComposeResult:
+        yield self.pane
+
+    def on_mount(self) -> None:
+        self.animation_level = "none"
+        self.theme = "regen-dark"
+        job, history = SimulatedJob(3), History()
+        for _ in range(20):
+            job.step(1.0)
+            history.add(job.snapshot(), FROZEN_NOW)
+        self.call_after_refresh(self.feed, self.pane, job.snapshot(), history)
+
+
+def _providers(pane: Widget, snap: dict[str, Any], history: History) -> None:
+    assert isinstance(pane, ProvidersPane)
+    pane.show(snap["providers"], history)
+
+
+def _cost(pane: Widget, snap: dict[str, Any], history: History) -> None:
+    assert isinstance(pane, CostPane)
+    pane.show(snap)
+
+
+def _datasets(pane: Widget, snap: dict[str, Any], history: History) -> None:
+    assert isinstance(pane, DatasetsPane)
+    pane.show(snap, history)
+
+
+def _throughput(pane: Widget, snap: dict[str, Any], history: History) -> None:
+    assert isinstance(pane, ThroughputPane)
+    pane.show(history)
+
+
+def _log(pane: Widget, snap: dict[str, Any], history: History) -> None:
+    assert isinstance(pane, EventLog)
+    pane.add(history.take_lines())
+
+
+def _host(pane: Widget, snap: dict[str, Any], history: History) -> None:
+    assert isinstance(pane, HostPane)
+    pane.show(snap)
+
+
+PANES: dict[
+    str, tuple[Callable[[], Widget], Callable[[Widget, dict[str, Any], History], None], tuple[int, int]]
+] = {
+    "providers": (lambda: ProvidersPane(id="pane"), _providers, (110, 10)),
+    "cost": (lambda: CostPane(id="pane"), _cost, (44, 12)),
+    "cost-compact": (lambda: CostPane(id="pane"), _cost, (38, 7)),
+    "datasets": (lambda: DatasetsPane(id="pane"), _datasets, (100, 5)),
+    "throughput": (lambda: ThroughputPane(id="pane"), _throughput, (44, 14)),
+    "log": (lambda: EventLog(id="pane"), _log, (80, 10)),
+    "host": (lambda: HostPane(id="pane"), _host, (44, 3)),
+}
+
+
+@pytest.mark.parametrize("name", list(PANES))
+def test_pane(name: str, snap_compare: SnapCompare) -> None:
+    factory, feed, size = PANES[name]
+    assert snap_compare(PaneApp(factory(), feed), terminal_size=size)
