@@ -19,6 +19,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.reactive import reactive
 from textual.theme import Theme
+from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Input, Static
 from textual.worker import Worker, WorkerState
 
@@ -182,6 +183,8 @@ class RegenApp(App[str]):
         for theme in self.loaded_themes.themes:
             self.register_theme(theme)
         self._told_not_steer = 0.0
+        self._last_repaint = float("-inf")
+        self._repaint_timer: Timer | None = None
 
     # ------------------------------------------------------------------------------- layout
 
@@ -297,6 +300,21 @@ class RegenApp(App[str]):
         if self.frozen:
             self._repaint_status()
             return
+        self._repaint_soon()
+
+    def _repaint_soon(self) -> None:
+        """Repaint now, or once the repaint interval has passed: snapshots may come faster than eyes need."""
+        wait = self._last_repaint + self.options.repaint_interval_s - time.monotonic()
+        if wait <= 0:
+            self._show_latest()
+        elif self._repaint_timer is None:
+            self._repaint_timer = self.set_timer(wait, self._show_latest, name="repaint")
+
+    def _show_latest(self) -> None:
+        self._repaint_timer = None
+        if self.frozen or self.latest is None:
+            return
+        self._last_repaint = time.monotonic()
         self.displayed, self.displayed_at = self.latest, self.latest_at
         self._repaint()
 

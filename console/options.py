@@ -25,6 +25,8 @@ class ConsoleOptions:
     """Where `e` writes snapshot files; None means the job's run folder, else the current folder."""
     stale_after_s: float = 5.0
     """Data older than this shows its age in the warning colour."""
+    repaint_interval_s: float = 0.5
+    """Panes repaint at most this often (the newest snapshot wins); 0 repaints on every snapshot."""
     log_max_lines: int = 2000
     """The log pane keeps at most this many lines."""
     history_points: int = 300

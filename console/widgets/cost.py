@@ -33,6 +33,7 @@ class CostPane(Static):
         self.money: dict[str, Any] = {}
         self.credits: dict[str, Any] | None = None
         self.budget_warn_fraction = 0.8
+        self._line_count = 0
 
     def show(self, snap: dict[str, Any], burn_usd_per_h: float | None = None) -> None:
         """Repaint from a snapshot (with the console's burn rate when the job sends none)."""
@@ -49,8 +50,12 @@ class CostPane(Static):
     def _paint(self) -> None:
         if not self.money:
             self.update("waiting for data")
+            self._line_count = 1
             return
-        self.update(Content.from_markup("\n".join(self._lines())))
+        lines = self._lines()
+        # A layout pass only when the height (line count) changes, not on every tick.
+        self.update(Content.from_markup("\n".join(lines)), layout=len(lines) != self._line_count)
+        self._line_count = len(lines)
 
     def _lines(self) -> list[str]:
         money = self.money

@@ -36,6 +36,7 @@ class DatasetsPane(Static):
         self.border_title = "Datasets"
         self.datasets: list[dict[str, Any]] = []
         self.etas: dict[str, float | None] = {}
+        self._line_count = 0
 
     def show(self, snap: dict[str, Any], history: History | None) -> None:
         """Repaint from a snapshot; ETAs come from the console's own rate window."""
@@ -51,6 +52,7 @@ class DatasetsPane(Static):
     def _paint(self) -> None:
         if not self.datasets:
             self.update("no datasets yet")
+            self._line_count = 1
             return
         width = self.content_size.width or 60
         name_width = min(14, max(len(str(d.get("name"))) for d in self.datasets))
@@ -80,4 +82,6 @@ class DatasetsPane(Static):
             plain_tail = Content.from_markup(tail).cell_length
             bar_width = max(4, width - name_width - plain_tail - 3)
             lines.append(f"{escape(name[:name_width]):<{name_width}} {bar(fraction, bar_width)} {tail}")
-        self.update(Content.from_markup("\n".join(lines)))
+        # A layout pass only when the height (line count) changes, not on every tick.
+        self.update(Content.from_markup("\n".join(lines)), layout=len(lines) != self._line_count)
+        self._line_count = len(lines)

@@ -78,7 +78,8 @@ class StatusStrip(Static):
             self.snapshot = snap
             self.burn_usd_per_h = burn_usd_per_h
         self.freshness = freshness
-        self.update(Content.from_markup(self._markup(freshness)))
+        # Two lines, full width: the size never changes, so no layout pass.
+        self.update(Content.from_markup(self._markup(freshness)), layout=False)
 
     def on_resize(self, event: events.Resize) -> None:
         self.show(None, self.freshness)

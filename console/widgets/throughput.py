@@ -63,5 +63,6 @@ class ThroughputPane(Vertical):
             window = windows[key]
             now = window[-1] if window else None
             peak = max(window) if window else None
-            self.query_one(f"#{key}-label", Label).update(f"{title} {render(now)} (peak {render(peak)})")
+            label = self.query_one(f"#{key}-label", Label)
+            label.update(f"{title} {render(now)} (peak {render(peak)})", layout=False)
             self.query_one(f"#{key}-spark", Sparkline).data = list(window)

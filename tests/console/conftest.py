@@ -46,7 +46,9 @@ def make_app(
     source = source or ScriptedSource(
         seed=source_args.pop("seed", 3), count=source_args.pop("count", 20), **source_args
     )
-    app = RegenApp(source, options or ConsoleOptions(), clock=lambda: FROZEN_NOW)
+    options = options or ConsoleOptions()
+    options.repaint_interval_s = 0.0  # every snapshot repaints: tests wait on messages, not timers
+    app = RegenApp(source, options, clock=lambda: FROZEN_NOW)
     app.animation_level = "none"
     return app
 

@@ -403,3 +403,18 @@ async def test_a_source_that_fails_to_connect_is_reported() -> None:
         await pilot.pause()
         assert "no job is running" in status_text(app)
         assert any("no job is running" in n.message for n in app._notifications)
+
+
+async def test_repaints_are_throttled_and_the_newest_snapshot_wins() -> None:
+    app = make_app(count=1)
+    app.options.repaint_interval_s = 60.0  # after make_app, which sets 0 for the other tests
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        first = app.displayed
+        assert first is not None and first is app.latest
+        scripted(app).advance(3)
+        await settle(pilot)
+        assert app.displayed is first and app.latest is not first
+        assert app._repaint_timer is not None
+        app._show_latest()  # what the timer does when the interval has passed
+        assert app.displayed is app.latest
