@@ -81,8 +81,8 @@ class RegenApp(App[str]):
     TITLE = "regen"
     CSS_PATH = "app.tcss"
     COMMANDS: ClassVar[set[Any]] = {*App.COMMANDS, RegenCommands}
-    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (WIDE_AT, "-wide")]
-    VERTICAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-short"), (TALL_AT, "-tall")]
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (WIDE_AT, "-wide")]  # noqa: RUF012 (declared as an instance variable in App)
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (TALL_AT, "-tall")]  # noqa: RUF012
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding(
             "p",
@@ -209,8 +209,7 @@ class RegenApp(App[str]):
         self.status.budget_warn_fraction = self.options.budget_warn_fraction
         self.query_one(CostPane).budget_warn_fraction = self.options.budget_warn_fraction
         self._apply_theme_choice()
-        if self.options.keymap:
-            self.set_keymap(self.options.keymap)
+        self._apply_keymap()
         self.theme_changed_signal.subscribe(self, self._theme_changed)
         self._fit(self.size.width, self.size.height)
         self.query_one(ProvidersTable).focus()
@@ -228,6 +227,49 @@ class RegenApp(App[str]):
             self.theme = DEFAULT_THEME if DEFAULT_THEME in self.available_themes else "textual-dark"
         if problems:
             self.notify("\n".join(problems), title="Themes", severity="warning", timeout=10)
+
+    def _apply_keymap(self) -> None:
+        """Remap keys by binding id; unknown ids are reported, not fatal."""
+        known = {b.id for b in self.all_bindings() if b.id}
+        unknown = sorted(set(self.options.keymap) - known)
+        if unknown:
+            self.notify(
+                f"unknown binding id {', '.join(map(repr, unknown))}; known: {', '.join(sorted(known))}",
+                title="Keymap",
+                severity="warning",
+                timeout=10,
+            )
+        keymap = self._normalize_keymap(
+            {name: keys for name, keys in self.options.keymap.items() if name in known}
+        )
+        # Textual drops a default binding whose key the keymap gives to another action; say so.
+        taken: dict[str, list[str]] = {}
+        for binding in self.all_bindings():
+            if binding.id not in keymap:
+                for key in self._normalize_keymap({"_": binding.key})["_"].split(","):
+                    taken.setdefault(key, []).append(binding.id or binding.action)
+        displaced = sorted(
+            {
+                f"{key} ({', '.join(dict.fromkeys(taken[key]))})"
+                for keys in keymap.values()
+                for key in keys.split(",")
+                if key in taken
+            }
+        )
+        if displaced:
+            self.notify(
+                f"the keymap reuses {'; '.join(displaced)}, which lose their key; remap them too",
+                title="Keymap",
+                severity="warning",
+                timeout=10,
+            )
+        if keymap:
+            self.set_keymap(keymap)
+
+    @classmethod
+    def all_bindings(cls) -> list[Binding]:
+        """The console's own bindings (app and providers table)."""
+        return [b for b in [*cls.BINDINGS, *ProvidersTable.BINDINGS] if isinstance(b, Binding)]
 
     def _theme_changed(self, theme: Theme) -> None:
         self.query_one(ProvidersTable).restyle()
@@ -622,11 +664,7 @@ class RegenApp(App[str]):
         keymap = self.options.keymap
         entries: list[HelpEntry] = []
         seen: set[str] = set()
-        bindings = [
-            *[b for b in self.BINDINGS if isinstance(b, Binding)],
-            *[b for b in ProvidersTable.BINDINGS if isinstance(b, Binding)],
-        ]
-        for binding in bindings:
+        for binding in self.all_bindings():
             key_id = binding.id or binding.action
             if key_id in seen:
                 continue

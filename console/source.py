@@ -190,15 +190,15 @@ class SimulatedJob:
             self.event("concurrency", value=value, requested=args["value"], source="console")
             return f"concurrency {value}"
         if name == "budget":
-            value = float(args["value"])
-            if value < self.spent:
+            dollars = float(args["value"])
+            if dollars < self.spent:
                 raise ValueError(
-                    f"a budget of ${value:.2f} is below what is already spent (${self.spent:.2f})"
+                    f"a budget of ${dollars:.2f} is below what is already spent (${self.spent:.2f})"
                 )
-            self.budget = value
+            self.budget = dollars
             self.budget_blocked = False
-            self.event("budget", value=f"{value:.2f}", source="console")
-            return f"budget ${value:.2f}"
+            self.event("budget", value=f"{dollars:.2f}", source="console")
+            return f"budget ${dollars:.2f}"
         if name == "stop":
             cancel = bool(args.get("cancel"))
             self.state = "DRAINING"

@@ -60,7 +60,7 @@ class DatasetsPane(Static):
         for dataset in self.datasets:
             name = str(dataset.get("name"))
             total, done = number(dataset.get("total")), number(dataset.get("done"))
-            fraction = done / total if total else None
+            fraction = done / total if total and done is not None else None
             tokens, budget = number(dataset.get("output_tokens")), number(dataset.get("token_budget"))
             state = str(dataset.get("state") or "-")
             failed = number(dataset.get("failed")) or 0.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from textual.binding import Binding
 from textual.widgets import Input
 
 from console.app import RegenApp
@@ -272,7 +273,8 @@ async def test_help_lists_every_binding_with_its_current_key() -> None:
         assert isinstance(app.screen, HelpScreen)
         text = str(app.screen.query_one("#help-text").render())
         for binding in RegenApp.BINDINGS:
-            assert binding.tooltip.split(" (")[0] in text or binding.id in ("pause", "freeze")  # type: ignore[union-attr]
+            assert isinstance(binding, Binding) and binding.tooltip
+            assert binding.tooltip.split(" (")[0] in text or binding.id in ("pause", "freeze")
         assert "Pause the job, or resume it" in text
         lines = {line.split()[0]: line for line in text.splitlines() if line.strip()}
         assert "P" in lines and "Pause the job" in lines["P"]
@@ -418,3 +420,40 @@ async def test_repaints_are_throttled_and_the_newest_snapshot_wins() -> None:
         assert app._repaint_timer is not None
         app._show_latest()  # what the timer does when the interval has passed
         assert app.displayed is app.latest
+
+
+async def test_keymap_problems_are_reported_not_fatal() -> None:
+    app = make_app(options=ConsoleOptions(keymap={"no-such-action": "z", "freeze": "p"}))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("p")
+        await settle(pilot)
+        messages = [n.message for n in app._notifications if n.title == "Keymap"]
+        assert any("unknown binding id 'no-such-action'" in m for m in messages)
+        assert any("reuses p (pause)" in m for m in messages)
+
+
+async def test_the_log_tails_until_scrolled_back_and_counts_what_is_new() -> None:
+    from console.history import LogLine
+
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        log = app.query_one(EventLog)
+        log.add(LogLine(0.0, "info", f"line {i}") for i in range(60))
+        await pilot.pause()
+        assert log.is_vertical_scroll_end and log.following
+        log.scroll_home(animate=False)
+        await pilot.pause()
+        assert not log.following
+        log.add([LogLine(0.0, "warning", "late 1"), LogLine(0.0, "error", "late 2")])
+        await pilot.pause()
+        assert log.scroll_y == 0 and log.border_subtitle.startswith("2 new below")
+        log.scroll_end(animate=False)
+        await pilot.pause()
+        assert log.following and not log.border_subtitle
+        small = EventLog(max_lines=10)
+        await app.screen.mount(small)
+        small.add(LogLine(0.0, "info", str(i)) for i in range(25))
+        await pilot.pause()
+        assert len(small.lines) == 10
