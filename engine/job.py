@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import gc
 import os
 import random
 import time
@@ -179,8 +180,13 @@ class Job:
         self._journal = await asyncio.to_thread(
             read_journals, self.run_dir / "attempts.jsonl", self.run_dir / "events.jsonl"
         )
+        crashed_lines: dict[str, set[int]] = {}
+        for crashed in self._journal.crashed:
+            crashed_lines.setdefault(crashed.dataset, set()).add(crashed.line)
         for dataset in found:
-            progress = await asyncio.to_thread(read_rows, dataset.results_path)
+            progress = await asyncio.to_thread(
+                read_rows, dataset.results_path, crashed_lines.get(dataset.name, set())
+            )
             report = reports[dataset.name]
             await asyncio.to_thread(self._check_rows_match, dataset, progress)
             chars = report.content_chars
@@ -331,26 +337,39 @@ class Job:
             )
 
     def _settle_crashed(self) -> None:
-        """Attempts in flight at a crash: charge their worst case now, look up their real cost later."""
+        """Attempts in flight at a crash: settled by their row when it was written, else charged at
+        their worst case now and looked up in /generation later."""
         assert self._journal is not None and self._attempts is not None
         for crashed in self._journal.crashed:
-            self.ledger.charge(crashed.estimate, estimated=True)
-            self.breakdown.add("lost_at_crash", crashed.estimate)
+            state = self.datasets.get(crashed.dataset)
+            row = state.progress.settling.get(crashed.line) if state is not None else None
+            if row is not None and crashed.generation_id in (None, row["gen"]) and row["cost"] is not None:
+                cost, estimated, outcome = to_dollars(row["cost"]), row["est"], str(row["status"])
+                tokens = row["ctok"] if isinstance(row["ctok"], int) else 0
+                generation_id = row["gen"]
+            else:
+                cost, estimated, outcome, tokens = crashed.estimate, True, "lost_at_crash", 0
+                generation_id = crashed.generation_id
+            self.ledger.charge(cost, estimated=estimated)
+            self.breakdown.add(outcome, cost, tokens)
             self._attempts.append(
                 {
                     "k": "end",
                     "rid": crashed.rid,
                     "ds": crashed.dataset,
                     "line": crashed.line,
-                    "gen": crashed.generation_id,
-                    "outcome": "lost_at_crash",
-                    "cost": str(crashed.estimate),
-                    "est": True,
+                    "gen": generation_id,
+                    "outcome": outcome,
+                    "cost": str(cost),
+                    "est": estimated,
+                    "ctok": tokens,
                     "ts": time.time(),
                 }
             )
-            if crashed.generation_id:
-                self._reconcile_later(crashed)
+            if estimated and generation_id:
+                self._reconcile_later(
+                    Unsettled(crashed.rid, crashed.dataset, crashed.line, generation_id, cost, outcome)
+                )
         if self._journal.crashed:
             self._event("crash_recovered", attempts=len(self._journal.crashed))
         for pending in self._journal.to_reconcile:
@@ -467,6 +486,8 @@ class Job:
         assert self._queue is not None
         if self.state is JobState.STARTING:
             self.state = JobState.RUNNING
+        # Everything prepare() built lives for the whole run: keep the collector from rescanning it.
+        gc.freeze()
         watcher = asyncio.get_running_loop().create_task(self._watch_credits())
         self._background.add(watcher)
         try:
@@ -742,16 +763,17 @@ class Job:
             await self._attempts.append(record)
             await self._quarantine_row(item, row, violation, result.provider)
             return
-        # The journal settles the money first, then the row makes the prompt done: a crash in
-        # between re-sends the prompt with its first cost already counted, never the reverse.
-        await self._attempts.append(record)
         if self._pool is not None:
             try:
                 row = await self._pool.fill(row, prompt.request_messages)
             except TokenizeError as exc:
+                await self._attempts.append(record)
                 self._fatal(StopReason.FATAL, f"tokenizing failed: {exc}")
                 return
-        await self._writers[prompt.dataset].append(row)
+        # End record and row go to disk together (two files, two group commits): a crash that keeps
+        # only the row is settled from the row at the next start, one that keeps only the end record
+        # re-sends the prompt with its first cost already counted. Either way no money is lost.
+        await asyncio.gather(self._attempts.append(record), self._writers[prompt.dataset].append(row))
         dataset = self.datasets[prompt.dataset]
         dataset.progress.done[prompt.line] = prompt.sha256
         dataset.progress.output_tokens += tokens

@@ -13,6 +13,7 @@ next start, and reconciled through /generation when its generation id is known.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -32,6 +33,8 @@ class DatasetProgress:
     output_tokens: int = 0
     duplicates: int = 0
     torn_bytes: int = 0
+    # Rows of lines whose attempt the journal left unsettled: they settle it exactly.
+    settling: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -62,8 +65,13 @@ class JournalState:
     torn_bytes: int = 0
 
 
-def read_rows(results_path: Path, output_tokens_of: Any = None) -> DatasetProgress:
-    """Rows of one raw_responses.jsonl, repairing a torn last line first."""
+def read_rows(results_path: Path, unsettled_lines: Collection[int] = ()) -> DatasetProgress:
+    """Rows of one raw_responses.jsonl, repairing a torn last line first.
+
+    For lines in `unsettled_lines` (an attempt started, no end record) the row's generation id,
+    cost and tokens are kept: the row and the end record are written concurrently, so a crash can
+    leave the row without its end record, and the row then settles the attempt.
+    """
     progress = DatasetProgress(torn_bytes=repair_torn_tail(results_path))
     if not results_path.exists():
         return progress
@@ -75,6 +83,15 @@ def read_rows(results_path: Path, output_tokens_of: Any = None) -> DatasetProgre
             progress.duplicates += 1
             continue
         progress.done[line] = str(row.get("prompt_sha256"))
+        if line in unsettled_lines:
+            progress.settling[line] = {
+                "gen": row.get("generation_id"),
+                "cost": row.get("cost"),
+                "est": bool(row.get("cost_estimated")),
+                "status": row.get("status"),
+                "ctok": (row.get("usage") or {}).get("completion_tokens"),
+                "provider": row.get("provider"),
+            }
         if row.get("status") == "truncated":
             progress.truncated += 1
         else:

@@ -19,7 +19,9 @@ _DEGENERATE = re.compile(r"(.)\1{63,}", re.DOTALL)
 def requested_thinking(settings: OpenRouterSettings) -> bool:
     """Whether requests ask the model to reason (and return the reasoning)."""
     reasoning = settings.reasoning or {}
-    return bool(settings.reasoning) and not reasoning.get("exclude", False) and reasoning.get("effort") != "none"
+    return (
+        bool(settings.reasoning) and not reasoning.get("exclude", False) and reasoning.get("effort") != "none"
+    )
 
 
 def utc_iso(ts: float) -> str:
@@ -31,7 +33,8 @@ def quality_flags(content: str, reasoning: str) -> list[str]:
     flags = []
     if not content:
         flags.append("empty_content")
-    if content and _DEGENERATE.search(content) and len(set(content.strip())) <= 2:
+    # The set check is cheap and almost always false; the regex only confirms a long run.
+    if content and len(set(content.strip())) <= 2 and _DEGENERATE.search(content):
         flags.append("degenerate_content")
     if not reasoning:
         flags.append("empty_reasoning")

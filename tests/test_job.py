@@ -400,3 +400,29 @@ async def test_budget_with_2000_in_flight_never_overshoots_the_bill(
     assert job.ledger.spent == server.ledger.billed_total
     rows = read_rows(a)
     assert len(rows) == len({r["line"] for r in rows})
+
+
+async def test_a_row_written_without_its_end_record_settles_the_attempt(
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    a = write_dataset(tmp_path, "A", 10)
+    settings = make_settings(sim.base_url, [a])
+    first = await run_job(settings)
+    journal = first.run_dir / "attempts.jsonl"
+    records = journal.read_bytes().splitlines()
+    # A crash between the row's fsync and the end record's: the end record of one ok row is lost.
+    victim = next(i for i, line in enumerate(records) if b'"k":"end"' in line and b'"outcome":"ok"' in line)
+    lost = orjson.loads(records[victim])
+    journal.write_bytes(b"".join(line + b"\n" for i, line in enumerate(records) if i != victim))
+    again = Job(settings)
+    await again.prepare()
+    assert again.ledger.spent == first.ledger.spent and again.ledger.spent_estimated == 0
+    assert again.breakdown.useful_usd == first.breakdown.useful_usd
+    await again.run()
+    settled = [
+        orjson.loads(x)
+        for x in journal.read_bytes().splitlines()
+        if orjson.loads(x).get("rid") == lost["rid"]
+    ]
+    assert [r["k"] for r in settled] == ["start", "gen", "end"] and settled[-1]["outcome"] == "ok"
+    assert_one_row_per_prompt(a, 10)
