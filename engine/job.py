@@ -42,6 +42,7 @@ from engine.openrouter.catalog import (
     fetch_endpoints,
     find_endpoint,
     precision_allowlist,
+    quantization_allowed,
 )
 from engine.openrouter.client import AttemptResult, OpenRouterClient
 from engine.openrouter.errors import THROTTLE_CLASSES, AttemptError, Disposition, ErrorClass, classify_status
@@ -146,6 +147,7 @@ class Job:
         self.plan_at = float("-inf")
         self._quarantine: JsonlAppender | None = None
         self._pool: TokenizePool | None = None
+        self._endpoint_names: dict[str, Endpoint | None] = {}
         # Recent events for attached consoles: operator actions, state changes and errors.
         self._recent: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
         self._recent_seq = 0
@@ -646,7 +648,7 @@ class Job:
         usage = result.usage or {}
         prompt_tokens, completion_tokens = usage.get("prompt_tokens"), usage.get("completion_tokens")
         if isinstance(prompt_tokens, int) and isinstance(completion_tokens, int):
-            endpoint = find_endpoint(self.endpoints, result.provider) if result.provider else None
+            endpoint = self.endpoint_named(result.provider) if result.provider else None
             prices = (
                 PriceCeiling(endpoint.prompt_price, endpoint.completion_price) if endpoint else self.prices
             )
@@ -659,15 +661,22 @@ class Job:
             return None
         if not provider:
             return "the response names no serving provider"
-        endpoint = find_endpoint(self.endpoints, provider)
+        endpoint = self.endpoint_named(provider)
         if endpoint is None:
             return f"{provider} is not in the catalog for {self.settings.openrouter.model}"
-        allowed = allowed_endpoints([endpoint], self.routing.model_copy(update={"ignore": [], "only": None}))
-        if not allowed:
+        if not quantization_allowed(endpoint.quantization, self.routing.quantizations):
             return (
                 f"{provider} serves {endpoint.quantization}, outside {', '.join(self.routing.quantizations)}"
             )
         return None
+
+    def endpoint_named(self, name: str) -> Endpoint | None:
+        """The catalog endpoint a response's provider (display name) or a slug names; cached, it is
+        asked once per response."""
+        key = name.lower()
+        if key not in self._endpoint_names:
+            self._endpoint_names[key] = find_endpoint(self.endpoints, name)
+        return self._endpoint_names[key]
 
     async def _settle(self, flight: _Flight, result: AttemptResult) -> None:
         assert self._attempts is not None
@@ -773,7 +782,9 @@ class Job:
         # End record and row go to disk together (two files, two group commits): a crash that keeps
         # only the row is settled from the row at the next start, one that keeps only the end record
         # re-sends the prompt with its first cost already counted. Either way no money is lost.
-        await asyncio.gather(self._attempts.append(record), self._writers[prompt.dataset].append(row))
+        settled, written = self._attempts.append(record), self._writers[prompt.dataset].append(row)
+        await settled
+        await written
         dataset = self.datasets[prompt.dataset]
         dataset.progress.done[prompt.line] = prompt.sha256
         dataset.progress.output_tokens += tokens
@@ -797,7 +808,7 @@ class Job:
         await self._quarantine.append({**row, "quarantine_reason": why})
         self._event("quarantine", prompt=item.prompt.id, provider=provider, reason=why)
         if provider:
-            endpoint = find_endpoint(self.endpoints, provider)
+            endpoint = self.endpoint_named(provider)
             slug = endpoint.slug if endpoint is not None else provider.lower()
             if slug not in self.excluded:
                 try:

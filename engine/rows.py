@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -25,7 +25,8 @@ def requested_thinking(settings: OpenRouterSettings) -> bool:
 
 
 def utc_iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """2026-09-20T10:11:12.345Z; strftime is about twice as fast as datetime.isoformat here."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts * 1000) % 1000:03d}Z"
 
 
 def quality_flags(content: str, reasoning: str) -> list[str]:
@@ -33,8 +34,14 @@ def quality_flags(content: str, reasoning: str) -> list[str]:
     flags = []
     if not content:
         flags.append("empty_content")
-    # The set check is cheap and almost always false; the regex only confirms a long run.
-    if content and len(set(content.strip())) <= 2 and _DEGENERATE.search(content):
+    # Cheap first: a degenerate answer is a run of one character from its start, so its head
+    # already shows at most two distinct characters; only then scan the whole text.
+    if (
+        content
+        and len(set(content[:128])) <= 2
+        and len(set(content.strip())) <= 2
+        and _DEGENERATE.search(content)
+    ):
         flags.append("degenerate_content")
     if not reasoning:
         flags.append("empty_reasoning")

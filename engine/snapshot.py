@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from engine.openrouter.catalog import find_endpoint
 from engine.planner import DatasetNeed, plan, remaining_output_tokens
 from engine.stats import provider_views
 
@@ -50,7 +49,7 @@ def build_snapshot(job: Job) -> dict[str, Any]:
     rows_per_s = job.rows_rate.rate(now, job.started_mono)
     slugs = {}
     for name in job.providers:
-        endpoint = find_endpoint(job.endpoints, name)
+        endpoint = job.endpoint_named(name)
         slugs[name] = endpoint.slug if endpoint is not None else name.lower()
     providers = provider_views(
         job.providers,

@@ -74,6 +74,88 @@ def _reasoning_from_details(details: Any) -> str:
     )
 
 
+class _StreamParse:
+    """Folds SSE lines of one chat-completions stream into an AttemptResult."""
+
+    __slots__ = ("content", "done", "error_chunk", "on_provider", "reasoning", "result", "started")
+
+    def __init__(
+        self, result: AttemptResult, started: float, on_provider: Callable[[str], None] | None
+    ) -> None:
+        self.result = result
+        self.started = started
+        self.on_provider = on_provider
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.done = False
+        self.error_chunk: dict[str, Any] | None = None
+
+    def line(self, line: bytes) -> bool:
+        """Take one line; True when the stream is over ([DONE] or a malformed chunk)."""
+        # SSE comments (": OPENROUTER PROCESSING") and blank separators carry no data.
+        if len(line) < 6 or line[0] == 58 or not line.startswith(b"data:"):
+            return False
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            self.done = True
+            return True
+        result = self.result
+        try:
+            chunk = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            result.error = AttemptError(ErrorClass.NETWORK, Disposition.RETRY, "malformed stream chunk", 200)
+            return True
+        if result.provider is None:
+            result.provider = chunk.get("provider")
+            result.served_model = chunk.get("model")
+            result.generation_id = result.generation_id or chunk.get("id")
+            if result.provider and self.on_provider is not None:
+                self.on_provider(result.provider)
+        usage = chunk.get("usage")
+        if usage:
+            result.usage = usage
+        if chunk.get("error") is not None:
+            self.error_chunk = chunk
+        choices = chunk.get("choices")
+        if not choices:
+            return False
+        choice = choices[0]
+        delta = choice.get("delta")
+        if delta:
+            text = delta.get("content")
+            if text:
+                self.content.append(text)
+                if result.ttft_s is None:
+                    result.ttft_s = time.monotonic() - self.started
+            thought = delta.get("reasoning")
+            if not thought and delta.get("reasoning_details"):
+                thought = _reasoning_from_details(delta["reasoning_details"])
+            if thought:
+                self.reasoning.append(thought)
+                if result.ttft_s is None:
+                    result.ttft_s = time.monotonic() - self.started
+        finish = choice.get("finish_reason")
+        if finish:
+            result.finish_reason = finish
+            result.native_finish_reason = choice.get("native_finish_reason")
+        if choice.get("error") is not None and self.error_chunk is None:
+            self.error_chunk = {"error": choice["error"]}
+        return False
+
+    def finish(self) -> None:
+        result = self.result
+        result.content = "".join(self.content)
+        result.reasoning = "".join(self.reasoning)
+        if result.error is not None:
+            return
+        if self.error_chunk is not None:
+            result.error = classify_error_in_ok_response(self.error_chunk, streamed=True)
+        elif not self.done and result.usage is None:
+            result.error = AttemptError(
+                ErrorClass.NETWORK, Disposition.RETRY, "stream closed before [DONE]", 200
+            )
+
+
 class OpenRouterClient:
     """Sends chat completions and reads the account endpoints; safe to share across tasks."""
 
@@ -272,75 +354,25 @@ class OpenRouterClient:
         started: float,
         on_provider: Callable[[str], None] | None,
     ) -> None:
-        content: list[str] = []
-        reasoning: list[str] = []
-        done = False
-        error_chunk: dict[str, Any] | None = None
+        parse = _StreamParse(result, started, on_provider)
         received = 0
-        async for line in resp.content:
-            received += len(line)
-            # SSE comments (": OPENROUTER PROCESSING") and blank separators carry no data.
-            if len(line) < 6 or line[0] == 58:
-                continue
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                done = True
+        pending = b""
+        stopped = False
+        # Whole network reads split by hand: aiohttp's readline costs more per line than the parse.
+        async for block in resp.content.iter_any():
+            received += len(block)
+            lines = (pending + block).split(b"\n") if pending else block.split(b"\n")
+            pending = lines.pop()
+            for line in lines:
+                if parse.line(line):
+                    stopped = True
+                    break
+            if stopped:
                 break
-            try:
-                chunk = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                result.error = AttemptError(
-                    ErrorClass.NETWORK, Disposition.RETRY, "malformed stream chunk", 200
-                )
-                break
-            if result.provider is None:
-                result.provider = chunk.get("provider")
-                result.served_model = chunk.get("model")
-                result.generation_id = result.generation_id or chunk.get("id")
-                if result.provider and on_provider is not None:
-                    on_provider(result.provider)
-            usage = chunk.get("usage")
-            if usage:
-                result.usage = usage
-            if chunk.get("error") is not None:
-                error_chunk = chunk
-            choices = chunk.get("choices")
-            if not choices:
-                continue
-            choice = choices[0]
-            delta = choice.get("delta")
-            if delta:
-                text = delta.get("content")
-                if text:
-                    content.append(text)
-                    if result.ttft_s is None:
-                        result.ttft_s = time.monotonic() - started
-                thought = delta.get("reasoning")
-                if not thought and delta.get("reasoning_details"):
-                    thought = _reasoning_from_details(delta["reasoning_details"])
-                if thought:
-                    reasoning.append(thought)
-                    if result.ttft_s is None:
-                        result.ttft_s = time.monotonic() - started
-            finish = choice.get("finish_reason")
-            if finish:
-                result.finish_reason = finish
-                result.native_finish_reason = choice.get("native_finish_reason")
-            if choice.get("error") is not None and error_chunk is None:
-                error_chunk = {"error": choice["error"]}
+        if not stopped and pending:
+            parse.line(pending)
         result.received_bytes = received
-        result.content = "".join(content)
-        result.reasoning = "".join(reasoning)
-        if result.error is not None:
-            return
-        if error_chunk is not None:
-            result.error = classify_error_in_ok_response(error_chunk, streamed=True)
-        elif not done and result.usage is None:
-            result.error = AttemptError(
-                ErrorClass.NETWORK, Disposition.RETRY, "stream closed before [DONE]", 200
-            )
+        parse.finish()
 
     def _check_accepted(self, result: AttemptResult) -> None:
         """Apply reference §5: which 200 responses count as a finished prompt."""
