@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from textual.binding import Binding
+from textual.command import CommandList, CommandPalette
+from textual.pilot import Pilot
 from textual.widgets import Input
 
 from console.app import RegenApp
@@ -198,6 +203,22 @@ async def test_filter_sort_and_cursor_keys() -> None:
         del start
 
 
+def palette_first_hit(app: RegenApp) -> str:
+    if not isinstance(app.screen, CommandPalette):
+        return ""
+    hits = app.screen.query_one(CommandList)
+    return str(hits.get_option_at_index(0).prompt) if hits.option_count else ""
+
+
+async def wait_until(pilot: Pilot[Any], condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Wait for a condition the app reaches on its own timers (the palette batches its hits)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        assert loop.time() < deadline, "condition not reached"
+        await pilot.pause(0.02)
+
+
 def table_order(table: ProvidersTable) -> list[str]:
     from textual.coordinate import Coordinate
 
@@ -311,7 +332,7 @@ async def test_stop_from_the_command_palette() -> None:
         await pilot.press("ctrl+p")
         await pilot.pause()
         await pilot.press(*"stop job")
-        await pilot.pause(0.3)
+        await wait_until(pilot, lambda: "Stop job" in palette_first_hit(app))
         await pilot.press("enter")
         await pilot.pause()
         assert isinstance(app.screen, StopScreen)
