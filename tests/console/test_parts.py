@@ -191,3 +191,26 @@ def test_the_simulated_job_is_reproducible_and_refuses_like_the_job() -> None:
         a.command("exclude", {"provider": slug})
     with pytest.raises(ValueError, match="would leave no provider"):
         a.command("exclude", {"provider": "together"})
+
+
+def test_run_console_sets_the_environment_then_runs_without_mouse(monkeypatch: pytest.MonkeyPatch) -> None:
+    from console.app import RegenApp
+    from console.launch import run_console
+
+    monkeypatch.setattr(os, "environ", dict(os.environ))
+    runs: list[bool] = []
+
+    def fake_run(self: RegenApp, *, mouse: bool = True) -> None:
+        runs.append(mouse)
+
+    monkeypatch.setattr(RegenApp, "run", fake_run)
+    assert run_console(ScriptedSource(count=0), fps=20, no_mouse=True, color_system="256") == 0
+    assert runs == [False]
+    assert os.environ["TEXTUAL_FPS"] == "20" and os.environ["TEXTUAL_COLOR_SYSTEM"] == "256"
+
+
+def test_the_socket_client_is_a_job_source() -> None:
+    from console.client import SocketSource
+
+    source = SocketSource(Path("/nonexistent/control.sock"), readonly=True)
+    assert isinstance(source, JobSource) and source.readonly
