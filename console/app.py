@@ -539,12 +539,6 @@ class RegenApp(App[str]):
         if provider.get("excluded"):
             self.notify(f"{impact.name} is already excluded; space includes it again", severity="warning")
             return
-        if impact.remaining == 0:
-            self.notify(
-                f"{impact.name} is the last provider allowed; excluding it would stop the job",
-                severity="error",
-            )
-            return
 
         def answered(yes: bool | None) -> None:
             if yes:

@@ -98,6 +98,7 @@ class History:
         self._last_sample: float | None = None
         self._last_state: str | None = None
         self._budget_blocked = False
+        self._last_seq = float("-inf")
         self._errors: dict[str, float] = {}
         self._error_delta: dict[str, float] = {}
         self._last_error_line: float | None = None
@@ -135,8 +136,17 @@ class History:
     # ------------------------------------------------------------------------------ writing
 
     def add_events(self, events: list[dict[str, Any]]) -> None:
-        """Journal events (operator actions, errors, state changes) become log lines."""
+        """Journal events (operator actions, errors, state changes) become log lines, each once.
+
+        Events carry the journal's sequence number; one already seen (say, in the hello's backlog
+        and again in the first snapshot) is skipped.
+        """
         for event in events:
+            seq = number(event.get("seq"))
+            if seq is not None:
+                if seq <= self._last_seq:
+                    continue
+                self._last_seq = seq
             self._lines.append(event_line(event))
 
     def add(self, snap: dict[str, Any], received_at: float) -> None:

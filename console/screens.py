@@ -67,6 +67,11 @@ class ExcludeImpact:
 
     @property
     def text(self) -> str:
+        if self.remaining == 0:
+            return (
+                f"No other provider has served this job yet ({fmt.percent(self.share)} of traffic is here). "
+                "The job refuses if no other provider is allowed; otherwise new requests go to the others."
+            )
         return (
             f"{self.remaining} of {self.allowed} providers remain; {fmt.percent(self.share)} of traffic moves to them. "
             f"Its {self.in_flight} requests in flight finish (they are billed); new requests carry it in ignore."

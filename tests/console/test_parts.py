@@ -214,3 +214,11 @@ def test_the_socket_client_is_a_job_source() -> None:
 
     source = SocketSource(Path("/nonexistent/control.sock"), readonly=True)
     assert isinstance(source, JobSource) and source.readonly
+
+
+def test_events_seen_twice_are_logged_once() -> None:
+    history = History()
+    start = {"ts": 1.0, "seq": 1, "event": "start"}
+    history.add_events([start])
+    history.add({"elapsed_s": 1.0, "events": [start, {"ts": 2.0, "seq": 2, "event": "pause"}]}, 0.0)
+    assert [line.text for line in history.take_lines()] == ["start", "paused"]
