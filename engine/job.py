@@ -211,6 +211,11 @@ class Job:
             self._reprice()
             if not self.allowed():
                 raise JobError(self._no_provider_message())
+            # Every provider the settings allow appears from the start (the console lists them and
+            # can exclude one before it ever served); run-time exclusions stay listed as EXCL.
+            for endpoint in self.endpoints:
+                if exclusion_reason(endpoint, self.routing, (), self.settings.openrouter.max_tokens) is None:
+                    self._provider_stats(endpoint.provider_name)
             self._pool = await self._start_tokenizer()
         except (JobError, CatalogError, TokenizerError) as exc:
             await self.client.close()
@@ -996,7 +1001,7 @@ class Job:
 
     def _event(self, event: str, **fields: Any) -> None:
         record = {"ts": time.time(), "event": event, **fields}
-        if self._events is not None:
+        if self._events is not None and not self._events.closed:
             self._events.append(record)
         self._remember(record)
 

@@ -82,7 +82,7 @@ async def test_exclude_while_running_reaches_later_requests(
     assert len(served_before) == 1, "sort=price sends everything to the cheapest allowed provider"
     cheapest = served_before.pop()
     slug = cheapest.split("/")[0]
-    display = next(p for p in job.providers)
+    display = job.endpoint_named(slug).provider_name  # type: ignore[union-attr]
     message = job.exclude(display)
     assert f"excluded {slug}" in message
     mark = len(sim.requests)
