@@ -119,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "catalog":
             return _catalog(args, settings)
         if args.command == "attach":
-            return _attach(args, settings.job.run_dir)
+            return _attach(args, settings)
         if args.command == "stop":
             return _stop(args, settings.job.run_dir)
     except SettingsError as exc:
@@ -167,20 +167,35 @@ def _run_detached(args: argparse.Namespace, settings: Settings) -> int:
         f"regen: job started; it keeps running after this console (log: {settings.job.run_dir / JOB_LOG})",
         file=sys.stderr,
     )
-    return _attach(args, settings.job.run_dir)
+    return _attach(args, settings)
 
 
-def _attach(args: argparse.Namespace, run_dir: Path) -> int:
+def _attach(args: argparse.Namespace, settings: Settings) -> int:
     from console.attach import follow_lines
     from console.client import SocketSource
     from engine.control import SOCKET_NAME, ControlError
     from engine.runtime import run
 
+    run_dir = settings.job.run_dir
     source = SocketSource(run_dir / SOCKET_NAME, readonly=args.readonly)
     if sys.stdout.isatty():
         from console.launch import run_console
+        from console.options import ConsoleOptions
 
-        return run_console(source, fps=args.fps, no_mouse=args.no_mouse)
+        chosen = settings.console
+        options = ConsoleOptions(
+            theme=chosen.theme,
+            theme_dirs=list(chosen.theme_dirs),
+            keymap=dict(chosen.keymap),
+            mouse=chosen.mouse and not args.no_mouse,
+            export_dir=chosen.export_dir or run_dir,
+            stale_after_s=chosen.stale_after_s,
+            repaint_interval_s=chosen.repaint_interval_s,
+            log_max_lines=chosen.log_max_lines,
+            concurrency_step=chosen.concurrency_step,
+            budget_warn_fraction=chosen.budget_warn_fraction,
+        )
+        return run_console(source, fps=args.fps or chosen.fps, no_mouse=not options.mouse, options=options)
 
     async def go() -> int:
         try:

@@ -170,6 +170,33 @@ class StatsSettings(_Section):
     """Output tokens per prompt the budget planner assumes until finished rows measure it."""
 
 
+class ConsoleSettings(_Section):
+    """The console: looks, keys and pace (flags on the command line win over these)."""
+
+    theme: str = "regen-dark"
+    """Theme to start with: regen-dark, regen-light, regen-contrast, or a name from theme_dirs."""
+    theme_dirs: list[Path] = Field(default_factory=list)
+    """Extra folders of *.toml theme files."""
+    keymap: dict[str, str] = Field(default_factory=dict)
+    """Binding id to comma-separated keys, e.g. { pause = "P", freeze = "F,ctrl+f" }; ? lists the ids."""
+    mouse: bool = True
+    """Mouse reporting; off is kinder to slow SSH links (--no-mouse)."""
+    fps: int | None = Field(None, ge=1)
+    """Screen updates per second at most (--fps); empty for Textual's default."""
+    export_dir: Path | None = None
+    """Where `e` writes snapshot files; empty for the run folder."""
+    stale_after_s: float = Field(5.0, gt=0)
+    """Data older than this shows its age in the warning colour."""
+    repaint_interval_s: float = Field(0.5, ge=0)
+    """Panes repaint at most this often (the newest snapshot wins)."""
+    log_max_lines: int = Field(2000, ge=10)
+    """Lines the log pane keeps."""
+    concurrency_step: float = Field(0.1, gt=0, le=1)
+    """`+` and `-` change the concurrency by this fraction."""
+    budget_warn_fraction: float = Field(0.8, gt=0, le=1)
+    """Spent plus reserved above this fraction of the budget shows in the warning colour."""
+
+
 class HeadlessSettings(_Section):
     """The status line of `--headless` runs."""
 
@@ -196,6 +223,8 @@ class Settings(BaseSettings):
     """Statistics and planning."""
     tokenizer: TokenizerSettings = Field(default_factory=TokenizerSettings)
     """The target model's tokenizer."""
+    console: ConsoleSettings = Field(default_factory=ConsoleSettings)
+    """The console."""
     headless: HeadlessSettings = Field(default_factory=HeadlessSettings)
     """Headless output."""
 
@@ -260,6 +289,9 @@ def load_settings(path: Path | None = None) -> Settings:
     settings.job.run_dir = _resolve(base, settings.job.run_dir)
     if settings.tokenizer.path is not None:
         settings.tokenizer.path = _resolve(base, settings.tokenizer.path)
+    settings.console.theme_dirs = [_resolve(base, p) for p in settings.console.theme_dirs]
+    if settings.console.export_dir is not None:
+        settings.console.export_dir = _resolve(base, settings.console.export_dir)
     return settings
 
 
