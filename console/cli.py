@@ -81,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--speed", type=float, default=1.0, help="run the simulated providers this many times faster"
     )
+    demo.add_argument("--prepared", action="store_true", help=argparse.SUPPRESS)
 
     sim = commands.add_parser("sim", help="run a simulator standalone on a port")
     sims = sim.add_subparsers(dest="sim", metavar="BACKEND", required=True)
@@ -108,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             from console.demo import run_demo
 
-            return run_demo(args.dir, headless=args.headless, speed=args.speed)
+            return run_demo(args.dir, headless=args.headless, speed=args.speed, prepared=args.prepared)
         settings = load_settings(args.settings)
         if args.command == "run" and args.headless:
             return _run(args, settings)

@@ -69,18 +69,40 @@ def demo_settings(folder: Path, base_url: str, api_key: str) -> Settings:
     )
 
 
-def run_demo(folder: Path, *, headless: bool, speed: float = 1.0) -> int:
+def run_demo(folder: Path, *, headless: bool, speed: float = 1.0, prepared: bool = False) -> int:
+    """The demo: in the console when there is a terminal (the job runs detached, as with
+    `regen run`), else headless in this process."""
+    if speed <= 0:
+        print("regen: --speed must be positive", file=sys.stderr)
+        return 2
+    if not prepared:
+        prepare_folder(folder)
+    if not headless and sys.stdout.isatty():
+        return _demo_in_console(folder, speed)
+    return _demo_headless(folder, speed)
+
+
+def _demo_in_console(folder: Path, speed: float) -> int:
+    from console.attach import start_detached
+    from console.client import SocketSource
+    from console.launch import run_console
+    from console.options import ConsoleOptions
+    from engine.control import SOCKET_NAME
+
+    run_dir = folder / "run"
+    job_args = ["demo", "--headless", "--prepared", "--dir", str(folder.resolve()), "--speed", str(speed)]
+    code, said = start_detached(run_dir, job_args)
+    if code != 0:
+        print(f"regen: {said or f'the demo job ended at once (exit {code})'}", file=sys.stderr)
+        return code
+    return run_console(SocketSource(run_dir / SOCKET_NAME), options=ConsoleOptions(export_dir=run_dir))
+
+
+def _demo_headless(folder: Path, speed: float) -> int:
     from engine.headless import run_headless
     from engine.job import Job, JobError
     from engine.runtime import run
     from engine.sim.server import OpenRouterSim
-
-    if speed <= 0:
-        print("regen: --speed must be positive", file=sys.stderr)
-        return 2
-    prepare_folder(folder)
-    if not headless:
-        print("regen: the console is not available in this version; running headless", file=sys.stderr)
 
     async def go() -> int:
         config = demo_sim_config(speed)

@@ -478,7 +478,8 @@ class Job:
             self.outcome = Outcome(reason, message or f"stopped ({reason.value})")
         if self._stop_mode != "cancel":
             self._stop_mode = "cancel" if cancel else "drain"
-            self._event("stop", mode=self._stop_mode, reason=reason.value)
+            if reason is not StopReason.DONE:
+                self._event("stop", mode=self._stop_mode, reason=reason.value)
         if self.state not in (JobState.STOPPED, JobState.DONE):
             self.state = JobState.DRAINING
         if cancel:
