@@ -11,21 +11,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from console.arguments import add_settings_argument
 from console.data_commands import add_parsers as add_data_parsers
 from console.data_commands import run as run_data_command
 from engine.settings import Settings, SettingsError, load_settings
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
-
-
-def _add_settings(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--settings",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="settings file (default ./settings.toml when present, else built-in defaults)",
-    )
 
 
 def _add_console_options(parser: argparse.ArgumentParser) -> None:
@@ -41,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     run = commands.add_parser("run", help="start (or resume) the job from settings")
-    _add_settings(run)
+    add_settings_argument(run)
     run.add_argument("--headless", action="store_true", help="print status lines instead of the console")
     run.add_argument("--datasets", metavar="A,B", help="only these datasets (by folder name)")
     run.add_argument(
@@ -52,28 +43,28 @@ def build_parser() -> argparse.ArgumentParser:
     _add_console_options(run)
 
     job = commands.add_parser("job-process")  # internal: the detached job; no help, so not listed
-    _add_settings(job)
+    add_settings_argument(job)
     job.add_argument("--datasets", default=None)
     job.add_argument("--skip-invalid", action="store_true")
 
     attach = commands.add_parser("attach", help="attach the console to the running job")
-    _add_settings(attach)
+    add_settings_argument(attach)
     _add_console_options(attach)
 
     stop = commands.add_parser("stop", help="gracefully stop the running job (drain requests in flight)")
-    _add_settings(stop)
+    add_settings_argument(stop)
     stop.add_argument("--cancel", action="store_true", help="cancel requests in flight instead of draining")
 
     catalog = commands.add_parser(
         "catalog", help="providers for the model: price, precision, status; budget plan"
     )
-    _add_settings(catalog)
+    add_settings_argument(catalog)
     catalog.add_argument("--json", action="store_true", help="machine-readable output")
 
     add_data_parsers(commands)
 
     demo = commands.add_parser("demo", help="the job on the built-in simulator and a bundled sample dataset")
-    _add_settings(demo)
+    add_settings_argument(demo)
     demo.add_argument("--headless", action="store_true", help="print status lines instead of the console")
     demo.add_argument(
         "--dir", type=Path, default=Path("regen-demo"), help="scratch folder, replaced on each run"

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from console.arguments import add_settings_argument
+
 if TYPE_CHECKING:
     from engine.datasets import Dataset
     from engine.settings import Settings
@@ -32,16 +34,6 @@ class _Failure(Exception):
     """A failure the message explains: exit 1."""
 
 
-def _add_settings(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--settings",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="settings file (default ./settings.toml when present, else built-in defaults)",
-    )
-
-
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -60,7 +52,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
         description="Check raw_responses.jsonl of each dataset against its prompts.jsonl and the "
         "data contract's invariants. Exit 1 on any violation.",
     )
-    _add_settings(verify)
+    add_settings_argument(verify)
     verify.add_argument(
         "datasets",
         nargs="*",
@@ -93,7 +85,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
         description="Write training files from raw_responses.jsonl: SpecForge pre-tokenized records "
         "(default) or chat conversations. Written atomically; nothing partial is left on failure.",
     )
-    _add_settings(export)
+    add_settings_argument(export)
     export.add_argument(
         "datasets",
         nargs="*",

@@ -73,6 +73,38 @@ def sim_process(tmp_path: Path) -> Iterator[str]:
         proc.wait(timeout=10)
 
 
+def wait_gone(pid: int, timeout_s: float = 10.0) -> None:
+    """Wait until process `pid` has exited."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"process {pid} did not end")
+
+
+def kill_at_random_moments(
+    settings: Path, env: dict[str, str], rng: random.Random, times: int, low: float, high: float
+) -> int:
+    """Start the headless job and SIGKILL it after a random delay, `times` times; returns the kills."""
+    kills = 0
+    for _ in range(times):
+        proc = subprocess.Popen(
+            regen("run", "--headless", "--settings", str(settings)),
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(rng.uniform(low, high))
+        if proc.poll() is None:
+            proc.kill()
+            kills += 1
+        proc.wait()
+    return kills
+
+
 def settings_file(tmp_path: Path, base_url: str, datasets: list[Path], **job: object) -> Path:
     path = tmp_path / "settings.toml"
     job_lines = "\n".join(f"{k} = {json.dumps(v)}" for k, v in job.items())
@@ -91,20 +123,7 @@ def test_sigkill_at_random_moments_then_resume_loses_and_duplicates_nothing(
     data = [write_dataset(tmp_path, "A", 1500), write_dataset(tmp_path, "B", 500)]
     settings = settings_file(tmp_path, sim_process, data, concurrency=32, max_attempts=20)
     env = {**ENV, "OPENROUTER_API_KEY": "sk-sim-test"}
-    rng = random.Random(11)
-    kills = 0
-    for _ in range(4):
-        proc = subprocess.Popen(
-            regen("run", "--headless", "--settings", str(settings)),
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        time.sleep(rng.uniform(0.8, 2.5))
-        if proc.poll() is None:
-            proc.kill()
-            kills += 1
-        proc.wait()
+    kills = kill_at_random_moments(settings, env, random.Random(11), 4, 0.8, 2.5)
     assert kills >= 2, "the job finished too fast to be killed"
     final = subprocess.run(
         regen("run", "--headless", "--settings", str(settings)),

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from tests.conftest import read_rows, write_dataset
-from tests.test_cli import ENV, regen, settings_file, sim_process  # noqa: F401  (fixture)
+from tests.test_cli import ENV, regen, settings_file, sim_process, wait_gone  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.skipif(
     shutil.which("tmux") is None and not os.environ.get("CI"), reason="tmux is not installed (CI installs it)"
@@ -133,14 +133,7 @@ def test_console_in_tmux_steers_the_job(sim_process: str, tmp_path: Path, tmux: 
         timeout=120,
     )
     assert stopped.returncode == 0, stopped.stderr
-    for _ in range(100):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
-        raise AssertionError("the job did not end")
+    wait_gone(pid)
     raw = (data[0] / "raw_responses.jsonl").read_bytes()
     assert raw.endswith(b"\n")
     rows = [orjson.loads(line) for line in raw.splitlines()]

@@ -20,7 +20,7 @@ from engine.job import Job, JobState
 from engine.settings import Settings
 from engine.sim.server import OpenRouterSim
 from tests.conftest import read_rows, write_dataset
-from tests.test_cli import ENV, regen, settings_file, sim_process  # noqa: F401  (fixture)
+from tests.test_cli import ENV, regen, settings_file, sim_process, wait_gone  # noqa: F401  (fixture)
 
 
 async def start_job(settings: Settings) -> tuple[Job, asyncio.Task[object]]:
@@ -144,14 +144,7 @@ def test_detached_job_outlives_its_console_and_stops_on_request(sim_process: str
     assert "stopping: draining" in stopped.stderr
     out, _ = attach.communicate(timeout=30)
     assert "RUNNING" in out and "detached: the job has ended" in out
-    for _ in range(100):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
-        raise AssertionError("the job did not end")
+    wait_gone(pid)
     rows = read_rows(data[0])
     assert 0 < len(rows) < 4000 and len({r["line"] for r in rows}) == len(rows)
     log = (tmp_path / "run" / "job.log").read_text()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import random
 import subprocess
-import time
 import urllib.request
 from collections.abc import Callable
 from decimal import Decimal
@@ -18,7 +17,7 @@ from engine.recovery import read_journals
 from engine.settings import Settings
 from engine.sim.server import OpenRouterSim
 from tests.conftest import read_rows, write_dataset
-from tests.test_cli import ENV, regen, settings_file, sim_process  # noqa: F401  (fixture)
+from tests.test_cli import ENV, kill_at_random_moments, regen, settings_file, sim_process  # noqa: F401  (fixture)
 from tests.test_job import assert_one_row_per_prompt, run_job
 
 
@@ -186,17 +185,7 @@ def test_sigkill_then_resume_the_ledger_equals_the_bill(sim_process: str, tmp_pa
     data = [write_dataset(tmp_path, "A", 1200)]
     settings = settings_file(tmp_path, sim_process, data, concurrency=32, max_attempts=20)
     env = {**ENV, "OPENROUTER_API_KEY": "sk-sim-test"}
-    rng = random.Random(4)
-    for _ in range(3):
-        proc = subprocess.Popen(
-            regen("run", "--headless", "--settings", str(settings)),
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        time.sleep(rng.uniform(0.8, 2.0))
-        proc.kill()
-        proc.wait()
+    kill_at_random_moments(settings, env, random.Random(4), 3, 0.8, 2.0)
     final = subprocess.run(
         regen("run", "--headless", "--settings", str(settings)),
         env=env,
