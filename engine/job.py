@@ -712,9 +712,10 @@ class Job:
         outcome = "quarantined" if violation else (status if error is None else error.error_class.value)
         assert outcome is not None
         self.breakdown.add(outcome, cost, tokens)
-        self.spend_rate.add(float(cost))
+        mono = time.monotonic()
+        self.spend_rate.add(float(cost), mono)
         self.counters.attempts += 1
-        self.attempts_rate.add(1)
+        self.attempts_rate.add(1, mono)
         stats = self._provider_stats(result.provider)
         if stats is not None:
             stats.record(
@@ -725,6 +726,7 @@ class Job:
                 cost=cost,
                 error=None if error is None else error.error_class.value,
                 message="" if error is None else error.message,
+                now=mono,
             )
         record: dict[str, Any] = {
             "k": "end",
@@ -801,9 +803,9 @@ class Job:
         self.counters.rows += 1
         self.counters.output_tokens += tokens
         self.counters.bad_request_streak = 0
-        self.tokens_rate.add(tokens)
-        self.rows_rate.add(1)
-        self.limit.on_success()
+        self.tokens_rate.add(tokens, mono)
+        self.rows_rate.add(1, mono)
+        self.limit.on_success(mono)
 
     async def _quarantine_row(
         self, item: WorkItem, row: dict[str, Any], why: str, provider: str | None

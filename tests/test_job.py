@@ -85,6 +85,7 @@ async def test_exclude_while_running_reaches_later_requests(
     display = job.endpoint_named(slug).provider_name  # type: ignore[union-attr]
     message = job.exclude(display)
     assert f"excluded {slug}" in message
+    await asyncio.sleep(0.05)  # requests already on the wire when the exclusion happened
     mark = len(sim.requests)
     await runner
     later = list(sim.requests)[mark:]
@@ -426,3 +427,18 @@ async def test_a_row_written_without_its_end_record_settles_the_attempt(
     ]
     assert [r["k"] for r in settled] == ["start", "gen", "end"] and settled[-1]["outcome"] == "ok"
     assert_one_row_per_prompt(a, 10)
+
+
+async def test_a_stalled_stream_is_abandoned_after_the_idle_limit_and_retried(
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    sim.config.keepalive_interval_s = 30.0
+    sim.config.slow_first_token_factor = 2000.0  # first token after seconds, with no keep-alive
+    sim.config.faults = {"slow_first_token": 0.3}
+    a = write_dataset(tmp_path, "A", 12)
+    job = await run_job(make_settings(sim.base_url, [a], max_attempts=20, openrouter={"read_timeout_s": 0.3}))
+    assert job.outcome is not None and job.outcome.reason is StopReason.DONE
+    assert_one_row_per_prompt(a, 12)
+    journal = [orjson.loads(x) for x in (job.run_dir / "attempts.jsonl").read_bytes().splitlines()]
+    stalled = [r for r in journal if r["k"] == "end" and r.get("msg") == "no data for 0.3 s"]
+    assert stalled, "the idle limit fired"

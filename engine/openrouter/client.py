@@ -7,6 +7,7 @@ HTTP 200 bodies with an error and no choices, content null beside reasoning, mis
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -229,10 +230,10 @@ class OpenRouterClient:
         connector = aiohttp.TCPConnector(
             limit=self.pool_size, limit_per_host=0, ttl_dns_cache=300, keepalive_timeout=60
         )
+        # No sock_read: aiohttp would re-arm a timer on every network read. The idle limit is
+        # kept per attempt instead (see complete), re-armed at most once a second.
         timeout = aiohttp.ClientTimeout(
-            total=self.settings.request_timeout_s,
-            sock_connect=self.settings.connect_timeout_s,
-            sock_read=self.settings.read_timeout_s,
+            total=self.settings.request_timeout_s, sock_connect=self.settings.connect_timeout_s
         )
         self._session = aiohttp.ClientSession(
             connector=connector,
@@ -273,8 +274,13 @@ class OpenRouterClient:
         """Run one attempt; never raises for server or network trouble (it is in `.error`)."""
         result = AttemptResult()
         started = time.monotonic()
+        idle_limit = self.settings.read_timeout_s
+        loop = asyncio.get_running_loop()
+        # The idle limit covers the wait for headers and the gaps in a stream; a non-stream body is
+        # legitimately silent until the whole completion is done (the total limit only).
+        idle = asyncio.timeout_at(loop.time() + idle_limit)
         try:
-            async with self.session.post(
+            async with idle, self.session.post(
                 self._chat_url, data=self.request_body(messages, ignore), headers=self._headers
             ) as resp:
                 result.http_status = resp.status
@@ -289,10 +295,14 @@ class OpenRouterClient:
                         body = None
                     result.error = classify_status(resp.status, body, resp.headers)
                 elif self.settings.stream and resp.content_type == "text/event-stream":
-                    await self._read_stream(resp, result, started, on_provider)
+                    await self._read_stream(resp, result, started, on_provider, idle, idle_limit)
                 else:
+                    idle.reschedule(None)
                     await self._read_body(resp, result, started)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        except TimeoutError as exc:
+            what = f"no data for {idle_limit:g} s" if idle.expired() else (str(exc) or "request timed out")
+            result.error = AttemptError(ErrorClass.NETWORK, Disposition.RETRY, what[:300])
+        except (aiohttp.ClientError, OSError) as exc:
             what = type(exc).__name__ if not str(exc) else f"{type(exc).__name__}: {exc}"
             result.error = AttemptError(ErrorClass.NETWORK, Disposition.RETRY, what[:300])
         result.e2e_s = time.monotonic() - started
@@ -353,14 +363,22 @@ class OpenRouterClient:
         result: AttemptResult,
         started: float,
         on_provider: Callable[[str], None] | None,
+        idle: asyncio.Timeout,
+        idle_limit: float,
     ) -> None:
         parse = _StreamParse(result, started, on_provider)
         received = 0
         pending = b""
         stopped = False
+        loop = asyncio.get_running_loop()
+        armed = loop.time()
         # Whole network reads split by hand: aiohttp's readline costs more per line than the parse.
         async for block in resp.content.iter_any():
             received += len(block)
+            now = loop.time()
+            if now - armed > 1.0:
+                idle.reschedule(now + idle_limit)
+                armed = now
             lines = (pending + block).split(b"\n") if pending else block.split(b"\n")
             pending = lines.pop()
             for line in lines:
