@@ -320,7 +320,7 @@ async def test_bad_key_stops_with_auth_and_never_echoes_it(
 ) -> None:
     a = write_dataset(tmp_path, "A", 5)
     settings = make_settings(sim.base_url, [a])
-    settings.openrouter.api_key = type(settings.openrouter.api_key)("sk-or-v1-wrongwrongwrongwrongwrong")  # type: ignore[misc]
+    settings.openrouter.api_key = type(settings.openrouter.api_key)("sk-or-v1-" + "wrong" * 6)  # type: ignore[misc]
     job = Job(settings)
     with pytest.raises(JobError) as info:
         await job.prepare()

