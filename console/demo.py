@@ -11,7 +11,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from engine.settings import JobSettings, OpenRouterSettings, ProviderSettings, Settings
+from engine.settings import Settings
 
 MARKER = ".regen-demo"
 
@@ -50,21 +50,22 @@ def prepare_folder(folder: Path) -> Path:
 
 
 def demo_settings(folder: Path, base_url: str, api_key: str) -> Settings:
+    # Plain dicts, so REGEN_ environment variables merge into them key by key.
     return Settings(
-        openrouter=OpenRouterSettings(
-            base_url=base_url,
-            api_key=api_key,
-            max_tokens=512,
+        openrouter={
+            "base_url": base_url,
+            "api_key": api_key,
+            "max_tokens": 512,
             # Price-weighted balancing rather than strict price order, so several providers serve.
-            provider=ProviderSettings(sort=None),
-        ),
-        job=JobSettings(
-            dataset_roots=[folder / "datasets"],
-            run_dir=folder / "run",
-            concurrency=64,
-            budget_usd=5.0,
-            backoff_base_s=0.5,
-        ),
+            "provider": {"sort": None},
+        },
+        job={
+            "dataset_roots": [folder / "datasets"],
+            "run_dir": folder / "run",
+            "concurrency": 64,
+            "budget_usd": 5.0,
+            "backoff_base_s": 0.5,
+        },
         headless={"status_interval_s": 2.0},
     )
 
