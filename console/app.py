@@ -8,6 +8,7 @@ lives on. Call `console.options.configure_environment` before importing this mod
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +21,7 @@ from textual.containers import Vertical
 from textual.reactive import reactive
 from textual.theme import Theme
 from textual.timer import Timer
-from textual.widgets import DataTable, Footer, Input, Static
+from textual.widgets import DataTable, Input, Static
 from textual.worker import Worker, WorkerState
 
 from console.commands import RegenCommands
@@ -42,6 +43,7 @@ from console.source import JobSource
 from console.theming import DEFAULT_THEME, LoadedThemes, load_themes, variable_defaults
 from console.widgets.cost import CostPane
 from console.widgets.datasets import DatasetsPane
+from console.widgets.footer import RegenFooter
 from console.widgets.host import HostPane
 from console.widgets.log import EventLog
 from console.widgets.providers import ProvidersPane, ProvidersTable
@@ -155,10 +157,11 @@ class RegenApp(App[str]):
         Binding("q", "detach", "Detach", id="detach", tooltip="Quit the console; the job keeps running"),
     ]
 
-    job_state: reactive[str] = reactive("STARTING", bindings=True)
+    # Neither repaints: an App reactive that repaints redraws the whole screen; the header shows both.
+    job_state: reactive[str] = reactive("STARTING", repaint=False, bindings=True)
     """The job's state word from the newest snapshot; the footer offers what applies to it."""
-    frozen: reactive[bool] = reactive(False, bindings=True)
-    """Whether the display is frozen (snapshots still arrive and are kept)."""
+    frozen: reactive[bool] = reactive(False, repaint=False)
+    """Whether the display is frozen (snapshots still arrive and are kept); see `watch_frozen`."""
 
     def __init__(
         self,
@@ -166,7 +169,10 @@ class RegenApp(App[str]):
         options: ConsoleOptions | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        freeze_gc: bool = False,
     ) -> None:
+        """`freeze_gc` exempts what exists after the first paint from garbage collection (`_freeze_gc`):
+        for the console's own process, not for a test process that runs many apps."""
         super().__init__()
         self.source = source
         self.options = options or ConsoleOptions()
@@ -183,8 +189,11 @@ class RegenApp(App[str]):
         for theme in self.loaded_themes.themes:
             self.register_theme(theme)
         self._told_not_steer = 0.0
+        self._view_toasts_until: dict[str, float] = {}
         self._last_repaint = float("-inf")
         self._repaint_timer: Timer | None = None
+        self._freeze_gc_pending = freeze_gc
+        self._pane_groups_due: list[list[Callable[[dict[str, Any]], None]]] = []
 
     # ------------------------------------------------------------------------------- layout
 
@@ -200,7 +209,7 @@ class RegenApp(App[str]):
                 yield ThroughputPane(id="throughput-pane")
                 yield HostPane(id="host-pane")
         yield Static("", id="too-small")
-        yield Footer()
+        yield RegenFooter()
 
     def get_theme_variable_defaults(self) -> dict[str, str]:
         return variable_defaults(self.current_theme)
@@ -358,7 +367,20 @@ class RegenApp(App[str]):
             return
         self._last_repaint = time.monotonic()
         self.displayed, self.displayed_at = self.latest, self.latest_at
-        self._repaint()
+        self._paint_displayed()
+        if self._freeze_gc_pending:
+            self._freeze_gc_pending = False
+            self.call_after_refresh(self._freeze_gc)
+
+    def _freeze_gc(self) -> None:
+        """Move what the console holds after its first full paint out of the collector's way.
+
+        Modules, widgets and styles live as long as the console. Left in the oldest generation, every
+        full collection walks them all (some 80k objects: 50 ms and more on a busy core, a frame that
+        a key waits behind); frozen, a full collection walks only what came after.
+        """
+        gc.collect()
+        gc.freeze()
 
     @on(SourceEnded)
     def _source_ended(self, message: SourceEnded) -> None:
@@ -408,24 +430,75 @@ class RegenApp(App[str]):
     def _tick_freshness(self) -> None:
         self._repaint_status()
 
-    def _repaint(self) -> None:
-        """Repaint every pane from the snapshot on screen."""
+    def _paint_displayed(self) -> None:
+        """Paint the snapshot just put on display: the header now, the panes over the next frames.
+
+        A repaint of every pane in one frame is a long frame on a busy core, and a key pressed
+        during it waits for all of it; one group of panes per frame bounds that wait. With a
+        repaint interval of 0 (every snapshot repaints) everything is painted at once.
+        """
+        if self.options.repaint_interval_s <= 0 or self.displayed is None:
+            self._repaint()
+            return
+        self._repaint_status()
+        idle = not self._pane_groups_due
+        self._pane_groups_due = self._pane_groups()
+        if idle:
+            self.call_after_refresh(self._paint_next_pane_group)
+
+    def _paint_next_pane_group(self) -> None:
         snap = self.displayed
+        if not self._pane_groups_due or snap is None:
+            return
+        for paint in self._pane_groups_due.pop(0):
+            paint(snap)
+        if self._pane_groups_due:
+            self.call_after_refresh(self._paint_next_pane_group)
+
+    def _pane_groups(self) -> list[list[Callable[[dict[str, Any]], None]]]:
+        """The panes in the order a repaint visits them, one group per frame (the table alone: it costs most)."""
+        return [
+            [self._paint_providers],
+            [self._paint_cost, self._paint_datasets],
+            [self._paint_throughput, self._paint_host, self._paint_log, self._paint_details],
+        ]
+
+    def _repaint(self) -> None:
+        """Repaint every pane from the snapshot on screen, all in one frame."""
+        snap = self.displayed
+        self._pane_groups_due = []
         if snap is None:
             self._repaint_status()
             self.event_log.add(self.history.take_lines())
             return
         with self.batch_update():
             self._repaint_status()
-            self.providers_pane.show(list(snap.get("providers") or []), self.history)
-            self.query_one(CostPane).show(snap, self.history.burn_usd_per_h(snap))
-            self.query_one(DatasetsPane).show(snap, self.history)
-            self.query_one(ThroughputPane).show(self.history)
-            self.query_one(HostPane).show(snap)
-            self.event_log.add(self.history.take_lines())
-            for screen in self.screen_stack:
-                if isinstance(screen, ProviderDetailScreen) and screen.is_mounted:
-                    screen.show(snap, self.history)
+            for group in self._pane_groups():
+                for paint in group:
+                    paint(snap)
+
+    def _paint_providers(self, snap: dict[str, Any]) -> None:
+        self.providers_pane.show(list(snap.get("providers") or []), self.history)
+
+    def _paint_cost(self, snap: dict[str, Any]) -> None:
+        self.query_one(CostPane).show(snap, self.history.burn_usd_per_h(snap))
+
+    def _paint_datasets(self, snap: dict[str, Any]) -> None:
+        self.query_one(DatasetsPane).show(snap, self.history)
+
+    def _paint_throughput(self, snap: dict[str, Any]) -> None:
+        self.query_one(ThroughputPane).show(self.history)
+
+    def _paint_host(self, snap: dict[str, Any]) -> None:
+        self.query_one(HostPane).show(snap)
+
+    def _paint_log(self, snap: dict[str, Any]) -> None:
+        self.event_log.add(self.history.take_lines())
+
+    def _paint_details(self, snap: dict[str, Any]) -> None:
+        for screen in self.screen_stack:
+            if isinstance(screen, ProviderDetailScreen) and screen.is_mounted:
+                screen.show(snap, self.history)
 
     @on(ProvidersPane.FilterChanged)
     def _filter_changed(self) -> None:
@@ -583,10 +656,15 @@ class RegenApp(App[str]):
 
     # ---------------------------------------------------------------------------------- view
 
+    def watch_frozen(self) -> None:
+        # The footer (freeze or thaw) follows a frame after the header: its recompose is a layout
+        # pass, and FROZEN must not wait for it. Keys check `check_action` when pressed, not the footer.
+        self.call_after_refresh(self.refresh_bindings)
+
     def action_freeze(self) -> None:
         self.frozen = True
         self._repaint_status()
-        self.notify("display frozen; the job keeps running (f thaws)", title="Frozen")
+        self.notify_view("display frozen; the job keeps running (f thaws)", title="Frozen", timeout=3)
 
     def action_thaw(self) -> None:
         if self.frozen:
@@ -598,8 +676,9 @@ class RegenApp(App[str]):
             self.action_freeze()
             return
         self.frozen = False
+        self._last_repaint = time.monotonic()
         self.displayed, self.displayed_at = self.latest, self.latest_at
-        self._repaint()
+        self._paint_displayed()
 
     def action_filter(self) -> None:
         self.providers_pane.open_filter()
@@ -608,7 +687,20 @@ class RegenApp(App[str]):
         self.providers_pane.sort_index += 1
         if self.displayed is not None:
             self.providers_pane.show(self.provider_rows(), self.history)
-        self.notify(f"providers sorted by {self.providers_pane.sort[0]}", timeout=2)
+        self.notify_view(f"providers sorted by {self.providers_pane.sort[0]}", timeout=2)
+
+    def notify_view(self, message: str, *, title: str = "", timeout: float) -> None:
+        """A toast about what a view key did, after the frame that shows it, and never twice at once.
+
+        A toast is a mount and a layout pass: it waits for the frame with the key's own effect (the
+        header's FROZEN, the table's new order). Pressing the key again while the same toast still
+        shows does not stack another copy over the panes.
+        """
+        now = time.monotonic()
+        if self._view_toasts_until.get(message, 0.0) > now:
+            return
+        self._view_toasts_until[message] = now + timeout
+        self.call_after_refresh(self.notify, message, title=title, timeout=timeout)
 
     def action_details(self) -> None:
         slug = self.highlighted_slug

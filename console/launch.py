@@ -32,7 +32,7 @@ def run_console(
     options = options or ConsoleOptions()
     if no_mouse:
         options.mouse = False
-    app = RegenApp(source, options)
+    app = RegenApp(source, options, freeze_gc=True)
     app.run(mouse=options.mouse)
     return app.return_code or 0
 

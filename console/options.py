@@ -26,7 +26,8 @@ class ConsoleOptions:
     stale_after_s: float = 5.0
     """Data older than this shows its age in the warning colour."""
     repaint_interval_s: float = 0.5
-    """Panes repaint at most this often (the newest snapshot wins); 0 repaints on every snapshot."""
+    """Panes repaint at most this often (the newest snapshot wins), spread over a few frames after the
+    header so that no frame carries them all; 0 repaints everything at once on every snapshot."""
     log_max_lines: int = 2000
     """The log pane keeps at most this many lines."""
     history_points: int = 300

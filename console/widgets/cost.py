@@ -5,19 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 from textual import events
-from textual.content import Content
 from textual.markup import escape
-from textual.widgets import Static
 
 from console import format as fmt
 from console.format import number
 from console.widgets.bars import segments
+from console.widgets.text import TextPane
 
 # Below this many columns of content the pane prints five short lines instead of ten labelled ones.
 COMPACT_BELOW = 40
 
 
-class CostPane(Static):
+class CostPane(TextPane):
     """Money, in words and numbers; the bar repeats what the percentages say."""
 
     DEFAULT_CSS = """
@@ -28,12 +27,11 @@ class CostPane(Static):
     """
 
     def __init__(self, *, id: str | None = None) -> None:
-        super().__init__("", id=id)
+        super().__init__(id=id)
         self.border_title = "Cost"
         self.money: dict[str, Any] = {}
         self.credits: dict[str, Any] | None = None
         self.budget_warn_fraction = 0.8
-        self._line_count = 0
 
     def show(self, snap: dict[str, Any], burn_usd_per_h: float | None = None) -> None:
         """Repaint from a snapshot (with the console's burn rate when the job sends none)."""
@@ -48,14 +46,7 @@ class CostPane(Static):
         self._paint()
 
     def _paint(self) -> None:
-        if not self.money:
-            self.update("waiting for data")
-            self._line_count = 1
-            return
-        lines = self._lines()
-        # A layout pass only when the height (line count) changes, not on every tick.
-        self.update(Content.from_markup("\n".join(lines)), layout=len(lines) != self._line_count)
-        self._line_count = len(lines)
+        self.show_lines(self._lines() if self.money else ["waiting for data"])
 
     def _lines(self) -> list[str]:
         money = self.money

@@ -7,12 +7,12 @@ from typing import Any
 from textual import events
 from textual.content import Content
 from textual.markup import escape
-from textual.widgets import Static
 
 from console import format as fmt
 from console.format import number
 from console.history import History
 from console.widgets.bars import bar
+from console.widgets.text import TextPane
 
 STATE_COLOUR = {"done": "$success", "running": "$foreground", "waiting": "$text-muted", "failed": "$error"}
 
@@ -21,7 +21,7 @@ STATE_COLOUR = {"done": "$success", "running": "$foreground", "waiting": "$text-
 COMPACT_BELOW = 70
 
 
-class DatasetsPane(Static):
+class DatasetsPane(TextPane):
     """Progress per dataset; the words say the state, the colour only repeats it."""
 
     DEFAULT_CSS = """
@@ -32,11 +32,10 @@ class DatasetsPane(Static):
     """
 
     def __init__(self, *, id: str | None = None) -> None:
-        super().__init__("", id=id)
+        super().__init__(id=id)
         self.border_title = "Datasets"
         self.datasets: list[dict[str, Any]] = []
         self.etas: dict[str, float | None] = {}
-        self._line_count = 0
 
     def show(self, snap: dict[str, Any], history: History | None) -> None:
         """Repaint from a snapshot; ETAs come from the console's own rate window."""
@@ -51,8 +50,7 @@ class DatasetsPane(Static):
 
     def _paint(self) -> None:
         if not self.datasets:
-            self.update("no datasets yet")
-            self._line_count = 1
+            self.show_lines(["no datasets yet"])
             return
         width = self.content_size.width or 60
         name_width = min(14, max(len(str(d.get("name"))) for d in self.datasets))
@@ -82,6 +80,4 @@ class DatasetsPane(Static):
             plain_tail = Content.from_markup(tail).cell_length
             bar_width = max(4, width - name_width - plain_tail - 3)
             lines.append(f"{escape(name[:name_width]):<{name_width}} {bar(fraction, bar_width)} {tail}")
-        # A layout pass only when the height (line count) changes, not on every tick.
-        self.update(Content.from_markup("\n".join(lines)), layout=len(lines) != self._line_count)
-        self._line_count = len(lines)
+        self.show_lines(lines)

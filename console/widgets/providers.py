@@ -12,7 +12,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.coordinate import Coordinate
+from textual.geometry import Region
 from textual.message import Message
+from textual.strip import Strip
 from textual.widgets import DataTable, Input
 
 from console import format as fmt
@@ -133,7 +135,23 @@ class ProvidersTable(DataTable[Any]):
         self._cells: dict[tuple[str, str], object] = {}
         self._columns: tuple[Column, ...] = ()
         self.providers: dict[str, dict[str, Any]] = {}
+        self._caches_for = -1
         self._last_show: tuple[list[dict[str, Any]], History | None, str, tuple[str, str, bool]] | None = None
+
+    def render_lines(self, crop: Region) -> list[Strip]:
+        # DataTable keys its render caches by a counter that every update_cell bumps, and keeps up
+        # to 10,000 stale cells and 1,000 stale lines: on a live table that is some 100k objects
+        # for each full garbage collection to walk (a pause of 100 ms and more). Keep the current ones only.
+        if self._update_count != self._caches_for:
+            self._caches_for = self._update_count
+            for cache in (
+                self._row_render_cache,
+                self._cell_render_cache,
+                self._row_renderable_cache,
+                self._line_cache,
+            ):
+                cache.clear()
+        return super().render_lines(crop)
 
     @property
     def column_keys(self) -> list[str]:
@@ -314,6 +332,7 @@ class ProvidersPane(Vertical):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.border_title = "Providers"
+        self._subtitle = ""
         self.filter_text = ""
         self.sort_index = 0
 
@@ -365,4 +384,8 @@ class ProvidersPane(Vertical):
         parts = [f"sort {name} {'↓' if descending else '↑'}"]
         if self.filter_text:
             parts.append(f"filter “{self.filter_text}” {self.table.row_count} of {len(providers)}")
-        self.border_subtitle = " · ".join(parts)
+        subtitle = " · ".join(parts)
+        if subtitle != self._subtitle:
+            # Setting a border subtitle repaints the whole pane, table included, even when equal.
+            self._subtitle = subtitle
+            self.border_subtitle = subtitle

@@ -69,6 +69,7 @@ class StatusStrip(Static):
         self.budget_warn_fraction = 0.8
         self.freshness = Freshness(None, 5.0)
         self.burn_usd_per_h: float | None = None
+        self._markup_shown = ""
 
     def show(
         self, snap: dict[str, Any] | None, freshness: Freshness, burn_usd_per_h: float | None = None
@@ -78,8 +79,11 @@ class StatusStrip(Static):
             self.snapshot = snap
             self.burn_usd_per_h = burn_usd_per_h
         self.freshness = freshness
-        # Two lines, full width: the size never changes, so no layout pass.
-        self.update(Content.from_markup(self._markup(freshness)), layout=False)
+        markup = self._markup(freshness)
+        if markup != self._markup_shown:
+            self._markup_shown = markup
+            # Two lines, full width: the size never changes, so no layout pass.
+            self.update(Content.from_markup(markup), layout=False)
 
     def on_resize(self, event: events.Resize) -> None:
         self.show(None, self.freshness)

@@ -44,6 +44,7 @@ class ThroughputPane(Vertical):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.border_title = "Throughput"
+        self._shown: dict[str, object] = {}
 
     def compose(self) -> ComposeResult:
         for key, title, _ in SERIES:
@@ -51,18 +52,27 @@ class ThroughputPane(Vertical):
             yield Sparkline([], id=f"{key}-spark", summary_function=max)
 
     def show(self, history: History) -> None:
-        """Repaint from the history windows."""
+        """Repaint from the history windows; a label or sparkline that would not change is left alone."""
         windows = {
             "tokens": history.output_tokens_per_s,
             "requests": history.requests_per_s,
             "latency": history.latency_p50_s,
         }
         minutes = len(history.output_tokens_per_s) * history.sample_every_s / 60
-        self.border_subtitle = f"last {minutes:.0f} min" if minutes >= 1 else "last minute"
+        subtitle = f"last {minutes:.0f} min" if minutes >= 1 else "last minute"
+        if subtitle != self._shown.get("subtitle"):
+            # Setting a border subtitle repaints the whole pane, children included, even when equal.
+            self._shown["subtitle"] = subtitle
+            self.border_subtitle = subtitle
         for key, title, render in SERIES:
             window = windows[key]
             now = window[-1] if window else None
             peak = max(window) if window else None
-            label = self.query_one(f"#{key}-label", Label)
-            label.update(f"{title} {render(now)} (peak {render(peak)})", layout=False)
-            self.query_one(f"#{key}-spark", Sparkline).data = list(window)
+            text = f"{title} {render(now)} (peak {render(peak)})"
+            if text != self._shown.get(f"{key}-label"):
+                self._shown[f"{key}-label"] = text
+                self.query_one(f"#{key}-label", Label).update(text, layout=False)
+            data = list(window)
+            if data != self._shown.get(f"{key}-spark"):
+                self._shown[f"{key}-spark"] = data
+                self.query_one(f"#{key}-spark", Sparkline).data = data
