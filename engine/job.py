@@ -579,6 +579,19 @@ class Job:
         self.datasets[item.prompt.dataset].in_flight += 1
         task = asyncio.get_running_loop().create_task(self._attempt(item, reservation, rid))
         self._flights[task] = _Flight(item, reservation, rid)
+        # Bookkeeping in a done callback, not in the coroutine: a task cancelled before it first
+        # runs never enters its body, and its flight must still be released.
+        task.add_done_callback(self._landed)
+
+    def _landed(self, task: asyncio.Task[None]) -> None:
+        flight = self._flights.pop(task, None)
+        if flight is None:
+            return
+        if not flight.released:
+            self.ledger.release(flight.reservation)
+            flight.released = True
+        self.datasets[flight.item.prompt.dataset].in_flight -= 1
+        self._changed.set()
 
     async def _attempt(self, item: WorkItem, reservation: Decimal, rid: str) -> None:
         assert self._attempts is not None
@@ -614,12 +627,6 @@ class Job:
             if not settled:
                 self._cancelled(flight)
             raise
-        finally:
-            self._flights.pop(task, None)
-            if not flight.released:
-                self.ledger.release(reservation)
-            self.datasets[prompt.dataset].in_flight -= 1
-            self._changed.set()
 
     def _cancelled(self, flight: _Flight) -> None:
         """A request cancelled by a stop: its worst case counts until /generation says otherwise."""

@@ -442,3 +442,19 @@ async def test_a_stalled_stream_is_abandoned_after_the_idle_limit_and_retried(
     journal = [orjson.loads(x) for x in (job.run_dir / "attempts.jsonl").read_bytes().splitlines()]
     stalled = [r for r in journal if r["k"] == "end" and r.get("msg") == "no data for 0.3 s"]
     assert stalled, "the idle limit fired"
+
+
+async def test_cancel_reaches_requests_that_had_not_started_yet(
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    a = write_dataset(tmp_path, "A", 300)
+    job = Job(make_settings(sim.base_url, [a], concurrency=200))
+    await job.prepare()
+    runner = asyncio.create_task(job.run())
+    while job.in_flight == 0:
+        await asyncio.sleep(0)
+    job.stop(cancel=True)  # most of the 200 tasks were created but have not run a line yet
+    outcome = await asyncio.wait_for(runner, timeout=20)
+    assert outcome.reason is StopReason.OPERATOR
+    assert job.in_flight == 0 and job.ledger.reserved == 0
+    assert all(state.in_flight == 0 for state in job.datasets.values())
