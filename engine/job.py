@@ -136,7 +136,6 @@ class Job:
         self._stop_mode: str | None = None
         self.budget_blocked = False
         self._random = random.Random()
-        self.unsettled_at_stop = 0
         self.breakdown = SpendBreakdown()
         self.credits: dict[str, Any] = {}
         self.quarantined = 0
@@ -630,7 +629,6 @@ class Job:
 
     def _cancelled(self, flight: _Flight) -> None:
         """A request cancelled by a stop: its worst case counts until /generation says otherwise."""
-        self.unsettled_at_stop += 1
         prompt = flight.item.prompt
         self.ledger.charge(flight.reservation, estimated=True)
         self.breakdown.add("cancelled", flight.reservation)

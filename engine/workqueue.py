@@ -42,10 +42,6 @@ class WorkQueue:
         """Put back an item that was taken but could not be sent yet (e.g. the budget gate)."""
         self._front.append(item)
 
-    @property
-    def waiting_retries(self) -> int:
-        return len(self._retries)
-
     def take(self, now: float, is_open: Callable[[str], bool]) -> tuple[WorkItem | None, float | None]:
         """The next item to send, or (None, seconds until a retry is due) or (None, None) if empty.
 
@@ -78,9 +74,3 @@ class WorkQueue:
         if self._retries:
             return None, max(0.0, self._retries[0][0] - now)
         return None, None
-
-    def drain_pending(self) -> Iterator[WorkItem]:
-        """Every item still waiting (for a summary on stop)."""
-        yield from self._front
-        for _, _, item in self._retries:
-            yield item

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -47,7 +47,6 @@ class AttemptResult:
     http_status: int | None = None
     error: AttemptError | None = None
     received_bytes: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def completion_tokens(self) -> int:
