@@ -420,6 +420,24 @@ async def test_a_stalled_stream_is_abandoned_after_the_idle_limit_and_retried(
     assert stalled, "the idle limit fired"
 
 
+async def test_an_attempt_that_keeps_talking_is_still_abandoned_at_the_total_limit(
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    sim.config.keepalive_interval_s = 0.05  # keep-alive comments flow, so the idle limit never fires
+    sim.config.slow_first_token_factor = 2000.0
+    sim.config.faults = {"slow_first_token": 0.3}
+    a = write_dataset(tmp_path, "A", 12)
+    settings = make_settings(
+        sim.base_url, [a], max_attempts=20, openrouter={"read_timeout_s": 10.0, "request_timeout_s": 0.5}
+    )
+    job = await run_job(settings)
+    assert job.outcome is not None and job.outcome.reason is StopReason.DONE
+    assert_one_row_per_prompt(a, 12)
+    journal = [orjson.loads(x) for x in (job.run_dir / "attempts.jsonl").read_bytes().splitlines()]
+    messages = {r.get("msg") for r in journal if r["k"] == "end" and r["outcome"] != "ok"}
+    assert messages == {"no complete answer within request_timeout_s (0.5 s)"}
+
+
 async def test_cancel_reaches_requests_that_had_not_started_yet(
     sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
 ) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from engine.openrouter.deadlines import Deadlines, Watch
 from engine.openrouter.errors import (
     AttemptError,
     Disposition,
@@ -175,6 +176,11 @@ class OpenRouterClient:
             "HTTP-Referer": "https://github.com/regen",
         }
         self._static_body = self._build_static_body()
+        self._deadlines = Deadlines(settings.read_timeout_s, settings.request_timeout_s)
+        self._connect_timeout = aiohttp.ClientTimeout(sock_connect=settings.connect_timeout_s)
+        self._account_timeout = aiohttp.ClientTimeout(
+            total=settings.request_timeout_s, sock_connect=settings.connect_timeout_s
+        )
 
     def _build_static_body(self) -> dict[str, Any]:
         s = self.settings
@@ -229,20 +235,18 @@ class OpenRouterClient:
         connector = aiohttp.TCPConnector(
             limit=self.pool_size, limit_per_host=0, ttl_dns_cache=300, keepalive_timeout=60
         )
-        # No sock_read: aiohttp would re-arm a timer on every network read. The idle limit is
-        # kept per attempt instead (see complete), re-armed at most once a second.
-        timeout = aiohttp.ClientTimeout(
-            total=self.settings.request_timeout_s, sock_connect=self.settings.connect_timeout_s
-        )
+        # Only the connect limit is aiohttp's: its total and sock_read limits arm a loop timer per
+        # request (or per read). Chat completions get theirs from one sweeper (see deadlines.py).
         self._session = aiohttp.ClientSession(
             connector=connector,
-            timeout=timeout,
+            timeout=self._connect_timeout,
             json_serialize=lambda obj: orjson.dumps(obj).decode(),
             auto_decompress=True,
             read_bufsize=2**16,
         )
 
     async def close(self) -> None:
+        await self._deadlines.close()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -256,7 +260,9 @@ class OpenRouterClient:
     async def get_json(self, path: str, params: Mapping[str, str] | None = None) -> tuple[int, Any]:
         """GET an account or catalog endpoint; returns (status, parsed body or None)."""
         url = self.settings.base_url.rstrip("/") + path
-        async with self.session.get(url, headers=self._headers, params=params) as resp:
+        async with self.session.get(
+            url, headers=self._headers, params=params, timeout=self._account_timeout
+        ) as resp:
             raw = await resp.read()
             try:
                 return resp.status, orjson.loads(raw)
@@ -273,13 +279,12 @@ class OpenRouterClient:
         """Run one attempt; never raises for server or network trouble (it is in `.error`)."""
         result = AttemptResult()
         started = time.monotonic()
-        idle_limit = self.settings.read_timeout_s
-        loop = asyncio.get_running_loop()
         # The idle limit covers the wait for headers and the gaps in a stream; a non-stream body is
         # legitimately silent until the whole completion is done (the total limit only).
-        idle = asyncio.timeout_at(loop.time() + idle_limit)
+        deadlines = self._deadlines
+        watch = deadlines.watch()
         try:
-            async with idle, self.session.post(
+            async with self.session.post(
                 self._chat_url, data=self.request_body(messages, ignore), headers=self._headers
             ) as resp:
                 result.http_status = resp.status
@@ -294,16 +299,23 @@ class OpenRouterClient:
                         body = None
                     result.error = classify_status(resp.status, body, resp.headers)
                 elif self.settings.stream and resp.content_type == "text/event-stream":
-                    await self._read_stream(resp, result, started, on_provider, idle, idle_limit)
+                    await self._read_stream(resp, result, started, on_provider, watch)
                 else:
-                    idle.reschedule(None)
+                    watch.idle_exempt = True
                     await self._read_body(resp, result, started)
-        except TimeoutError as exc:
-            what = f"no data for {idle_limit:g} s" if idle.expired() else (str(exc) or "request timed out")
-            result.error = AttemptError(ErrorClass.NETWORK, Disposition.RETRY, what[:300])
+        except asyncio.CancelledError:
+            if not deadlines.absorb(watch):
+                raise
+            result.error = AttemptError(ErrorClass.NETWORK, Disposition.RETRY, deadlines.reason(watch))
+        except TimeoutError as exc:  # aiohttp's connect limit
+            result.error = AttemptError(
+                ErrorClass.NETWORK, Disposition.RETRY, (str(exc) or "connect timed out")[:300]
+            )
         except (aiohttp.ClientError, OSError) as exc:
             what = type(exc).__name__ if not str(exc) else f"{type(exc).__name__}: {exc}"
             result.error = AttemptError(ErrorClass.NETWORK, Disposition.RETRY, what[:300])
+        finally:
+            deadlines.unwatch(watch)
         result.e2e_s = time.monotonic() - started
         if result.error is None:
             self._check_accepted(result)
@@ -362,22 +374,14 @@ class OpenRouterClient:
         result: AttemptResult,
         started: float,
         on_provider: Callable[[str], None] | None,
-        idle: asyncio.Timeout,
-        idle_limit: float,
+        watch: Watch,
     ) -> None:
         parse = _StreamParse(result, started, on_provider)
-        received = 0
         pending = b""
         stopped = False
-        loop = asyncio.get_running_loop()
-        armed = loop.time()
         # Whole network reads split by hand: aiohttp's readline costs more per line than the parse.
         async for block in resp.content.iter_any():
-            received += len(block)
-            now = loop.time()
-            if now - armed > 1.0:
-                idle.reschedule(now + idle_limit)
-                armed = now
+            watch.received += len(block)
             lines = (pending + block).split(b"\n") if pending else block.split(b"\n")
             pending = lines.pop()
             for line in lines:
@@ -388,7 +392,7 @@ class OpenRouterClient:
                 break
         if not stopped and pending:
             parse.line(pending)
-        result.received_bytes = received
+        result.received_bytes = watch.received
         parse.finish()
 
     def _check_accepted(self, result: AttemptResult) -> None:
