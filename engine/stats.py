@@ -8,7 +8,6 @@ E2E the time to the last byte, TPOT = (E2E - TTFT) / (output tokens - 1).
 
 from __future__ import annotations
 
-import itertools
 import random
 import time
 from collections import Counter, deque
@@ -84,16 +83,18 @@ def _quantiles(values: list[float]) -> dict[str, float | None]:
     }
 
 
-@dataclass(slots=True)
-class _Sample:
-    at: float
-    ok: bool
-    e2e: float
-    ttft: float | None
-    tpot: float | None
-    tokens: int
-    cost: Decimal
-    error: str | None
+class _Second:
+    """What one provider's attempts settled within one whole second."""
+
+    __slots__ = ("errors", "ok", "requests", "second", "spent", "tokens")
+
+    def __init__(self, second: int) -> None:
+        self.second = second
+        self.requests = 0
+        self.ok = 0
+        self.tokens = 0
+        self.spent = Decimal(0)
+        self.errors: Counter[str] | None = None
 
 
 @dataclass(slots=True)
@@ -119,7 +120,12 @@ class ProviderStats:
     e2e: Reservoir = field(default_factory=Reservoir)
     ttft: Reservoir = field(default_factory=Reservoir)
     tpot: Reservoir = field(default_factory=Reservoir)
-    recent: deque[_Sample] = field(default_factory=lambda: deque(maxlen=8192))
+    # The window: counts per whole second (exact however fast the provider is), and the latest
+    # successes' latencies for percentiles (enough for p99, cheap at four snapshots a second).
+    seconds: deque[_Second] = field(default_factory=deque)
+    latest: deque[tuple[float, float, float | None, float | None]] = field(
+        default_factory=lambda: deque(maxlen=WINDOW_QUANTILE_SAMPLES)
+    )
     recent_errors: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=20))
 
     def record(
@@ -149,44 +155,59 @@ class ProviderStats:
         else:
             self.errors[error or "unknown"] += 1
             self.recent_errors.append({"ts": time.time(), "class": error, "message": message[:200]})
-        self.recent.append(_Sample(now, ok, e2e, ttft, tpot, tokens if ok else 0, cost, error))
-        self._trim(now)
+        second = int(now)
+        seconds = self.seconds
+        if seconds and seconds[-1].second == second:
+            bucket = seconds[-1]
+        else:
+            bucket = _Second(second)
+            seconds.append(bucket)
+            self._trim(now)
+        bucket.requests += 1
+        bucket.spent += cost
+        if ok:
+            bucket.ok += 1
+            bucket.tokens += tokens
+            self.latest.append((now, e2e, ttft, tpot))
+        else:
+            if bucket.errors is None:
+                bucket.errors = Counter()
+            bucket.errors[error or "unknown"] += 1
 
     def adjust_cost(self, delta: Decimal) -> None:
         """A cost estimate replaced by the billed amount."""
         self.spent += delta
 
     def _trim(self, now: float) -> None:
-        horizon = now - self.window_s
-        while self.recent and self.recent[0].at < horizon:
-            self.recent.popleft()
+        # A second belongs to the window while any of it is younger than window_s.
+        first = int(now - self.window_s) + 1
+        seconds = self.seconds
+        while seconds and seconds[0].second < first:
+            seconds.popleft()
 
     def window(self, now: float, span_s: float) -> dict[str, Any]:
         self._trim(now)
-        samples = self.recent
-        ok = 0
-        tokens = 0
+        requests = ok = tokens = 0
         spent = Decimal(0)
         errors: Counter[str] = Counter()
-        for sample in samples:
-            spent += sample.cost
-            if sample.ok:
-                ok += 1
-                tokens += sample.tokens
-            else:
-                errors[sample.error or "unknown"] += 1
-        # Percentiles from the newest successes only: enough for p99, cheap at four snapshots a second.
-        latest = [s for s in itertools.islice(reversed(samples), WINDOW_QUANTILE_SAMPLES * 2) if s.ok]
-        latest = latest[:WINDOW_QUANTILE_SAMPLES]
+        for bucket in self.seconds:
+            requests += bucket.requests
+            ok += bucket.ok
+            tokens += bucket.tokens
+            spent += bucket.spent
+            if bucket.errors:
+                errors.update(bucket.errors)
+        horizon = now - self.window_s
+        latest = [sample for sample in self.latest if sample[0] >= horizon]
         return {
-            "requests": len(samples),
+            "requests": requests,
             "ok": ok,
             "errors": dict(errors),
-            "error_share": (len(samples) - ok) / len(samples) if samples else 0.0,
+            "error_share": (requests - ok) / requests if requests else 0.0,
             "output_tokens_per_s": tokens / span_s if span_s > 0 else 0.0,
-            "e2e_s": _quantiles([s.e2e for s in latest]),
-            "ttft_s": _quantiles([s.ttft for s in latest if s.ttft is not None]),
-            "tpot_s": _quantiles([s.tpot for s in latest if s.tpot is not None]),
+            "e2e_s": _quantiles([s[1] for s in latest]),
+            "ttft_s": _quantiles([s[2] for s in latest if s[2] is not None]),
+            "tpot_s": _quantiles([s[3] for s in latest if s[3] is not None]),
             "spent": float(spent),
         }
 
