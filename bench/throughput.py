@@ -62,15 +62,19 @@ MD_END = "<!-- bench:throughput:end -->"
 # The simulator profile. Every endpoint gets the same speed so the routing draw does not move the
 # figures; time_scale shrinks TTFT and stretches the token rate: 0.8 s TTFT and 100 tokens/s
 # become 8 ms and 10,000 tokens/s, so a completion of 256-1024 tokens (~640 on average, 30%
-# reasoning) streams in ~0.1 s as ~7 SSE events (a reasoning and a content event per 20 ms flush,
-# role, finish, usage). Few, large events: per-request work (connection, headers, regen's journal,
-# row and fsync) weighs more than in a token-per-event stream, which is where regen adds to the
-# bare loop.
+# reasoning) streams in ~0.1 s. Events carry 128 tokens each (tokens_per_event), about 6.5 token
+# events per completion plus role, finish and usage, whatever the timing: with one event per flush
+# instead, a simulator lagging behind a fast client packs a whole completion into one or two
+# events, so the faster client would also be given less to parse per request (the events per
+# request are printed for every run, from the simulator's own count). Few, large events: the
+# per-request work (connection, headers, regen's journal, row and fsync) weighs more than in a
+# token-per-event stream, which is where regen adds to the bare loop.
 SIM_PROFILE: dict[str, Any] = {
     "time_scale": 0.01,
     "ttft_s": 0.8,
     "tokens_per_s": 100.0,
     "chunk_interval_s": 0.02,
+    "tokens_per_event": 128,
     "keepalive_interval_s": 1.0,
     "min_completion_tokens": 256,
     "max_completion_tokens": 1024,
@@ -348,6 +352,7 @@ def sim_config() -> dict[str, Any]:
         models=models,
         time_scale=p["time_scale"],
         chunk_interval_s=p["chunk_interval_s"],
+        tokens_per_event=p["tokens_per_event"],
         keepalive_interval_s=p["keepalive_interval_s"],
         min_completion_tokens=p["min_completion_tokens"],
         max_completion_tokens=p["max_completion_tokens"],
@@ -430,6 +435,11 @@ class Sim:
                 raise SystemExit("simulator did not answer GET /api/v1/models within 30 s")
             time.sleep(0.1)
 
+    def token_events(self) -> int:
+        """SSE events carrying tokens the simulator has sent so far (GET /_sim/state)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/_sim/state", timeout=10) as resp:
+            return int(json.loads(resp.read())["counters"]["token_events"])
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -465,6 +475,7 @@ def median_row(results: list[dict[str, Any]]) -> dict[str, Any]:
     row["tok_s"] = statistics.median(tps)
     row["tok_s_all"] = tps
     row["req_s"] = statistics.median(r["requests"] / r["wall_s"] for r in results)
+    row["events_req"] = statistics.median(r["token_events"] / max(r["requests"], 1) for r in results)
     row["tok_cpu_s"] = statistics.median(r["tokens"] / max(r["cpu_s"], 1e-9) for r in results)
     row["errors"] = sum(r["errors"] for r in results)
     row["first_error"] = next((r["first_error"] for r in results if r["first_error"]), None)
@@ -474,8 +485,8 @@ def median_row(results: list[dict[str, Any]]) -> dict[str, Any]:
 def fmt_table(rows: list[dict[str, Any]]) -> list[str]:
     out = [
         "| concurrency | client | output tok/s (median) | each run | req/s | tokens | requests | errors "
-        "| wall s | client CPU s (% of wall) | tok per client CPU-s | sim CPU % |",
-        "|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| wall s | client CPU s (% of wall) | tok per client CPU-s | sim CPU % | token events/req |",
+        "|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         runs = ", ".join(f"{x / 1e3:,.0f}k" for x in r["tok_s_all"])
@@ -483,7 +494,7 @@ def fmt_table(rows: list[dict[str, Any]]) -> list[str]:
             f"| {r['concurrency']} | {r['variant']} | {r['tok_s']:,.0f} | {runs} | {r['req_s']:,.0f} "
             f"| {r['tokens']:,} | {r['requests']:,} | {r['errors']:,} | {r['wall_s']:.1f} "
             f"| {r['cpu_s']:.1f} ({100 * r['cpu_s'] / r['wall_s']:.0f}%) | {r['tok_cpu_s']:,.0f} "
-            f"| {100 * r['sim_cpu_s'] / r['wall_s']:.0f}% |"
+            f"| {100 * r['sim_cpu_s'] / r['wall_s']:.0f}% | {r['events_req']:.1f} |"
         )
     return out
 
@@ -637,6 +648,7 @@ def main(argv: list[str] | None = None) -> int:
                     try:
                         prof = args.profile / f"regen-{c}-{k}.prof" if args.profile and v == "regen" else None
                         r = run_child(v, sim, prompts(c, v), c, work, prof)
+                        r["token_events"] = sim.token_events()
                     finally:
                         sim.stop()
                         shutil.rmtree(work, ignore_errors=True)
@@ -644,7 +656,8 @@ def main(argv: list[str] | None = None) -> int:
                     err = f", {r['errors']} errors (first: {r['first_error']})" if r["errors"] else ""
                     print(f"  c={c} run {k + 1}/{repeat} {v:8s} {r['tokens'] / r['wall_s']:>10,.0f} tok/s "
                           f"{r['requests'] / r['wall_s']:>7,.0f} req/s  wall {r['wall_s']:5.1f} s  "
-                          f"cpu {r['cpu_s']:5.1f} s  sim cpu {100 * r['sim_cpu_s'] / r['wall_s']:3.0f}%{err}",
+                          f"cpu {r['cpu_s']:5.1f} s  sim cpu {100 * r['sim_cpu_s'] / r['wall_s']:3.0f}%  "
+                          f"events/req {r['token_events'] / max(r['requests'], 1):4.1f}{err}",
                           flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

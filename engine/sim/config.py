@@ -88,6 +88,10 @@ class SimConfig(BaseModel):
     # --- timing ----------------------------------------------------------------------------
     time_scale: float = 1.0  # multiplies every TTFT and per-token delay; tests use ~0.01
     chunk_interval_s: float = 0.05  # a stream flushes the tokens produced so far this often
+    # 0: a flush sends one reasoning and one content event, however many tokens it holds, so a
+    # busy client sees fewer, larger events. N > 0: events of N tokens (aligned to multiples of N),
+    # so a completion's events do not depend on timing; benchmarks compare clients this way.
+    tokens_per_event: int = Field(0, ge=0)
     keepalive_interval_s: float = 1.0  # ": OPENROUTER PROCESSING" while no token is due
     generation_lookup_delay_s: float = 2.0  # GET /generation is 404 until this after completion
 

@@ -77,6 +77,7 @@ class OpenRouterSim:
         self.in_flight = 0
         self.peak_in_flight = 0
         self.total_requests = 0
+        self.token_events = 0  # SSE events carrying tokens: what a client parses per request
         self.served: Counter[str] = Counter()
         self.faults_injected: Counter[str] = Counter()
         self._rng = random.Random(self.config.seed)
@@ -146,6 +147,7 @@ class OpenRouterSim:
                 "in_flight": self.in_flight,
                 "peak_in_flight": self.peak_in_flight,
                 "total_requests": self.total_requests,
+                "token_events": self.token_events,
             },
             "served": dict(self.served),
             "faults_injected": dict(self.faults_injected),
@@ -633,13 +635,31 @@ class OpenRouterSim:
         return span(CONTENT_CYCLE, plan.off_content, start, end)
 
     def _token_events(self, plan: Plan, cb: ChunkBuilder, a: int, b: int) -> bytes:
+        """Events for tokens [a, b): one reasoning and one content event, or with tokens_per_event
+        set, one event per aligned run of that many tokens (so timing never changes the count)."""
         r = plan.reasoning_tokens
+        k = self.config.tokens_per_event or max(b - a, 1)
         out: list[bytes] = []
-        if a < r and plan.show_reasoning:
-            out.append(cb.reasoning(span(REASONING_CYCLE, plan.off_reasoning, a, min(b, r))))
-        if b > r:
-            out.append(cb.content(self._content_text(plan, max(a, r) - r, b - r)))
+        pos = a
+        while pos < b:
+            end = min(b, (pos // k + 1) * k) if self.config.tokens_per_event else b
+            if pos < r < end:
+                end = r
+            if pos < r:
+                if plan.show_reasoning:
+                    out.append(cb.reasoning(span(REASONING_CYCLE, plan.off_reasoning, pos, end)))
+            else:
+                out.append(cb.content(self._content_text(plan, pos - r, end - r)))
+            pos = end
+        self.token_events += len(out)
         return b"".join(out)
+
+    def _flush_upto(self, produced: int, stop_at: int) -> int:
+        """How many of the produced tokens to send now: whole events only, unless it is the end."""
+        k = self.config.tokens_per_event
+        if k <= 0 or produced >= stop_at:
+            return produced
+        return produced - produced % k
 
     # --- non-stream ----------------------------------------------------------------------------
     async def _serve_json(self, request: web.Request, plan: Plan) -> web.StreamResponse:
@@ -796,7 +816,7 @@ class OpenRouterSim:
         last_write = loop.time()
         while sent < plan.stop_at:
             now = loop.time()
-            produced = self._produced(plan, now, first_at)
+            produced = self._flush_upto(self._produced(plan, now, first_at), plan.stop_at)
             if produced > sent:
                 data = self._token_events(plan, cb, sent, produced)
                 sent = produced

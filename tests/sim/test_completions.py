@@ -173,3 +173,23 @@ async def test_default_model_and_prompt_estimate(api: Api) -> None:
     assert r.status == 200 and r.json["model"] == "moonshotai/kimi-k2.5-0127"
     text = PROMPT[0]["content"]
     assert r.json["usage"]["prompt_tokens"] == len(text.encode()) // 4 + 4
+
+
+async def test_tokens_per_event_fixes_the_events_whatever_the_timing(api: Api, osim: OpenRouterSim) -> None:
+    plain = await api.stream(provider=ONLY_FIREWORKS, max_tokens=1000)
+    osim.config.tokens_per_event = 8
+    shapes = []
+    for interval in (0.001, 0.5):  # many small flushes, then one flush holding everything
+        osim.config.chunk_interval_s = interval
+        before = osim.state()["counters"]["token_events"]
+        s = await api.stream(provider=ONLY_FIREWORKS, max_tokens=1000)
+        assert s.content() == plain.content() and s.reasoning() == plain.reasoning()
+        token_chunks = s.chunks[1:-2]  # role first; finish and usage last
+        assert osim.state()["counters"]["token_events"] - before == len(token_chunks)
+        shapes.append([(bool(c["choices"][0]["delta"].get("reasoning")), c) for c in token_chunks])
+    usage = plain.usage()
+    assert usage is not None
+    n, r = usage["completion_tokens"], usage["completion_tokens_details"]["reasoning_tokens"]
+    cuts = set(range(8, n, 8)) | ({r} if 0 < r < n else set())
+    assert len(shapes[0]) == len(shapes[1]) == len(cuts) + 1
+    assert [kind for kind, _ in shapes[0]] == [kind for kind, _ in shapes[1]]
