@@ -147,6 +147,7 @@ class Job:
         self._quarantine: JsonlAppender | None = None
         self._pool: TokenizePool | None = None
         self._endpoint_names: dict[str, Endpoint | None] = {}
+        self._guard_verdicts: dict[str | None, str | None] = {}
         # Recent events for attached consoles: operator actions, state changes and errors.
         self._recent: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
         self._recent_seq = 0
@@ -667,7 +668,18 @@ class Job:
         return flight.reservation, True
 
     def _guard_violation(self, provider: str | None) -> str | None:
-        """Why a response's serving provider is outside the precision allowlist, or None."""
+        """Why a response's serving provider is outside the precision allowlist, or None.
+
+        Asked once per response; the catalog and the allowlist are fixed once the job is prepared,
+        so the verdict is kept per provider name.
+        """
+        try:
+            return self._guard_verdicts[provider]
+        except KeyError:
+            verdict = self._guard_verdicts[provider] = self._judge_provider(provider)
+            return verdict
+
+    def _judge_provider(self, provider: str | None) -> str | None:
         if not self.settings.openrouter.precision_guard or self.routing.quantizations is None:
             return None
         if not provider:

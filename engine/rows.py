@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from typing import TYPE_CHECKING, Any
@@ -24,9 +25,15 @@ def requested_thinking(settings: OpenRouterSettings) -> bool:
     )
 
 
+@functools.lru_cache(maxsize=8)
+def _utc_second(second: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+
+
 def utc_iso(ts: float) -> str:
-    """2026-09-20T10:11:12.345Z; strftime is about twice as fast as datetime.isoformat here."""
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts * 1000) % 1000:03d}Z"
+    """2026-09-20T10:11:12.345Z. Rows come thousands a second, so the formatted second is cached."""
+    ms = int(ts * 1000)
+    return f"{_utc_second(ms // 1000)}.{ms % 1000:03d}Z"
 
 
 def quality_flags(content: str, reasoning: str) -> list[str]:

@@ -69,7 +69,7 @@ class Reservoir:
         if len(self.values) < self.size:
             self.values.append(value)
             return
-        slot = self._random.randrange(self.seen)
+        slot = int(self._random.random() * self.seen)
         if slot < self.size:
             self.values[slot] = value
 

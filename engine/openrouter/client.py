@@ -176,6 +176,7 @@ class OpenRouterClient:
             "HTTP-Referer": "https://github.com/regen",
         }
         self._static_body = self._build_static_body()
+        self._body_for: tuple[tuple[str, ...] | None, dict[str, Any]] = (None, {})
         self._deadlines = Deadlines(settings.read_timeout_s, settings.request_timeout_s)
         self._connect_timeout = aiohttp.ClientTimeout(sock_connect=settings.connect_timeout_s)
         self._account_timeout = aiohttp.ClientTimeout(
@@ -219,9 +220,15 @@ class OpenRouterClient:
         return obj
 
     def request_body(self, messages: list[dict[str, Any]], ignore: Sequence[str]) -> bytes:
-        body = dict(self._static_body)
+        # The ignore list changes only when an operator or the guard excludes a provider, so the
+        # body without its messages is rebuilt only then.
+        key = tuple(ignore)
+        if key != self._body_for[0]:
+            body = dict(self._static_body)
+            body["provider"] = self.provider_object(key)
+            self._body_for = (key, body)
+        body = dict(self._body_for[1])
         body["messages"] = messages
-        body["provider"] = self.provider_object(ignore)
         return orjson.dumps(body)
 
     async def __aenter__(self) -> OpenRouterClient:
@@ -385,6 +392,8 @@ class OpenRouterClient:
             lines = (pending + block).split(b"\n") if pending else block.split(b"\n")
             pending = lines.pop()
             for line in lines:
+                if not line:  # the blank line that ends each event
+                    continue
                 if parse.line(line):
                     stopped = True
                     break
