@@ -246,6 +246,8 @@ class OpenRouterClient:
         # request (or per read). Chat completions get theirs from one sweeper (see deadlines.py).
         self._session = aiohttp.ClientSession(
             connector=connector,
+            # Session-wide, so a request does not merge its own copy into the defaults.
+            headers=self._headers,
             timeout=self._connect_timeout,
             json_serialize=lambda obj: orjson.dumps(obj).decode(),
             auto_decompress=True,
@@ -267,9 +269,7 @@ class OpenRouterClient:
     async def get_json(self, path: str, params: Mapping[str, str] | None = None) -> tuple[int, Any]:
         """GET an account or catalog endpoint; returns (status, parsed body or None)."""
         url = self.settings.base_url.rstrip("/") + path
-        async with self.session.get(
-            url, headers=self._headers, params=params, timeout=self._account_timeout
-        ) as resp:
+        async with self.session.get(url, params=params, timeout=self._account_timeout) as resp:
             raw = await resp.read()
             try:
                 return resp.status, orjson.loads(raw)
@@ -291,9 +291,7 @@ class OpenRouterClient:
         deadlines = self._deadlines
         watch = deadlines.watch()
         try:
-            async with self.session.post(
-                self._chat_url, data=self.request_body(messages, ignore), headers=self._headers
-            ) as resp:
+            async with self.session.post(self._chat_url, data=self.request_body(messages, ignore)) as resp:
                 result.http_status = resp.status
                 result.generation_id = resp.headers.get("X-Generation-Id")
                 if on_headers is not None:
