@@ -94,9 +94,9 @@ class OpenRouterSettings(_Section):
     connect_timeout_s: float = Field(30.0, gt=0)
     """Seconds to open a connection."""
     read_timeout_s: float = Field(300.0, gt=0)
-    """Seconds without a byte (keep-alive comments count) before an attempt is abandoned."""
+    """Seconds without a byte (keep-alive comments count) before an attempt is abandoned. Checked once a second (an eighth of the limit when shorter), so it fires at most that late."""
     request_timeout_s: float = Field(1800.0, gt=0)
-    """Seconds for a whole attempt, first byte to last."""
+    """Seconds for a whole attempt, from sending the request to its last byte."""
     app_title: str = "regen"
     """Sent as X-Title for OpenRouter's app attribution."""
 
