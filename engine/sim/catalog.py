@@ -94,6 +94,9 @@ class SimModel(BaseModel):
     # Used by the pre-flight 402 when a request names no max_tokens (reference §6.5).
     default_max_completion_tokens: int = 65535
     endpoints: list[SimEndpoint]
+    # Endpoints (names as in provider.only) that also serve the `:free` variant at zero price;
+    # empty: the model has no free variant and `<id>:free` is an unknown model.
+    free_providers: list[str] = Field(default_factory=list)
 
 
 def _ep(
@@ -331,6 +334,8 @@ def default_models() -> list[SimModel]:
             description="Kimi K2.5, a native multimodal MoE model with thinking (simulated).",
             context_length=262144,
             endpoints=kimi_k25_endpoints(),
+            # The historical kimi-k2:free was served by Chutes and Parasail (reference §10.1).
+            free_providers=["chutes", "parasail"],
         ),
         SimModel(
             id="moonshotai/kimi-k2-thinking",

@@ -77,6 +77,36 @@ class SimConfig(BaseModel):
     user_id: str = "user_2simSimSimSimSimSimSimSim00"
     zero_completion_insurance: bool = True
     byok: bool = False  # cost becomes OpenRouter's fee (0); provider charge in upstream cost
+    # /key and /credits report the ledger as of this many seconds ago: costs settle after requests
+    # end, so the live figures lag (§7.1 freshness, §13.7). 0: live.
+    account_staleness_s: float = Field(0.0, ge=0)
+
+    # --- in-flight spending budget (§6.5 item 2, §13.9) --------------------------------------
+    # Off: only the random `http_402_in_flight` fault exists. On: each paid request holds its
+    # pre-flight estimate while it runs and its real cost for a settlement window after it ends;
+    # the holds may not exceed min(fraction x balance, ceiling). The numbers are unpublished.
+    in_flight_budget: bool = False
+    in_flight_budget_fraction: float = Field(0.5, gt=0, le=1)  # share of the balance that may be held
+    in_flight_budget_ceiling: float = Field(20.0, ge=0)  # USD cap on the budget whatever the balance
+    in_flight_settlement_s: float = Field(5.0, ge=0)  # a finished request's cost stays held this long
+    # The budget applies only below this balance (OpenRouter: low-balance prepaid accounts); None: always.
+    in_flight_balance_threshold: float | None = None
+
+    # --- platform and provider rate limits (§7.3, §13.10, §13.24) ----------------------------
+    free_model_limits: bool = False  # enforce the `:free` variants' per-minute and per-day limits
+    free_model_rpm: int = Field(20, ge=1)  # FREE_MODEL_RATE_LIMIT_RPM
+    # Whether $10 or more of credits were ever bought (1000/day, else 50/day); None: credits >= 10.
+    free_model_credits_bought: bool | None = None
+    free_model_rpd_no_credits: int = Field(50, ge=1)  # FREE_MODEL_NO_CREDITS_RPD
+    free_model_rpd_with_credits: int = Field(1000, ge=1)  # FREE_MODEL_HAS_CREDITS_RPD
+    # The docs add Retry-After to a platform 429 only in some cases; X-RateLimit-* always come.
+    free_model_retry_after: bool = False
+    # Requests per second each provider accepts, keyed like endpoint_overrides; one token bucket per
+    # model and endpoint. An empty bucket fails that attempt with an upstream 429, and OpenRouter
+    # falls back to the next endpoint when allowed. Empty dict: unlimited.
+    provider_rate_limits: dict[str, float] = Field(default_factory=dict)
+    provider_rate_burst_s: float = Field(1.0, gt=0)  # bucket depth, in seconds of its rate
+    provider_rate_retry_after: bool = True  # the final upstream 429 carries Retry-After
 
     # --- catalog ---------------------------------------------------------------------------
     models: list[SimModel] = Field(default_factory=default_models)
@@ -100,6 +130,10 @@ class SimConfig(BaseModel):
     max_completion_tokens: int = 512
     reasoning_share: float = 0.3  # fraction of the completion that is reasoning (if enabled)
     usage_shape: UsageShape = "A"  # A: choices:[] + cost; B: one choice, no cost; C: none
+    # Share of completions that call tools when a request carries `tools` (tool_choice "required"
+    # or a named function always does, "none" never); 0 keeps text answers for every request.
+    tool_call_share: float = 0.0
+    max_parallel_tool_calls: int = Field(2, ge=1)  # calls in one answer, unless parallel_tool_calls:false
     seed: int = 0
 
     # --- faults ----------------------------------------------------------------------------
@@ -133,7 +167,15 @@ class SimConfig(BaseModel):
             raise ValueError("must be >= 0")
         return v
 
-    @field_validator("reasoning_share", "fault_position")
+    @field_validator("provider_rate_limits")
+    @classmethod
+    def _positive_rates(cls, v: dict[str, float]) -> dict[str, float]:
+        for provider, rate in v.items():
+            if not float(rate) > 0:
+                raise ValueError(f"provider_rate_limits[{provider!r}] must be > 0 requests per second")
+        return v
+
+    @field_validator("reasoning_share", "fault_position", "tool_call_share")
     @classmethod
     def _share(cls, v: float) -> float:
         if not 0.0 <= v <= 1.0:

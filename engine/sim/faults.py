@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from engine.sim import refusals
 from engine.sim.config import FAULT_CLASSES
 
 
@@ -157,25 +158,7 @@ def http_fault(
         )
     if fault == "http_402_in_flight":
         headers["Retry-After"] = ra
-        body = {
-            "error": {
-                "code": 402,
-                "message": (
-                    "This request would exceed your available credits given your current "
-                    "in-flight requests. Retry after in-flight requests settle, or add credits."
-                ),
-                "metadata": {
-                    "reason": "in_flight_budget_exhausted",
-                    "limit_source": "openrouter_in_flight_budget",
-                    "remedy_hint": (
-                        "Retry after your in-flight requests settle (see the Retry-After header). "
-                        "Adding credits at https://openrouter.ai/settings/credits raises your "
-                        "in-flight budget, up to a capped ceiling."
-                    ),
-                },
-            }
-        }
-        return 402, body, headers
+        return 402, refusals.in_flight_exhausted(), headers
     raise ValueError(f"not an HTTP fault: {fault}")
 
 

@@ -90,6 +90,18 @@ class Ledger:
             return None
         return float(Decimal(repr(limit)) - self.billed_total)
 
+    def usage_as_of(self, when: float) -> Decimal:
+        """Usage billed up to wall-clock `when`: what a lagging /key or /credits reports (§7.1).
+
+        Records are appended as they are billed, so only the ones newer than `when` are walked.
+        """
+        total = self.billed_total
+        for rec in reversed(self.records):
+            if rec.completed_at <= when:
+                break
+            total -= Decimal(repr(rec.cost))
+        return total
+
     def affordable(self) -> tuple[float, str]:
         """Money a new request may still use, and which cap binds: "credits" or "key_limit"."""
         remaining = self.balance

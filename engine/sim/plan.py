@@ -17,10 +17,16 @@ import orjson
 from engine.sim.catalog import SimEndpoint, SimModel
 from engine.sim.config import SimConfig
 from engine.sim.ledger import ProviderAttempt
+from engine.sim.limits import Hold
+from engine.sim.tools import ToolAnswer, plan_tool_answer
 
 _ALNUM = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 # Faults that end a stream early; the share sent first is config.fault_position.
 PARTIAL_FAULTS = frozenset({"mid_stream_error", "error_choice_200", "cut_mid_stream", "cut_nonstream_body"})
+# Faults that reshape the text itself (empty, degenerate, all reasoning) leave no room for a tool call.
+_TEXT_FAULTS = frozenset(
+    {"reasoning_exhaustion", "degenerate", "empty_stop", "silent_failure", "error_body_200"}
+)
 
 
 def rand_id(n: int = 20) -> str:
@@ -60,6 +66,8 @@ class Plan:
     session_id: str | None = None
     requested_model: str = ""
     want_metadata: bool = False
+    tools: ToolAnswer | None = None  # set: the content part is a preamble plus tool calls
+    hold: Hold | None = None  # the in-flight budget hold this generation's cost settles
 
 
 def make_plan(
@@ -95,6 +103,15 @@ def make_plan(
         finish = native = "length"
     else:
         completion = length
+    tools = None
+    if body.get("tools") and fault not in _TEXT_FAULTS:
+        tools = plan_tool_answer(body, digest, cfg.tool_call_share, cfg.max_parallel_tool_calls)
+        # A call that would not fit in max_tokens is not made: the model answers in text instead.
+        if tools is not None and reasoning + tools.preamble + tools.call_tokens <= cap:
+            completion = reasoning + tools.preamble + tools.call_tokens
+            finish = native = "tool_calls"
+        else:
+            tools = None
     reported_reasoning = reasoning
     shape = cfg.usage_shape
     is_degenerate = False
@@ -154,6 +171,7 @@ def make_plan(
         attempts=list(attempts),
         candidates=candidates,
         want_metadata=want_metadata,
+        tools=tools,
     )
 
 

@@ -16,6 +16,7 @@ import random
 import signal
 import time
 from collections import Counter, deque
+from decimal import Decimal
 from typing import Any
 
 import orjson
@@ -23,25 +24,34 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from engine.sim import faults as fault_bodies
+from engine.sim import refusals
 from engine.sim.catalog import Pricing, SimEndpoint, SimModel
 from engine.sim.config import HTTP_FAULTS, SimConfig, patched
 from engine.sim.ledger import GenerationRecord, Ledger, ProviderAttempt
+from engine.sim.limits import Hold, Limits, Refusal, preflight_estimate
 from engine.sim.plan import Plan, make_plan, rand_id
 from engine.sim.routing import (
     NoEndpoints,
+    Prefs,
     RequestError,
     filter_endpoints,
     matches,
+    matches_any,
     order_endpoints,
     parse_prefs,
 )
 from engine.sim.stream import DONE, KEEPALIVE, ChunkBuilder, costs, reasoning_details, usage_object
 from engine.sim.text import CONTENT_CYCLE, REASONING_CYCLE, degenerate, span
+from engine.sim.tools import deltas, message_calls
 from engine.sim.views import endpoint_entry, endpoint_id, generation_body, model_entry
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 _CUT_FAULTS = frozenset({"cut_mid_stream", "cut_nonstream_body"})
 _METADATA_HEADERS = ("X-OpenRouter-Metadata", "X-OpenRouter-Experimental-Metadata")
+_VARIANTS = frozenset({"nitro", "floor", "exacto", "free"})
+_FREE_PRICING = Pricing(prompt="0", completion="0")
+# The marker of an attempt refused by its provider's rate bucket, beside the fault classes.
+_BUCKET_EMPTY = "upstream_rate_limited"
 
 
 def _json(status: int, body: dict[str, Any], headers: dict[str, str]) -> web.Response:
@@ -73,6 +83,7 @@ class OpenRouterSim:
     def __init__(self, config: SimConfig | None = None) -> None:
         self.config: SimConfig = config if config is not None else SimConfig()
         self.ledger = Ledger(lambda: self.config)
+        self.limits = Limits(lambda: self.config)
         self.requests: deque[dict[str, Any]] = deque(maxlen=self.config.requests_maxlen)
         self.in_flight = 0
         self.peak_in_flight = 0
@@ -151,6 +162,7 @@ class OpenRouterSim:
             },
             "served": dict(self.served),
             "faults_injected": dict(self.faults_injected),
+            "limits": self.limits.summary(),
         }
 
     # --- helpers ---------------------------------------------------------------------------
@@ -192,12 +204,20 @@ class OpenRouterSim:
         base, _, variant = name.partition(":")
         for m in self.config.models:
             if base in (m.id, m.canonical_slug):
-                if variant and variant not in ("nitro", "floor", "exacto"):
+                if variant and (variant not in _VARIANTS or (variant == "free" and not m.free_providers)):
                     return None, None
                 return m, variant or None
         return None, None
 
-    def _endpoints(self, model: SimModel) -> list[SimEndpoint]:
+    def _endpoints(self, model: SimModel, variant: str | None = None) -> list[SimEndpoint]:
+        eps = self._overridden(model)
+        if variant == "free":
+            # The free variant is a few providers' endpoints at zero price (§7.3, §10.1).
+            names = model.free_providers
+            eps = [e.model_copy(update={"pricing": _FREE_PRICING}) for e in eps if matches_any(e, names)]
+        return eps
+
+    def _overridden(self, model: SimModel) -> list[SimEndpoint]:
         overrides = self.config.endpoint_overrides
         if not overrides:
             return model.endpoints
@@ -314,7 +334,13 @@ class OpenRouterSim:
         for model, variant in resolved:
             try:
                 eps = filter_endpoints(
-                    model, self._endpoints(model), prefs, body, prompt_tokens, max_tokens, cfg.rogue_providers
+                    model,
+                    self._endpoints(model, variant),
+                    prefs,
+                    body,
+                    prompt_tokens,
+                    max_tokens,
+                    cfg.rogue_providers,
                 )
             except NoEndpoints as exc:
                 first_404 = first_404 or exc
@@ -331,11 +357,44 @@ class OpenRouterSim:
             return _json(404, first_404.body, self._headers())
 
         primary_model, primary = candidates[0]
-        refusal = self._preflight(primary_model, primary, prompt_tokens, max_tokens)
-        if refusal is not None:
-            summary["error"] = "payment_required"
-            return refusal
+        refused, hold = self._admit(
+            summary, primary_model, primary, prompt_tokens, max_tokens, free=resolved[0][1] == "free"
+        )
+        if refused is not None:
+            return refused
+        try:
+            return await self._serve_candidates(
+                request,
+                summary,
+                body,
+                prefs,
+                candidates,
+                prompt_tokens,
+                max_tokens,
+                session_id,
+                requested,
+                hold,
+            )
+        finally:
+            # A request that ended unbilled (a fault, a reset) has no cost to settle.
+            self.limits.release(hold)
 
+    async def _serve_candidates(
+        self,
+        request: web.Request,
+        summary: dict[str, Any],
+        body: dict[str, Any],
+        prefs: Prefs,
+        candidates: list[tuple[SimModel, SimEndpoint]],
+        prompt_tokens: int,
+        max_tokens: int | None,
+        session_id: Any,
+        requested: str,
+        hold: Hold | None,
+    ) -> web.StreamResponse:
+        """Draw faults, then try the candidate endpoints in order until one serves (§2.3 step 5)."""
+        cfg = self.config
+        primary_model, primary = candidates[0]
         fault = fault_bodies.draw(cfg.faults, self._rng)
         if fault == "http_402_in_flight":
             return self._fault_response(fault, primary_model, primary, None, summary)
@@ -350,7 +409,15 @@ class OpenRouterSim:
         tried = candidates if prefs.allow_fallbacks else candidates[:1]
         attempts: list[ProviderAttempt] = []
         last: tuple[str, SimModel, SimEndpoint] | None = None
+        rate_waits: list[float] = []
         for model, ep in tried:
+            wait = self.limits.take_provider(model, ep)
+            if wait > 0:
+                # The provider's own limit: an upstream 429 for this attempt, then a fallback.
+                attempts.append(self._failed_attempt(model, ep, 429))
+                rate_waits.append(wait)
+                last = (_BUCKET_EMPTY, model, ep)
+                continue
             pfault = fault_bodies.draw(self._provider_rates(ep), self._rng)
             if pfault in HTTP_FAULTS:
                 # Fails this attempt only; OpenRouter silently moves on (§2.3 step 5).
@@ -361,16 +428,7 @@ class OpenRouterSim:
                     retry_after_s=cfg.retry_after_s,
                     user_id=cfg.user_id,
                 )
-                attempts.append(
-                    ProviderAttempt(
-                        endpoint_id=endpoint_id(model, ep),
-                        provider_name=ep.provider_name,
-                        model_permaslug=model.canonical_slug,
-                        status=status,
-                        latency_ms=0,
-                        upstream_id="",
-                    )
-                )
+                attempts.append(self._failed_attempt(model, ep, status))
                 last = (pfault, model, ep)
                 self.faults_injected[pfault] += 1
                 continue
@@ -392,6 +450,7 @@ class OpenRouterSim:
                 [e for _, e in candidates],
             )
             plan.session_id = str(session_id) if session_id else None
+            plan.hold = hold
             plan.requested_model = requested
             summary["served_by"] = ep.tag
             summary["fault"] = plan.fault
@@ -405,6 +464,10 @@ class OpenRouterSim:
             return await self._serve_json(request, plan)
         assert last is not None
         pfault, model, ep = last
+        if pfault == _BUCKET_EMPTY:
+            # Retry-After only when every provider tried gave a retry hint (§6.6).
+            wait = min(rate_waits) if len(rate_waits) == len(attempts) else None
+            return self._upstream_rate_limited(model, ep, gen_id, summary, wait)
         return self._fault_response(pfault, model, ep, gen_id, summary, count=False)
 
     @staticmethod
@@ -432,14 +495,72 @@ class OpenRouterSim:
             return "Invalid request parameters: 'stream' must be a boolean"
         return None
 
+    def _admit(
+        self,
+        summary: dict[str, Any],
+        model: SimModel,
+        ep: SimEndpoint,
+        prompt_tokens: int,
+        max_tokens: int | None,
+        *,
+        free: bool,
+    ) -> tuple[web.Response | None, Hold | None]:
+        """The account-level gates, in order: a negative balance refuses everything (free models
+        too, §6.5 item 3), then the free-model counts, the pre-flight estimate and, for paid
+        non-BYOK requests, the in-flight budget, whose hold the caller must settle or release."""
+        if self.ledger.balance < 0:
+            summary["error"] = "negative_balance"
+            return _json(402, refusals.negative_balance(self.config.user_id), self._headers()), None
+        if free:
+            refusal = self.limits.admit_free()
+            if refusal is not None:
+                return self._refuse(refusal, summary), None
+        preflight = self._preflight(model, ep, prompt_tokens, max_tokens)
+        if preflight is not None:
+            summary["error"] = "payment_required"
+            return preflight, None
+        if free or self.config.byok or not self.config.in_flight_budget:
+            # The in-flight budget covers neither free models nor BYOK requests (§6.5 item 2).
+            return None, None
+        wanted, prompt_cost, per_token = preflight_estimate(model, ep, prompt_tokens, max_tokens)
+        refusal, hold = self.limits.admit_budget(prompt_cost + wanted * per_token, self.ledger.balance)
+        if refusal is not None:
+            return self._refuse(refusal, summary), None
+        return None, hold
+
+    def _refuse(self, refusal: Refusal, summary: dict[str, Any]) -> web.Response:
+        summary["error"] = refusal.label
+        headers = self._headers()
+        headers.update(refusal.headers)
+        return _json(refusal.status, refusal.body, headers)
+
+    @staticmethod
+    def _failed_attempt(model: SimModel, ep: SimEndpoint, status: int) -> ProviderAttempt:
+        return ProviderAttempt(
+            endpoint_id=endpoint_id(model, ep),
+            provider_name=ep.provider_name,
+            model_permaslug=model.canonical_slug,
+            status=status,
+            latency_ms=0,
+            upstream_id="",
+        )
+
+    def _upstream_rate_limited(
+        self, model: SimModel, ep: SimEndpoint, gen_id: str, summary: dict[str, Any], wait: float | None
+    ) -> web.Response:
+        cfg = self.config
+        summary["error"] = _BUCKET_EMPTY
+        headers = self._headers(gen_id)
+        if wait is not None and cfg.provider_rate_retry_after:
+            headers["Retry-After"] = str(max(1, math.ceil(wait)))
+        return _json(429, refusals.upstream_rate_limited(ep.provider_name, model.id, cfg.user_id), headers)
+
     def _preflight(
         self, model: SimModel, ep: SimEndpoint, prompt_tokens: int, max_tokens: int | None
     ) -> web.Response | None:
         """Refuse what the balance or key limit cannot cover at worst case (§6.5 item 1)."""
         remaining, source = self.ledger.affordable()
-        wanted = max_tokens or ep.max_completion_tokens or model.default_max_completion_tokens
-        prompt_cost = float(ep.pricing.prompt) * prompt_tokens + float(ep.pricing.request)
-        per_token = float(ep.pricing.completion)
+        wanted, prompt_cost, per_token = preflight_estimate(model, ep, prompt_tokens, max_tokens)
         if prompt_cost + wanted * per_token <= remaining:
             return None
         can = max(0, math.floor((remaining - prompt_cost) / per_token)) if per_token > 0 else 0
@@ -562,6 +683,7 @@ class OpenRouterSim:
                 attempts=attempts,
             )
         )
+        self.limits.settle(plan.hold, cost)
         return cost, prompt_cost, completion_cost
 
     def _bill_cancel(self, plan: Plan, produced: int, first_token_at: float | None) -> None:
@@ -648,11 +770,25 @@ class OpenRouterSim:
             if pos < r:
                 if plan.show_reasoning:
                     out.append(cb.reasoning(span(REASONING_CYCLE, plan.off_reasoning, pos, end)))
-            else:
+            elif plan.tools is None:
                 out.append(cb.content(self._content_text(plan, pos - r, end - r)))
+            else:
+                out.extend(self._tool_answer_events(plan, cb, pos - r, end - r))
             pos = end
         self.token_events += len(out)
         return b"".join(out)
+
+    def _tool_answer_events(self, plan: Plan, cb: ChunkBuilder, a: int, b: int) -> list[bytes]:
+        """Content tokens [a, b) of a tool answer: the preamble's text, then one event per call
+        fragment, as in the Kimi captures."""
+        assert plan.tools is not None
+        p = plan.tools.preamble
+        out: list[bytes] = []
+        if a < p:
+            out.append(cb.content(self._content_text(plan, a, min(b, p))))
+        if b > p:
+            out.extend(cb.tool_calls([entry]) for entry in deltas(plan.tools.calls, max(a, p) - p, b - p))
+        return out
 
     def _flush_upto(self, produced: int, stop_at: int) -> int:
         """How many of the produced tokens to send now: whole events only, unless it is the end."""
@@ -691,10 +827,11 @@ class OpenRouterSim:
         r = min(plan.reasoning_tokens, completion)
         content_tokens = completion - r if not errored else max(0, produced - r)
         message: dict[str, Any] = {"role": "assistant"}
-        if content_tokens == 0 and fault == "reasoning_exhaustion":
+        text_tokens = content_tokens if plan.tools is None else min(content_tokens, plan.tools.preamble)
+        if text_tokens == 0 and (fault == "reasoning_exhaustion" or plan.tools is not None):
             message["content"] = None
         else:
-            message["content"] = self._content_text(plan, 0, content_tokens)
+            message["content"] = self._content_text(plan, 0, text_tokens)
         message["refusal"] = None
         if r and plan.show_reasoning:
             rtext = span(REASONING_CYCLE, plan.off_reasoning, 0, r)
@@ -702,6 +839,8 @@ class OpenRouterSim:
             message["reasoning_details"] = reasoning_details(rtext)
         else:
             message["reasoning"] = None
+        if plan.tools is not None and content_tokens > text_tokens:
+            message["tool_calls"] = message_calls(plan.tools.calls, content_tokens - text_tokens)
         choice: dict[str, Any] = {
             "index": 0,
             "logprobs": None,
@@ -903,13 +1042,12 @@ class OpenRouterSim:
         if isinstance(auth, web.Response):
             return auth
         cfg = self.config
-        led = self.ledger
-        usage = led.usage
+        usage, limit_remaining = self._account_figures()
         is_mgmt = auth == cfg.management_key
-        data = {
+        data: dict[str, Any] = {
             "label": auth[:9] + "..." + auth[-3:] if len(auth) > 12 else auth,
             "limit": cfg.key_limit,
-            "limit_remaining": led.limit_remaining,
+            "limit_remaining": limit_remaining,
             "limit_reset": cfg.key_limit_reset,
             "include_byok_in_limit": False,
             "usage": usage,
@@ -931,7 +1069,23 @@ class OpenRouterSim:
                 "requests": -1,
             },
         }
+        if cfg.free_model_limits:
+            # Newer docs add the free-model day count to /key (§7.1).
+            used, limit = self.limits.free.used_today(), self.limits.free_daily_limit()
+            data["free_model_daily_requests"] = {
+                "used": used,
+                "limit": limit,
+                "remaining": max(0, limit - used),
+            }
         return _json(200, {"data": data}, self._headers())
+
+    def _account_figures(self) -> tuple[float, float | None]:
+        """(usage, limit_remaining) as /key and /credits report them: `account_staleness_s` old."""
+        used = self.ledger.usage_as_of(time.time() - self.config.account_staleness_s)
+        limit = self.config.key_limit
+        if limit is None:
+            return float(used), None
+        return float(used), float(Decimal(repr(limit)) - used)
 
     async def _credits(self, request: web.Request) -> web.StreamResponse:
         auth = self._auth(request)
@@ -940,7 +1094,7 @@ class OpenRouterSim:
         cfg = self.config
         if cfg.credits_require_management_key and auth != cfg.management_key:
             return self._error(403, "Only management keys can perform this operation")
-        data = {"total_credits": cfg.credits, "total_usage": self.ledger.usage}
+        data = {"total_credits": cfg.credits, "total_usage": self._account_figures()[0]}
         return _json(200, {"data": data}, self._headers())
 
     async def _generation(self, request: web.Request) -> web.StreamResponse:
@@ -979,21 +1133,22 @@ class OpenRouterSim:
 
     async def _endpoints_route(self, request: web.Request) -> web.StreamResponse:
         model_id = f"{request.match_info['author']}/{request.match_info['slug']}"
-        model, _ = self._find_model(model_id)
+        model, variant = self._find_model(model_id)
         if model is None:
             return self._error(404, f"Model {model_id} not found")
         # Percentiles are only given to authenticated callers (§9.2).
         header = request.headers.get("Authorization", "")
         key = header.partition(" ")[2].strip()
         authed = key in self.config.api_keys or key == self.config.management_key
-        entry = model_entry(model, self._endpoints(model))
+        endpoints = self._endpoints(model, variant)
+        entry = model_entry(model, endpoints)
         data = {
             "id": model.id,
             "name": model.name,
             "created": model.created,
             "description": model.description,
             "architecture": entry["architecture"],
-            "endpoints": [endpoint_entry(model, e, authed) for e in self._endpoints(model)],
+            "endpoints": [endpoint_entry(model, e, authed) for e in endpoints],
         }
         return _json(200, {"data": data}, self._headers())
 

@@ -134,6 +134,10 @@ class ChunkBuilder:
         }
         return self._event([self._choice(delta)])
 
+    def tool_calls(self, entries: list[dict[str, Any]]) -> bytes:
+        """Tool-call deltas carry `content: null`, unlike text deltas (Kimi capture, §4.1)."""
+        return self._event([self._choice({"role": "assistant", "content": None, "tool_calls": entries})])
+
     def finish(self, finish_reason: str | None, native: str | None, **extra: Any) -> bytes:
         return self._event(
             [self._choice({"role": "assistant", "content": ""}, finish_reason, native)], **extra

@@ -183,3 +183,33 @@ async def test_byok_switch(api: Api, osim: OpenRouterSim) -> None:
     assert u["is_byok"] is True and u["cost"] == 0
     assert u["cost_details"]["upstream_inference_cost"] > 0
     assert osim.ledger.billed_total == 0
+
+
+async def test_key_and_credits_lag_the_ledger(api: Api, osim: OpenRouterSim) -> None:
+    osim.config.key_limit = 50.0
+    osim.config.account_staleness_s = 0.4
+    r = await api.chat()
+    cost = r.json["usage"]["cost"]
+    assert osim.ledger.usage == cost  # the simulator's own truth is live
+    key = (await api.get("/key")).json["data"]
+    assert key["usage"] == 0 and key["usage_daily"] == 0 and key["limit_remaining"] == 50.0
+    assert (await api.get("/credits", key=MGMT)).json["data"]["total_usage"] == 0
+    await asyncio.sleep(0.45)
+    key = (await api.get("/key")).json["data"]
+    assert key["usage"] == cost and key["limit_remaining"] == pytest.approx(50.0 - cost)
+    assert (await api.get("/credits", key=MGMT)).json["data"]["total_usage"] == cost
+    # A second completion shows up only after its own lag, on top of the first.
+    r2 = await api.chat(messages=[{"role": "user", "content": "another"}])
+    assert (await api.get("/key")).json["data"]["usage"] == cost
+    await asyncio.sleep(0.45)
+    both = float(Decimal(repr(cost)) + Decimal(repr(r2.json["usage"]["cost"])))
+    assert (await api.get("/key")).json["data"]["usage"] == both
+    # The gates do not lag: with the credits all spent a moment ago, /key still shows money left
+    # while the pre-flight check, reading the live ledger, refuses.
+    osim.config.credits = float(osim.ledger.billed_total) + 1e-4
+    overshoot = await asyncio.gather(*(api.chat(max_tokens=20) for _ in range(3)))
+    assert [r.status for r in overshoot] == [200] * 3 and osim.ledger.balance < 0
+    credits = (await api.get("/credits", key=MGMT)).json["data"]
+    assert credits["total_usage"] == both and credits["total_credits"] > both
+    r = await api.chat(max_tokens=10)
+    assert r.status == 402 and osim.requests[-1]["error"] == "negative_balance"

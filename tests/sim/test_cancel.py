@@ -88,3 +88,19 @@ async def test_non_stream_abort_billed_in_full(api: Api, osim: OpenRouterSim) ->
         await asyncio.sleep(0.01)
     [rec] = osim.ledger.records
     assert rec.completion_tokens == TOKENS and not rec.cancelled and rec.cost > 0
+
+
+async def test_generation_after_abort_waits_for_the_lookup_delay(api: Api, osim: OpenRouterSim) -> None:
+    """§13.21/22: an aborted stream's record is billed at once but, like any other, is only
+    visible on /generation after the lookup delay."""
+    slow(osim)
+    osim.config.generation_lookup_delay_s = 0.5
+    gen_id = await abort_after_content(api, "fireworks")
+    rec = await wait_record(osim, gen_id)
+    assert rec.cancelled
+    early = await api.get("/generation", params={"id": gen_id})
+    assert early.status == 404 and early.json["error"]["message"] == f"Generation {gen_id} not found"
+    await asyncio.sleep(0.55)
+    g = await api.get("/generation", params={"id": gen_id})
+    assert g.status == 200 and g.json["data"]["cancelled"] is True
+    assert g.json["data"]["total_cost"] == rec.cost
