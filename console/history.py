@@ -282,6 +282,8 @@ _EVENT_TEXT = {
     "concurrency": "concurrency set to {value}",
     "budget": "budget set to ${value}",
     "stop": "stop requested ({mode})",
+    "hold": "platform rate limit: all requests wait {seconds} s ({reason})",
+    "hold_end": "platform rate limit reset: requests go out again",
 }
 _EVENT_LEVEL = {
     "fatal": "error",
@@ -294,6 +296,7 @@ _EVENT_LEVEL = {
     "budget": "action",
     "budget_blocked": "warning",
     "invalid_line": "warning",
+    "hold": "warning",
 }
 
 

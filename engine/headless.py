@@ -44,8 +44,12 @@ def status_line(snap: dict[str, Any]) -> str:
     )
     errors = " ".join(f"{k}:{v}" for k, v in sorted(snap["errors"].items())) or "none"
     estimated = f" (~${money['spent_estimated']:.2f} est)" if money["spent_estimated"] > 0.005 else ""
+    held = snap.get("held_s")
+    state = (
+        snap["state"] if held is None else f"{snap['state']} (held {_clock(held)}: {snap.get('held_reason')})"
+    )
     return (
-        f"[{_clock(snap['elapsed_s'])}] {snap['state']} | {datasets} | "
+        f"[{_clock(snap['elapsed_s'])}] {state} | {datasets} | "
         f"{_count(rates['output_tokens_per_s'])} tok/s {rates['attempts_per_s']:.1f} req/s | "
         f"in flight {snap['in_flight']}/{limit} | "
         f"${money['spent']:.2f} spent{estimated} + ${money['reserved']:.2f} reserved / ${money['budget']:.2f} | "

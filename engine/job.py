@@ -60,6 +60,10 @@ BAD_REQUEST_STREAK_FATAL = 20
 RECENT_EVENTS = 1000
 # Seconds the end of a run waits for pending /generation cost lookups.
 RECONCILE_GRACE_S = 5.0
+# OpenRouter's platform limit on `:free` model variants (reference §7.3).
+FREE_MODEL_REQUESTS_PER_MINUTE = 20
+# A platform 429 that names no reset waits this long: the free-model quota counts per minute.
+PLATFORM_HOLD_DEFAULT_S = 60.0
 
 
 @dataclass(slots=True)
@@ -135,6 +139,15 @@ class Job:
         self._reconcile_tasks: set[asyncio.Task[None]] = set()
         self._stop_mode: str | None = None
         self.budget_blocked = False
+        # A platform rate limit holds all dispatch until its reset (monotonic; 0 when not held).
+        self.held_until = 0.0
+        self.held_reason: str | None = None
+        self.requests_per_minute = settings.job.requests_per_minute
+        if settings.openrouter.model.endswith(":free"):
+            self.requests_per_minute = min(
+                self.requests_per_minute or FREE_MODEL_REQUESTS_PER_MINUTE, FREE_MODEL_REQUESTS_PER_MINUTE
+            )
+        self._sent_at: deque[float] = deque()
         self._random = random.Random()
         self.breakdown = SpendBreakdown()
         self.credits: dict[str, Any] = {}
@@ -525,7 +538,22 @@ class Job:
             if self.state is JobState.PAUSED or len(self._flights) >= self.limit.effective:
                 await self._changed.wait()
                 continue
-            item, wait_s = queue.take(time.monotonic(), self._dataset_open)
+            now = time.monotonic()
+            if self.held_until:
+                if now < self.held_until:
+                    await self._wait_changed(self.held_until - now)
+                    continue
+                self.held_until = 0.0
+                self.held_reason = None
+                self._event("hold_end")
+            if self.requests_per_minute is not None:
+                sent = self._sent_at
+                while sent and sent[0] <= now - 60.0:
+                    sent.popleft()
+                if len(sent) >= self.requests_per_minute:
+                    await self._wait_changed(sent[0] + 60.0 - now)
+                    continue
+            item, wait_s = queue.take(now, self._dataset_open)
             if item is None:
                 if wait_s is None and not self._flights:
                     self._finish_when_empty()
@@ -570,6 +598,8 @@ class Job:
             self.stop(reason=StopReason.DONE, message=f"every dataset is done{note}")
 
     def _launch(self, item: WorkItem, reservation: Decimal) -> None:
+        if self.requests_per_minute is not None:
+            self._sent_at.append(time.monotonic())
         self.ledger.reserve(reservation)
         rid = f"{item.prompt.id}#{item.attempts}"
         item.attempts += 1
@@ -863,12 +893,21 @@ class Job:
                 "prompt": item.prompt.id,
             }
         )
-        if error.error_class in THROTTLE_CLASSES:
+        if error.platform_limit:
+            self._hold(error)
+        elif error.error_class in THROTTLE_CLASSES:
             self.limit.on_throttle()
-        if error.error_class is ErrorClass.BAD_REQUEST:
+        if error.error_class in (ErrorClass.BAD_REQUEST, ErrorClass.TOO_COSTLY):
             self.counters.bad_request_streak += 1
             if self.counters.bad_request_streak >= BAD_REQUEST_STREAK_FATAL and self.counters.rows == 0:
-                self._fatal(StopReason.FATAL, f"every request is refused as bad: {error.message}")
+                if error.error_class is ErrorClass.TOO_COSTLY:
+                    why = (
+                        "OpenRouter refuses each request's worst case as above its in-flight budget: "
+                        f"lower openrouter.max_tokens ({self.settings.openrouter.max_tokens}) or add credits"
+                    )
+                else:
+                    why = "every request is refused as bad"
+                self._fatal(StopReason.FATAL, f"{why}: {error.message}")
                 return
         if error.disposition is Disposition.FATAL:
             self._fatal_error(error)
@@ -883,6 +922,18 @@ class Job:
         if error.retry_after_s is not None:
             delay = max(delay, error.retry_after_s)
         self._queue.push_retry(item, time.monotonic() + delay)  # type: ignore[union-attr]
+
+    def _hold(self, error: AttemptError) -> None:
+        """Stop all dispatch until a platform limit resets: every request would meet it, and the
+        free-model quotas count refused requests too (reference §7.3)."""
+        wait = PLATFORM_HOLD_DEFAULT_S if error.retry_after_s is None else error.retry_after_s
+        until = time.monotonic() + wait
+        if until <= self.held_until + 1.0:
+            return  # the requests in flight when the limit hit all report it; one hold is enough
+        self.held_until = until
+        self.held_reason = error.message[:200]
+        self._event("hold", seconds=round(wait, 1), reason=self.held_reason)
+        self._changed.set()
 
     def _give_up(self, item: WorkItem, error: AttemptError) -> None:
         self.datasets[item.prompt.dataset].failed += 1

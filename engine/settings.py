@@ -116,6 +116,8 @@ class JobSettings(_Section):
     """Back off under a 429/503 storm and climb back to `concurrency` once it passes."""
     min_concurrency: int = Field(8, ge=1)
     """Adaptive backoff never goes below this."""
+    requests_per_minute: int | None = Field(None, ge=1)
+    """Requests sent per minute at most (retries count); empty for no cap. A `:free` model is held to its platform limit of 20 either way."""
     max_attempts: int = Field(6, ge=1)
     """Attempts per prompt in one run before it is given up (a later run tries again)."""
     backoff_base_s: float = Field(1.0, gt=0)

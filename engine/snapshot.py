@@ -82,6 +82,8 @@ def build_snapshot(job: Job) -> dict[str, Any]:
         "elapsed_s": elapsed,
         "model": job.settings.openrouter.model,
         "in_flight": job.in_flight,
+        "held_s": max(0.0, job.held_until - now) if job.held_until else None,
+        "held_reason": job.held_reason,
         "concurrency": {"configured": job.limit.configured, "effective": job.limit.effective},
         "rates": {
             "output_tokens_per_s": job.tokens_rate.rate(now, job.started_mono),

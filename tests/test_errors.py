@@ -156,3 +156,47 @@ def test_errors_inside_200() -> None:
         classify_error_in_ok_response({"error": {"code": 401, "message": "x"}}, streamed=True).disposition
         is Disposition.FATAL
     )
+
+
+def test_weight_exceeds_budget_gives_up_the_prompt_without_stopping_the_job() -> None:
+    body = {
+        "error": {
+            "code": 402,
+            "message": "Request weight exceeds the in-flight budget",
+            "metadata": {"reason": "weight_exceeds_budget", "limit_source": "openrouter_credits"},
+        }
+    }
+    error = classify_status(402, body, {})
+    assert (error.error_class, error.disposition) == (ErrorClass.TOO_COSTLY, Disposition.GIVE_UP)
+
+
+def test_platform_429s_are_told_apart_from_upstream_ones() -> None:
+    reset = str(int((time.time() + 30) * 1000))
+    in_headers = classify_status(
+        429, {"error": {"code": 429, "message": "Rate limit exceeded"}}, {"X-RateLimit-Reset": reset}
+    )
+    free_day = {
+        "error": {
+            "code": 429,
+            "message": "Rate limit exceeded: free-models-per-day",
+            "metadata": {"headers": {"X-RateLimit-Reset": reset}, "provider_name": None},
+        }
+    }
+    in_body = classify_status(429, free_day, {})
+    by_message = classify_status(
+        429, {"error": {"code": 429, "message": "Rate limit exceeded: free-models-per-min"}}, {}
+    )
+    upstream = classify_status(
+        429,
+        {
+            "error": {
+                "code": 429,
+                "message": "Provider returned error",
+                "metadata": {"raw": "error code: 1015", "provider_name": "Kluster"},
+            }
+        },
+        {"Retry-After": "3"},
+    )
+    assert in_headers.platform_limit and in_body.platform_limit and by_message.platform_limit
+    assert 25 < (in_body.retry_after_s or 0) <= 30
+    assert not upstream.platform_limit and upstream.provider == "Kluster" and upstream.retry_after_s == 3

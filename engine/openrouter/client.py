@@ -303,6 +303,8 @@ class OpenRouterClient:
                     except orjson.JSONDecodeError:
                         body = None
                     result.error = classify_status(resp.status, body, resp.headers)
+                    # The upstream that refused, where the body names it: its stats count the error.
+                    result.provider = result.error.provider
                 elif self.settings.stream and resp.content_type == "text/event-stream":
                     await self._read_stream(resp, result, started, on_provider, watch)
                 else:

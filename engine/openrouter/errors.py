@@ -30,6 +30,7 @@ class ErrorClass(StrEnum):
     AUTH = "auth"  # 401, 403: the key or the account is refused
     NO_ENDPOINTS = "no_endpoints"  # 404: routing constraints leave no provider
     CREDITS = "credits"  # 402 that is not the in-flight hold: the account cannot pay
+    TOO_COSTLY = "too_costly"  # 402 weight_exceeds_budget: one request's worst case is above the hold
 
 
 class Disposition(StrEnum):
@@ -52,6 +53,10 @@ class AttemptError:
     message: str
     http_status: int | None = None
     retry_after_s: float | None = None
+    # A platform limit (the free-model quotas, §7.3) applies to every request of the key: the
+    # whole dispatch waits for its reset, instead of each prompt spending attempts against it.
+    platform_limit: bool = False
+    provider: str | None = None  # the upstream provider an error body names (metadata.provider_name)
 
 
 def parse_retry_after(headers: Mapping[str, str], body: Mapping[str, Any] | None = None) -> float | None:
@@ -137,13 +142,24 @@ def classify_status(status: int, body: Any, headers: Mapping[str, str]) -> Attem
     meta = error.get("metadata") if isinstance(error, Mapping) else None
     retryable_hint = availability.get("retryable") if isinstance(availability, Mapping) else None
 
+    provider = meta.get("provider_name") if isinstance(meta, Mapping) else None
+
     def make(cls: ErrorClass, disposition: Disposition) -> AttemptError:
         if retryable_hint is True and disposition is not Disposition.RETRY:
             disposition = Disposition.RETRY
-        return AttemptError(cls, disposition, message, status, retry_after)
+        return AttemptError(
+            cls,
+            disposition,
+            message,
+            status,
+            retry_after,
+            provider=provider if isinstance(provider, str) else None,
+        )
 
     if status == 429:
-        return make(ErrorClass.RATE_LIMITED, Disposition.RETRY)
+        limited = make(ErrorClass.RATE_LIMITED, Disposition.RETRY)
+        limited.platform_limit = _is_platform_limit(headers, meta, message)
+        return limited
     if status in (503, 529):
         return make(ErrorClass.OVERLOADED, Disposition.RETRY)
     if status == 402:
@@ -152,6 +168,9 @@ def classify_status(status: int, body: Any, headers: Mapping[str, str]) -> Attem
         in_flight = limit_source == "openrouter_in_flight_budget" or reason == "in_flight_budget_exhausted"
         if in_flight and retry_after is not None:
             return make(ErrorClass.IN_FLIGHT_BUDGET, Disposition.RETRY)
+        if reason == "weight_exceeds_budget":
+            # Waiting does not help this prompt, and other (shorter) prompts may still fit.
+            return AttemptError(ErrorClass.TOO_COSTLY, Disposition.GIVE_UP, message, status)
         return AttemptError(ErrorClass.CREDITS, Disposition.FATAL, message, status, retry_after)
     if status in (401, 403):
         return make(ErrorClass.AUTH, Disposition.FATAL)
@@ -162,6 +181,18 @@ def classify_status(status: int, body: Any, headers: Mapping[str, str]) -> Attem
     if status == 408 or status >= 500:
         return make(ErrorClass.SERVER, Disposition.RETRY)
     return make(ErrorClass.SERVER, Disposition.RETRY)
+
+
+def _is_platform_limit(headers: Mapping[str, str], meta: Any, message: str) -> bool:
+    """A 429 of OpenRouter's own quotas: X-RateLimit-* headers (maybe only inside the body's
+    metadata.headers) or the free-models message; upstream providers' 429s carry neither."""
+    sources: list[Any] = [headers]
+    if isinstance(meta, Mapping):
+        sources.append(meta.get("headers"))
+    for source in sources:
+        if isinstance(source, Mapping) and any(str(k).lower() == "x-ratelimit-reset" for k in source):
+            return True
+    return "free-models-per-" in message
 
 
 def classify_error_in_ok_response(body: Mapping[str, Any], *, streamed: bool) -> AttemptError:
