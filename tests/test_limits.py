@@ -105,3 +105,21 @@ async def test_a_request_too_costly_for_the_in_flight_budget_gives_up_then_stops
     journal = [orjson.loads(x) for x in (job.run_dir / "attempts.jsonl").read_bytes().splitlines()]
     gave_up = [r for r in journal if r["k"] == "gave_up"]
     assert gave_up and all(r["attempts"] == 1 for r in gave_up), "no retry: waiting cannot make it fit"
+
+
+async def test_in_flight_budget_402s_slow_the_job_down_and_lose_nothing(
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    sim.config.time_scale = 0.01  # requests last long enough for holds to pile up
+    sim.config.in_flight_budget = True
+    sim.config.in_flight_settlement_s = 0.05
+    sim.config.in_flight_budget_ceiling = 0.002  # room for a handful of requests' worst cases
+    a = write_dataset(tmp_path, "A", 60)
+    job = Job(make_settings(sim.base_url, [a], concurrency=64, max_attempts=50))
+    await job.prepare()
+    outcome = await asyncio.wait_for(job.run(), 60)
+    assert outcome.reason is StopReason.DONE
+    assert len(read_rows(a)) == 60
+    assert job.counters.errors["in_flight_budget"] > 0, "the hold was reached"
+    assert job.limit.backoffs > 0, "a storm of in-flight 402s lowers the concurrency"
+    assert job.ledger.spent == sim.ledger.billed_total
