@@ -119,6 +119,10 @@ class StatusStrip(Static):
         model = escape(str(snap.get("model") or job.get("model") or "?"))
         elapsed, eta = number(snap.get("elapsed_s")), number(snap.get("eta_s"))
         state_text = f"[b {colour}]{glyph} {state}[/]"
+        held = number(snap.get("held_s"))
+        if held is not None:
+            # A platform rate limit: nothing is sent until it resets, though the job is running.
+            state_text += f" [b $warning]HELD {fmt.short_duration(held)}[/]"
         tokens, requests = (
             fmt.rate(number(rates.get("output_tokens_per_s"))),
             fmt.rate(number(rates.get("attempts_per_s"))),

@@ -16,6 +16,7 @@ from console.export import export_snapshot
 from console.history import ERROR_LINE_EVERY_S, History, event_line, provider_status
 from console.options import configure_environment
 from console.source import JobSource, ScriptedSource, SimulatedJob
+from console.widgets.status import Freshness, StatusStrip
 
 
 def test_console_data_modules_do_not_import_textual() -> None:
@@ -222,3 +223,14 @@ def test_events_seen_twice_are_logged_once() -> None:
     history.add_events([start])
     history.add({"elapsed_s": 1.0, "events": [start, {"ts": 2.0, "seq": 2, "event": "pause"}]}, 0.0)
     assert [line.text for line in history.take_lines()] == ["start", "paused"]
+
+
+def test_a_platform_hold_shows_in_the_header_and_the_log() -> None:
+    strip = StatusStrip()
+    strip.snapshot = {"state": "RUNNING", "held_s": 42.5, "money": {}, "datasets": []}
+    assert "HELD 42s" in strip._markup(Freshness(1.0, 5.0))
+    strip.snapshot = {"state": "RUNNING", "held_s": None, "money": {}, "datasets": []}
+    assert "HELD" not in strip._markup(Freshness(1.0, 5.0))
+    line = event_line({"ts": 1, "event": "hold", "seconds": 42.5, "reason": "free-models-per-min"})
+    assert line.level == "warning"
+    assert line.text == "platform rate limit: all requests wait 42.5 s (free-models-per-min)"
