@@ -65,7 +65,7 @@ async def test_a_free_model_is_held_to_its_platform_limit(
 async def test_a_platform_rate_limit_holds_all_dispatch_until_its_reset(
     sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
 ) -> None:
-    sim.config.retry_after_s = 1  # X-RateLimit-Reset one second ahead
+    sim.config.retry_after_s = 2  # X-RateLimit-Reset two seconds ahead
     sim.config.faults = {"http_429_ratelimit_reset": 1.0}
     a = write_dataset(tmp_path, "A", 10)
     job = Job(make_settings(sim.base_url, [a], concurrency=4, max_attempts=20))
@@ -73,7 +73,7 @@ async def test_a_platform_rate_limit_holds_all_dispatch_until_its_reset(
     runner = asyncio.create_task(job.run())
     await wait_for(lambda: job.held_until > 0)
     snap = job.snapshot()
-    assert snap["held_s"] is not None and 0 < snap["held_s"] <= 1.0
+    assert snap["held_s"] is not None and 0 < snap["held_s"] <= 2.0
     assert "rate limit" in snap["held_reason"].lower()
     assert "(held 00:00:0" in status_line(snap)
     await asyncio.sleep(0.1)  # requests already sent when the first 429 came back land
