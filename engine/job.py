@@ -64,6 +64,7 @@ RECONCILE_GRACE_S = 5.0
 FREE_MODEL_REQUESTS_PER_MINUTE = 20
 # A platform 429 that names no reset waits this long: the free-model quota counts per minute.
 PLATFORM_HOLD_DEFAULT_S = 60.0
+PLATFORM_HOLD_MIN_S = 1.0
 
 
 @dataclass(slots=True)
@@ -927,6 +928,9 @@ class Job:
         """Stop all dispatch until a platform limit resets: every request would meet it, and the
         free-model quotas count refused requests too (reference §7.3)."""
         wait = PLATFORM_HOLD_DEFAULT_S if error.retry_after_s is None else error.retry_after_s
+        # A reset already past (clock skew, millisecond rounding) still waits a moment, or a storm
+        # of 429s would open and close a hold per response.
+        wait = max(wait, PLATFORM_HOLD_MIN_S)
         until = time.monotonic() + wait
         if until <= self.held_until + 1.0:
             return  # the requests in flight when the limit hit all report it; one hold is enough
