@@ -6,7 +6,7 @@ same run and at the same concurrency, regen's job output throughput (output toke
 `openai` AsyncOpenAI client.
 
 Layout of one run:
-- the simulator runs as its own process (engine/sim/runner.py, on uvloop), pinned to one core and
+- the simulator runs as its own process (engine/sim/openrouter/runner.py, on uvloop), pinned to one core and
   the client to the other, so they never share a core; a fresh simulator serves each run (its
   ledger grows with every request). Its profile (short TTFT, fast tokens) offers far more load than
   one client core can take at 2000 streams, so the client is the busy side; the simulator's CPU
@@ -90,8 +90,8 @@ def prompt_messages(i: int) -> list[dict[str, str]]:
 
 
 def static_body() -> dict[str, Any]:
-    """The fields regen's client sends with every request (engine/openrouter/client.py)."""
-    from engine.openrouter.client import OpenRouterClient
+    """The fields regen's client sends with every request (engine/backends/openrouter/client.py)."""
+    from engine.backends.openrouter.client import OpenRouterClient
 
     client = OpenRouterClient(regen_settings("http://127.0.0.1:1/api/v1", Path("."), Path("."), 1).openrouter,
                               pool_size=1)
@@ -338,8 +338,8 @@ def child(variant: str, base_url: str, n: int, concurrency: int, workdir: Path,
 
 
 def sim_config() -> dict[str, Any]:
-    from engine.sim.catalog import default_models
-    from engine.sim.config import SimConfig
+    from engine.sim.openrouter.catalog import default_models
+    from engine.sim.openrouter.config import SimConfig
 
     p = SIM_PROFILE
     models = default_models()
@@ -394,13 +394,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-# `python -m engine.sim openrouter` (engine/sim/runner.py, uvloop), optionally with the cyclic GC
+# `python -m engine.sim openrouter` (engine/sim/openrouter/runner.py, uvloop), optionally with the cyclic GC
 # made rare: the simulator keeps every generation for /generation, so its collections grow with
 # the requests served and would make the load generator, not the client, the busy side.
 SIM_BOOT = """
 import gc, sys
 from pathlib import Path
-from engine.sim.runner import run_sim
+from engine.sim.openrouter.runner import run_sim
 if sys.argv[3] == "1":
     gc.set_threshold(200_000, 50, 1000)
 sys.exit(run_sim(int(sys.argv[1]), "127.0.0.1", Path(sys.argv[2])))
@@ -408,7 +408,7 @@ sys.exit(run_sim(int(sys.argv[1]), "127.0.0.1", Path(sys.argv[2])))
 
 
 class Sim:
-    """The simulator in its own process (engine/sim/runner.py runs it on uvloop)."""
+    """The simulator in its own process (engine/sim/openrouter/runner.py runs it on uvloop)."""
 
     def __init__(self, workdir: Path, sim_gc: bool = False) -> None:
         self.port = free_port()

@@ -234,7 +234,7 @@ def _stop(args: argparse.Namespace, run_dir: Path) -> int:
 def _catalog(args: argparse.Namespace, settings: Settings) -> int:
     import orjson
 
-    from engine.catalog_report import CatalogError, DatasetError, build_catalog, format_catalog
+    from engine.backends.openrouter.report import CatalogError, DatasetError, build_catalog, format_catalog
     from engine.runtime import run
 
     try:
@@ -250,8 +250,8 @@ def _catalog(args: argparse.Namespace, settings: Settings) -> int:
 
 def _sim(args: argparse.Namespace) -> int:
     from engine.runtime import run
-    from engine.sim.config import SimConfigError, load_sim_config
-    from engine.sim.server import serve_forever
+    from engine.sim.openrouter.config import SimConfigError, load_sim_config
+    from engine.sim.openrouter.server import serve_forever
 
     try:
         config = load_sim_config(args.config)

@@ -17,7 +17,7 @@ MARKER = ".regen-demo"
 
 
 def demo_sim_config(speed: float = 1.0) -> object:
-    from engine.sim.config import SimConfig
+    from engine.sim.openrouter.config import SimConfig
 
     return SimConfig(
         min_completion_tokens=40,
@@ -103,7 +103,7 @@ def _demo_headless(folder: Path, speed: float) -> int:
     from engine.headless import run_headless
     from engine.job import Job, JobError
     from engine.runtime import run
-    from engine.sim.server import OpenRouterSim
+    from engine.sim.openrouter.server import OpenRouterSim
 
     async def go() -> int:
         config = demo_sim_config(speed)

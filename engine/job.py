@@ -21,7 +21,25 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from engine.account import generation_cost, read_credits
+from engine.backends.openrouter.account import generation_cost, read_credits
+from engine.backends.openrouter.catalog import (
+    CatalogError,
+    Endpoint,
+    allowed_endpoints,
+    exclusion_reason,
+    fetch_endpoints,
+    find_endpoint,
+    precision_allowlist,
+    quantization_allowed,
+)
+from engine.backends.openrouter.client import AttemptResult, OpenRouterClient
+from engine.backends.openrouter.errors import (
+    THROTTLE_CLASSES,
+    AttemptError,
+    Disposition,
+    ErrorClass,
+    classify_status,
+)
 from engine.concurrency import AdaptiveLimit
 from engine.datasets import Dataset, DatasetError, discover, iter_prompts, scan
 from engine.jobstate import DatasetState, JobError, JobState, Outcome, StopReason
@@ -34,18 +52,6 @@ from engine.money import (
     prompt_token_bound,
     to_dollars,
 )
-from engine.openrouter.catalog import (
-    CatalogError,
-    Endpoint,
-    allowed_endpoints,
-    exclusion_reason,
-    fetch_endpoints,
-    find_endpoint,
-    precision_allowlist,
-    quantization_allowed,
-)
-from engine.openrouter.client import AttemptResult, OpenRouterClient
-from engine.openrouter.errors import THROTTLE_CLASSES, AttemptError, Disposition, ErrorClass, classify_status
 from engine.recovery import DatasetProgress, JournalState, Unsettled, read_journals, read_rows
 from engine.rows import build_row, requested_thinking
 from engine.settings import Settings

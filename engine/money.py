@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from engine.openrouter.catalog import Endpoint
+from engine.backends.openrouter.catalog import Endpoint
 
 # Byte-level BPE never makes more tokens than bytes, so utf-8 bytes bound a message's tokens; the
 # chat template adds role markers per message and a default system prompt. Generous on purpose:

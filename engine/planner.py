@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from decimal import ROUND_FLOOR, Decimal
 from typing import Any
 
-from engine.openrouter.catalog import Endpoint
+from engine.backends.openrouter.catalog import Endpoint
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,8 +8,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from engine.backends.openrouter.client import AttemptResult
     from engine.datasets import Prompt
-    from engine.openrouter.client import AttemptResult
     from engine.settings import OpenRouterSettings
 
 SCHEMA_VERSION = 1

@@ -10,8 +10,8 @@ import orjson
 import pytest
 
 from engine.settings import JobSettings, OpenRouterSettings, Settings
-from engine.sim.config import SimConfig
-from engine.sim.server import OpenRouterSim
+from engine.sim.openrouter.config import SimConfig
+from engine.sim.openrouter.server import OpenRouterSim
 
 SIM_KEY = "sk-sim-test"
 

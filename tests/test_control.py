@@ -18,7 +18,7 @@ from engine.control import SOCKET_NAME, ControlError
 from engine.headless import run_headless
 from engine.job import Job, JobState
 from engine.settings import Settings
-from engine.sim.server import OpenRouterSim
+from engine.sim.openrouter.server import OpenRouterSim
 from tests.conftest import read_rows, write_dataset
 from tests.test_cli import ENV, regen, settings_file, sim_process, wait_gone  # noqa: F401  (fixture)
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from engine.openrouter.errors import (
+from engine.backends.openrouter.errors import (
     Disposition,
     ErrorClass,
     classify_error_in_ok_response,

@@ -13,8 +13,8 @@ import pytest
 
 from engine.job import Job, JobError, JobState, StopReason
 from engine.settings import Settings
-from engine.sim.config import FAULT_CLASSES
-from engine.sim.server import OpenRouterSim
+from engine.sim.openrouter.config import FAULT_CLASSES
+from engine.sim.openrouter.server import OpenRouterSim
 from tests.conftest import read_rows, write_dataset
 
 
@@ -210,7 +210,7 @@ def test_engine_never_imports_textual() -> None:
     import sys
 
     code = (
-        "import sys, engine.job, engine.headless, engine.sim.server; "
+        "import sys, engine.job, engine.headless, engine.sim.openrouter.server; "
         "assert not [m for m in sys.modules if m.split('.')[0] == 'textual']"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

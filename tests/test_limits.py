@@ -12,7 +12,7 @@ import orjson
 from engine.headless import status_line
 from engine.job import FREE_MODEL_REQUESTS_PER_MINUTE, Job, StopReason
 from engine.settings import Settings
-from engine.sim.server import OpenRouterSim
+from engine.sim.openrouter.server import OpenRouterSim
 from tests.conftest import read_rows, write_dataset
 
 

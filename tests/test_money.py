@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from engine.backends.openrouter.catalog import (
+    allowed_endpoints,
+    exclusion_reason,
+    find_endpoint,
+    parse_endpoints,
+)
 from engine.concurrency import AdaptiveLimit
 from engine.money import Ledger, PriceCeiling, prompt_token_bound
-from engine.openrouter.catalog import allowed_endpoints, exclusion_reason, find_endpoint, parse_endpoints
 from engine.settings import ProviderSettings
 
 BODY = {

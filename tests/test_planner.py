@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from engine.openrouter.catalog import Endpoint
+from engine.backends.openrouter.catalog import Endpoint
 from engine.planner import DatasetNeed, cost_of, max_token_cap, plan, remaining_output_tokens
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from engine.job import Job, JobError, StopReason
 from engine.settings import Settings, TokenizerSettings
-from engine.sim.server import OpenRouterSim
+from engine.sim.openrouter.server import OpenRouterSim
 from engine.tokenizer import TargetTokenizer
 from tests.conftest import read_rows, write_dataset
 from tests.test_cli import ENV, regen

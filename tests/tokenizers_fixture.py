@@ -194,7 +194,7 @@ def make_row(
     thinking: bool | None = None,
 ) -> dict[str, Any]:
     """A raw_responses row built by ``engine.rows.build_row``, ids filled by ``tokenizer``."""
-    from engine.openrouter.client import AttemptResult
+    from engine.backends.openrouter.client import AttemptResult
     from engine.rows import build_row
     from engine.settings import OpenRouterSettings
 

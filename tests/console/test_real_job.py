@@ -21,7 +21,7 @@ from engine.control import SOCKET_NAME
 from engine.headless import run_headless
 from engine.job import Job, JobState
 from engine.settings import Settings
-from engine.sim.server import OpenRouterSim
+from engine.sim.openrouter.server import OpenRouterSim
 from tests.conftest import write_dataset
 
 

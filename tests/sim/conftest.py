@@ -13,8 +13,8 @@ import aiohttp
 import orjson
 import pytest
 
-from engine.sim.config import SimConfig
-from engine.sim.server import OpenRouterSim
+from engine.sim.openrouter.config import SimConfig
+from engine.sim.openrouter.server import OpenRouterSim
 
 KEY = "sk-sim-test"
 MGMT = "sk-sim-management"

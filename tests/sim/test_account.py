@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 
-from engine.sim.server import OpenRouterSim
+from engine.sim.openrouter.server import OpenRouterSim
 from tests.sim.conftest import MGMT, Api
 
 

@@ -13,8 +13,8 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
-from engine.sim.config import SimConfig, SimConfigError, load_sim_config, patched
-from engine.sim.server import OpenRouterSim
+from engine.sim.openrouter.config import SimConfig, SimConfigError, load_sim_config, patched
+from engine.sim.openrouter.server import OpenRouterSim
 from tests.sim.conftest import KEY, Api
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -141,6 +141,6 @@ async def test_module_entry_point_bad_config_exits_2(tmp_path: Path) -> None:
 def test_engine_sim_never_imports_textual() -> None:
     import subprocess
 
-    code = ("import sys, engine.sim, engine.sim.runner; "
+    code = ("import sys, engine.sim, engine.sim.openrouter.runner; "
             "assert not any(m.startswith('textual') for m in sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -10,8 +10,8 @@ import aiohttp
 import orjson
 import pytest
 
-from engine.sim.config import FAULT_CLASSES, HTTP_FAULTS
-from engine.sim.server import OpenRouterSim
+from engine.sim.openrouter.config import FAULT_CLASSES, HTTP_FAULTS
+from engine.sim.openrouter.server import OpenRouterSim
 from tests.sim.conftest import KEY, Api, parse_sse
 
 FIREWORKS = {"only": ["fireworks"]}

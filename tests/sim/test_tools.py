@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from engine.sim.server import OpenRouterSim
+from engine.sim.openrouter.server import OpenRouterSim
 from tests.sim.conftest import Api, StreamReply
 
 WEATHER = {

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from engine.sim.catalog import DEFAULT_MODEL_ID, SimModel, default_models
+from engine.sim.openrouter.catalog import DEFAULT_MODEL_ID, SimModel, default_models
 
 # Faults that fail an attempt before the first byte with a plain HTTP error. When drawn from a
 # provider's own rates they trigger OpenRouter's silent fallback to the next endpoint.

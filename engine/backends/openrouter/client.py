@@ -16,14 +16,14 @@ from typing import Any
 import aiohttp
 import orjson
 
-from engine.openrouter.deadlines import Deadlines, Watch
-from engine.openrouter.errors import (
+from engine.backends.openrouter.errors import (
     AttemptError,
     Disposition,
     ErrorClass,
     classify_error_in_ok_response,
     classify_status,
 )
+from engine.net.deadlines import Deadlines, Watch
 from engine.settings import OpenRouterSettings, ProviderSettings
 
 FAILED_NATIVE_FINISH = frozenset({"error", "network_error"})

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from engine.settings import ProviderSettings
 
 if TYPE_CHECKING:
-    from engine.openrouter.client import OpenRouterClient
+    from engine.backends.openrouter.client import OpenRouterClient
 
 # A requested precision admits its finer-named members (reference §2.2).
 QUANTIZATION_FAMILY = {"fp4": {"fp4", "mxfp4", "nvfp4"}, "fp8": {"fp8", "mxfp8"}}

@@ -14,11 +14,11 @@ from typing import Any
 
 import orjson
 
-from engine.sim.catalog import SimEndpoint, SimModel
-from engine.sim.config import SimConfig
-from engine.sim.ledger import ProviderAttempt
-from engine.sim.limits import Hold
-from engine.sim.tools import ToolAnswer, plan_tool_answer
+from engine.sim.openrouter.catalog import SimEndpoint, SimModel
+from engine.sim.openrouter.config import SimConfig
+from engine.sim.openrouter.ledger import ProviderAttempt
+from engine.sim.openrouter.limits import Hold
+from engine.sim.openrouter.tools import ToolAnswer, plan_tool_answer
 
 _ALNUM = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 # Faults that end a stream early; the share sent first is config.fault_position.

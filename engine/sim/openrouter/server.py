@@ -23,14 +23,14 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
-from engine.sim import faults as fault_bodies
-from engine.sim import refusals
-from engine.sim.catalog import Pricing, SimEndpoint, SimModel
-from engine.sim.config import HTTP_FAULTS, SimConfig, patched
-from engine.sim.ledger import GenerationRecord, Ledger, ProviderAttempt
-from engine.sim.limits import Hold, Limits, Refusal, preflight_estimate
-from engine.sim.plan import Plan, make_plan, rand_id
-from engine.sim.routing import (
+from engine.sim.openrouter import faults as fault_bodies
+from engine.sim.openrouter import refusals
+from engine.sim.openrouter.catalog import Pricing, SimEndpoint, SimModel
+from engine.sim.openrouter.config import HTTP_FAULTS, SimConfig, patched
+from engine.sim.openrouter.ledger import GenerationRecord, Ledger, ProviderAttempt
+from engine.sim.openrouter.limits import Hold, Limits, Refusal, preflight_estimate
+from engine.sim.openrouter.plan import Plan, make_plan, rand_id
+from engine.sim.openrouter.routing import (
     NoEndpoints,
     Prefs,
     RequestError,
@@ -40,10 +40,10 @@ from engine.sim.routing import (
     order_endpoints,
     parse_prefs,
 )
-from engine.sim.stream import DONE, KEEPALIVE, ChunkBuilder, costs, reasoning_details, usage_object
-from engine.sim.text import CONTENT_CYCLE, REASONING_CYCLE, degenerate, span
-from engine.sim.tools import deltas, message_calls
-from engine.sim.views import endpoint_entry, endpoint_id, generation_body, model_entry
+from engine.sim.openrouter.stream import DONE, KEEPALIVE, ChunkBuilder, costs, reasoning_details, usage_object
+from engine.sim.openrouter.text import CONTENT_CYCLE, REASONING_CYCLE, degenerate, span
+from engine.sim.openrouter.tools import deltas, message_calls
+from engine.sim.openrouter.views import endpoint_entry, endpoint_id, generation_body, model_entry
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 _CUT_FAULTS = frozenset({"cut_mid_stream", "cut_nonstream_body"})

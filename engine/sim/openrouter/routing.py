@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from engine.sim.catalog import SimEndpoint, SimModel
+from engine.sim.openrouter.catalog import SimEndpoint, SimModel
 
 PROVIDER_KEYS: frozenset[str] = frozenset(
     {

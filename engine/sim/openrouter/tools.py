@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from engine.sim.text import CONTENT_CYCLE, span
+from engine.sim.openrouter.text import CONTENT_CYCLE, span
 
 CHARS_PER_TOKEN = 4
 

@@ -8,8 +8,8 @@ import contextlib
 import sys
 from pathlib import Path
 
-from engine.sim.config import SimConfigError, load_sim_config
-from engine.sim.server import serve_forever
+from engine.sim.openrouter.config import SimConfigError, load_sim_config
+from engine.sim.openrouter.server import serve_forever
 
 
 def run_sim(port: int = 8765, host: str = "127.0.0.1", config_path: Path | None = None) -> int:

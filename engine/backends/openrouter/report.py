@@ -6,16 +6,16 @@ import asyncio
 from decimal import Decimal
 from typing import Any
 
-from engine.datasets import DatasetError, discover, scan
-from engine.money import TEMPLATE_TOKENS_FIXED, to_dollars
-from engine.openrouter.catalog import (
+from engine.backends.openrouter.catalog import (
     CatalogError,
     Endpoint,
     exclusion_reason,
     fetch_endpoint_table,
     precision_allowlist,
 )
-from engine.openrouter.client import OpenRouterClient
+from engine.backends.openrouter.client import OpenRouterClient
+from engine.datasets import DatasetError, discover, scan
+from engine.money import TEMPLATE_TOKENS_FIXED, to_dollars
 from engine.planner import DatasetNeed, plan, remaining_output_tokens
 from engine.recovery import read_journals, read_rows
 from engine.settings import Settings

@@ -15,7 +15,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from engine.sim.config import SimConfig
+    from engine.sim.openrouter.config import SimConfig
 
 
 @dataclass(slots=True)

@@ -13,8 +13,8 @@ from typing import Any
 
 import orjson
 
-from engine.sim import refusals
-from engine.sim.config import FAULT_CLASSES
+from engine.sim.openrouter import refusals
+from engine.sim.openrouter.config import FAULT_CLASSES
 
 
 def draw(rates: dict[str, float], rng: random.Random) -> str | None:

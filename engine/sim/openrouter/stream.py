@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from engine.sim.catalog import SimEndpoint
+from engine.sim.openrouter.catalog import SimEndpoint
 
 KEEPALIVE = b": OPENROUTER PROCESSING\n\n"
 DONE = b"data: [DONE]\n\n"

@@ -6,8 +6,8 @@ import hashlib
 from datetime import UTC, datetime
 from typing import Any
 
-from engine.sim.catalog import SimEndpoint, SimModel
-from engine.sim.ledger import GenerationRecord
+from engine.sim.openrouter.catalog import SimEndpoint, SimModel
+from engine.sim.openrouter.ledger import GenerationRecord
 
 
 def iso_time(ts: float) -> str:

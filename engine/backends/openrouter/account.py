@@ -7,8 +7,8 @@ import time
 from decimal import Decimal
 from typing import Any
 
+from engine.backends.openrouter.client import OpenRouterClient
 from engine.money import to_dollars
-from engine.openrouter.client import OpenRouterClient
 
 
 async def generation_cost(client: OpenRouterClient, generation_id: str, timeout_s: float) -> Decimal | None:

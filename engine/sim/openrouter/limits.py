@@ -16,10 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.sim import refusals
-from engine.sim.catalog import SimEndpoint, SimModel
-from engine.sim.config import SimConfig
-from engine.sim.routing import matches
+from engine.sim.openrouter import refusals
+from engine.sim.openrouter.catalog import SimEndpoint, SimModel
+from engine.sim.openrouter.config import SimConfig
+from engine.sim.openrouter.routing import matches
 
 _MINUTE_S = 60.0
 _DAY_S = 86400

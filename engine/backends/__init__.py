@@ -1,0 +1,1 @@
+"""The backends behind the engine's contract: OpenRouter (openrouter/) first."""

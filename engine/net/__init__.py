@@ -1,0 +1,1 @@
+"""Network helpers shared by the backends."""

@@ -1,0 +1,33 @@
+"""The OpenRouter simulator: a real HTTP server on loopback speaking OpenRouter's wire format."""
+
+from __future__ import annotations
+
+from engine.sim.openrouter.catalog import DEFAULT_MODEL_ID, Pricing, SimEndpoint, SimModel, default_models
+from engine.sim.openrouter.config import (
+    FAULT_CLASSES,
+    HTTP_FAULTS,
+    SimConfig,
+    SimConfigError,
+    load_sim_config,
+)
+from engine.sim.openrouter.ledger import GenerationRecord, Ledger
+from engine.sim.openrouter.runner import run_sim, serve_forever
+from engine.sim.openrouter.server import OpenRouterSim
+
+__all__ = [
+    "DEFAULT_MODEL_ID",
+    "FAULT_CLASSES",
+    "HTTP_FAULTS",
+    "GenerationRecord",
+    "Ledger",
+    "OpenRouterSim",
+    "Pricing",
+    "SimConfig",
+    "SimConfigError",
+    "SimEndpoint",
+    "SimModel",
+    "default_models",
+    "load_sim_config",
+    "run_sim",
+    "serve_forever",
+]
