@@ -6,7 +6,7 @@ same run and at the same concurrency, regen's job output throughput (output toke
 `openai` AsyncOpenAI client.
 
 Layout of one run:
-- the simulator runs as its own process (engine/sim/openrouter/runner.py, on uvloop), pinned to one core and
+- the simulator runs as its own process (engine/sim/runner.py, on uvloop), pinned to one core and
   the client to the other, so they never share a core; a fresh simulator serves each run (its
   ledger grows with every request). Its profile (short TTFT, fast tokens) offers far more load than
   one client core can take at 2000 streams, so the client is the busy side; the simulator's CPU
@@ -294,7 +294,7 @@ async def run_regen(base_url: str, n: int, concurrency: int, w: Window, workdir:
         tick.cancel()
     w.stop()
     snap = job.snapshot()
-    w.tokens = job.counters.output_tokens
+    w.tokens = job.stats.counters.output_tokens
     w.requests = snap["rows"]
     for name, count in snap["errors"].items():
         w.errors += count
@@ -394,30 +394,28 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-# `python -m engine.sim openrouter` (engine/sim/openrouter/runner.py, uvloop), optionally with the cyclic GC
-# made rare: the simulator keeps every generation for /generation, so its collections grow with
-# the requests served and would make the load generator, not the client, the busy side.
+# `regen sim openrouter` (engine/sim/runner.py): uvloop, and engine/runtime.py's rare cyclic GC. The
+# simulator keeps every generation for /generation, so with Python's default thresholds its
+# collections grow with the requests served and make the load generator, not the client, the busy side.
 SIM_BOOT = """
-import gc, sys
+import sys
 from pathlib import Path
-from engine.sim.openrouter.runner import run_sim
-if sys.argv[3] == "1":
-    gc.set_threshold(200_000, 50, 1000)
-sys.exit(run_sim(int(sys.argv[1]), "127.0.0.1", Path(sys.argv[2])))
+from engine.sim.runner import run_sim
+sys.exit(run_sim("openrouter", int(sys.argv[1]), "127.0.0.1", Path(sys.argv[2])))
 """
 
 
 class Sim:
-    """The simulator in its own process (engine/sim/openrouter/runner.py runs it on uvloop)."""
+    """The simulator in its own process (engine/sim/runner.py runs it on uvloop)."""
 
-    def __init__(self, workdir: Path, sim_gc: bool = False) -> None:
+    def __init__(self, workdir: Path) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}/api/v1"
         config_path = workdir / "sim.json"
         config_path.write_text(json.dumps(sim_config()))
         self.log = open(workdir / "sim.log", "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", SIM_BOOT, str(self.port), str(config_path), str(int(sim_gc))],
+            [sys.executable, "-c", SIM_BOOT, str(self.port), str(config_path)],
             cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=_pin(SIM_CPU),
         )
         deadline = time.monotonic() + 30
@@ -584,8 +582,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="smoke run: concurrency 200, 1000 prompts, 1 repetition")
     ap.add_argument("--sim-profile", default=None, metavar="JSON",
                     help="override simulator profile fields, e.g. '{\"chunk_interval_s\": 0.05}'")
-    ap.add_argument("--sim-default-gc", action="store_true",
-                    help="leave the simulator's cyclic GC at Python's defaults")
     ap.add_argument("--no-pin", action="store_true",
                     help="let the scheduler place the simulator and the client (default: one core each)")
     ap.add_argument("--write-md", action="store_true", help="update the throughput section of BENCHMARKS.md")
@@ -632,8 +628,7 @@ def main(argv: list[str] | None = None) -> int:
     load0 = os.getloadavg()[0]
     if load0 > 0.5:
         print(f"warning: load average {load0:.1f} before the run; other work on this machine skews the figures")
-    print(f"simulator profile: {SIM_PROFILE}, max_tokens {MAX_TOKENS}, "
-          f"simulator GC {'default' if args.sim_default_gc else 'rare'}")
+    print(f"simulator profile: {SIM_PROFILE}, max_tokens {MAX_TOKENS}")
     results: dict[tuple[int, str], list[dict[str, Any]]] = {}
     try:
         for c in levels:
@@ -644,7 +639,7 @@ def main(argv: list[str] | None = None) -> int:
                     work.mkdir()
                     # A fresh simulator per run: its ledger grows with every request it serves,
                     # and a run must not inherit the previous one's.
-                    sim = Sim(work, sim_gc=not args.sim_default_gc)
+                    sim = Sim(work)
                     try:
                         prof = args.profile / f"regen-{c}-{k}.prof" if args.profile and v == "regen" else None
                         r = run_child(v, sim, prompts(c, v), c, work, prof)
@@ -682,7 +677,7 @@ def main(argv: list[str] | None = None) -> int:
             "",
             f"Machine: {machine()}; {versions()}; {load_note}.",
             f"Simulator: {json.dumps(SIM_PROFILE)}, every endpoint at that speed, max_tokens {MAX_TOKENS}, "
-            f"GC {'default' if args.sim_default_gc else 'rare'}, a fresh process per run.",
+            "rare GC (engine/runtime.py), a fresh process per run.",
             "Prompts per run: " + "; ".join(
                 f"{prompts_for[c]} at concurrency {c} ({prompts(c, 'openai')} for openai)" for c in levels)
             + f"; {repeat} repetition(s), median of output tokens/s.",

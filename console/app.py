@@ -424,7 +424,7 @@ class RegenApp(App[str]):
 
     def _repaint_status(self) -> None:
         snap = self.displayed
-        burn = None if snap is None else self.history.burn_usd_per_h(snap)
+        burn = None if snap is None else self.history.burn_per_h(snap)
         self.status.show(snap, self._freshness(), burn)
 
     def _tick_freshness(self) -> None:
@@ -481,7 +481,7 @@ class RegenApp(App[str]):
         self.providers_pane.show(list(snap.get("providers") or []), self.history)
 
     def _paint_cost(self, snap: dict[str, Any]) -> None:
-        self.query_one(CostPane).show(snap, self.history.burn_usd_per_h(snap))
+        self.query_one(CostPane).show(snap, self.history.burn_per_h(snap))
 
     def _paint_datasets(self, snap: dict[str, Any]) -> None:
         self.query_one(DatasetsPane).show(snap, self.history)
@@ -590,10 +590,20 @@ class RegenApp(App[str]):
             self.notify("no provider highlighted", severity="warning")
             return
         provider = next((p for p in self.provider_rows() if str(p.get("slug") or p.get("name")) == slug), {})
+        if self._kept_out(provider):
+            return
         if provider.get("excluded"):
             self.send_include(slug)
         else:
             self.send("exclude", f"exclude {slug}", provider=slug)
+
+    def _kept_out(self, provider: dict[str, Any]) -> bool:
+        """A route the settings keep out cannot be steered from here; say why instead."""
+        if provider.get("allowed", True) or provider.get("excluded"):
+            return False
+        name = provider.get("name") or provider.get("slug")
+        self.notify(f"{name} is kept out by the settings: {provider.get('reason')}", severity="warning")
+        return True
 
     def action_exclude_provider(self) -> None:
         slug = self.highlighted_slug
@@ -609,6 +619,8 @@ class RegenApp(App[str]):
             self.notify(f"{slug} is not in the snapshot", severity="warning")
             return
         provider = next(p for p in self.provider_rows() if str(p.get("slug") or p.get("name")) == slug)
+        if self._kept_out(provider):
+            return
         if provider.get("excluded"):
             self.notify(f"{impact.name} is already excluded; space includes it again", severity="warning")
             return
@@ -794,8 +806,3 @@ class RegenApp(App[str]):
     async def on_unmount(self) -> None:
         await self.source.close()
 
-
-def run_console(app: RegenApp) -> int:
-    """Run the console in the terminal until the operator detaches; returns the exit code."""
-    app.run(mouse=app.options.mouse)
-    return 0

@@ -15,6 +15,7 @@ from console.arguments import add_settings_argument
 from console.data_commands import add_parsers as add_data_parsers
 from console.data_commands import run as run_data_command
 from engine.settings import Settings, SettingsError, load_settings
+from engine.sim.runner import add_arguments as add_sim_arguments
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
@@ -76,10 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sim = commands.add_parser("sim", help="run a simulator standalone on a port")
     sims = sim.add_subparsers(dest="sim", metavar="BACKEND", required=True)
-    sim_or = sims.add_parser("openrouter", help="the OpenRouter API simulator")
-    sim_or.add_argument("--port", type=int, default=8080)
-    sim_or.add_argument("--host", default="127.0.0.1")
-    sim_or.add_argument("--config", type=Path, default=None, help="simulator config (TOML or JSON)")
+    add_sim_arguments(sims.add_parser("openrouter", help="the OpenRouter API simulator"))
     return parser
 
 
@@ -249,19 +247,9 @@ def _catalog(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _sim(args: argparse.Namespace) -> int:
-    from engine.runtime import run
-    from engine.sim.openrouter.config import SimConfigError, load_sim_config
-    from engine.sim.openrouter.server import serve_forever
+    from engine.sim.runner import run_sim
 
-    try:
-        config = load_sim_config(args.config)
-    except SimConfigError as exc:
-        return _fail(str(exc), EXIT_USAGE)
-    try:
-        run(serve_forever(config, args.host, args.port))
-    except OSError as exc:
-        return _fail(f"cannot listen on {args.host}:{args.port}: {exc.strerror}")
-    return EXIT_OK
+    return run_sim(args.sim, args.port, args.host, args.config)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ PROVIDER_COLUMNS = (
     "output_tokens",
     "output_tokens_per_s",
     "spent",
-    "usd_per_m_output",
+    "cost_per_m_output",
     "latency_p50_s",
     "latency_p95_s",
     "latency_p99_s",

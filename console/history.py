@@ -14,11 +14,6 @@ from typing import Any
 from console.format import money, number, percent
 
 STATUSES = ("OK", "SLOW", "FAIL", "EXCL")
-# A provider whose median latency is this many times its peers' median is SLOW (when the job does not say).
-SLOW_FACTOR = 2.0
-# A provider failing more than this fraction of at least FAIL_MIN_REQUESTS requests is FAIL.
-FAIL_FRACTION = 0.25
-FAIL_MIN_REQUESTS = 20
 # Error deltas go to the log at most once per this many seconds of job time.
 ERROR_LINE_EVERY_S = 5.0
 
@@ -32,28 +27,10 @@ class LogLine:
     text: str
 
 
-def provider_status(provider: dict[str, Any], peers: list[dict[str, Any]]) -> str:
-    """OK/SLOW/FAIL/EXCL: the job's word when it sends one, else derived from the core fields."""
+def provider_status(provider: dict[str, Any]) -> str:
+    """OK/SLOW/FAIL/EXCL: the job's word (engine/stats.py status_word is the only rule)."""
     given = provider.get("status")
-    if isinstance(given, str) and given.upper() in STATUSES:
-        return given.upper()
-    if provider.get("excluded"):
-        return "EXCL"
-    requests = number(provider.get("requests")) or 0.0
-    errors = sum((provider.get("errors") or {}).values())
-    if requests >= FAIL_MIN_REQUESTS and errors / requests > FAIL_FRACTION:
-        return "FAIL"
-    latency = number(provider.get("latency_p50_s"))
-    others = sorted(
-        value
-        for peer in peers
-        if peer is not provider and not peer.get("excluded")
-        for value in [number(peer.get("latency_p50_s"))]
-        if value is not None
-    )
-    if latency is not None and others and latency > SLOW_FACTOR * others[len(others) // 2]:
-        return "SLOW"
-    return "OK"
+    return given.upper() if isinstance(given, str) and given.upper() in STATUSES else "OK"
 
 
 @dataclass(slots=True)
@@ -116,9 +93,9 @@ class History:
         history = self.providers.get(slug)
         return None if history is None else history.tokens.rate()
 
-    def burn_usd_per_h(self, snap: dict[str, Any]) -> float | None:
+    def burn_per_h(self, snap: dict[str, Any]) -> float | None:
         """The job's burn rate, else the console's own: spend over the last minute of job time."""
-        given = number((snap.get("money") or {}).get("burn_usd_per_h"))
+        given = number((snap.get("money") or {}).get("burn_per_h"))
         if given is not None:
             return given
         rate = self.spent.rate()
@@ -215,7 +192,7 @@ class History:
                 self._lines.append(LogLine(ts, level, f"job {self._last_state} → {state}{why}"))
             self._last_state = state
         money_ = snap.get("money") or {}
-        if money_.get("budget_blocked") and not self._budget_blocked:
+        if money_.get("blocked") and not self._budget_blocked:
             self._lines.append(
                 LogLine(
                     ts,
@@ -223,7 +200,7 @@ class History:
                     f"budget reached: no new requests (budget {money(number(money_.get('budget')))})",
                 )
             )
-        self._budget_blocked = bool(money_.get("budget_blocked"))
+        self._budget_blocked = bool(money_.get("blocked"))
 
     def _note_errors(self, snap: dict[str, Any], elapsed: float, ts: float) -> None:
         errors = snap.get("errors") or {}
@@ -243,7 +220,7 @@ class History:
     def _note_statuses(self, providers: list[dict[str, Any]], ts: float) -> None:
         for provider in providers:
             slug = str(provider.get("slug") or provider.get("name"))
-            status = provider_status(provider, providers)
+            status = provider_status(provider)
             before = self.statuses.get(slug)
             self.statuses[slug] = status
             if before is not None and before != status and status in ("SLOW", "FAIL"):
@@ -294,7 +271,7 @@ _EVENT_LEVEL = {
     "resume": "action",
     "concurrency": "action",
     "budget": "action",
-    "budget_blocked": "warning",
+    "blocked": "warning",
     "invalid_line": "warning",
     "hold": "warning",
 }

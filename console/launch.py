@@ -47,13 +47,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fps", type=int, default=None)
     parser.add_argument("--color-system", default=None)
     parser.add_argument("--theme", default="regen-dark")
-    parser.add_argument(
-        "--core-only", action="store_true", help="only the snapshot fields Job.snapshot has today"
-    )
     args = parser.parse_args(argv)
-    from console.source import ScriptedSource
+    from console.scripted import ScriptedSource
 
-    source = ScriptedSource(seed=args.seed, count=None, readonly=args.readonly, extended=not args.core_only)
+    source = ScriptedSource(seed=args.seed, count=None, readonly=args.readonly)
     return run_console(
         source,
         fps=args.fps,

@@ -83,7 +83,7 @@ def exclude_impact(providers: list[dict[str, Any]], slug: str) -> ExcludeImpact 
     target = next((p for p in providers if slug_of(p) == slug), None)
     if target is None:
         return None
-    allowed = [p for p in providers if not p.get("excluded")]
+    allowed = [p for p in providers if p.get("allowed", True) and not p.get("excluded")]
     return ExcludeImpact(
         name=str(target.get("name") or slug),
         slug=slug,
@@ -329,7 +329,7 @@ class ProviderDetailScreen(ModalScreen[None]):
         if provider is None:
             self.query_one("#detail-numbers", Static).update(f"{self.slug} is not in the latest snapshot")
             return
-        status = provider_status(provider, providers)
+        status = provider_status(provider)
         name = str(provider.get("name") or self.slug)
         self.query_one("#detail-title", Label).update(
             f"{name} ({self.slug}) · {STATUS_GLYPH[status]} {status}"

@@ -18,13 +18,15 @@ import contextlib
 import os
 import socket
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-PROTOCOL_VERSION = 1
+from engine.schema import JobInfo, Snapshot
+
+PROTOCOL_VERSION = 2
 SOCKET_NAME = "control.sock"
 SNAPSHOT_INTERVAL_S = 0.25
 MAX_LINE = 1 << 20
@@ -34,7 +36,7 @@ class ControlError(RuntimeError):
     """A control connection that cannot be used; the message is for the operator."""
 
 
-CommandHandler = Callable[[str, dict[str, Any], str], Awaitable[str]]
+CommandHandler = Callable[[str, Mapping[str, Any], str], Awaitable[str]]
 
 
 def _peer_uid(writer: asyncio.StreamWriter) -> int | None:
@@ -53,9 +55,9 @@ class ControlServer:
         self,
         path: Path,
         *,
-        snapshot: Callable[[], dict[str, Any]],
+        snapshot: Callable[[], Snapshot],
         events_since: Callable[[int], tuple[int, list[dict[str, Any]]]],
-        job_info: dict[str, Any],
+        job_info: JobInfo,
         handle: CommandHandler,
         interval_s: float = SNAPSHOT_INTERVAL_S,
     ) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
 from engine.control import SOCKET_NAME, ControlServer
@@ -31,7 +31,39 @@ def _count(n: float) -> str:
     return f"{n:.0f}" if n >= 100 or n == int(n) else f"{n:.1f}"
 
 
-def status_line(snap: dict[str, Any]) -> str:
+def _amount(value: float, unit: str, places: int = 2) -> str:
+    """An amount in the ledger's unit: dollars, or GPU-hours for a GPU-time ledger."""
+    if unit == "usd":
+        return f"${value:.{places}f}"
+    if unit == "gpu_s":
+        return f"{value / 3600:.{places}f} GPU-h"
+    return f"{value:.{places}f} {unit}"
+
+
+def money_line(money: Mapping[str, Any]) -> str:
+    """Spent, split into what was billed and what is still an estimate, and why."""
+    unit = money["unit"]
+    line = f"spent {_amount(money['spent'], unit, 4)}"
+    if money["budget"] is not None:
+        line += f" of {_amount(money['budget'], unit)}"
+    parts = []
+    pending, unknowable = money["pending"], money["unknowable"]
+    if pending["requests"]:
+        parts.append(
+            f"{_amount(pending['amount'], unit, 4)} estimated for {pending['requests']} requests "
+            "until their bill is looked up"
+        )
+    if unknowable["requests"]:
+        parts.append(
+            f"{_amount(unknowable['amount'], unit, 4)} is the worst case of {unknowable['requests']} requests "
+            "cut before their generation id arrived (no bill can ever name them, so it stays counted)"
+        )
+    if parts:
+        line += f": {_amount(money['confirmed'], unit, 4)} confirmed, " + "; ".join(parts)
+    return line
+
+
+def status_line(snap: Mapping[str, Any]) -> str:
     """One line: state, per-dataset progress, rates, in flight, money, errors by class, ETA."""
     datasets = " ".join(f"{d['name']} {d['done']}/{d['total']}" for d in snap["datasets"])
     rates = snap["rates"]
@@ -43,7 +75,9 @@ def status_line(snap: dict[str, Any]) -> str:
         else f"{conc['effective']}<{conc['configured']}"
     )
     errors = " ".join(f"{k}:{v}" for k, v in sorted(snap["errors"].items())) or "none"
-    estimated = f" (~${money['spent_estimated']:.2f} est)" if money["spent_estimated"] > 0.005 else ""
+    unit = money["unit"]
+    estimated = f" (~{_amount(money['estimated'], unit)} est)" if money["estimated"] > 0.005 else ""
+    budget = "" if money["budget"] is None else f" / {_amount(money['budget'], unit)}"
     held = snap.get("held_s")
     state = (
         snap["state"] if held is None else f"{snap['state']} (held {_clock(held)}: {snap.get('held_reason')})"
@@ -52,7 +86,7 @@ def status_line(snap: dict[str, Any]) -> str:
         f"[{_clock(snap['elapsed_s'])}] {state} | {datasets} | "
         f"{_count(rates['output_tokens_per_s'])} tok/s {rates['attempts_per_s']:.1f} req/s | "
         f"in flight {snap['in_flight']}/{limit} | "
-        f"${money['spent']:.2f} spent{estimated} + ${money['reserved']:.2f} reserved / ${money['budget']:.2f} | "
+        f"{_amount(money['spent'], unit)} spent{estimated} + {_amount(money['reserved'], unit)} reserved{budget} | "
         f"errors {errors} | ETA {_clock(snap['eta_s'])}"
     )
 
@@ -65,42 +99,42 @@ def _millis(value: float | None) -> str:
     return "-" if value is None else f"{value * 1000:.1f}ms"
 
 
-def provider_line(p: dict[str, Any]) -> str:
+def provider_line(p: Mapping[str, Any], unit: str) -> str:
     errors = sum(p["errors"].values())
-    per_m = "-" if p.get("usd_per_m_output") is None else f"${p['usd_per_m_output']:.2f}/M"
+    per_m = "-" if p["cost_per_m_output"] is None else f"{_amount(p['cost_per_m_output'], unit)}/M"
     return (
         f"  {p['status']:<4} {p['name']}: {p['requests']} requests ({p['share'] * 100:.0f}%), {p['ok']} rows, "
         f"latency p50 {_seconds(p['latency_p50_s'])} p95 {_seconds(p['latency_p95_s'])}, "
         f"TTFT p50 {_seconds(p['ttft_p50_s'])}, TPOT {_millis(p['tpot_s'])}, "
-        f"{_count(p['output_tokens_per_s'])} tok/s, ${p['spent']:.4f} ({per_m}), "
+        f"{_count(p['output_tokens_per_s'])} tok/s, {_amount(p['spent'], unit, 4)} ({per_m}), "
         f"errors {errors} (429s {p['throttled']})"
     )
 
 
-def summary_lines(snap: dict[str, Any], outcome: Outcome) -> list[str]:
+def summary_lines(snap: Mapping[str, Any], outcome: Outcome) -> list[str]:
     lines = ["", "summary:"]
     for d in snap["datasets"]:
         lines.append(
             f"  {d['name']}: {d['done']}/{d['total']} rows ({d['ok']} ok, {d['truncated']} truncated, "
             f"{d['failed']} failed, {d['invalid']} invalid skipped), {d['output_tokens']} output tokens, {d['state']}"
         )
-    lines.append("providers:")
-    lines.extend(provider_line(p) for p in snap["providers"])
     money = snap["money"]
-    estimated = money["spent_estimated"]
+    unit = money["unit"]
+    lines.append("providers:")
+    # Routes that never served and are kept out are listed by the console, not here.
+    lines.extend(provider_line(p, unit) for p in snap["providers"] if p["requests"] or p["allowed"])
+    lines.append(f"money: {money_line(money)}")
+    per_m = money["useful_per_m"]
     lines.append(
-        f"money: spent ${money['spent']:.4f} of ${money['budget']:.2f}"
-        + (f" (${estimated:.4f} of it estimated until /generation confirms)" if estimated else "")
-    )
-    per_m = money.get("useful_usd_per_m")
-    lines.append(
-        f"  useful ${money['useful_usd']:.4f} for {money['useful_output_tokens']} output tokens"
-        + (f" (${per_m:.2f}/M)" if per_m is not None else "")
+        f"  useful {_amount(money['useful'], unit, 4)} for {money['useful_output_tokens']} output tokens"
+        + (f" ({_amount(per_m, unit)}/M)" if per_m is not None else "")
     )
     waste = ", ".join(
-        f"{cause} ${w['usd']:.4f}" for cause, w in money["waste"].items() if w["usd"] or w["tokens"]
+        f"{cause} {_amount(w['amount'], unit, 4)}"
+        for cause, w in money["waste"].items()
+        if w["amount"] or w["tokens"]
     )
-    lines.append(f"  waste ${money['waste_usd']:.4f}" + (f": {waste}" if waste else ""))
+    lines.append(f"  waste {_amount(money['waste_total'], unit, 4)}" + (f": {waste}" if waste else ""))
     if snap.get("quarantined"):
         lines.append(f"  quarantined responses: {snap['quarantined']} (see quarantine.jsonl)")
     lines.append(f"{'done' if outcome.reason is StopReason.DONE else 'stopped'}: {outcome.message}")
@@ -145,18 +179,19 @@ async def run_headless(
             installed.append(signum)
         except (NotImplementedError, RuntimeError):
             pass
-    control: ControlServer | None = ControlServer(
+    server = ControlServer(
         job.run_dir / SOCKET_NAME,
         snapshot=job.snapshot,
         events_since=job.events_since,
         job_info=job.info(),
         handle=job.handle_command,
     )
+    control: ControlServer | None = server
     try:
-        await control.start()
+        await server.start()
     except OSError as exc:
         print(
-            f"regen: warning: no control socket at {control.path} ({exc}); consoles cannot attach",
+            f"regen: warning: no control socket at {server.path} ({exc}); consoles cannot attach",
             file=out,
             flush=True,
         )

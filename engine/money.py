@@ -1,8 +1,10 @@
-"""The dollar ledger: spent, reserved for requests in flight, and the budget gate.
+"""The ledger: spent, reserved for requests in flight, and the budget gate, in one unit.
 
-DESIGN.md, Money: a request is dispatched only while spent + reserved + its own reservation stays
-within the budget, each reservation being that request's worst case at the most expensive provider
-still allowed. So the requests in flight can never push spend past the budget.
+docs/money.md: a request is dispatched only while spent + reserved + its own reservation stays
+within the budget, each reservation being that request's worst case at the most expensive route
+still allowed. So the requests in flight can never push spend past the budget. The rule is the same
+for every backend; only the unit differs (US dollars for OpenRouter, GPU-seconds for SGLang, whose
+ledger has no budget).
 """
 
 from __future__ import annotations
@@ -12,13 +14,12 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from engine.backends.openrouter.catalog import Endpoint
-
 # Byte-level BPE never makes more tokens than bytes, so utf-8 bytes bound a message's tokens; the
 # chat template adds role markers per message and a default system prompt. Generous on purpose:
 # a reservation that is too high only slows dispatch near the end of the budget.
 TEMPLATE_TOKENS_PER_MESSAGE = 16
 TEMPLATE_TOKENS_FIXED = 64
+PER_MILLION = Decimal(1_000_000)
 
 
 def prompt_token_bound(messages: Sequence[dict[str, Any]]) -> int:
@@ -32,24 +33,43 @@ def prompt_token_bound(messages: Sequence[dict[str, Any]]) -> int:
     return total
 
 
+def planning_prompt_tokens(content_chars: Sequence[int]) -> float:
+    """Mean prompt tokens for planning: about four characters a token plus the template.
+
+    Only the planner uses it; reservations use the strict `prompt_token_bound`.
+    """
+    if not len(content_chars):
+        return 0.0
+    return sum(content_chars) / len(content_chars) / 4 + TEMPLATE_TOKENS_FIXED
+
+
 def to_dollars(value: float | int | str | Decimal) -> Decimal:
     """Exact Decimal of a JSON cost: the shortest repr of the float, as the server printed it."""
     return value if isinstance(value, Decimal) else Decimal(str(value))
 
 
 @dataclass(frozen=True, slots=True)
+class RoutePrice:
+    """One route's per-token prices, in the ledger's unit."""
+
+    route: str
+    prompt: Decimal
+    completion: Decimal
+
+
+@dataclass(frozen=True, slots=True)
 class PriceCeiling:
-    """The most expensive per-token prices among the providers still allowed."""
+    """The most expensive per-token prices among the routes still allowed."""
 
     prompt: Decimal
     completion: Decimal
 
     @classmethod
-    def of(cls, endpoints: Iterable[Endpoint]) -> PriceCeiling:
-        endpoints = list(endpoints)
-        if not endpoints:
+    def of(cls, prices: Iterable[RoutePrice]) -> PriceCeiling:
+        prices = list(prices)
+        if not prices:
             return cls(Decimal(0), Decimal(0))
-        return cls(max(e.prompt_price for e in endpoints), max(e.completion_price for e in endpoints))
+        return cls(max(p.prompt for p in prices), max(p.completion for p in prices))
 
     def reservation(self, prompt_tokens: int, max_tokens: int) -> Decimal:
         return prompt_tokens * self.prompt + max_tokens * self.completion
@@ -58,17 +78,50 @@ class PriceCeiling:
         return prompt_tokens * self.prompt + completion_tokens * self.completion
 
 
-class Ledger:
-    """Money in Decimal dollars; the single place the budget rule lives."""
+@dataclass(slots=True)
+class Estimates:
+    """Spend counted at an estimate, in two kinds the operator must tell apart.
 
-    def __init__(self, budget: Decimal) -> None:
+    `pending`: attempts whose bill can still be looked up (their handle is known); the estimate errs
+    high and is replaced by the billed amount. `unknowable`: attempts cut before any handle arrived
+    (a crash, a cancel before the headers); nobody can say what they cost, so their worst case stays.
+    """
+
+    pending: Decimal = Decimal(0)
+    pending_count: int = 0
+    unknowable: Decimal = Decimal(0)
+    unknowable_count: int = 0
+
+    @property
+    def total(self) -> Decimal:
+        return self.pending + self.unknowable
+
+    def add(self, amount: Decimal, *, knowable: bool) -> None:
+        if knowable:
+            self.pending += amount
+            self.pending_count += 1
+        else:
+            self.unknowable += amount
+            self.unknowable_count += 1
+
+    def settle(self, estimate: Decimal) -> None:
+        """A pending estimate replaced by the bill."""
+        self.pending -= estimate
+        self.pending_count -= 1
+
+
+class Ledger:
+    """Spend in one unit; the single place the budget rule lives. A budget of None never blocks."""
+
+    def __init__(self, budget: Decimal | None, unit: str = "usd") -> None:
+        self.unit = unit
         self.budget = budget
         self.spent = Decimal(0)
-        self.spent_estimated = Decimal(0)
+        self.estimates = Estimates()
         self.reserved = Decimal(0)
 
     def fits(self, reservation: Decimal) -> bool:
-        return self.spent + self.reserved + reservation <= self.budget
+        return self.budget is None or self.spent + self.reserved + reservation <= self.budget
 
     def reserve(self, amount: Decimal) -> None:
         self.reserved += amount
@@ -76,14 +129,29 @@ class Ledger:
     def release(self, amount: Decimal) -> None:
         self.reserved -= amount
 
-    def charge(self, cost: Decimal, *, estimated: bool = False) -> None:
+    def charge(self, cost: Decimal, *, estimated: bool = False, knowable: bool = True) -> None:
         self.spent += cost
         if estimated:
-            self.spent_estimated += cost
+            self.estimates.add(cost, knowable=knowable)
+
+    def confirm(self, estimate: Decimal, billed: Decimal) -> Decimal:
+        """Replace a pending estimate with what was billed; returns the correction."""
+        delta = billed - estimate
+        self.spent += delta
+        self.estimates.settle(estimate)
+        return delta
 
     @property
-    def headroom(self) -> Decimal:
-        return self.budget - self.spent - self.reserved
+    def estimated(self) -> Decimal:
+        return self.estimates.total
+
+    @property
+    def confirmed(self) -> Decimal:
+        return self.spent - self.estimates.total
+
+    @property
+    def headroom(self) -> Decimal | None:
+        return None if self.budget is None else self.budget - self.spent - self.reserved
 
 
 WASTE_CAUSES = ("retries", "truncated", "quarantined", "crash", "cancelled")
@@ -101,32 +169,19 @@ def spend_cause(outcome: str) -> str | None:
 
 
 class SpendBreakdown:
-    """Useful spend against waste by cause, in dollars and output tokens."""
+    """Useful spend against waste by cause, in the ledger's unit and output tokens."""
 
     def __init__(self) -> None:
-        self.useful_usd = Decimal(0)
+        self.useful = Decimal(0)
         self.useful_tokens = 0
-        self.waste_usd: dict[str, Decimal] = dict.fromkeys(WASTE_CAUSES, Decimal(0))
+        self.waste: dict[str, Decimal] = dict.fromkeys(WASTE_CAUSES, Decimal(0))
         self.waste_tokens: dict[str, int] = dict.fromkeys(WASTE_CAUSES, 0)
 
-    def add(self, outcome: str, usd: Decimal, tokens: int = 0) -> None:
+    def add(self, outcome: str, amount: Decimal, tokens: int = 0) -> None:
         cause = spend_cause(outcome)
         if cause is None:
-            self.useful_usd += usd
+            self.useful += amount
             self.useful_tokens += tokens
         else:
-            self.waste_usd[cause] += usd
+            self.waste[cause] += amount
             self.waste_tokens[cause] += tokens
-
-    def view(self) -> dict[str, Any]:
-        per_m = float(self.useful_usd) / self.useful_tokens * 1e6 if self.useful_tokens else None
-        return {
-            "useful_usd": float(self.useful_usd),
-            "useful_output_tokens": self.useful_tokens,
-            "useful_usd_per_m": per_m,
-            "waste": {
-                cause: {"usd": float(self.waste_usd[cause]), "tokens": self.waste_tokens[cause]}
-                for cause in WASTE_CAUSES
-            },
-            "waste_usd": float(sum(self.waste_usd.values(), Decimal(0))),
-        }

@@ -1,6 +1,6 @@
 """The budget planner: what the remaining work costs, whether the budget covers it, and if not, the ways out.
 
-The story in DESIGN.md is the reference case: 6 datasets x 10M output tokens at the cheapest
+The story in docs/money.md is the reference case: 6 datasets x 10M output tokens at the cheapest
 $2.20/M is $132 against a $100 budget; either each dataset's token budget drops (7M fits), or the
 job runs until the money is spent and resumes later.
 """
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from decimal import ROUND_FLOOR, Decimal
 from typing import Any
 
-from engine.backends.openrouter.catalog import Endpoint
+from engine.money import RoutePrice
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,14 +35,14 @@ def remaining_output_tokens(
     return expected
 
 
-def cost_of(needs: Sequence[DatasetNeed], endpoint: Endpoint, token_cap: int | None = None) -> Decimal:
-    """Dollars to finish `needs` at one endpoint's prices, each dataset capped at `token_cap` tokens."""
+def cost_of(needs: Sequence[DatasetNeed], price: RoutePrice, token_cap: int | None = None) -> Decimal:
+    """Dollars to finish `needs` at one route's prices, each dataset capped at `token_cap` tokens."""
     total = Decimal(0)
     for need in needs:
         tokens = need.output_tokens if token_cap is None else min(need.output_tokens, token_cap)
         # Prompts are billed only for the share of the dataset the cap lets through.
         share = Decimal(tokens) / Decimal(need.output_tokens) if need.output_tokens else Decimal(1)
-        total += tokens * endpoint.completion_price + need.prompt_tokens * share * endpoint.prompt_price
+        total += tokens * price.completion + need.prompt_tokens * share * price.prompt
     return total
 
 
@@ -51,29 +51,29 @@ def _round_down_2sig(value: int) -> int:
     if value < 100:
         return value
     digits = len(str(value)) - 2
-    return int((Decimal(value) / Decimal(10**digits)).to_integral_value(ROUND_FLOOR)) * 10**digits
+    return int((Decimal(value) / Decimal(10**digits)).to_integral_value(ROUND_FLOOR)) * int(10**digits)
 
 
-def max_token_cap(needs: Sequence[DatasetNeed], endpoint: Endpoint, money: Decimal) -> int:
-    """The largest per-dataset output-token budget whose cost at `endpoint` fits in `money`."""
+def max_token_cap(needs: Sequence[DatasetNeed], price: RoutePrice, money: Decimal) -> int:
+    """The largest per-dataset output-token budget whose cost at `price` fits in `money`."""
     high = max((n.output_tokens for n in needs), default=0)
-    if cost_of(needs, endpoint, high) <= money:
+    if cost_of(needs, price, high) <= money:
         return high
     low = 0
     while low < high:
         middle = (low + high + 1) // 2
-        if cost_of(needs, endpoint, middle) <= money:
+        if cost_of(needs, price, middle) <= money:
             low = middle
         else:
             high = middle - 1
     return low
 
 
-def plan(needs: Sequence[DatasetNeed], endpoints: Sequence[Endpoint], budget_left: Decimal) -> dict[str, Any]:
-    """Costs at the cheapest, median and dearest allowed endpoint; fit; the two ways out."""
-    if not endpoints:
+def plan(needs: Sequence[DatasetNeed], prices: Sequence[RoutePrice], budget_left: Decimal) -> dict[str, Any]:
+    """Costs at the cheapest, median and dearest allowed route; fit; the two ways out."""
+    if not prices:
         return {"fits": None, "reason": "no allowed provider"}
-    priced = sorted(((cost_of(needs, e), e) for e in endpoints), key=lambda pair: pair[0])
+    priced = sorted(((cost_of(needs, p), p) for p in prices), key=lambda pair: pair[0])
     cheapest_cost, cheapest = priced[0]
     median_cost, median = priced[(len(priced) - 1) // 2]
     dearest_cost, dearest = priced[-1]
@@ -84,9 +84,9 @@ def plan(needs: Sequence[DatasetNeed], endpoints: Sequence[Endpoint], budget_lef
         "output_tokens": total_tokens,
         "remaining_prompts": sum(n.remaining_prompts for n in needs),
         "cost": {
-            "cheapest": {"provider": cheapest.provider_name, "usd": float(cheapest_cost)},
-            "median": {"provider": median.provider_name, "usd": float(median_cost)},
-            "dearest": {"provider": dearest.provider_name, "usd": float(dearest_cost)},
+            "cheapest": {"provider": cheapest.route, "usd": float(cheapest_cost)},
+            "median": {"provider": median.route, "usd": float(median_cost)},
+            "dearest": {"provider": dearest.route, "usd": float(dearest_cost)},
         },
         "fits": fits,
         "fits_at": {
@@ -96,7 +96,7 @@ def plan(needs: Sequence[DatasetNeed], endpoints: Sequence[Endpoint], budget_lef
         },
         "tokens_covered_per_dataset": {},
     }
-    per_token = cheapest.completion_price
+    per_token = cheapest.completion
     for need in needs:
         result["tokens_covered_per_dataset"][need.name] = need.output_tokens
     if not fits:

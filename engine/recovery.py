@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.jsonl import iter_jsonl, repair_torn_tail
-from engine.money import SpendBreakdown
+from engine.money import Estimates, SpendBreakdown
 
 
 @dataclass(slots=True)
@@ -55,14 +55,17 @@ class JournalState:
     """Money and attempt history rebuilt from the attempt and event journals."""
 
     spent: Decimal = Decimal(0)
-    spent_estimated: Decimal = Decimal(0)
+    estimates: Estimates = field(default_factory=Estimates)
     attempts: dict[tuple[str, int], int] = field(default_factory=dict)
     crashed: list[Unsettled] = field(default_factory=list)  # start without end
     to_reconcile: list[Unsettled] = field(default_factory=list)  # estimated end with a gen id
-    excluded: set[str] = field(default_factory=set)
+    excluded: dict[str, str] = field(default_factory=dict)  # route -> who excluded it
     breakdown: SpendBreakdown = field(default_factory=SpendBreakdown)
-    attempts_total: int = 0
     torn_bytes: int = 0
+
+    @property
+    def estimated(self) -> Decimal:
+        return self.estimates.total
 
 
 def read_rows(results_path: Path, unsettled_lines: Collection[int] = ()) -> DatasetProgress:
@@ -117,7 +120,6 @@ def read_journals(attempts_path: Path, events_path: Path) -> JournalState:
             if kind == "start":
                 starts[rid] = rec
                 attempts[(rec["ds"], rec["line"])] += 1
-                state.attempts_total += 1
             elif kind == "gen":
                 generation[rid] = rec["gen"]
             elif kind == "end":
@@ -128,8 +130,8 @@ def read_journals(attempts_path: Path, events_path: Path) -> JournalState:
                 tokens = rec.get("ctok") or 0
                 state.breakdown.add(outcome, cost, tokens if isinstance(tokens, int) else 0)
                 if rec.get("est"):
-                    state.spent_estimated += cost
                     gen = rec.get("gen") or generation.get(rid)
+                    state.estimates.add(cost, knowable=bool(gen))
                     if gen:
                         ds = rec.get("ds", start["ds"] if start else "")
                         line = rec.get("line", start["line"] if start else -1)
@@ -140,7 +142,7 @@ def read_journals(attempts_path: Path, events_path: Path) -> JournalState:
                 state.breakdown.add(str(rec.get("outcome", "lost_at_crash")), delta)
                 settled = estimated.pop(rid, None)
                 if settled is not None:
-                    state.spent_estimated -= settled.estimate
+                    state.estimates.settle(settled.estimate)
     for rid, start in starts.items():
         state.crashed.append(
             Unsettled(rid, start["ds"], start["line"], generation.get(rid), Decimal(str(start["reserved"])))
@@ -151,7 +153,7 @@ def read_journals(attempts_path: Path, events_path: Path) -> JournalState:
         for _, event in iter_jsonl(events_path):
             name = event.get("event")
             if name == "exclude":
-                state.excluded.add(str(event["provider"]).lower())
+                state.excluded[str(event["provider"]).lower()] = str(event.get("source") or "operator")
             elif name == "include":
-                state.excluded.discard(str(event["provider"]).lower())
+                state.excluded.pop(str(event["provider"]).lower(), None)
     return state

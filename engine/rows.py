@@ -1,28 +1,16 @@
-"""The raw_responses.jsonl row of reference/data-contract.md §3, built from a finished attempt."""
+"""The raw_responses.jsonl row of docs/data-contract.md §3, built from a finished attempt."""
 
 from __future__ import annotations
 
 import functools
-import re
 import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from engine.backends.openrouter.client import AttemptResult
+    from engine.backends.base import AttemptOutcome, Backend
     from engine.datasets import Prompt
-    from engine.settings import OpenRouterSettings
 
 SCHEMA_VERSION = 1
-# Kimi's known failure: a long run of one character with finish_reason stop (reference §10.3).
-_DEGENERATE = re.compile(r"(.)\1{63,}", re.DOTALL)
-
-
-def requested_thinking(settings: OpenRouterSettings) -> bool:
-    """Whether requests ask the model to reason (and return the reasoning)."""
-    reasoning = settings.reasoning or {}
-    return (
-        bool(settings.reasoning) and not reasoning.get("exclude", False) and reasoning.get("effort") != "none"
-    )
 
 
 @functools.lru_cache(maxsize=8)
@@ -36,19 +24,19 @@ def utc_iso(ts: float) -> str:
     return f"{_utc_second(ms // 1000)}.{ms % 1000:03d}Z"
 
 
+def is_degenerate(content: str) -> bool:
+    """Content made of one repeated character: Kimi's `!!!!` failure (docs/data-contract.md §4)."""
+    stripped = content.strip()
+    # str.count runs in C; a set of every character of a long answer does not.
+    return len(stripped) > 1 and stripped.count(stripped[0]) == len(stripped)
+
+
 def quality_flags(content: str, reasoning: str) -> list[str]:
-    """Flags that data-contract §4.11 asks for: kept, but not trusted blindly."""
+    """Flags that docs/data-contract.md §4 asks for: kept, but not trusted blindly."""
     flags = []
     if not content:
         flags.append("empty_content")
-    # Cheap first: a degenerate answer is a run of one character from its start, so its head
-    # already shows at most two distinct characters; only then scan the whole text.
-    if (
-        content
-        and len(set(content[:128])) <= 2
-        and len(set(content.strip())) <= 2
-        and _DEGENERATE.search(content)
-    ):
+    elif is_degenerate(content):
         flags.append("degenerate_content")
     if not reasoning:
         flags.append("empty_reasoning")
@@ -57,9 +45,9 @@ def quality_flags(content: str, reasoning: str) -> list[str]:
 
 def build_row(
     prompt: Prompt,
-    result: AttemptResult,
+    outcome: AttemptOutcome,
     status: str,
-    settings: OpenRouterSettings,
+    backend: Backend,
     *,
     cost: float | None,
     cost_estimated: bool,
@@ -67,9 +55,9 @@ def build_row(
     attempts: int,
     now: float,
 ) -> dict[str, Any]:
-    usage = result.usage or {}
-    details = usage.get("completion_tokens_details") or {}
-    prompt_details = usage.get("prompt_tokens_details") or {}
+    server_ids = outcome.output_ids is not None
+    prompt_ids = outcome.prompt_ids if server_ids and outcome.prompt_ids is not None else []
+    output_ids = outcome.output_ids if outcome.output_ids is not None else []
     return {
         "schema_version": SCHEMA_VERSION,
         "id": prompt.id,
@@ -79,47 +67,34 @@ def build_row(
         "source_id": prompt.source_id,
         "meta": prompt.meta,
         "status": status,
-        "backend": "openrouter",
-        "model": settings.model,
-        "served_model": result.served_model,
-        "provider": result.provider,
-        "generation_id": result.generation_id,
-        "finish_reason": result.finish_reason,
-        "native_finish_reason": result.native_finish_reason,
-        "reasoning": result.reasoning,
-        "content": result.content,
-        # Token ids come from the target model's tokenizer, filled in by the tokenizer stage.
-        "prompt_ids": [],
-        "output_ids": [],
-        "output_ids_source": None,
+        "backend": backend.name,
+        "model": backend.model,
+        "served_model": outcome.served_model,
+        "provider": outcome.route,
+        "generation_id": outcome.handle,
+        "finish_reason": outcome.finish_reason,
+        "native_finish_reason": outcome.native_finish_reason,
+        "reasoning": outcome.reasoning,
+        "content": outcome.content,
+        # Without the server's own ids, the tokenizer stage fills these from the target's tokenizer.
+        "prompt_ids": prompt_ids,
+        "output_ids": output_ids,
+        "output_ids_source": "server" if server_ids else None,
         "terminator_appended": False,
-        "num_prompt_tokens": 0,
-        "num_output_tokens": 0,
-        "usage": {
-            "prompt_tokens": usage.get("prompt_tokens"),
-            "completion_tokens": usage.get("completion_tokens"),
-            "reasoning_tokens": details.get("reasoning_tokens"),
-            "cached_tokens": prompt_details.get("cached_tokens"),
-        },
+        "num_prompt_tokens": len(prompt_ids),
+        "num_output_tokens": len(output_ids),
+        "usage": dict(outcome.usage),
         "cost": cost,
         "cost_estimated": cost_estimated,
-        "is_byok": result.is_byok,
-        "request": {
-            "thinking": requested_thinking(settings),
-            "max_tokens": settings.max_tokens,
-            "temperature": settings.temperature,
-            "top_p": settings.top_p,
-            "min_p": None,
-            "seed": None,
-            "stream": settings.stream,
-        },
-        "server": {"kind": "openrouter", "endpoint": "/api/v1/chat/completions"},
+        "is_byok": outcome.is_byok,
+        "request": backend.row_request(),
+        "server": backend.row_server(),
         "tokenizer": None,
-        "flags": quality_flags(result.content, result.reasoning),
+        "flags": quality_flags(outcome.content, outcome.reasoning),
         "timing": {
             "started_at": utc_iso(started_at),
-            "ttft_s": None if result.ttft_s is None else round(result.ttft_s, 4),
-            "e2e_s": round(result.e2e_s, 4),
+            "ttft_s": None if outcome.ttft_s is None else round(outcome.ttft_s, 4),
+            "e2e_s": round(outcome.e2e_s, 4),
             "attempts": attempts,
         },
         "created_at": utc_iso(now),

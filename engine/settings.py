@@ -129,7 +129,7 @@ class JobSettings(_Section):
     dataset_token_budget: int | None = Field(None, ge=1)
     """Output tokens per dataset after which its dispatch stops; empty for no limit."""
     finish_reasons: dict[str, RowStatus] = Field(
-        default_factory=lambda: {"stop": "ok", "length": "truncated"}
+        default_factory=lambda: dict[str, RowStatus](stop="ok", length="truncated")
     )
     """Finish reasons that finish a prompt, and the row status each one gives."""
     skip_invalid: bool = False

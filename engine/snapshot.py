@@ -1,120 +1,168 @@
-"""The folded snapshot of a job that consoles and the headless line read a few times a second."""
+"""The one builder of the snapshot (engine/schema.py) from the dispatcher, the ledger, the
+statistics and the backend's view."""
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any
 
+from engine.backends.base import Backend
+from engine.dispatch import Dispatcher
+from engine.jobstate import DatasetState, JobState, Outcome
+from engine.money import WASTE_CAUSES, Ledger
 from engine.planner import DatasetNeed, plan, remaining_output_tokens
-from engine.stats import provider_views
-
-if TYPE_CHECKING:
-    from engine.job import Job
+from engine.schema import DatasetView, MoneyView, Snapshot
+from engine.settle import Settler
+from engine.stats import JobStats, StatusRules, route_views
 
 # The planner's answer changes slowly; recomputing it per snapshot would waste the loop's time.
 PLAN_INTERVAL_S = 2.0
 
 
-def current_plan(job: Job, now: float) -> dict[str, Any] | None:
-    """The budget planner on live figures; recomputed every few seconds, not per snapshot."""
-    if now - job.plan_at < PLAN_INTERVAL_S and job.plan_cache is not None:
-        return job.plan_cache
-    needs = []
-    for name, state in job.datasets.items():
-        done = state.done
-        per_prompt = (
-            state.progress.output_tokens / done if done else float(job.settings.stats.expected_output_tokens)
+class SnapshotBuilder:
+    """Folds the job's parts into a Snapshot; keeps the plan between a few snapshots."""
+
+    def __init__(
+        self,
+        *,
+        backend: Backend,
+        dispatcher: Dispatcher,
+        ledger: Ledger,
+        settler: Settler,
+        stats: JobStats,
+        datasets: Mapping[str, DatasetState],
+        rules: StatusRules,
+        expected_output_tokens: int,
+        started_mono: float,
+    ) -> None:
+        self.backend = backend
+        self.dispatcher = dispatcher
+        self.ledger = ledger
+        self.settler = settler
+        self.stats = stats
+        self.datasets = datasets
+        self.rules = rules
+        self.expected_output_tokens = expected_output_tokens
+        self.started_mono = started_mono
+        self.spent_at_start = Decimal(0)
+        self._plan: dict[str, Any] | None = None
+        self._plan_at = float("-inf")
+
+    def plan(self, now: float) -> dict[str, Any] | None:
+        """The budget planner on live figures; recomputed every few seconds, not per snapshot."""
+        if now - self._plan_at < PLAN_INTERVAL_S and self._plan is not None:
+            return self._plan
+        needs = []
+        for name, state in self.datasets.items():
+            done = state.done
+            per_prompt = state.progress.output_tokens / done if done else float(self.expected_output_tokens)
+            remaining = max(0, state.remaining)
+            output = remaining_output_tokens(remaining, per_prompt, state.progress.output_tokens, state.token_budget)
+            needs.append(DatasetNeed(name, remaining, output, int(remaining * state.prompt_tokens_mean)))
+        budget = self.ledger.budget
+        left = None if budget is None else budget - self.ledger.spent
+        self._plan = None if left is None else plan(needs, self.backend.prices(), left)
+        self._plan_at = now
+        return self._plan
+
+    def money(self, now: float, remaining: int, rows: int) -> MoneyView:
+        ledger, breakdown = self.ledger, self.settler.breakdown
+        estimates = ledger.estimates
+        spent_here = float(ledger.spent - self.spent_at_start)
+        per_row = spent_here / rows if rows else None
+        per_m = float(breakdown.useful) / breakdown.useful_tokens * 1e6 if breakdown.useful_tokens else None
+        headroom = ledger.headroom
+        return {
+            "unit": ledger.unit,
+            "spent": float(ledger.spent),
+            "confirmed": float(ledger.confirmed),
+            "estimated": float(ledger.estimated),
+            "pending": {"amount": float(estimates.pending), "requests": estimates.pending_count},
+            "unknowable": {"amount": float(estimates.unknowable), "requests": estimates.unknowable_count},
+            "reserved": float(ledger.reserved),
+            "budget": None if ledger.budget is None else float(ledger.budget),
+            "headroom": None if headroom is None else float(headroom),
+            "blocked": self.dispatcher.budget_blocked,
+            "burn_per_h": self.stats.spend_rate.rate(now, self.started_mono) * 3600,
+            "projected_total": None if per_row is None else float(ledger.spent) + per_row * remaining,
+            "useful": float(breakdown.useful),
+            "useful_output_tokens": breakdown.useful_tokens,
+            "useful_per_m": per_m,
+            "waste": {
+                cause: {"amount": float(breakdown.waste[cause]), "tokens": breakdown.waste_tokens[cause]}
+                for cause in WASTE_CAUSES
+            },
+            "waste_total": float(sum(breakdown.waste.values(), Decimal(0))),
+        }
+
+    def build(self, state: JobState, outcome: Outcome | None) -> Snapshot:
+        now = time.monotonic()
+        started = self.started_mono
+        elapsed = now - started
+        dispatcher, stats = self.dispatcher, self.stats
+        counters = stats.counters
+        remaining = sum(max(0, s.remaining - s.failed) for s in self.datasets.values() if not s.budget_reached)
+        rows_per_s = stats.rows_rate.rate(now, started)
+        view = self.backend.view()
+        providers = route_views(
+            stats.routes,
+            view["routes"],
+            now=now,
+            elapsed_s=elapsed,
+            in_flight=dispatcher.in_flight_by_route(),
+            route_id=self.backend.route_id,
+            excluded=self.backend.excluded,
+            rules=self.rules,
         )
-        remaining = max(0, state.remaining)
-        needs.append(
-            DatasetNeed(
-                name,
-                remaining,
-                remaining_output_tokens(
-                    remaining, per_prompt, state.progress.output_tokens, state.token_budget
-                ),
-                int(remaining * state.prompt_tokens_mean),
-            )
-        )
-    job.plan_cache = plan(needs, job.allowed(), job.ledger.budget - job.ledger.spent)
-    job.plan_at = now
-    return job.plan_cache
+        held = dispatcher.held_until
+        return {
+            "state": state.value,
+            "outcome": None if outcome is None else {"reason": outcome.reason.value, "message": outcome.message},
+            "elapsed_s": elapsed,
+            "model": view["model"],
+            "backend": {
+                "name": view["name"],
+                "unit": view["unit"],
+                "model": view["model"],
+                "supports_exclude": view["supports_exclude"],
+                "account": view["account"],
+            },
+            "in_flight": dispatcher.in_flight,
+            "held_s": max(0.0, held - now) if held else None,
+            "held_reason": dispatcher.held_reason,
+            "concurrency": {"configured": dispatcher.limit.configured, "effective": dispatcher.limit.effective},
+            "rates": {
+                "output_tokens_per_s": stats.tokens_rate.rate(now, started),
+                "rows_per_s": rows_per_s,
+                "attempts_per_s": stats.attempts_rate.rate(now, started),
+            },
+            "money": self.money(now, remaining, counters.rows),
+            "plan": self.plan(now),
+            "errors": dict(counters.errors),
+            "rows": counters.rows,
+            "attempts": counters.attempts,
+            "quarantined": self.settler.quarantined,
+            "eta_s": remaining / rows_per_s if rows_per_s > 0 else None,
+            "excluded": view["excluded"],
+            "allowed_precisions": view["allowed_precisions"],
+            "datasets": [dataset_view(name, s) for name, s in self.datasets.items()],
+            "providers": providers,
+        }
 
 
-def build_snapshot(job: Job) -> dict[str, Any]:
-    """A folded view of the job for the console and the headless line."""
-    now = time.monotonic()
-    elapsed = now - job.started_mono
-    remaining = sum(max(0, s.remaining - s.failed) for s in job.datasets.values() if not s.budget_reached)
-    rows_per_s = job.rows_rate.rate(now, job.started_mono)
-    slugs = {}
-    for name in job.providers:
-        endpoint = job.endpoint_named(name)
-        slugs[name] = endpoint.slug if endpoint is not None else name.lower()
-    providers = provider_views(
-        job.providers,
-        now=now,
-        elapsed_s=elapsed,
-        in_flight=job.in_flight_by_provider(),
-        excluded_names={name for name, slug in slugs.items() if slug in job.excluded},
-        slugs=slugs,
-        rules=job.rules,
-    )
-    burn_per_h = job.spend_rate.rate(now, job.started_mono) * 3600
-    spent_here = float(job.ledger.spent - job.spent_at_start)
-    per_row = spent_here / job.counters.rows if job.counters.rows else None
-    money = {
-        "spent": float(job.ledger.spent),
-        "spent_estimated": float(job.ledger.spent_estimated),
-        "reserved": float(job.ledger.reserved),
-        "budget": float(job.ledger.budget),
-        "headroom": float(job.ledger.headroom),
-        "budget_blocked": job.budget_blocked,
-        "burn_usd_per_h": burn_per_h,
-        "projected_total_usd": None if per_row is None else float(job.ledger.spent) + per_row * remaining,
-        **job.breakdown.view(),
-    }
+def dataset_view(name: str, s: DatasetState) -> DatasetView:
     return {
-        "state": job.state.value,
-        "outcome": None
-        if job.outcome is None
-        else {"reason": job.outcome.reason.value, "message": job.outcome.message},
-        "elapsed_s": elapsed,
-        "model": job.settings.openrouter.model,
-        "in_flight": job.in_flight,
-        "held_s": max(0.0, job.held_until - now) if job.held_until else None,
-        "held_reason": job.held_reason,
-        "concurrency": {"configured": job.limit.configured, "effective": job.limit.effective},
-        "rates": {
-            "output_tokens_per_s": job.tokens_rate.rate(now, job.started_mono),
-            "rows_per_s": rows_per_s,
-            "attempts_per_s": job.attempts_rate.rate(now, job.started_mono),
-        },
-        "money": money,
-        "credits": job.credits,
-        "plan": current_plan(job, now),
-        "errors": dict(job.counters.errors),
-        "rows": job.counters.rows,
-        "attempts": job.counters.attempts,
-        "quarantined": job.quarantined,
-        "eta_s": remaining / rows_per_s if rows_per_s > 0 else None,
-        "excluded": sorted(job.excluded),
-        "allowed_precisions": job.routing.quantizations,
-        "datasets": [
-            {
-                "name": name,
-                "total": s.total - s.invalid,
-                "done": s.done,
-                "ok": s.progress.ok,
-                "truncated": s.progress.truncated,
-                "failed": s.failed,
-                "invalid": s.invalid,
-                "in_flight": s.in_flight,
-                "output_tokens": s.progress.output_tokens,
-                "token_budget": s.token_budget,
-                "state": s.state,
-            }
-            for name, s in job.datasets.items()
-        ],
-        "providers": providers,
+        "name": name,
+        "total": s.total - s.invalid,
+        "done": s.done,
+        "ok": s.progress.ok,
+        "truncated": s.progress.truncated,
+        "failed": s.failed,
+        "invalid": s.invalid,
+        "in_flight": s.in_flight,
+        "output_tokens": s.progress.output_tokens,
+        "token_budget": s.token_budget,
+        "state": s.state,
     }

@@ -2,7 +2,7 @@
 
 The job folds every settled attempt in here; snapshots read the folds a few times a second, so no
 consumer ever sees one event per token or per response. Latency definitions follow SGLang's
-bench_serving (reference/sglang.md): TTFT is the time to the first content or reasoning token,
+bench_serving (docs/sglang.md): TTFT is the time to the first content or reasoning token,
 E2E the time to the last byte, TPOT = (E2E - TTFT) / (output tokens - 1).
 """
 
@@ -11,9 +11,12 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter, deque
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
+
+from engine.schema import ProviderView, Quantiles, RouteRun, RouteView, RouteWindow
 
 WINDOW_QUANTILE_SAMPLES = 1024
 
@@ -74,7 +77,7 @@ class Reservoir:
             self.values[slot] = value
 
 
-def _quantiles(values: list[float]) -> dict[str, float | None]:
+def _quantiles(values: list[float]) -> Quantiles:
     ordered = sorted(values)
     return {
         "p50": percentile(ordered, 0.5),
@@ -185,7 +188,7 @@ class ProviderStats:
         while seconds and seconds[0].second < first:
             seconds.popleft()
 
-    def window(self, now: float, span_s: float) -> dict[str, Any]:
+    def window(self, now: float, span_s: float) -> RouteWindow:
         self._trim(now)
         requests = ok = tokens = 0
         spent = Decimal(0)
@@ -211,7 +214,7 @@ class ProviderStats:
             "spent": float(spent),
         }
 
-    def run_view(self) -> dict[str, Any]:
+    def run_view(self) -> RouteRun:
         return {
             "requests": self.requests,
             "ok": self.ok,
@@ -221,35 +224,83 @@ class ProviderStats:
             "e2e_s": _quantiles(self.e2e.values),
             "ttft_s": _quantiles(self.ttft.values),
             "tpot_s": _quantiles(self.tpot.values),
-            "usd_per_m_output": float(self.spent) / self.output_tokens * 1e6 if self.output_tokens else None,
+            "cost_per_m_output": float(self.spent) / self.output_tokens * 1e6 if self.output_tokens else None,
         }
 
 
-def provider_views(
-    providers: dict[str, ProviderStats],
+def status_word(
+    *,
+    excluded: bool,
+    window_requests: int,
+    error_share: float,
+    latency_p50_s: float | None,
+    ok: int,
+    typical_p50_s: float | None,
+    rules: StatusRules,
+) -> str:
+    """OK, SLOW, FAIL or EXCL: the one definition the engine and the console's scripted job share."""
+    if excluded:
+        return "EXCL"
+    if window_requests >= rules.min_samples and error_share >= rules.fail_error_share:
+        return "FAIL"
+    if (
+        typical_p50_s is not None
+        and latency_p50_s is not None
+        and ok >= rules.min_samples
+        and latency_p50_s > rules.slow_factor * typical_p50_s
+    ):
+        return "SLOW"
+    return "OK"
+
+
+def typical_latency(rows: Iterable[Mapping[str, Any]], rules: StatusRules) -> float | None:
+    """The median of the routes' median latencies, over routes with enough samples."""
+    medians = sorted(
+        float(r["latency_p50_s"])
+        for r in rows
+        if r.get("latency_p50_s") is not None and int(r.get("ok") or 0) >= rules.min_samples
+    )
+    return percentile(medians, 0.5)
+
+
+def route_views(
+    routes: dict[str, ProviderStats],
+    known: Sequence[RouteView],
     *,
     now: float,
     elapsed_s: float,
     in_flight: Counter[str],
-    excluded_names: set[str],
-    slugs: dict[str, str],
+    route_id: Callable[[str], str],
+    excluded: Container[str],
     rules: StatusRules,
-) -> list[dict[str, Any]]:
-    """One row per provider for snapshots: whole-run and window figures, plus a status word."""
-    total = sum(p.requests for p in providers.values())
-    rows = []
-    for name, stats in sorted(providers.items()):
+) -> list[ProviderView]:
+    """One row per route for snapshots: every route the backend knows (allowed or kept out, with the
+    reason) and every one that served; whole-run and window figures, and a status word."""
+    total = sum(p.requests for p in routes.values())
+    by_name = {r["name"]: r for r in known}
+    names = sorted(set(by_name) | set(routes))
+    rows: list[ProviderView] = []
+    for name in names:
+        stats = routes.get(name) or ProviderStats(name)
+        info = by_name.get(name)
+        slug = info["slug"] if info is not None else route_id(name)
         span = min(stats.window_s, max(elapsed_s, 1.0))
         window = stats.window(now, span)
         run = stats.run_view()
-        latency = window["e2e_s"] if window["ok"] >= rules.min_samples else run["e2e_s"]
-        ttft = window["ttft_s"] if window["ok"] >= rules.min_samples else run["ttft_s"]
-        tpot = window["tpot_s"] if window["ok"] >= rules.min_samples else run["tpot_s"]
+        enough = window["ok"] >= rules.min_samples
+        latency = window["e2e_s"] if enough else run["e2e_s"]
+        ttft = window["ttft_s"] if enough else run["ttft_s"]
+        tpot = window["tpot_s"] if enough else run["tpot_s"]
         rows.append(
             {
                 "name": name,
-                "slug": slugs.get(name, name.lower()),
-                "excluded": name in excluded_names,
+                "slug": slug,
+                "excluded": slug in excluded,
+                "allowed": info["allowed"] if info is not None else slug not in excluded,
+                "reason": info["reason"] if info is not None else None,
+                "precision": info["precision"] if info is not None else None,
+                "prompt_price_per_m": info["prompt_per_m"] if info is not None else None,
+                "completion_price_per_m": info["completion_per_m"] if info is not None else None,
                 "requests": stats.requests,
                 "ok": stats.ok,
                 "share": stats.requests / total if total else 0.0,
@@ -266,29 +317,57 @@ def provider_views(
                 "ttft_p99_s": ttft["p99"],
                 "tpot_s": tpot["p50"],
                 "output_tokens_per_s": window["output_tokens_per_s"],
-                "usd_per_m_output": run["usd_per_m_output"],
+                "cost_per_m_output": run["cost_per_m_output"],
                 "recent_errors": list(stats.recent_errors),
                 "window": window,
                 "run": run,
+                "status": "OK",
             }
         )
-    medians = sorted(
-        r["latency_p50_s"] for r in rows if r["latency_p50_s"] is not None and r["ok"] >= rules.min_samples
-    )
-    typical = percentile(medians, 0.5)
+    typical = typical_latency(rows, rules)
     for row in rows:
-        window = row["window"]
-        if row["excluded"]:
-            row["status"] = "EXCL"
-        elif window["requests"] >= rules.min_samples and window["error_share"] >= rules.fail_error_share:
-            row["status"] = "FAIL"
-        elif (
-            typical is not None
-            and row["latency_p50_s"] is not None
-            and row["ok"] >= rules.min_samples
-            and row["latency_p50_s"] > rules.slow_factor * typical
-        ):
-            row["status"] = "SLOW"
-        else:
-            row["status"] = "OK"
+        # A route the settings keep out never serves; it shows as EXCL with its reason.
+        row["status"] = status_word(
+            excluded=row["excluded"] or not row["allowed"],
+            window_requests=row["window"]["requests"],
+            error_share=row["window"]["error_share"],
+            latency_p50_s=row["latency_p50_s"],
+            ok=row["ok"],
+            typical_p50_s=typical,
+            rules=rules,
+        )
     return rows
+
+
+@dataclass(slots=True)
+class Counters:
+    """Totals since this process started."""
+
+    attempts: int = 0
+    rows: int = 0
+    output_tokens: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+    # Requests refused as bad in a row: with no row at all, the settings are wrong, not the prompts.
+    refusal_streak: int = 0
+
+
+class JobStats:
+    """The job's folds: totals, rates and one ProviderStats per route."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self.counters = Counters()
+        self.routes: dict[str, ProviderStats] = {}
+        self.tokens_rate = RateMeter()
+        self.rows_rate = RateMeter()
+        self.attempts_rate = RateMeter()
+        self.spend_rate = RateMeter(window_s=60)
+
+    def route(self, name: str | None) -> ProviderStats | None:
+        """The statistics of a route, made on first sight; None for an attempt that named none."""
+        if not name:
+            return None
+        stats = self.routes.get(name)
+        if stats is None:
+            stats = self.routes[name] = ProviderStats(name, window_s=self.window_s)
+        return stats

@@ -78,15 +78,15 @@ def _unids(data: bytes) -> list[int]:
     return a.tolist()
 
 
-# A job is ("openrouter", messages, reasoning, content, finish_reason)
+# A row's work is ("openrouter", messages, reasoning, content, finish_reason)
 #        or ("sglang", messages, output_ids bytes, finish_reason, None).
 # A result is ("ok", prompt_ids bytes, output_ids bytes, terminator_appended, reasoning, content)
 #           or ("error", message, None, None, None, None).
-Job = tuple[str, Any, Any, Any, Any]
+RowWork = tuple[str, Any, Any, Any, Any]
 Result = tuple[str, Any, Any, Any, Any, Any]
 
 
-def fill_batch(tok: TargetTokenizer, jobs: Sequence[Job]) -> list[Result]:
+def fill_batch(tok: TargetTokenizer, jobs: Sequence[RowWork]) -> list[Result]:
     """Token ids for a batch of rows, one native encode call for all their texts."""
     results: list[Result | None] = [None] * len(jobs)
     texts: list[str] = []
@@ -98,12 +98,12 @@ def fill_batch(tok: TargetTokenizer, jobs: Sequence[Job]) -> list[Result]:
         try:
             prompt_text = tok.render(messages)
             if kind == "sglang":
-                ids = _unids(job[2])
-                appended = tok.terminate(ids, job[3])
-                body = ids[:-1] if job[3] == "stop" else ids
+                server_ids = _unids(job[2])
+                appended = tok.terminate(server_ids, job[3])
+                body = server_ids[:-1] if job[3] == "stop" else server_ids
                 sglang_bodies.append((len(plan), body, appended))
                 texts.append(prompt_text)
-                plan.append((i, len(texts) - 1, -1, ids, appended, None, None))
+                plan.append((i, len(texts) - 1, -1, server_ids, appended, None, None))
             else:
                 text_out, append = tok.openrouter_text(job[2], job[3], job[4])
                 texts.append(prompt_text)
@@ -115,12 +115,13 @@ def fill_batch(tok: TargetTokenizer, jobs: Sequence[Job]) -> list[Result]:
     if sglang_bodies:
         decoded = tok.decode_batch([body for _, body, _ in sglang_bodies])
         for (p, _, _), text in zip(sglang_bodies, decoded, strict=True):
-            reasoning, content = tok.split_text(text)
-            i, pt, ot, ids, appended, _, _ = plan[p]
-            plan[p] = (i, pt, ot, ids, appended, reasoning, content)
+            split_reasoning, split_content = tok.split_text(text)
+            i, pt, ot, kept, appended, _, _ = plan[p]
+            plan[p] = (i, pt, ot, kept, appended, split_reasoning, split_content)
 
+    encoded: list[list[int] | Exception]
     try:
-        encoded = tok.encode_batch(texts)
+        encoded = list(tok.encode_batch(texts))
     except Exception:
         # One bad text must not fail its neighbours: fall back to encoding each on its own.
         encoded = []
@@ -128,14 +129,14 @@ def fill_batch(tok: TargetTokenizer, jobs: Sequence[Job]) -> list[Result]:
             try:
                 encoded.append(tok.encode(text))
             except Exception as exc:
-                encoded.append(exc)  # type: ignore[arg-type]
+                encoded.append(exc)
 
     eot = tok.end_of_turn_id
     for i, pt, ot, ids, appended, reasoning, content in plan:
         prompt_ids = encoded[pt]
         out = ids if ot < 0 else encoded[ot]
-        bad = next((x for x in (prompt_ids, out) if isinstance(x, Exception)), None)
-        if bad is not None:
+        if isinstance(prompt_ids, Exception) or isinstance(out, Exception):
+            bad = prompt_ids if isinstance(prompt_ids, Exception) else out
             results[i] = ("error", f"{type(bad).__name__}: {bad}", None, None, None, None)
             continue
         assert out is not None
@@ -145,14 +146,14 @@ def fill_batch(tok: TargetTokenizer, jobs: Sequence[Job]) -> list[Result]:
     return [r if r is not None else ("error", "not tokenized", None, None, None, None) for r in results]
 
 
-def _fill(jobs: list[Job]) -> list[Result]:
+def _fill(jobs: list[RowWork]) -> list[Result]:
     if _worker is None:
         raise TokenizerError(_worker_error or "tokenizer not loaded")
     return fill_batch(_worker, jobs)
 
 
 # ---------------------------------------------------------------------------------------------
-# Job side
+# The job's side
 
 
 class TokenizePool:
@@ -178,7 +179,7 @@ class TokenizePool:
         self._max_in_flight = 2 * workers
         self._executor: ProcessPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._pending: list[tuple[Job, asyncio.Future[Result]]] = []
+        self._pending: list[tuple[RowWork, asyncio.Future[Result]]] = []
         self._in_flight: set[asyncio.Future[list[Result]]] = set()
         self._rows_in_flight = 0
         self._timer: asyncio.TimerHandle | None = None
@@ -252,7 +253,7 @@ class TokenizePool:
                 f"renders thinking={self.thinking}; make tokenizer.thinking match the backend"
             )
         msgs = [dict(m) for m in messages]
-        job: Job
+        job: RowWork
         if backend == "sglang":
             job = ("sglang", msgs, _ids(row.get("output_ids") or []), finish, None)
         else:
@@ -305,7 +306,7 @@ class TokenizePool:
             self._timer = self._loop.call_later(self.max_delay_s, self._on_timer)
 
     def _done(
-        self, batch: list[tuple[Job, asyncio.Future[Result]]], afut: asyncio.Future[list[Result]]
+        self, batch: list[tuple[RowWork, asyncio.Future[Result]]], afut: asyncio.Future[list[Result]]
     ) -> None:
         self._in_flight.discard(afut)
         self._rows_in_flight -= len(batch)
@@ -326,7 +327,7 @@ class TokenizePool:
             self._flush()
 
     @staticmethod
-    def _fail(batch: list[tuple[Job, asyncio.Future[Result]]], exc: BaseException) -> None:
+    def _fail(batch: list[tuple[RowWork, asyncio.Future[Result]]], exc: BaseException) -> None:
         for _, fut in batch:
             if not fut.done():
                 fut.set_exception(exc)

@@ -227,7 +227,7 @@ class TargetTokenizer:
             raise TokenizerError(f"{folder}: cannot import transformers: {exc}") from None
         try:
             # local_files_only: the folder is the tokenizer; never reach the Hub for a missing file.
-            return AutoTokenizer.from_pretrained(
+            return AutoTokenizer.from_pretrained(  # type: ignore[no-untyped-call]
                 str(folder), trust_remote_code=trust_remote_code, local_files_only=True
             )
         except Exception as exc:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from array import array
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ import orjson
 
 from engine.datasets import PROMPTS_FILE, RESULTS_FILE, Dataset, validate_line
 from engine.jsonl import JsonlError, iter_jsonl
+from engine.rows import is_degenerate
 from engine.tokenizer import THINK, THINK_END, TargetTokenizer
 
 __all__ = ["RULES", "DatasetReport", "Violation", "journal_spend", "verify_dataset"]
@@ -225,11 +226,8 @@ def journal_spend(attempts_path: Path) -> dict[str, float]:
 # Rows
 
 
-def _degenerate(content: str) -> bool:
-    """Content made of one repeated character (Kimi's `!!!!` failure)."""
-    stripped = content.strip()
-    # str.count runs in C; a set of every character of a long answer does not.
-    return len(stripped) > 1 and stripped.count(stripped[0]) == len(stripped)
+def _type_names(kind: type | tuple[type, ...]) -> str:
+    return " or ".join(t.__name__ for t in (kind if isinstance(kind, tuple) else (kind,)))
 
 
 def _row_thinking(row: dict[str, Any]) -> bool:
@@ -262,16 +260,16 @@ class _Checker:
         require_ids: bool,
         check_prompts: bool,
     ) -> None:
-        self.ds = dataset
-        self.r = report
+        self.dataset = dataset
+        self.report = report
         self.index = index
-        self.tok = tokenizer
+        self.tokenizer = tokenizer
         self.require_ids = require_ids
         self.check_prompts = check_prompts and tokenizer is not None and index.offsets is not None
         self.first_row = array("q", [_NO_ROW]) * len(index.hashes)
         self.hashes_seen: dict[bytes, int] = {}
         self.first_hash: bytes | None = None
-        self.tok_key = (
+        self.tokenizer_key = (
             orjson.dumps(tokenizer.files_sha256, option=orjson.OPT_SORT_KEYS) if tokenizer else None
         )
         specials = tokenizer.special_strings if tokenizer else frozenset({THINK, THINK_END, "<|im_end|>"})
@@ -286,37 +284,37 @@ class _Checker:
             self.prompts_fh.close()
 
     def row(self, n: int, row: dict[str, Any]) -> None:
-        r = self.r
-        r.rows += 1
+        report = self.report
+        report.rows += 1
         for key, kind in _REQUIRED.items():
             value = row.get(key)
             if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-                r.add(
+                report.add(
                     n,
                     row.get("line") if isinstance(row.get("line"), int) else None,
                     "schema",
-                    f"{key} missing or not {kind.__name__}",
-                )  # type: ignore[union-attr]
+                    f"{key} missing or not {_type_names(kind)}",
+                )
                 return
         line: int = row["line"]
         status, finish = row["status"], row["finish_reason"]
         reasoning, content = row["reasoning"], row["content"]
         prompt_ids, output_ids = row["prompt_ids"], row["output_ids"]
 
-        if row["dataset"] != self.ds.name:
-            r.add(n, line, "schema", f"dataset {row['dataset']!r} in the rows of {self.ds.name!r}")
-        if row["id"] != f"{self.ds.name}-{line:08d}":
-            r.add(n, line, "schema", f"id {row['id']!r} does not match dataset and line")
+        if row["dataset"] != self.dataset.name:
+            report.add(n, line, "schema", f"dataset {row['dataset']!r} in the rows of {self.dataset.name!r}")
+        if row["id"] != f"{self.dataset.name}-{line:08d}":
+            report.add(n, line, "schema", f"id {row['id']!r} does not match dataset and line")
 
         # §4.1 identity
         hashes = self.index.hashes
         if line < 0 or line >= len(hashes) or hashes[line] == 0:
             what = "beyond the end of" if line >= len(hashes) or line < 0 else "an invalid line of"
-            r.add(n, line, "orphan_row", f"line {line} is {what} {PROMPTS_FILE} ({len(hashes)} lines)")
+            report.add(n, line, "orphan_row", f"line {line} is {what} {PROMPTS_FILE} ({len(hashes)} lines)")
             return
         first = self.first_row[line]
         if first != _NO_ROW:
-            r.add(
+            report.add(
                 n,
                 line,
                 "duplicate_row",
@@ -324,94 +322,94 @@ class _Checker:
             )
             return
         self.first_row[line] = n
-        r.covered += 1
+        report.covered += 1
         if _hash_key(row["prompt_sha256"]) != hashes[line]:
-            r.add(n, line, "prompt_changed", "prompt_sha256 does not match the line now in prompts.jsonl")
+            report.add(n, line, "prompt_changed", "prompt_sha256 does not match the line now in prompts.jsonl")
 
         # §4.2
         if status == "ok":
-            r.ok += 1
+            report.ok += 1
             if finish != "stop":
-                r.add(n, line, "status_finish", f"status ok with finish_reason {finish!r}")
+                report.add(n, line, "status_finish", f"status ok with finish_reason {finish!r}")
         elif status == "truncated":
-            r.truncated += 1
+            report.truncated += 1
             if finish != "length":
-                r.add(n, line, "status_finish", f"status truncated with finish_reason {finish!r}")
+                report.add(n, line, "status_finish", f"status truncated with finish_reason {finish!r}")
         else:
-            r.add(n, line, "status_finish", f"status {status!r} is neither ok nor truncated")
+            report.add(n, line, "status_finish", f"status {status!r} is neither ok nor truncated")
 
         # §4.3
         if row["num_prompt_tokens"] != len(prompt_ids):
-            r.add(
+            report.add(
                 n,
                 line,
                 "count_mismatch",
                 f"num_prompt_tokens {row['num_prompt_tokens']} != {len(prompt_ids)} ids",
             )
         if row["num_output_tokens"] != len(output_ids):
-            r.add(
+            report.add(
                 n,
                 line,
                 "count_mismatch",
                 f"num_output_tokens {row['num_output_tokens']} != {len(output_ids)} ids",
             )
-        r.prompt_tokens += len(prompt_ids)
-        r.output_tokens += len(output_ids)
+        report.prompt_tokens += len(prompt_ids)
+        report.output_tokens += len(output_ids)
 
         cost = row.get("cost")
         if isinstance(cost, int | float) and not isinstance(cost, bool):
-            r.cost += float(cost)
+            report.cost += float(cost)
         else:
-            r.rows_without_cost += 1
+            report.rows_without_cost += 1
         usage = row.get("usage") if isinstance(row.get("usage"), dict) else {}
         completion = usage.get("completion_tokens")  # type: ignore[union-attr]
         if isinstance(completion, int):
-            r.native_completion_tokens += completion
+            report.native_completion_tokens += completion
 
         thinking = _row_thinking(row)
         # §4.11 flags: kept, not failed.
         if thinking and not reasoning:
-            r.flags["empty_reasoning"] += 1
-        if _degenerate(content):
-            r.flags["degenerate_content"] += 1
+            report.flags["empty_reasoning"] += 1
+        if is_degenerate(content):
+            report.flags["degenerate_content"] += 1
         if status == "ok" and not content:
-            r.flags["empty_content"] += 1
+            report.flags["empty_content"] += 1
 
         # §4.8 second half: needs no ids.
         for name, text in (("reasoning", reasoning), ("content", content)):
             found = self.special_re.search(text)
             if found:
-                r.add(
+                report.add(
                     n, line, "special_in_text", f"{name} holds {found.group()!r} at character {found.start()}"
                 )
 
         if not output_ids and not prompt_ids:
-            r.not_tokenized += 1
+            report.not_tokenized += 1
             if self.require_ids:
-                r.add(n, line, "not_tokenized", "no prompt_ids or output_ids")
+                report.add(n, line, "not_tokenized", "no prompt_ids or output_ids")
             return
 
         # §4.9
-        key = _files_key(row)
-        if key is None:
-            r.add(n, line, "schema", "ids without a tokenizer block with files_sha256")
+        files_key = _files_key(row)
+        if files_key is None:
+            report.add(n, line, "schema", "ids without a tokenizer block with files_sha256")
             return
-        if key not in self.hashes_seen:
-            self.hashes_seen[key] = n
+        if files_key not in self.hashes_seen:
+            self.hashes_seen[files_key] = n
             if self.first_hash is None:
-                self.first_hash = key
+                self.first_hash = files_key
             else:
-                r.add(
+                report.add(
                     n,
                     line,
                     "mixed_tokenizers",
                     f"tokenizer files differ from those of {RESULTS_FILE} line {self.hashes_seen[self.first_hash]}",
                 )
-            if self.tok_key is not None and key != self.tok_key:
-                r.add(
+            if self.tokenizer_key is not None and files_key != self.tokenizer_key:
+                report.add(
                     n, line, "tokenizer_mismatch", "the row's tokenizer files differ from the tokenizer given"
                 )
-        if self.tok is None or key != self.tok_key:
+        if self.tokenizer is None or files_key != self.tokenizer_key:
             return
         self._check_ids(n, line, row, status, finish, thinking, usage, prompt_ids, output_ids)  # type: ignore[arg-type]
 
@@ -427,36 +425,36 @@ class _Checker:
         prompt_ids: list[int],
         output_ids: list[int],
     ) -> None:
-        tok, r = self.tok, self.r
-        assert tok is not None
-        if thinking and tok.think_end_id is None:
-            r.add(
+        tokenizer, report = self.tokenizer, self.report
+        assert tokenizer is not None
+        if thinking and tokenizer.think_end_id is None:
+            report.add(
                 n, line, "tokenizer_mismatch", f"a thinking row, but the tokenizer has no {THINK_END} token"
             )
             return
-        eot = tok.end_of_turn_id
+        eot = tokenizer.end_of_turn_id
         last = output_ids[-1] if output_ids else None
         # §4.5
         if status == "ok" and last != eot:
-            r.add(n, line, "no_terminator", f"ok row ends with {last} instead of the end-of-turn id {eot}")
+            report.add(n, line, "no_terminator", f"ok row ends with {last} instead of the end-of-turn id {eot}")
         if status == "truncated" and last == eot:
-            r.add(n, line, "truncated_terminated", f"truncated row ends with the end-of-turn id {eot}")
+            report.add(n, line, "truncated_terminated", f"truncated row ends with the end-of-turn id {eot}")
         # §4.6
-        if tok.think_id is not None and tok.think_id in output_ids:
-            r.add(n, line, "think_in_output", f"output_ids hold the {THINK} id {tok.think_id}")
-        if thinking and status == "ok" and tok.think_end_id is not None:
-            count = output_ids.count(tok.think_end_id)
+        if tokenizer.think_id is not None and tokenizer.think_id in output_ids:
+            report.add(n, line, "think_in_output", f"output_ids hold the {THINK} id {tokenizer.think_id}")
+        if thinking and status == "ok" and tokenizer.think_end_id is not None:
+            count = output_ids.count(tokenizer.think_end_id)
             if count != 1:
-                r.add(n, line, "think_end_count", f"{THINK_END} id occurs {count} times in output_ids")
+                report.add(n, line, "think_end_count", f"{THINK_END} id occurs {count} times in output_ids")
         # §4.4
         if row.get("backend") == "sglang" and isinstance(usage.get("completion_tokens"), int):
             expected = usage["completion_tokens"] + (1 if row.get("terminator_appended") else 0)
             if len(output_ids) != expected:
-                r.add(n, line, "server_count", f"{len(output_ids)} output ids, expected {expected}")
+                report.add(n, line, "server_count", f"{len(output_ids)} output ids, expected {expected}")
         # §4.7
         suffix = self._suffix(thinking)
         if suffix and prompt_ids[-len(suffix) :] != suffix:
-            r.add(
+            report.add(
                 n,
                 line,
                 "prompt_suffix",
@@ -464,14 +462,14 @@ class _Checker:
             )
         if self.prompts_fh is not None and self.index.offsets is not None:
             messages = _read_messages(self.prompts_fh, self.index.offsets[line])
-            if messages is not None and tok.prompt_ids(messages) != prompt_ids:
-                r.add(n, line, "prompt_render", "prompt_ids differ from a fresh render of the line")
+            if messages is not None and tokenizer.prompt_ids(messages) != prompt_ids:
+                report.add(n, line, "prompt_render", "prompt_ids differ from a fresh render of the line")
         # §4.8: the decoded ids must be exactly the row's text (two readings for the ambiguous case).
         reasoning, content = row["reasoning"], row["content"]
         if finish not in ("stop", "length"):
             return
-        text, append = tok.openrouter_text(reasoning, content, finish, thinking)
-        expected_texts = [text + (tok.end_of_turn_text if append else "")]
+        text, append = tokenizer.openrouter_text(reasoning, content, finish, thinking)
+        expected_texts = [text + (tokenizer.end_of_turn_text if append else "")]
         if thinking and finish == "length" and not content:
             # SGLang keeps a </think> emitted just before the cut; retokenized rows leave it out.
             expected_texts.append(reasoning + THINK_END)
@@ -482,18 +480,18 @@ class _Checker:
     def _suffix(self, thinking: bool) -> list[int]:
         """The ids every generation prompt ends with, found as the common tail of two renders."""
         if thinking not in self.suffix:
-            assert self.tok is not None
-            self.suffix[thinking] = self.tok.generation_suffix(thinking)
+            assert self.tokenizer is not None
+            self.suffix[thinking] = self.tokenizer.generation_suffix(thinking)
         return self.suffix[thinking]
 
     def flush(self) -> None:
-        if not self.pending or self.tok is None:
+        if not self.pending or self.tokenizer is None:
             return
-        texts = self.tok.decode_batch([ids for _, _, ids, _ in self.pending])
+        texts = self.tokenizer.decode_batch([ids for _, _, ids, _ in self.pending])
         for (n, line, _, expected), text in zip(self.pending, texts, strict=True):
-            self.r.decoded += 1
+            self.report.decoded += 1
             if text not in expected:
-                self.r.add(n, line, "decode_mismatch", _first_difference(text, expected[0]))
+                self.report.add(n, line, "decode_mismatch", _first_difference(text, expected[0]))
         self.pending.clear()
 
 
@@ -530,7 +528,7 @@ def verify_dataset(
     finally:
         checker.close()
     report.tokenizer_hashes = len(checker.hashes_seen)
-    report.tokenizer_checked = tokenizer is not None and checker.tok_key in checker.hashes_seen
+    report.tokenizer_checked = tokenizer is not None and checker.tokenizer_key in checker.hashes_seen
     if tokenizer is None and report.rows > report.not_tokenized:
         report.notes.append("no tokenizer given: id checks against the tokenizer were skipped")
     if not dataset.results_path.exists():
@@ -557,10 +555,3 @@ def _rows(path: Path, report: DatasetReport) -> Iterator[tuple[int, dict[str, An
         match = re.search(r"line (\d+)", str(exc))
         report.add(int(match.group(1)) if match else -1, None, "schema", str(exc))
 
-
-def verify_all(
-    datasets: Iterable[Dataset],
-    tokenizer: TargetTokenizer | None,
-    **kwargs: Any,
-) -> list[DatasetReport]:
-    return [verify_dataset(ds, tokenizer, **kwargs) for ds in datasets]

@@ -77,13 +77,13 @@ async def test_exclude_while_running_reaches_later_requests(
     job = Job(make_settings(sim.base_url, [a], concurrency=4, openrouter={"provider": {"sort": "price"}}))
     await job.prepare()
     runner = asyncio.create_task(job.run())
-    while job.counters.rows < 5:
+    while job.stats.counters.rows < 5:
         await asyncio.sleep(0.01)
     served_before = {r["served_by"] for r in sim.requests if r.get("served_by")}
     assert len(served_before) == 1, "sort=price sends everything to the cheapest allowed provider"
     cheapest = served_before.pop()
     slug = cheapest.split("/")[0]
-    display = job.endpoint_named(slug).provider_name  # type: ignore[union-attr]
+    display = job.backend.endpoint_named(slug).provider_name  # type: ignore[union-attr]
     message = job.exclude(display)
     assert f"excluded {slug}" in message
     await asyncio.sleep(0.05)  # requests already on the wire when the exclusion happened
@@ -116,7 +116,7 @@ async def test_pause_stops_dispatch_and_resume_goes_on(
     job = Job(make_settings(sim.base_url, [a], concurrency=8))
     await job.prepare()
     runner = asyncio.create_task(job.run())
-    while job.counters.rows < 8:
+    while job.stats.counters.rows < 8:
         await asyncio.sleep(0.01)
     job.pause()
     assert job.state is JobState.PAUSED
@@ -140,7 +140,7 @@ async def test_stop_with_cancel_then_resume_completes_without_duplicates(
     job = Job(settings)
     await job.prepare()
     runner = asyncio.create_task(job.run())
-    while job.counters.rows < 10:
+    while job.stats.counters.rows < 10:
         await asyncio.sleep(0.01)
     job.stop(cancel=True)
     outcome = await runner
@@ -150,10 +150,10 @@ async def test_stop_with_cancel_then_resume_completes_without_duplicates(
     again = await run_job(settings)
     assert again.outcome is not None and again.outcome.reason is StopReason.DONE
     assert_one_row_per_prompt(a, 50)
-    assert again.counters.rows == 50 - done_first, "finished prompts are skipped by identity"
+    assert again.stats.counters.rows == 50 - done_first, "finished prompts are skipped by identity"
     # Cancelled requests with a generation id were looked up in /generation; those cancelled
     # before their headers keep their worst case, flagged: the ledger never reads below the bill.
-    known = again.ledger.spent - again.ledger.spent_estimated
+    known = again.ledger.spent - again.ledger.estimated
     assert known <= sim.ledger.billed_total <= again.ledger.spent
 
 
@@ -190,17 +190,17 @@ async def test_a_429_storm_lowers_concurrency_and_it_recovers(
     a = write_dataset(tmp_path, "A", 600)
     job = Job(make_settings(sim.base_url, [a], concurrency=64, max_attempts=50))
     await job.prepare()
-    job.limit.quiet_s = 0.3
-    job.limit.cooldown_s = 0.05
+    job.dispatcher.limit.quiet_s = 0.3
+    job.dispatcher.limit.cooldown_s = 0.05
     runner = asyncio.create_task(job.run())
-    while job.limit.backoffs < 2:
+    while job.dispatcher.limit.backoffs < 2:
         await asyncio.sleep(0.01)
-    lowest = job.limit.effective
+    lowest = job.dispatcher.limit.effective
     assert lowest < 64
     sim.config.faults = {}
-    while job.limit.effective < 64 and not runner.done():
+    while job.dispatcher.limit.effective < 64 and not runner.done():
         await asyncio.sleep(0.01)
-    assert job.limit.effective == 64, "back to the configured limit once the storm passed"
+    assert job.dispatcher.limit.effective == 64, "back to the configured limit once the storm passed"
     await runner
     assert_one_row_per_prompt(a, 600)
 
@@ -251,18 +251,18 @@ async def test_every_fault_class_ends_with_one_row_per_prompt(
     elif fault == "degenerate":
         assert any("degenerate_content" in r["flags"] for r in rows)
     elif fault == "empty_stop":  # reasoning without an answer is kept, flagged (data-contract §4.11)
-        assert any("empty_content" in r["flags"] for r in rows) or job.counters.errors["empty"]
+        assert any("empty_content" in r["flags"] for r in rows) or job.stats.counters.errors["empty"]
     elif fault in ("missing_usage", "missing_cost"):
         assert any(r["cost_estimated"] for r in rows)
     elif fault != "slow_first_token":
-        assert sum(job.counters.errors.values()) > 0, "the fault was seen and retried"
+        assert sum(job.stats.counters.errors.values()) > 0, "the fault was seen and retried"
     # Money: failed attempts count too; estimates are replaced by the billed amount when known.
     if fault not in ("missing_cost", "reset_before_headers"):
         for _ in range(100):
-            if job.ledger.spent_estimated == 0:
+            if job.ledger.estimated == 0:
                 break
             await asyncio.sleep(0.05)
-    assert job.ledger.spent >= sim.ledger.billed_total or job.ledger.spent_estimated > 0
+    assert job.ledger.spent >= sim.ledger.billed_total or job.ledger.estimated > 0
 
 
 async def test_non_streaming_mode(
@@ -393,8 +393,8 @@ async def test_a_row_written_without_its_end_record_settles_the_attempt(
     journal.write_bytes(b"".join(line + b"\n" for i, line in enumerate(records) if i != victim))
     again = Job(settings)
     await again.prepare()
-    assert again.ledger.spent == first.ledger.spent and again.ledger.spent_estimated == 0
-    assert again.breakdown.useful_usd == first.breakdown.useful_usd
+    assert again.ledger.spent == first.ledger.spent and again.ledger.estimated == 0
+    assert again.settler.breakdown.useful == first.settler.breakdown.useful
     await again.run()
     settled = [
         orjson.loads(x)

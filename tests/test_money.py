@@ -82,7 +82,7 @@ def test_filters_and_reasons() -> None:
 
 def test_reservation_uses_the_most_expensive_allowed_provider() -> None:
     endpoints = parse_endpoints(BODY)
-    ceiling = PriceCeiling.of(allowed_endpoints(endpoints, ProviderSettings(), ("together",)))
+    ceiling = PriceCeiling.of(e.price for e in allowed_endpoints(endpoints, ProviderSettings(), ("together",)))
     assert ceiling.completion == Decimal("0.0000025") and ceiling.prompt == Decimal("0.0000006")
     assert ceiling.reservation(1000, 16384) == Decimal("0.0006") + Decimal("0.04096")
 

@@ -4,23 +4,12 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from engine.backends.openrouter.catalog import Endpoint
+from engine.money import PER_MILLION, RoutePrice
 from engine.planner import DatasetNeed, cost_of, max_token_cap, plan, remaining_output_tokens
 
 
-def endpoint(name: str, completion_per_m: str, prompt_per_m: str = "0") -> Endpoint:
-    million = Decimal(1_000_000)
-    return Endpoint(
-        name,
-        name.lower(),
-        "int4",
-        Decimal(prompt_per_m) / million,
-        Decimal(completion_per_m) / million,
-        262144,
-        None,
-        0,
-        None,
-    )
+def endpoint(name: str, completion_per_m: str, prompt_per_m: str = "0") -> RoutePrice:
+    return RoutePrice(name, Decimal(prompt_per_m) / PER_MILLION, Decimal(completion_per_m) / PER_MILLION)
 
 
 STORY = [DatasetNeed(f"B{i}", 10_000, 10_000_000, 0) for i in range(1, 7)]

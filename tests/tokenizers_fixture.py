@@ -194,20 +194,21 @@ def make_row(
     thinking: bool | None = None,
 ) -> dict[str, Any]:
     """A raw_responses row built by ``engine.rows.build_row``, ids filled by ``tokenizer``."""
-    from engine.backends.openrouter.client import AttemptResult
+    from engine.backends.base import AttemptOutcome
+    from engine.backends.openrouter.backend import OpenRouterBackend
     from engine.rows import build_row
-    from engine.settings import OpenRouterSettings
+    from engine.settings import Settings
 
-    result = AttemptResult(
-        generation_id=f"gen-{prompt.id}",
-        provider="Sim",
+    result = AttemptOutcome(
+        route="Sim",
+        handle=f"gen-{prompt.id}",
         served_model="moonshotai/kimi-k2.5-0127",
         finish_reason=finish_reason,
         native_finish_reason=finish_reason,
         content=content,
         reasoning=reasoning,
-        usage={"prompt_tokens": 10, "completion_tokens": 20, "cost": cost},
-        cost=cost,
+        usage={"prompt_tokens": 10, "completion_tokens": 20, "reasoning_tokens": None, "cached_tokens": None},
+        is_byok=False,
         e2e_s=1.0,
     )
     status = "ok" if finish_reason == "stop" else "truncated"
@@ -216,7 +217,7 @@ def make_row(
         prompt,
         result,
         status,
-        OpenRouterSettings(),
+        OpenRouterBackend(Settings()),
         cost=cost,
         cost_estimated=False,
         started_at=now,

@@ -52,6 +52,7 @@ COLUMNS = (
     Column("in_flight", "Fly", 5, 6),
     Column("spent", "Spent", 7, 1),
     Column("usd_m", "$/M", 6, 5),
+    Column("note", "Why out", 28, 9, numeric=False),
 )
 CELL_PADDING = 1
 
@@ -90,7 +91,7 @@ def provider_tokens_per_s(provider: dict[str, Any], history: History | None) -> 
 
 def usd_per_m(provider: dict[str, Any]) -> float | None:
     """The job's $/M output tokens, else spent over output tokens so far."""
-    given = number(provider.get("usd_per_m_output"))
+    given = number(provider.get("cost_per_m_output"))
     if given is not None:
         return given
     tokens, spent = number(provider.get("output_tokens")), number(provider.get("spent"))
@@ -192,6 +193,7 @@ class ProvidersTable(DataTable[Any]):
 
     def _values(self, provider: dict[str, Any], status: str, history: History | None) -> dict[str, object]:
         excluded_style = self._style("provider-excluded") if status == "EXCL" else Style()
+        note = str(provider.get("reason") or "") if status == "EXCL" or not provider.get("allowed", True) else ""
         glyph = STATUS_GLYPH[status]
         return {
             "status": Text(
@@ -212,6 +214,7 @@ class ProvidersTable(DataTable[Any]):
             "in_flight": fmt.count(number(provider.get("in_flight"))),
             "spent": fmt.money_short(number(provider.get("spent"))),
             "usd_m": fmt.money_short(usd_per_m(provider)),
+            "note": Text(note, style=excluded_style, no_wrap=True, overflow="ellipsis"),
         }
 
     def _style(self, variable: str, bold: bool = False) -> Style:
@@ -246,7 +249,7 @@ class ProvidersTable(DataTable[Any]):
                     self._cells.pop((str(row_key.value), column.key), None)
         for provider in wanted:
             slug = slug_of(provider)
-            values = self._values(provider, provider_status(provider, providers), history)
+            values = self._values(provider, provider_status(provider), history)
             if slug not in self.rows:
                 cells = [self._cell_for(values[c.key], c) for c in self._columns]
                 self.add_row(*cells, key=slug)
@@ -276,8 +279,11 @@ class ProvidersTable(DataTable[Any]):
         provider: dict[str, Any], sort: tuple[str, str, bool], history: History | None
     ) -> tuple[Any, ...]:
         _, field, descending = sort
+        # Routes the settings keep out never serve: they stay listed, below the others, whatever the sort.
+        kept_out = not provider.get("allowed", True)
+        last = kept_out != descending  # reverse=True flips the order, so flip the flag with it
         if field == "name":
-            return (str(provider.get("name") or "").lower(),)
+            return (last, str(provider.get("name") or "").lower())
         if field == "errors":
             value: float | None = float(error_count(provider))
         elif field == "tps":
@@ -286,7 +292,7 @@ class ProvidersTable(DataTable[Any]):
             value = number(provider.get(field))
         missing = value is None
         # Missing values go last whichever way the sort runs.
-        return (not missing if descending else missing, value or 0.0, str(provider.get("name") or ""))
+        return (last, not missing if descending else missing, value or 0.0, str(provider.get("name") or ""))
 
     @staticmethod
     def _cell_for(value: object, column: Column) -> object:
@@ -299,7 +305,7 @@ class ProvidersTable(DataTable[Any]):
         for slug, provider in self.providers.items():
             if slug not in self.rows:
                 continue
-            status = provider_status(provider, list(self.providers.values()))
+            status = provider_status(provider)
             values = self._values(provider, status, None)
             for key in ("status", "name"):
                 self._cells[(slug, key)] = _signature(values[key])

@@ -68,16 +68,16 @@ class StatusStrip(Static):
         self.hello: dict[str, Any] = {}
         self.budget_warn_fraction = 0.8
         self.freshness = Freshness(None, 5.0)
-        self.burn_usd_per_h: float | None = None
+        self.burn_per_h: float | None = None
         self._markup_shown = ""
 
     def show(
-        self, snap: dict[str, Any] | None, freshness: Freshness, burn_usd_per_h: float | None = None
+        self, snap: dict[str, Any] | None, freshness: Freshness, burn_per_h: float | None = None
     ) -> None:
         """Repaint from a snapshot (or the last one, for a freshness tick)."""
         if snap is not None:
             self.snapshot = snap
-            self.burn_usd_per_h = burn_usd_per_h
+            self.burn_per_h = burn_per_h
         self.freshness = freshness
         markup = self._markup(freshness)
         if markup != self._markup_shown:
@@ -103,9 +103,9 @@ class StatusStrip(Static):
         money = snap.get("money") or {}
         done = completion(snap)
         used = budget_used(money)
-        burn = self.burn_usd_per_h if self.burn_usd_per_h is not None else number(money.get("burn_usd_per_h"))
+        burn = self.burn_per_h if self.burn_per_h is not None else number(money.get("burn_per_h"))
         spent, reserved, budget = (number(money.get(k)) for k in ("spent", "reserved", "budget"))
-        if money.get("budget_blocked"):
+        if money.get("blocked"):
             money_colour, budget_word = "$budget-over", " BUDGET REACHED"
         elif used is not None and used >= self.budget_warn_fraction:
             money_colour, budget_word = "$budget-warn", " near budget"

@@ -1,1 +1,20 @@
-"""The backends behind the engine's contract: OpenRouter (openrouter/) first."""
+"""The backends behind the engine's contract (engine/backends/base.py, docs/architecture.md).
+
+`make_backend` imports only the backend the settings choose, so a job on OpenRouter never loads
+the SGLang client or asyncssh, and the other way round.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.backends.base import Backend
+    from engine.settings import Settings
+
+
+def make_backend(settings: Settings) -> Backend:
+    """The backend `settings` choose (OpenRouter today)."""
+    from engine.backends.openrouter.backend import OpenRouterBackend
+
+    return OpenRouterBackend(settings)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import sys
 
-from engine.sim.openrouter.runner import main
+from engine.sim.runner import main
 
 if __name__ == "__main__":
     sys.exit(main())

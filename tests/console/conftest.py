@@ -12,7 +12,7 @@ from textual.pilot import Pilot
 
 from console.app import RegenApp
 from console.options import ConsoleOptions
-from console.source import SIM_EPOCH, ScriptedSource
+from console.scripted import SIM_EPOCH, ScriptedSource
 
 # The console's clock in tests: 100 s after the simulated job started, forever.
 FROZEN_NOW = SIM_EPOCH + 100.0

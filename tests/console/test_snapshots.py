@@ -17,7 +17,7 @@ from textual.widgets import Input
 
 from console.history import History
 from console.options import ConsoleOptions
-from console.source import SimulatedJob
+from console.scripted import SimulatedJob
 from console.theming import load_themes, variable_defaults
 from console.widgets.cost import CostPane
 from console.widgets.datasets import DatasetsPane
@@ -55,8 +55,8 @@ def test_console_light_theme(snap_compare: SnapCompare) -> None:
     assert snap_compare(app, terminal_size=(120, 36), run_before=settled)
 
 
-def test_console_high_contrast_with_core_fields_only(snap_compare: SnapCompare) -> None:
-    app = make_app(options=ConsoleOptions(theme="regen-contrast"), extended=False)
+def test_console_high_contrast(snap_compare: SnapCompare) -> None:
+    app = make_app(options=ConsoleOptions(theme="regen-contrast"))
     assert snap_compare(app, terminal_size=(120, 36), run_before=settled)
 
 

@@ -141,6 +141,6 @@ async def test_module_entry_point_bad_config_exits_2(tmp_path: Path) -> None:
 def test_engine_sim_never_imports_textual() -> None:
     import subprocess
 
-    code = ("import sys, engine.sim, engine.sim.openrouter.runner; "
+    code = ("import sys, engine.sim, engine.sim.runner, engine.sim.openrouter.server; "
             "assert not any(m.startswith('textual') for m in sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -6,12 +6,13 @@ Decimal so that no float drift enters reservations or the planner.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 
-from engine.settings import ProviderSettings
+from engine.money import RoutePrice
+from engine.settings import OpenRouterSettings, ProviderSettings
 
 if TYPE_CHECKING:
     from engine.backends.openrouter.client import OpenRouterClient
@@ -49,6 +50,16 @@ def precision_allowlist(native: str, explicit: Collection[str] | None) -> list[s
     return [q for q, rank in PRECISION_RANK.items() if rank >= floor]
 
 
+def routing_of(settings: OpenRouterSettings) -> ProviderSettings:
+    """The `provider` object requests carry: the settings' routing with the precision allowlist."""
+    allowlist = (
+        precision_allowlist(settings.native_precision, settings.provider.quantizations)
+        if settings.precision_guard
+        else settings.provider.quantizations
+    )
+    return settings.provider.model_copy(update={"quantizations": allowlist})
+
+
 class CatalogError(RuntimeError):
     """The endpoints list could not be read or admits no provider."""
 
@@ -71,6 +82,10 @@ class Endpoint:
     def slug(self) -> str:
         """The routing slug that provider.only/ignore/order match: the tag before any '/'."""
         return self.tag.split("/", 1)[0].lower()
+
+    @property
+    def price(self) -> RoutePrice:
+        return RoutePrice(self.provider_name, self.prompt_price, self.completion_price)
 
     def names(self) -> set[str]:
         return {self.slug, self.tag.lower(), self.provider_name.lower()}
@@ -188,6 +203,25 @@ def exclusion_reason(
     ):
         return f"max_tokens above its max completion tokens ({endpoint.max_completion_tokens})"
     return None
+
+
+def verdict(
+    endpoint: Endpoint,
+    provider: ProviderSettings,
+    excluded: Mapping[str, str],
+    max_tokens: int | None = None,
+) -> tuple[bool, str | None]:
+    """(allowed, reason): why routing skips the endpoint, or a caveat about an allowed one.
+
+    `excluded` maps run-time exclusions to who made them, so the guard's are told apart.
+    """
+    source = excluded.get(endpoint.slug)
+    if source is not None:
+        return False, "excluded by the precision guard" if source == "guard" else f"excluded at run time ({source})"
+    reason = exclusion_reason(endpoint, provider, excluded, max_tokens)
+    if reason is None and endpoint.status < 0:
+        return True, f"down or degraded (status {endpoint.status}); routed to only as a fallback"
+    return reason is None, reason
 
 
 def allowed_endpoints(

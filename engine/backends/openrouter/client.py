@@ -16,9 +16,9 @@ from typing import Any
 import aiohttp
 import orjson
 
+from engine.backends.base import Disposition
 from engine.backends.openrouter.errors import (
     AttemptError,
-    Disposition,
     ErrorClass,
     classify_error_in_ok_response,
     classify_status,

@@ -1,6 +1,6 @@
 """How a failed OpenRouter attempt is classified, and what the job does about it.
 
-The shapes come from reference/openrouter.md §3.5, §4.4 and §6: three generations of error
+The shapes are those of docs/openrouter.md §3.5, §4.4 and §6: three generations of error
 metadata, HTTP 200 bodies that carry errors, and retry hints in headers or inside the body.
 """
 
@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
+
+from engine.backends.base import Disposition
 
 
 class ErrorClass(StrEnum):
@@ -31,14 +33,6 @@ class ErrorClass(StrEnum):
     NO_ENDPOINTS = "no_endpoints"  # 404: routing constraints leave no provider
     CREDITS = "credits"  # 402 that is not the in-flight hold: the account cannot pay
     TOO_COSTLY = "too_costly"  # 402 weight_exceeds_budget: one request's worst case is above the hold
-
-
-class Disposition(StrEnum):
-    """What the dispatcher does with an attempt that failed."""
-
-    RETRY = "retry"  # back off, try again (counts against the prompt's attempt cap)
-    GIVE_UP = "give_up"  # this prompt fails for this run; others go on
-    FATAL = "fatal"  # stop dispatching: no other prompt can succeed either
 
 
 THROTTLE_CLASSES = frozenset({ErrorClass.RATE_LIMITED, ErrorClass.OVERLOADED, ErrorClass.IN_FLIGHT_BUDGET})

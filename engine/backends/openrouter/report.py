@@ -3,35 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-from decimal import Decimal
+from collections.abc import Mapping
 from typing import Any
 
 from engine.backends.openrouter.catalog import (
     CatalogError,
     Endpoint,
-    exclusion_reason,
     fetch_endpoint_table,
-    precision_allowlist,
+    routing_of,
+    verdict,
 )
 from engine.backends.openrouter.client import OpenRouterClient
 from engine.datasets import DatasetError, discover, scan
-from engine.money import TEMPLATE_TOKENS_FIXED, to_dollars
+from engine.money import PER_MILLION, planning_prompt_tokens, to_dollars
 from engine.planner import DatasetNeed, plan, remaining_output_tokens
 from engine.recovery import read_journals, read_rows
 from engine.settings import Settings
-
-PER_MILLION = Decimal(1_000_000)
-
-
-def routing_of(settings: Settings) -> Any:
-    """The provider object the job sends: settings plus the precision allowlist."""
-    openrouter = settings.openrouter
-    allowlist = (
-        precision_allowlist(openrouter.native_precision, openrouter.provider.quantizations)
-        if openrouter.precision_guard
-        else openrouter.provider.quantizations
-    )
-    return openrouter.provider.model_copy(update={"quantizations": allowlist})
 
 
 def _p50(value: Any) -> Any:
@@ -39,17 +26,12 @@ def _p50(value: Any) -> Any:
 
 
 def endpoint_rows(
-    endpoints: list[Endpoint], raw: list[dict[str, Any]], settings: Settings, excluded: set[str]
+    endpoints: list[Endpoint], raw: list[dict[str, Any]], settings: Settings, excluded: Mapping[str, str]
 ) -> list[dict[str, Any]]:
-    routing = routing_of(settings)
+    routing = routing_of(settings.openrouter)
     rows = []
     for endpoint, item in zip(endpoints, raw, strict=True):
-        reason = exclusion_reason(endpoint, routing, excluded, settings.openrouter.max_tokens)
-        if reason is None and endpoint.status < 0:
-            reason = f"down or degraded (status {endpoint.status}); routed to only as a fallback"
-            allowed = True
-        else:
-            allowed = reason is None
+        allowed, reason = verdict(endpoint, routing, excluded, settings.openrouter.max_tokens)
         rows.append(
             {
                 "provider": endpoint.provider_name,
@@ -83,8 +65,7 @@ def dataset_needs(settings: Settings) -> tuple[list[DatasetNeed], list[dict[str,
         done = len(progress.done)
         remaining = max(0, report.valid - done)
         per_prompt = progress.output_tokens / done if done else float(settings.stats.expected_output_tokens)
-        chars = report.content_chars
-        prompt_tokens = (sum(chars) / len(chars) / 4 + TEMPLATE_TOKENS_FIXED) if len(chars) else 0.0
+        prompt_tokens = planning_prompt_tokens(report.content_chars)
         output = remaining_output_tokens(
             remaining, per_prompt, progress.output_tokens, job.dataset_token_budget
         )
@@ -105,7 +86,7 @@ def dataset_needs(settings: Settings) -> tuple[list[DatasetNeed], list[dict[str,
 
 async def build_catalog(settings: Settings) -> dict[str, Any]:
     """The whole catalog report; raises CatalogError or DatasetError with the operator's message."""
-    client = OpenRouterClient(settings.openrouter, pool_size=4, routing=routing_of(settings))
+    client = OpenRouterClient(settings.openrouter, pool_size=4, routing=routing_of(settings.openrouter))
     await client.open()
     try:
         endpoints, raw = await fetch_endpoint_table(client, settings.openrouter.model)
@@ -115,12 +96,12 @@ async def build_catalog(settings: Settings) -> dict[str, Any]:
         read_journals, settings.job.run_dir / "attempts.jsonl", settings.job.run_dir / "events.jsonl"
     )
     rows = endpoint_rows(endpoints, raw, settings, journal.excluded)
-    allowed = [e for e, row in zip(endpoints, rows, strict=True) if row["allowed"]]
+    allowed = [e.price for e, row in zip(endpoints, rows, strict=True) if row["allowed"]]
     needs, datasets = await asyncio.to_thread(dataset_needs, settings)
     budget_left = to_dollars(settings.job.budget_usd) - journal.spent
     return {
         "model": settings.openrouter.model,
-        "allowed_precisions": routing_of(settings).quantizations,
+        "allowed_precisions": routing_of(settings.openrouter).quantizations,
         "endpoints": rows,
         "datasets": datasets,
         "spent": float(journal.spent),

@@ -11,8 +11,7 @@ from engine.sim.openrouter.config import (
     load_sim_config,
 )
 from engine.sim.openrouter.ledger import GenerationRecord, Ledger
-from engine.sim.openrouter.runner import run_sim, serve_forever
-from engine.sim.openrouter.server import OpenRouterSim
+from engine.sim.openrouter.server import OpenRouterSim, serve_forever
 
 __all__ = [
     "DEFAULT_MODEL_ID",
@@ -28,6 +27,5 @@ __all__ = [
     "SimModel",
     "default_models",
     "load_sim_config",
-    "run_sim",
     "serve_forever",
 ]

@@ -466,8 +466,8 @@ class OpenRouterSim:
         pfault, model, ep = last
         if pfault == _BUCKET_EMPTY:
             # Retry-After only when every provider tried gave a retry hint (§6.6).
-            wait = min(rate_waits) if len(rate_waits) == len(attempts) else None
-            return self._upstream_rate_limited(model, ep, gen_id, summary, wait)
+            hint = min(rate_waits) if len(rate_waits) == len(attempts) else None
+            return self._upstream_rate_limited(model, ep, gen_id, summary, hint)
         return self._fault_response(pfault, model, ep, gen_id, summary, count=False)
 
     @staticmethod
@@ -815,6 +815,8 @@ class OpenRouterSim:
                 200, fault_bodies.error_body_200(plan.ep.provider_name, self.config.user_id), headers
             )
         errored = fault in ("error_choice_200", "mid_stream_error")
+        finish: str | None
+        native: str | None
         if errored:
             completion, reasoning = produced, min(produced, plan.reasoning_tokens)
             finish = native = "error"

@@ -1,0 +1,96 @@
+"""Operator commands: one table of name -> handler, for every client (console, `regen stop`, headless).
+
+A handler returns the text shown to the operator, or raises JobError with the refusal. `origin`
+names who asked ("console", "operator", "guard"); it is journaled with the event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from decimal import Decimal, InvalidOperation
+from typing import Any, Protocol
+
+from engine.jobstate import JobError
+
+
+class Steerable(Protocol):
+    """The job as commands see it."""
+
+    def pause(self, origin: str) -> None: ...
+    def resume(self, origin: str) -> None: ...
+    def exclude(self, name: str, *, origin: str) -> str: ...
+    def include(self, name: str, *, origin: str) -> str: ...
+    def set_concurrency(self, value: int, origin: str) -> int: ...
+    def set_budget(self, amount: Decimal, origin: str) -> str: ...
+    def request_stop(self, *, cancel: bool, origin: str) -> str: ...
+
+
+Handler = Callable[[Steerable, Mapping[str, Any], str], str]
+
+
+def _pause(job: Steerable, args: Mapping[str, Any], origin: str) -> str:
+    job.pause(origin)
+    return "paused: no new requests; those in flight finish"
+
+
+def _resume(job: Steerable, args: Mapping[str, Any], origin: str) -> str:
+    job.resume(origin)
+    return "resumed"
+
+
+def _route(args: Mapping[str, Any], command: str) -> str:
+    name = str(args.get("provider") or "")
+    if not name:
+        raise JobError(f"{command} needs a provider")
+    return name
+
+
+def _exclude(job: Steerable, args: Mapping[str, Any], origin: str) -> str:
+    return job.exclude(_route(args, "exclude"), origin=origin)
+
+
+def _include(job: Steerable, args: Mapping[str, Any], origin: str) -> str:
+    return job.include(_route(args, "include"), origin=origin)
+
+
+def _number(args: Mapping[str, Any], command: str) -> Decimal:
+    try:
+        value = Decimal(str(args["value"]))
+    except (KeyError, InvalidOperation):
+        raise JobError(f"{command} needs a number (value)") from None
+    if not value.is_finite():
+        raise JobError(f"{command} needs a finite number")
+    return value
+
+
+def _concurrency(job: Steerable, args: Mapping[str, Any], origin: str) -> str:
+    return f"concurrency {job.set_concurrency(int(_number(args, 'concurrency')), origin)}"
+
+
+def _budget(job: Steerable, args: Mapping[str, Any], origin: str) -> str:
+    return job.set_budget(_number(args, "budget"), origin)
+
+
+def _stop(job: Steerable, args: Mapping[str, Any], origin: str) -> str:
+    return job.request_stop(cancel=bool(args.get("cancel")), origin=origin)
+
+
+COMMANDS: dict[str, Handler] = {
+    "pause": _pause,
+    "resume": _resume,
+    "exclude": _exclude,
+    "include": _include,
+    "concurrency": _concurrency,
+    "budget": _budget,
+    "stop": _stop,
+}
+
+
+def run_command(job: Steerable, name: str, args: Mapping[str, Any], origin: str) -> str:
+    handler = COMMANDS.get(name)
+    if handler is None:
+        raise JobError(f"unknown command {name!r}")
+    return handler(job, args, origin)
+
+
+__all__ = ["COMMANDS", "run_command"]

@@ -1,0 +1,206 @@
+"""The snapshot's schema: what the job sends its consoles a few times a second, defined once.
+
+The engine's builder (engine/snapshot.py) makes these; the console reads them, and its scripted
+job for tests and demos (console/source.py) builds the same types. Money is in the ledger's `unit`
+("usd" for OpenRouter, "gpu_s" for SGLang): no key is named for dollars.
+
+Version of this shape on the control socket: engine/control.py PROTOCOL_VERSION.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NotRequired, TypedDict
+
+
+class RouteView(TypedDict):
+    """One route of the backend (a provider endpoint, a worker), allowed or not."""
+
+    name: str
+    slug: str
+    allowed: bool
+    reason: str | None  # why it is kept out (or a caveat about an allowed one)
+    prompt_per_m: float | None  # price per million prompt tokens, in the ledger's unit
+    completion_per_m: float | None
+    precision: str | None
+
+
+class BackendView(TypedDict):
+    """The backend's own part of the snapshot."""
+
+    name: str
+    unit: str
+    model: str
+    supports_exclude: bool
+    routes: list[RouteView]
+    excluded: list[str]
+    allowed_precisions: list[str] | None
+    account: dict[str, Any]  # OpenRouter: the key's credit (/key, /credits)
+
+
+class BackendSummary(TypedDict):
+    name: str
+    unit: str
+    model: str
+    supports_exclude: bool
+    account: dict[str, Any]
+
+
+class Quantiles(TypedDict):
+    p50: float | None
+    p95: float | None
+    p99: float | None
+
+
+class RouteWindow(TypedDict):
+    requests: int
+    ok: int
+    errors: dict[str, int]
+    error_share: float
+    output_tokens_per_s: float
+    e2e_s: Quantiles
+    ttft_s: Quantiles
+    tpot_s: Quantiles
+    spent: float
+
+
+class RouteRun(TypedDict):
+    requests: int
+    ok: int
+    errors: dict[str, int]
+    output_tokens: int
+    spent: float
+    e2e_s: Quantiles
+    ttft_s: Quantiles
+    tpot_s: Quantiles
+    cost_per_m_output: float | None
+
+
+class ProviderView(TypedDict):
+    """One row of the providers (or workers) pane."""
+
+    name: str
+    slug: str
+    excluded: bool  # excluded at run time (operator or guard)
+    allowed: bool  # false also for routes the settings keep out
+    reason: str | None
+    precision: str | None
+    prompt_price_per_m: float | None
+    completion_price_per_m: float | None
+    requests: int
+    ok: int
+    share: float
+    in_flight: int
+    output_tokens: int
+    spent: float
+    errors: dict[str, int]
+    throttled: int
+    latency_p50_s: float | None
+    latency_p95_s: float | None
+    latency_p99_s: float | None
+    ttft_p50_s: float | None
+    ttft_p95_s: float | None
+    ttft_p99_s: float | None
+    tpot_s: float | None
+    output_tokens_per_s: float
+    cost_per_m_output: float | None
+    recent_errors: list[dict[str, Any]]
+    window: RouteWindow
+    run: RouteRun
+    status: str  # OK | SLOW | FAIL | EXCL (engine/stats.py status_word)
+
+
+class EstimateView(TypedDict):
+    amount: float
+    requests: int
+
+
+class WasteView(TypedDict):
+    amount: float
+    tokens: int
+
+
+class MoneyView(TypedDict):
+    unit: str
+    spent: float  # confirmed + estimated
+    confirmed: float  # as billed
+    estimated: float  # pending + unknowable
+    pending: EstimateView  # estimates the bill will still replace
+    unknowable: EstimateView  # cut before any handle arrived: the worst case stays counted
+    reserved: float
+    budget: float | None  # None: no budget (a GPU-time ledger)
+    headroom: float | None
+    blocked: bool  # the next request's worst case does not fit
+    burn_per_h: float
+    projected_total: float | None
+    useful: float
+    useful_output_tokens: int
+    useful_per_m: float | None
+    waste: dict[str, WasteView]
+    waste_total: float
+
+
+class DatasetView(TypedDict):
+    name: str
+    total: int
+    done: int
+    ok: int
+    truncated: int
+    failed: int
+    invalid: int
+    in_flight: int
+    output_tokens: int
+    token_budget: int | None
+    state: str
+
+
+class OutcomeView(TypedDict):
+    reason: str
+    message: str
+
+
+class ConcurrencyView(TypedDict):
+    configured: int
+    effective: int
+
+
+class RatesView(TypedDict):
+    output_tokens_per_s: float
+    rows_per_s: float
+    attempts_per_s: float
+
+
+class Snapshot(TypedDict):
+    state: str
+    outcome: OutcomeView | None
+    elapsed_s: float
+    model: str
+    backend: BackendSummary
+    in_flight: int
+    held_s: float | None
+    held_reason: str | None
+    concurrency: ConcurrencyView
+    rates: RatesView
+    money: MoneyView
+    plan: dict[str, Any] | None
+    errors: dict[str, int]
+    rows: int
+    attempts: int
+    quarantined: int
+    eta_s: float | None
+    excluded: list[str]
+    allowed_precisions: list[str] | None
+    datasets: list[DatasetView]
+    providers: list[ProviderView]
+    events: NotRequired[list[dict[str, Any]]]  # added per client by the control server
+
+
+class JobInfo(TypedDict):
+    """What does not change while the job runs, for a console's hello."""
+
+    pid: int
+    run_dir: str
+    model: str
+    backend: str
+    base_url: str
+    datasets: list[str]
+    started_at: float
