@@ -24,6 +24,7 @@ from textual.timer import Timer
 from textual.widgets import DataTable, Input, Static
 from textual.worker import Worker, WorkerState
 
+from console.actions import ACTIONS, CONSOLE, GROUP_ORDER, STEERING_ACTIONS, VIEW, bindings
 from console.commands import RegenCommands
 from console.export import export_snapshot
 from console.format import number
@@ -55,26 +56,7 @@ from console.widgets.throughput import ThroughputPane
 WIDE_AT = 120
 # At this many rows and more, a narrow console still shows cost and throughput in a bottom strip.
 TALL_AT = 40
-STEERING_ACTIONS = frozenset(
-    {
-        "pause_job",
-        "resume_job",
-        "toggle_provider",
-        "exclude_provider",
-        "concurrency",
-        "set_budget",
-        "stop_job",
-    }
-)
 LIVE_STATES = ("RUNNING", "PAUSED")
-HELP_GROUPS = {
-    "pause": "Steer the job",
-    "toggle-provider": "Steer the job",
-    "exclude": "Steer the job",
-    "concurrency-up": "Steer the job",
-    "concurrency-down": "Steer the job",
-    "budget": "Steer the job",
-}
 
 
 class RegenApp(App[str]):
@@ -85,77 +67,7 @@ class RegenApp(App[str]):
     COMMANDS: ClassVar[set[Any]] = {*App.COMMANDS, RegenCommands}
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (WIDE_AT, "-wide")]  # noqa: RUF012 (declared as an instance variable in App)
     VERTICAL_BREAKPOINTS = [(0, "-short"), (TALL_AT, "-tall")]  # noqa: RUF012
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding(
-            "p",
-            "pause_job",
-            "Pause",
-            id="pause",
-            tooltip="Pause the job: no new requests; those in flight finish",
-        ),
-        Binding("p", "resume_job", "Resume", id="pause", tooltip="Resume dispatching requests"),
-        Binding(
-            "space",
-            "toggle_provider",
-            "Excl/Incl",
-            id="toggle-provider",
-            show=False,
-            tooltip="Exclude the highlighted provider, or include it again",
-        ),
-        Binding(
-            "x",
-            "exclude_provider",
-            "Exclude",
-            id="exclude",
-            tooltip="Exclude the highlighted provider (asks first)",
-        ),
-        Binding(
-            "plus",
-            "concurrency(1)",
-            "Conc+",
-            id="concurrency-up",
-            key_display="+",
-            tooltip="Raise the configured concurrency by a step",
-        ),
-        Binding(
-            "minus",
-            "concurrency(-1)",
-            "Conc-",
-            id="concurrency-down",
-            key_display="-",
-            tooltip="Lower the configured concurrency by a step",
-        ),
-        Binding(
-            "b", "set_budget", "Budget", id="budget", tooltip="Set a new dollar budget (not below spent)"
-        ),
-        Binding("f", "freeze", "Freeze", id="freeze", tooltip="Stop repainting (the job keeps running)"),
-        Binding("f", "thaw", "Thaw", id="freeze", tooltip="Repaint again, from the newest snapshot"),
-        Binding(
-            "slash", "filter", "Filter", id="filter", key_display="/", tooltip="Filter providers by name"
-        ),
-        Binding("s", "cycle_sort", "Sort", id="sort", show=False, tooltip="Cycle the providers' sort order"),
-        Binding(
-            "enter",
-            "details",
-            "Details",
-            id="details",
-            show=False,
-            tooltip="The highlighted provider in detail",
-        ),
-        Binding(
-            "e",
-            "export",
-            "Export",
-            id="export",
-            show=False,
-            tooltip="Write the snapshot on screen to CSV and JSON",
-        ),
-        Binding("t", "next_theme", "Theme", id="theme", show=False, tooltip="Next theme"),
-        Binding(
-            "question_mark", "help", "Help", id="help", key_display="?", tooltip="Every key and what it does"
-        ),
-        Binding("q", "detach", "Detach", id="detach", tooltip="Quit the console; the job keeps running"),
-    ]
+    BINDINGS: ClassVar[list[BindingType]] = [*bindings()]
 
     # Neither repaints: an App reactive that repaints redraws the whole screen; the header shows both.
     job_state: reactive[str] = reactive("STARTING", repaint=False, bindings=True)
@@ -526,7 +438,15 @@ class RegenApp(App[str]):
             return "not connected to the job yet"
         return f"the job is {self.job_state}: nothing to steer"
 
+    @property
+    def supports_exclude(self) -> bool:
+        """Whether the backend's routes can be excluded (a capability the snapshot carries)."""
+        backend = (self.displayed or self.latest or {}).get("backend") or {}
+        return bool(backend.get("supports_exclude", True))
+
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("toggle_provider", "exclude_provider") and not self.supports_exclude:
+            return False
         if action == "pause_job" and self.job_state == "PAUSED":
             return False
         if action == "resume_job" and self.job_state != "PAUSED":
@@ -758,44 +678,39 @@ class RegenApp(App[str]):
         self.notify(f"theme {self.theme}", timeout=2)
 
     def help_entries(self) -> list[HelpEntry]:
-        """Every binding with its current keys, pause/resume and freeze/thaw folded into one line each."""
+        """Every action with its current keys (console/actions.py), a pair sharing a key on one line."""
         keymap = self.options.keymap
         entries: list[HelpEntry] = []
         seen: set[str] = set()
-        for binding in self.all_bindings():
-            key_id = binding.id or binding.action
+        table_keys = [
+            (b.id or b.action, b.key, None, b.tooltip or b.description, VIEW)
+            for b in ProvidersTable.BINDINGS
+            if isinstance(b, Binding)
+        ]
+        actions = [(a.id, a.keys, a.key_display, a.help_line or a.help, a.group) for a in ACTIONS if a.keys]
+        for key_id, default_keys, display, description, group in [*actions, *table_keys]:
             if key_id in seen:
                 continue
             seen.add(key_id)
-            keys = keymap.get(binding.id or "", binding.key)
+            keys = keymap.get(key_id, default_keys)
             shown = "/".join(
                 self.get_key_display(
-                    binding.with_key(
-                        key.strip(), key_display=None if key.strip() != binding.key else binding.key_display
-                    )
+                    Binding(key.strip(), "", key_display=display if key.strip() == default_keys else None)
                 )
                 for key in keys.split(",")
             )
-            description = binding.tooltip or binding.description
-            if binding.id == "pause":
-                description = "Pause the job, or resume it when paused"
-            elif binding.id == "freeze":
-                description = "Freeze or thaw the display (the job runs on)"
-            group = HELP_GROUPS.get(binding.id or "", "View")
-            if binding.id in ("help", "detach"):
-                group = "Console"
             entries.append(HelpEntry(shown, description, group))
-        entries.append(HelpEntry("↑/↓", "Move between providers", "View"))
-        entries.append(HelpEntry("tab", "Move between panes", "Console"))
+        entries.append(HelpEntry("↑/↓", "Move between providers", VIEW))
+        entries.append(HelpEntry("tab", "Move between panes", CONSOLE))
         entries.append(
             HelpEntry(
                 self.get_key_display(Binding(self.COMMAND_PALETTE_BINDING, "")),
                 "Commands, including Stop job (typed confirmation)",
-                "Console",
+                CONSOLE,
             )
         )
-        order = {"Steer the job": 0, "View": 1, "Console": 2}
-        return sorted(entries, key=lambda e: order.get(e.group, 3))
+        order = {group: n for n, group in enumerate(GROUP_ORDER)}
+        return sorted(entries, key=lambda e: order.get(e.group, len(order)))
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen(self.help_entries(), self.readonly))

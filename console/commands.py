@@ -1,4 +1,5 @@
-"""The command palette's regen commands: stop (behind a typed confirmation), steering, view."""
+"""The command palette's regen commands: the registry's palette actions (console/actions.py) and one
+include or exclude per provider."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from functools import partial
 from typing import TYPE_CHECKING, cast
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
+
+from console.actions import palette_actions
 
 if TYPE_CHECKING:
     from console.app import RegenApp
@@ -18,31 +21,20 @@ class RegenCommands(Provider):
     def _commands(self) -> list[tuple[str, str, Callable[[], object]]]:
         app = cast("RegenApp", self.app)
         commands: list[tuple[str, str, Callable[[], object]]] = []
-        if app.can_steer:
-            commands.append(("Stop job…", "drain or cancel, after typing stop", app.action_stop_job))
-            if app.job_state == "RUNNING":
-                commands.append(("Pause job", "no new requests; in flight finish", app.action_pause_job))
-            if app.job_state == "PAUSED":
-                commands.append(("Resume job", "dispatch again", app.action_resume_job))
-            commands.append(("Set budget…", "a new dollar budget", app.action_set_budget))
+        for action in palette_actions():
+            # The same rule as the keys: what the footer would offer now, the palette offers.
+            if app.check_action(action.name, ()) is True:
+                commands.append((str(action.palette), action.help, getattr(app, f"action_{action.name}")))
+        if app.can_steer and app.supports_exclude:
             for provider in app.provider_rows():
+                if not provider.get("allowed", True) and not provider.get("excluded"):
+                    continue  # kept out by the settings: nothing to steer
                 slug = str(provider.get("slug") or provider.get("name"))
                 name = str(provider.get("name") or slug)
                 if provider.get("excluded"):
                     commands.append((f"Include provider {name}", slug, partial(app.send_include, slug)))
                 else:
                     commands.append((f"Exclude provider {name}…", slug, partial(app.confirm_exclude, slug)))
-        commands += [
-            ("Export snapshot", "CSV and JSON files", app.action_export),
-            (
-                "Freeze display" if not app.frozen else "Thaw display",
-                "stop or restart repainting",
-                app.action_toggle_freeze,
-            ),
-            ("Next theme", "cycle the loaded themes", app.action_next_theme),
-            ("Keys", "every key and what it does", app.action_help),
-            ("Detach", "quit the console; the job keeps running", app.action_detach),
-        ]
         return commands
 
     async def discover(self) -> Hits:

@@ -13,12 +13,13 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
 from textual.markup import escape
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, Sparkline, Static
+from textual.widgets import Button, Input, Label, Static
 
 from console import format as fmt
 from console.format import number
 from console.history import History, provider_status
 from console.widgets.providers import STATUS_GLYPH, provider_tokens_per_s, slug_of, usd_per_m
+from console.widgets.spark import ZeroSparkline
 
 MODAL_CSS = """
 {name} {{
@@ -298,7 +299,7 @@ class ProviderDetailScreen(ModalScreen[None]):
         MODAL_CSS.format(name="ProviderDetailScreen")
         + """
     ProviderDetailScreen > Vertical { width: 100; height: 90%; }
-    ProviderDetailScreen Sparkline { height: 3; margin-bottom: 1; }
+    ProviderDetailScreen ZeroSparkline { height: 3; margin-bottom: 1; }
     ProviderDetailScreen .muted { color: $text-muted; }
     ProviderDetailScreen #detail-errors { height: 1fr; }
     """
@@ -316,9 +317,9 @@ class ProviderDetailScreen(ModalScreen[None]):
             yield Label(self.slug, classes="title", id="detail-title", markup=False)
             yield Static("", id="detail-numbers")
             yield Label("latency p50", classes="muted", id="detail-latency-label")
-            yield Sparkline([], id="detail-latency")
+            yield ZeroSparkline([], id="detail-latency")
             yield Label("output tok/s", classes="muted", id="detail-tokens-label")
-            yield Sparkline([], id="detail-tokens")
+            yield ZeroSparkline([], id="detail-tokens")
             with VerticalScroll(id="detail-errors"):
                 yield Static("", id="detail-errors-text")
 
@@ -354,11 +355,13 @@ class ProviderDetailScreen(ModalScreen[None]):
         cells = [f"{label:<13} {value:>9}" for label, value in rows]
         grid = "\n".join("   ".join(cells[i : i + 3]) for i in range(0, len(cells), 3))
         by_class = ", ".join(f"{k} {v}" for k, v in sorted(errors.items())) or "none"
-        self.query_one("#detail-numbers", Static).update(Content(f"{grid}\nerrors        {by_class}"))
+        reason = provider.get("reason")
+        note = f"\n{'kept out' if not provider.get('allowed', True) else 'note':<13} {reason}" if reason else ""
+        self.query_one("#detail-numbers", Static).update(Content(f"{grid}\nerrors        {by_class}{note}"))
         window = history.providers.get(self.slug)
         if window is not None:
-            self.query_one("#detail-latency", Sparkline).data = list(window.latency_p50_s)
-            self.query_one("#detail-tokens", Sparkline).data = list(window.output_tokens_per_s)
+            self.query_one("#detail-latency", ZeroSparkline).data = list(window.latency_p50_s)
+            self.query_one("#detail-tokens", ZeroSparkline).data = list(window.output_tokens_per_s)
         recent = provider.get("recent_errors")
         lines = ["[b]recent errors[/]"]
         if isinstance(recent, list) and recent:

@@ -369,6 +369,7 @@ class SimulatedJob:
             "slug": p.slug,
             "excluded": p.slug in self.excluded,
             "allowed": p.kept_out is None,
+            "kept_out": "precision" if p.kept_out else ("console" if p.slug in self.excluded else None),
             "reason": p.kept_out or ("excluded at run time (console)" if p.slug in self.excluded else None),
             "precision": p.precision,
             "prompt_price_per_m": 0.6,

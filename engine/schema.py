@@ -18,7 +18,8 @@ class RouteView(TypedDict):
     name: str
     slug: str
     allowed: bool
-    reason: str | None  # why it is kept out (or a caveat about an allowed one)
+    kept_out: str | None  # one word: precision, settings, price, max_tokens, guard, operator, down
+    reason: str | None  # why it is kept out (or a caveat about an allowed one), as a sentence
     prompt_per_m: float | None  # price per million prompt tokens, in the ledger's unit
     completion_per_m: float | None
     precision: str | None
@@ -82,6 +83,7 @@ class ProviderView(TypedDict):
     slug: str
     excluded: bool  # excluded at run time (operator or guard)
     allowed: bool  # false also for routes the settings keep out
+    kept_out: str | None
     reason: str | None
     precision: str | None
     prompt_price_per_m: float | None

@@ -297,6 +297,7 @@ def route_views(
                 "slug": slug,
                 "excluded": slug in excluded,
                 "allowed": info["allowed"] if info is not None else slug not in excluded,
+                "kept_out": info["kept_out"] if info is not None else None,
                 "reason": info["reason"] if info is not None else None,
                 "precision": info["precision"] if info is not None else None,
                 "prompt_price_per_m": info["prompt_per_m"] if info is not None else None,

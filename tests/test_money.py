@@ -131,3 +131,37 @@ def test_adaptive_limit_backs_off_once_per_storm_and_recovers() -> None:
         t += 1.5
     assert t < 130
     assert limit.set_configured(5000) == 1000, "clamped to the connection pool"
+
+
+def test_estimates_are_split_into_pending_bills_and_unknowable_worst_cases() -> None:
+    ledger = Ledger(Decimal(5))
+    ledger.charge(Decimal("0.70"))
+    ledger.charge(Decimal("0.03"), estimated=True, knowable=True)
+    ledger.charge(Decimal("0.02"), estimated=True, knowable=True)
+    ledger.charge(Decimal("0.04"), estimated=True, knowable=False)
+    assert ledger.estimated == Decimal("0.09") and ledger.confirmed == Decimal("0.70")
+    assert (ledger.estimates.pending_count, ledger.estimates.unknowable_count) == (2, 1)
+    delta = ledger.confirm(Decimal("0.03"), Decimal("0.01"))
+    assert delta == Decimal("-0.02") and ledger.spent == Decimal("0.77")
+    assert ledger.estimates.pending == Decimal("0.02") and ledger.estimates.pending_count == 1
+    assert ledger.confirmed == Decimal("0.71"), "a confirmed bill moves from estimated to confirmed"
+    assert Ledger(None, unit="gpu_s").fits(Decimal(10**9)), "a ledger without a budget never blocks"
+
+
+def test_the_summary_says_what_an_estimate_is() -> None:
+    from engine.headless import money_line
+
+    money = {
+        "unit": "usd",
+        "spent": 0.8402,
+        "confirmed": 0.7905,
+        "budget": 5.0,
+        "pending": {"amount": 0.0097, "requests": 2},
+        "unknowable": {"amount": 0.04, "requests": 3},
+    }
+    line = money_line(money)
+    assert line.startswith("spent $0.8402 of $5.00: $0.7905 confirmed")
+    assert "$0.0097 estimated for 2 requests until their bill is looked up" in line
+    assert "$0.0400 is the worst case of 3 requests cut before their generation id arrived" in line
+    quiet = {**money, "pending": {"amount": 0, "requests": 0}, "unknowable": {"amount": 0, "requests": 0}}
+    assert money_line(quiet) == "spent $0.8402 of $5.00"

@@ -41,7 +41,7 @@ COLUMNS = (
     Column("status", "Status", 6, 0, numeric=False),
     Column("name", "Provider", 12, 0, numeric=False),
     Column("p50", "p50", 6, 1),
-    Column("p95", "p95", 6, 4),
+    Column("p95", "p95", 6, 5),
     Column("p99", "p99", 6, 7),
     Column("ttft", "TTFT", 6, 3),
     Column("ttft95", "TTFT95", 6, 8),
@@ -51,8 +51,8 @@ COLUMNS = (
     Column("share", "Share", 5, 2),
     Column("in_flight", "Fly", 5, 6),
     Column("spent", "Spent", 7, 1),
-    Column("usd_m", "$/M", 6, 5),
-    Column("note", "Why out", 28, 9, numeric=False),
+    Column("usd_m", "$/M", 6, 4),
+    Column("note", "Out by", 10, 4, numeric=False),
 )
 CELL_PADDING = 1
 
@@ -193,7 +193,7 @@ class ProvidersTable(DataTable[Any]):
 
     def _values(self, provider: dict[str, Any], status: str, history: History | None) -> dict[str, object]:
         excluded_style = self._style("provider-excluded") if status == "EXCL" else Style()
-        note = str(provider.get("reason") or "") if status == "EXCL" or not provider.get("allowed", True) else ""
+        note = str(provider.get("kept_out") or "") if status == "EXCL" or not provider.get("allowed", True) else ""
         glyph = STATUS_GLYPH[status]
         return {
             "status": Text(
@@ -327,7 +327,9 @@ class ProvidersPane(Vertical):
         display: block;
     }
     ProvidersPane > ProvidersTable {
-        height: 1fr;
+        height: auto;
+        min-height: 4;
+        max-height: 50vh;
         background: $surface;
     }
     """

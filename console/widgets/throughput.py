@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.widgets import Label, Sparkline
+from textual.widgets import Label
 
 from console import format as fmt
 from console.history import History
+from console.widgets.spark import ZeroSparkline
 
 SERIES = (
     ("tokens", "output tok/s", fmt.rate),
@@ -28,15 +29,15 @@ class ThroughputPane(Vertical):
         width: 1fr;
         color: $text-muted;
     }
-    ThroughputPane > Sparkline {
+    ThroughputPane > ZeroSparkline {
         height: 1fr;
         min-height: 1;
         margin-bottom: 0;
     }
-    ThroughputPane > Sparkline > .sparkline--max-color {
+    ThroughputPane > ZeroSparkline > .sparkline--max-color {
         color: $accent;
     }
-    ThroughputPane > Sparkline > .sparkline--min-color {
+    ThroughputPane > ZeroSparkline > .sparkline--min-color {
         color: $primary 50%;
     }
     """
@@ -49,7 +50,7 @@ class ThroughputPane(Vertical):
     def compose(self) -> ComposeResult:
         for key, title, _ in SERIES:
             yield Label(f"{title} -", id=f"{key}-label")
-            yield Sparkline([], id=f"{key}-spark", summary_function=max)
+            yield ZeroSparkline([], id=f"{key}-spark", summary_function=max)
 
     def show(self, history: History) -> None:
         """Repaint from the history windows; a label or sparkline that would not change is left alone."""
@@ -75,4 +76,4 @@ class ThroughputPane(Vertical):
             data = list(window)
             if data != self._shown.get(f"{key}-spark"):
                 self._shown[f"{key}-spark"] = data
-                self.query_one(f"#{key}-spark", Sparkline).data = data
+                self.query_one(f"#{key}-spark", ZeroSparkline).data = data

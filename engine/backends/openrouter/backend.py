@@ -354,12 +354,13 @@ class OpenRouterBackend:
     def view(self) -> BackendView:
         routes: list[RouteView] = []
         for endpoint in self.endpoints:
-            allowed, reason = verdict(endpoint, self.routing, self.excluded, self.settings.max_tokens)
+            allowed, word, reason = verdict(endpoint, self.routing, self.excluded, self.settings.max_tokens)
             routes.append(
                 {
                     "name": endpoint.provider_name,
                     "slug": endpoint.slug,
                     "allowed": allowed,
+                    "kept_out": word,
                     "reason": reason,
                     "prompt_per_m": float(endpoint.prompt_price * PER_MILLION),
                     "completion_per_m": float(endpoint.completion_price * PER_MILLION),

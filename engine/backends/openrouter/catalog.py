@@ -210,18 +210,32 @@ def verdict(
     provider: ProviderSettings,
     excluded: Mapping[str, str],
     max_tokens: int | None = None,
-) -> tuple[bool, str | None]:
-    """(allowed, reason): why routing skips the endpoint, or a caveat about an allowed one.
+) -> tuple[bool, str | None, str | None]:
+    """(allowed, word, reason): why routing skips the endpoint (or a caveat about an allowed one),
+    as one word for a narrow column (precision, settings, price, max_tokens, guard, operator, down)
+    and as a sentence.
 
     `excluded` maps run-time exclusions to who made them, so the guard's are told apart.
     """
     source = excluded.get(endpoint.slug)
     if source is not None:
-        return False, "excluded by the precision guard" if source == "guard" else f"excluded at run time ({source})"
+        if source == "guard":
+            return False, "guard", "excluded by the precision guard"
+        return False, source, f"excluded at run time ({source})"
     reason = exclusion_reason(endpoint, provider, excluded, max_tokens)
-    if reason is None and endpoint.status < 0:
-        return True, f"down or degraded (status {endpoint.status}); routed to only as a fallback"
-    return reason is None, reason
+    if reason is None:
+        if endpoint.status < 0:
+            return True, "down", f"down or degraded (status {endpoint.status}); routed to only as a fallback"
+        return True, None, None
+    if reason.startswith("precision"):
+        word = "precision"
+    elif "max_price" in reason:
+        word = "price"
+    elif reason.startswith("max_tokens"):
+        word = "max_tokens"
+    else:
+        word = "settings"
+    return False, word, reason
 
 
 def allowed_endpoints(

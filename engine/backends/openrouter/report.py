@@ -31,7 +31,7 @@ def endpoint_rows(
     routing = routing_of(settings.openrouter)
     rows = []
     for endpoint, item in zip(endpoints, raw, strict=True):
-        allowed, reason = verdict(endpoint, routing, excluded, settings.openrouter.max_tokens)
+        allowed, _, reason = verdict(endpoint, routing, excluded, settings.openrouter.max_tokens)
         rows.append(
             {
                 "provider": endpoint.provider_name,

@@ -1,0 +1,104 @@
+"""One registry of actions feeds the bindings, the help screen and the palette; sparklines start at zero."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.color import Color
+from rich.console import Console
+from textual.binding import Binding
+
+from console.actions import ACTIONS, STEERING_ACTIONS, palette_actions
+from console.app import RegenApp
+from console.commands import RegenCommands
+from console.scripted import ScriptedSource, SimulatedJob
+from console.widgets.cost import CostPane, estimate_words
+from console.widgets.spark import ZeroBasedBars
+from tests.console.conftest import make_app, settle
+
+SIZE = (140, 40)
+
+
+def render(bars: ZeroBasedBars) -> list[str]:
+    console = Console(width=bars.width, color_system=None, file=open("/dev/null", "w"))  # noqa: SIM115
+    with console.capture() as capture:
+        console.print(bars, end="")
+    return capture.get().splitlines()
+
+
+def test_every_binding_comes_from_the_registry_and_steering_is_derived() -> None:
+    registered = {(a.id, a.action) for a in ACTIONS if a.keys}
+    bound = {(b.id, b.action) for b in RegenApp.BINDINGS if isinstance(b, Binding)}
+    assert bound == registered
+    assert STEERING_ACTIONS == {a.name for a in ACTIONS if a.steering}
+    assert "stop_job" in STEERING_ACTIONS and all(hasattr(RegenApp, f"action_{a.name}") for a in ACTIONS)
+
+
+async def test_help_and_palette_are_made_from_the_registry() -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        help_text = " ".join(e.description for e in app.help_entries())
+        first_of_id = {}
+        for action in ACTIONS:
+            if action.keys:
+                first_of_id.setdefault(action.id, action)
+        for action in first_of_id.values():  # a pair sharing an id and a key has one line
+            assert (action.help_line or action.help) in help_text, action.id
+        provider = RegenCommands(app.screen)
+        titles = [title for title, _, _ in provider._commands()]
+        offered = {a.palette for a in palette_actions()} & set(titles)
+        # Running and not frozen: pause, not resume; freeze, not thaw; stop and budget are offered.
+        assert {"Pause job", "Freeze display", "Stop job…", "Set budget…", "Keys", "Detach"} <= offered
+        assert "Resume job" not in titles and "Thaw display" not in titles
+        # Routes the settings keep out are not offered for steering; the others are.
+        assert any(t.startswith("Exclude provider DeepInfra") for t in titles)
+        assert not any("AtlasCloud" in t for t in titles)
+
+
+async def test_a_backend_without_exclusions_hides_the_exclude_keys() -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert app.check_action("exclude_provider", ()) is True
+        assert app.displayed is not None
+        app.displayed["backend"]["supports_exclude"] = False
+        assert app.check_action("exclude_provider", ()) is False
+        assert app.check_action("toggle_provider", ()) is False
+
+
+def test_zero_looks_like_zero() -> None:
+    green, red = Color.parse("green"), Color.parse("red")
+    for data in ([], [0.0], [0.0] * 50):
+        lines = render(ZeroBasedBars(data, width=12, height=3, low=green, high=red))
+        assert len(lines) == 3
+        assert lines[0].strip() == "" and lines[1].strip() == "", "nothing above the baseline"
+        assert set(lines[2]) <= {"▁"}, lines
+    # One point of real load is a full bar; half of the peak is half as tall.
+    lines = render(ZeroBasedBars([0.0, 5.0, 10.0], width=3, height=2, low=green, high=red))
+    assert lines[0] == "  █" and lines[1] == "▁██"
+
+
+async def test_cost_pane_says_what_the_estimates_are() -> None:
+    money: dict[str, Any] = {
+        "unit": "usd",
+        "spent": 0.8402,
+        "confirmed": 0.7905,
+        "estimated": 0.0497,
+        "pending": {"amount": 0.0097, "requests": 2},
+        "unknowable": {"amount": 0.04, "requests": 3},
+        "reserved": 0.0,
+        "budget": 5.0,
+        "waste": {},
+    }
+    words = estimate_words(money)
+    assert "2 awaiting their bill" in words and "3 cut before an id: worst case kept" in words
+    assert estimate_words({"pending": {"requests": 0}, "unknowable": {"requests": 0}}) == ""
+    frame = dict(SimulatedJob(3).snapshot())
+    frame["money"] = {**frame["money"], **money}
+    app = make_app(ScriptedSource([frame], count=1))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        text = str(app.query_one(CostPane).render())
+        assert "Estimated       $0.05  2 awaiting their bill; 3 cut before an id: worst case kept" in text
+        assert "$0.79 billed" in text
