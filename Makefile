@@ -22,6 +22,8 @@ demo: $(VENV)/.installed-base
 
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
 bench: $(VENV)/.installed-test

@@ -619,7 +619,6 @@ class OpenRouterSim:
             request.transport.close()
         return web.Response(status=500)
 
-    # --- planning ------------------------------------------------------------------------------
     # --- billing ---------------------------------------------------------------------------
     def _bill(
         self,
