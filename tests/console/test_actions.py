@@ -30,7 +30,7 @@ def test_every_binding_comes_from_the_registry_and_steering_is_derived() -> None
     registered = {(a.id, a.action) for a in ACTIONS if a.keys}
     bound = {(b.id, b.action) for b in RegenApp.BINDINGS if isinstance(b, Binding)}
     assert bound == registered
-    assert STEERING_ACTIONS == {a.name for a in ACTIONS if a.steering}
+    assert {a.name for a in ACTIONS if a.steering} == STEERING_ACTIONS
     assert "stop_job" in STEERING_ACTIONS and all(hasattr(RegenApp, f"action_{a.name}") for a in ACTIONS)
 
 
