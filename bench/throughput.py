@@ -1,6 +1,6 @@
 """Throughput benchmark: regen's job against a bare aiohttp loop and the official openai client.
 
-The claim (DESIGN.md, "Performance stance"): against the OpenRouter simulator on loopback, in the
+The claim (docs/architecture.md; the client must never be what limits the run): against the OpenRouter simulator on loopback, in the
 same run and at the same concurrency, regen's job output throughput (output tokens/s) is at least
 80% of a bare aiohttp + orjson loop making the same requests, and at least 3x a loop on the official
 `openai` AsyncOpenAI client.

@@ -48,7 +48,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
     """Add the ``verify`` and ``export`` subcommands."""
     verify = commands.add_parser(
         "verify",
-        help="check results against prompts: one row per prompt, data-contract invariants",
+        help="check results against prompts: one row per prompt, the invariants of docs/data-contract.md §4",
         description="Check raw_responses.jsonl of each dataset against its prompts.jsonl and the "
         "data contract's invariants. Exit 1 on any violation.",
     )

@@ -1,8 +1,8 @@
 """Datasets of chat prompts: discovery, line validation, streaming scans.
 
 A dataset is a folder holding ``prompts.jsonl``; its name is the folder name. One JSON object per
-line in OpenAI chat format (data-contract §1). A prompt's identity is ``(dataset, line)`` with a
-0-based line number, guarded by the sha256 of its canonical messages (data-contract §2). Line
+line in OpenAI chat format (docs/data-contract.md §1). A prompt's identity is ``(dataset, line)`` with a
+0-based line number, guarded by the sha256 of its canonical messages (docs/data-contract.md §2). Line
 numbers are 0-based everywhere regen shows them, so ``B3 line 1234`` is the prompt ``B3-00001234``.
 
 Files can hold millions of lines, so nothing here keeps a whole file in memory: ``scan`` and
@@ -56,7 +56,7 @@ ROLES = frozenset({"system", "user", "assistant", "tool"})
 # Big enough that the per-chunk Python overhead vanishes, small enough to stay cache friendly.
 _CHUNK = 1 << 20
 _BOM = b"\xef\xbb\xbf"
-# '#' separates the prompt id from the attempt number in request ids (data-contract §2).
+# '#' separates the prompt id from the attempt number in request ids (docs/data-contract.md §2).
 _BAD_NAME = re.compile(r"[\s#\x00-\x1f\x7f]")
 
 
@@ -177,12 +177,12 @@ class Prompt:
 
 
 def canonical_json(messages: Any) -> bytes:
-    """The canonical bytes of data-contract §2, by its defining ``json.dumps`` call."""
+    """The canonical bytes of docs/data-contract.md §2, by its defining ``json.dumps`` call."""
     return json.dumps(messages, ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
 
 def canonical_sha256(messages: Any) -> str:
-    """Hex sha256 of the canonical messages (data-contract §2); the reference definition."""
+    """Hex sha256 of the canonical messages (docs/data-contract.md §2); the reference definition."""
     return hashlib.sha256(canonical_json(messages)).hexdigest()
 
 
@@ -459,6 +459,17 @@ class ScanReport:
     extra_keys: dict[str, int] = field(default_factory=dict)
     # Total content characters of each valid prompt, in line order; array keeps it 8 bytes each.
     content_chars: array[int] = field(default_factory=lambda: array("q"))
+    # With scan(keep_digests=True): the first DIGEST_BYTES of each line's canonical-messages sha256,
+    # line after line (zeros for an invalid line), so rows can be checked against their prompts
+    # without reading the file again.
+    digests: bytearray | None = None
+
+    def digest_of(self, line: int) -> bytes | None:
+        """The kept digest prefix of a valid line, or None."""
+        if self.digests is None or not 0 <= line < self.lines:
+            return None
+        digest = bytes(self.digests[line * DIGEST_BYTES : (line + 1) * DIGEST_BYTES])
+        return None if digest == _NO_DIGEST else digest
 
     @property
     def total(self) -> int:
@@ -510,9 +521,12 @@ class ScanReport:
 
 
 _KNOWN_KEYS = frozenset({"messages", "id", "meta"})
+# 16 bytes of a sha256 tell prompts apart with a collision chance far below anything observable.
+DIGEST_BYTES = 16
+_NO_DIGEST = bytes(DIGEST_BYTES)
 
 
-def scan(dataset: Dataset) -> ScanReport:
+def scan(dataset: Dataset, *, keep_digests: bool = False) -> ScanReport:
     """Validate every line of ``dataset`` in one streaming pass."""
     path = dataset.prompts_path
     report = ScanReport(dataset=dataset.name, path=path)
@@ -525,15 +539,19 @@ def scan(dataset: Dataset) -> ScanReport:
     content_chars = report.content_chars
     sha256 = hashlib.sha256
     name = dataset.name
+    digests = report.digests = bytearray() if keep_digests else None
     line = -1
     for line, raw in enumerate(lines):
         checked = _check(raw)
         if isinstance(checked, str):
             invalid.append(InvalidLine(name, line, checked))
+            if digests is not None:
+                digests += _NO_DIGEST
             continue
-        # 16 bytes of the digest keep the duplicate set small for multi-million-line files
-        # with a collision chance far below anything observable.
-        digest = sha256(checked.canonical).digest()[:16]
+        # A digest prefix keeps the duplicate set small for multi-million-line files.
+        digest = sha256(checked.canonical).digest()[:DIGEST_BYTES]
+        if digests is not None:
+            digests += digest
         if digest in seen:
             report.duplicates += 1
         else:

@@ -1,4 +1,4 @@
-"""``regen export``: training files from finished rows (data-contract §7).
+"""``regen export``: training files from finished rows (docs/data-contract.md §7).
 
 ``specforge`` writes SpecForge's pre-tokenized records straight from the stored ``prompt_ids`` and
 ``output_ids``: nothing is re-rendered, so the reasoning the target really produced is what the
@@ -35,7 +35,7 @@ STATUSES = ("ok", "truncated")
 KIMI_REASONING_WARNING = (
     "conversations records are re-rendered by the trainer's chat template; Kimi's template drops "
     "reasoning_content from assistant turns, so the drafter would not see the reasoning tokens "
-    "(data-contract §6); prefer --format specforge"
+    "(docs/data-contract.md §6); prefer --format specforge"
 )
 
 

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
-from engine.datasets import Dataset, DatasetError, ScanReport, discover, iter_prompts, scan
+from engine.datasets import DIGEST_BYTES, Dataset, DatasetError, ScanReport, discover, scan
 from engine.jobstate import DatasetState, JobError
 from engine.money import planning_prompt_tokens
 from engine.recovery import DatasetProgress, Unsettled, read_rows
@@ -40,7 +40,7 @@ async def scan_datasets(job: JobSettings, only: Collection[str] | None, skip_inv
     scanned = []
     problems = []
     for dataset in found:
-        report = await asyncio.to_thread(scan, dataset)
+        report = await asyncio.to_thread(scan, dataset, keep_digests=True)
         scanned.append(Scanned(dataset, report))
         for bad in report.invalid[:SHOWN_INVALID]:
             problems.append(f"{dataset.prompts_path}:{bad.line + 1}: {bad.reason}")
@@ -66,7 +66,7 @@ async def load_progress(
         progress = await asyncio.to_thread(
             read_rows, dataset.results_path, crashed_lines.get(dataset.name, set())
         )
-        await asyncio.to_thread(check_rows_match, dataset, progress)
+        await asyncio.to_thread(check_rows_match, dataset, progress, report)
         states[dataset.name] = DatasetState(
             dataset,
             report.total,
@@ -78,24 +78,32 @@ async def load_progress(
     return states
 
 
-def check_rows_match(dataset: Dataset, progress: DatasetProgress) -> None:
-    """Every row names a valid line whose prompt is still the one it was written for."""
+def check_rows_match(dataset: Dataset, progress: DatasetProgress, report: ScanReport) -> None:
+    """Every row names a valid line whose prompt is still the one it was written for.
+
+    Compared against the digests the scan kept (scan(keep_digests=True)): no second pass over the file.
+    """
     if not progress.done:
         return
-    seen = set()
-    for prompt in iter_prompts(dataset):
-        sha = progress.done.get(prompt.line)
-        if sha is None:
+    width = DIGEST_BYTES * 2
+    orphans = []
+    for line, sha in progress.done.items():
+        kept = report.digest_of(line)
+        if kept is None:
+            orphans.append(line)
             continue
-        seen.add(prompt.line)
-        if sha != prompt.sha256:
+        try:
+            same = bytes.fromhex(sha[:width]) == kept
+        except ValueError:
+            same = False  # a row whose prompt_sha256 is not hex was not written for this prompt
+        if not same:
             raise JobError(
-                f"{dataset.prompts_path}:{prompt.line + 1}: prompt changed since its row was written "
+                f"{dataset.prompts_path}:{line + 1}: prompt changed since its row was written "
                 f"(row in {dataset.results_path.name} has another prompt_sha256); restore the file or "
                 "move the results away"
             )
-    if len(seen) != len(progress.done):
-        orphans = sorted(set(progress.done) - seen)
+    if orphans:
+        orphans.sort()
         raise JobError(
             f"{dataset.results_path}: {len(orphans)} rows name lines that are not valid prompts "
             f"in {dataset.prompts_path.name} (first: line {orphans[0] + 1})"

@@ -1,6 +1,6 @@
 """Durable append-only JSONL files.
 
-The project rule (DESIGN.md, Data): every write that matters is an append of whole lines,
+The project rule (docs/architecture.md, "Files a run writes"): every write that matters is an append of whole lines,
 flushed and fsynced in groups; a torn last line is repaired on start; nothing is rewritten in
 place. ``JsonlAppender`` is the one writer of a file and does group commit: lines queue while the
 previous batch is being written and synced, then go out together as one ``write`` and one sync.

@@ -37,7 +37,7 @@ class _Section(BaseModel):
 
 
 class ProviderSettings(_Section):
-    """The `provider` routing object sent with every request (reference/openrouter.md §2.2)."""
+    """The `provider` routing object sent with every request (docs/openrouter.md §2.2)."""
 
     ignore: list[str] = Field(default_factory=list)
     """Provider slugs never to route to (e.g. "deepinfra"); the console adds to this at run time."""

@@ -236,7 +236,7 @@ class TokenizePool:
     async def fill(self, row: dict[str, Any], messages: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """Set the row's ids, counts, ``output_ids_source``, ``terminator_appended`` and tokenizer block.
 
-        OpenRouter rows are retokenized from ``reasoning``/``content`` (data-contract §5.3); SGLang
+        OpenRouter rows are retokenized from ``reasoning``/``content`` (docs/data-contract.md §5.3); SGLang
         rows keep the server's ``output_ids`` (terminated per §5.2) and get ``reasoning`` and
         ``content`` from them. The prompt is rendered from ``messages``. Returns ``row``.
         """

@@ -1,4 +1,4 @@
-"""The target model's tokenizer: prompt and output token ids for rows (data-contract §5, §8).
+"""The target model's tokenizer: prompt and output token ids for rows (docs/data-contract.md §5, §8).
 
 Everything here goes through ``transformers.AutoTokenizer`` exactly as a trainer would load the same
 folder, so ids written by regen are the ids the drafter trainer sees. Special tokens are resolved by
@@ -275,7 +275,7 @@ class TargetTokenizer:
     # -- the row's tokenizer block -------------------------------------------------------------
 
     def info(self) -> dict[str, Any]:
-        """The row's ``tokenizer`` block (data-contract §3)."""
+        """The row's ``tokenizer`` block (docs/data-contract.md §3)."""
         return {
             "name": self.name,
             "files_sha256": dict(self.files_sha256),
@@ -340,7 +340,7 @@ class TargetTokenizer:
         out = self._tok.apply_chat_template(
             list(messages), tokenize=True, add_generation_prompt=True, **self._template_kwargs(thinking)
         )
-        # A list in most transformers versions, a BatchEncoding in others (data-contract §5.1).
+        # A list in most transformers versions, a BatchEncoding in others (docs/data-contract.md §5.1).
         if isinstance(out, Mapping) or hasattr(out, "keys"):
             out = out["input_ids"]
         if out and isinstance(out[0], list):
@@ -362,7 +362,7 @@ class TargetTokenizer:
     def openrouter_text(
         self, reasoning: str, content: str, finish_reason: str, thinking: bool | None = None
     ) -> tuple[str, bool]:
-        """``(text_out, append end-of-turn?)`` per the table of data-contract §5.3."""
+        """``(text_out, append end-of-turn?)`` per the table of docs/data-contract.md §5.3."""
         if finish_reason not in FINISH_REASONS:
             raise TokenizeError(f"finish_reason {finish_reason!r} is neither stop nor length")
         thinking = self.thinking if thinking is None else thinking

@@ -5,7 +5,7 @@ offset when prompts are re-rendered); one streaming pass over ``raw_responses.js
 row as it is read, decoding token ids in batches. Memory per dataset is a few bytes per prompt
 line, never the rows' ids, so datasets of millions of rows verify in bounded memory.
 
-The rules are data-contract §4; each violation names the dataset, the row's line in
+The rules are docs/data-contract.md §4; each violation names the dataset, the row's line in
 ``raw_responses.jsonl`` (0-based, like prompt lines) and the rule. Nothing is written.
 """
 
@@ -213,7 +213,7 @@ def journal_spend(attempts_path: Path) -> dict[str, float]:
             continue
         ds = rec.get("ds")
         if not isinstance(ds, str):
-            # A request id is f"{dataset}-{line:08d}#{attempt}" (data-contract §2).
+            # A request id is f"{dataset}-{line:08d}#{attempt}" (docs/data-contract.md §2).
             rid = str(rec.get("rid", ""))
             ds = rid.split("#", 1)[0][:-9]
         value = rec.get("cost") if kind == "end" else rec.get("delta")
@@ -512,7 +512,7 @@ def verify_dataset(
     journal: dict[str, float] | None = None,
     examples_per_rule: int = 5,
 ) -> DatasetReport:
-    """Check ``dataset``'s rows against its prompts and data-contract §4; nothing is written."""
+    """Check ``dataset``'s rows against its prompts and docs/data-contract.md §4; nothing is written."""
     report = DatasetReport(dataset.name, dataset.folder, examples_per_rule=examples_per_rule)
     index = _index_prompts(dataset, with_offsets=check_prompts)
     report.prompts = len(index.hashes)

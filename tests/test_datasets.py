@@ -32,7 +32,7 @@ DEMO = Path(make_datasets.__file__).resolve().parent / "datasets"
 
 
 def _reference_sha256(messages: Any) -> str:
-    # data-contract §2, spelled out independently of the module under test.
+    # docs/data-contract.md §2, spelled out independently of the module under test.
     return hashlib.sha256(
         json.dumps(messages, ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode("utf-8")
     ).hexdigest()

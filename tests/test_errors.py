@@ -1,4 +1,4 @@
-"""Error classification: every shape of reference/openrouter.md §6 lands in the right class."""
+"""Error classification: every shape of docs/openrouter.md §6 lands in the right class."""
 
 from __future__ import annotations
 

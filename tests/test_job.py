@@ -170,6 +170,19 @@ async def test_a_changed_prompt_stops_the_resume(
         await Job(settings).prepare()
 
 
+async def test_rows_for_lines_that_are_not_valid_prompts_stop_the_resume(
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    a = write_dataset(tmp_path, "A", 5)
+    settings = make_settings(sim.base_url, [a])
+    await run_job(settings)
+    lines = (a / "prompts.jsonl").read_bytes().splitlines()
+    lines[2] = b'{"messages": "not a list"}'  # the row for line 2 now names an invalid line
+    (a / "prompts.jsonl").write_bytes(b"\n".join(lines[:4]) + b"\n")  # and line 4 is gone
+    with pytest.raises(JobError, match=r"raw_responses.jsonl: 2 rows name lines that are not valid prompts .*first: line 3"):
+        await Job(settings, skip_invalid=True).prepare()
+
+
 async def test_a_second_job_on_the_same_run_folder_is_refused(
     sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
 ) -> None:
@@ -250,7 +263,7 @@ async def test_every_fault_class_ends_with_one_row_per_prompt(
         assert any(r["status"] == "truncated" and r["content"] == "" and r["reasoning"] for r in rows)
     elif fault == "degenerate":
         assert any("degenerate_content" in r["flags"] for r in rows)
-    elif fault == "empty_stop":  # reasoning without an answer is kept, flagged (data-contract §4.11)
+    elif fault == "empty_stop":  # reasoning without an answer is kept, flagged (docs/data-contract.md §4.11)
         assert any("empty_content" in r["flags"] for r in rows) or job.stats.counters.errors["empty"]
     elif fault in ("missing_usage", "missing_cost"):
         assert any(r["cost_estimated"] for r in rows)

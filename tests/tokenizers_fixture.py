@@ -3,7 +3,7 @@
 No model can be downloaded here, so tests train a tiny byte-level BPE with the ``tokenizers``
 library and save it the way a model repository ships one: ``tokenizer.json`` plus a
 ``tokenizer_config.json`` holding the chat template and the special tokens. ``kimi`` is shaped like
-Kimi K2.5 (data-contract §8): its special tokens sit after the learned vocabulary and its template
+Kimi K2.5 (docs/data-contract.md §8): its special tokens sit after the learned vocabulary and its template
 reproduces §8.2. ``chatml`` is a plain ChatML model with no thinking, to show nothing is Kimi-only.
 Rows for tests come from ``engine.rows.build_row`` itself, so they carry the job's exact schema.
 """

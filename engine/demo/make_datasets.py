@@ -10,7 +10,7 @@ What the sample exercises, on purpose:
 - an optional source ``id`` on some lines and a ``meta`` object on some code prompts;
 - non-ASCII text (German, Japanese, French, an emoji) in a few prompts;
 - one deliberately duplicated prompt: ``chat`` lines 100 and 101 are byte-identical, because
-  duplicate prompts must stay two distinct rows (data-contract §2).
+  duplicate prompts must stay two distinct rows (docs/data-contract.md §2).
 
 Usage: ``python -m engine.demo.make_datasets [OUT_DIR]`` (default: the bundled folder).
 """

@@ -14,7 +14,7 @@ from engine.money import to_dollars
 async def generation_cost(client: OpenRouterClient, generation_id: str, timeout_s: float) -> Decimal | None:
     """What OpenRouter billed for a generation; None if it is not known within `timeout_s`.
 
-    /generation answers 404 for a while after completion (reference §8), so 404s are retried with
+    /generation answers 404 for a while after completion (docs/openrouter.md §8), so 404s are retried with
     backoff; an auth failure ends the search at once.
     """
     deadline = time.monotonic() + timeout_s

@@ -1,6 +1,6 @@
 """A model's endpoints on OpenRouter, and which of them the settings allow.
 
-Prices arrive as strings of US dollars per token (reference/openrouter.md §9.2); they are kept as
+Prices arrive as strings of US dollars per token (docs/openrouter.md §9.2); they are kept as
 Decimal so that no float drift enters reservations or the planner.
 """
 
@@ -17,11 +17,11 @@ from engine.settings import OpenRouterSettings, ProviderSettings
 if TYPE_CHECKING:
     from engine.backends.openrouter.client import OpenRouterClient
 
-# A requested precision admits its finer-named members (reference §2.2).
+# A requested precision admits its finer-named members (docs/openrouter.md §2.2).
 QUANTIZATION_FAMILY = {"fp4": {"fp4", "mxfp4", "nvfp4"}, "fp8": {"fp8", "mxfp8"}}
 
 
-# Coarse quality order of precisions (reference §2.2, §10.2): NVFP4 and FP4 sit below INT4.
+# Coarse quality order of precisions (docs/openrouter.md §2.2, §10.2): NVFP4 and FP4 sit below INT4.
 PRECISION_RANK = {
     "fp4": 1,
     "mxfp4": 1,

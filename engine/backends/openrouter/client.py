@@ -1,6 +1,6 @@
 """The OpenRouter chat-completions client: one shared aiohttp pool, orjson, SSE parsed by hand.
 
-It reads every shape of reference/openrouter.md §3–§5: keep-alive comments, usage after the finish
+It reads every shape of docs/openrouter.md §3–§5: keep-alive comments, usage after the finish
 chunk or in a chunk with empty choices, mid-stream error chunks, streams closed without [DONE],
 HTTP 200 bodies with an error and no choices, content null beside reasoning, missing usage or cost.
 """
@@ -405,7 +405,7 @@ class OpenRouterClient:
         parse.finish()
 
     def _check_accepted(self, result: AttemptResult) -> None:
-        """Apply reference §5: which 200 responses count as a finished prompt."""
+        """Apply docs/openrouter.md §5: which 200 responses count as a finished prompt."""
         native = result.native_finish_reason
         if isinstance(native, str) and native in FAILED_NATIVE_FINISH:
             result.error = AttemptError(

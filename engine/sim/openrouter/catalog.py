@@ -1,6 +1,6 @@
 """Model and endpoint fixture tables for the OpenRouter simulator.
 
-The numbers follow reference/openrouter.md §10.2 ("Simulator fixture for K2.5"): eleven endpoints
+The numbers follow docs/openrouter.md §10.2 ("Simulator fixture for K2.5"): eleven endpoints
 mixing the native int4, several fp8, one fp4, one nvfp4, one bf16, one "unknown" and one null
 quantization, priced as USD-per-token strings like the live API. Performance profiles are
 simulator-only and never appear on the wire except as the latency/throughput percentiles of
@@ -91,7 +91,7 @@ class SimModel(BaseModel):
     input_modalities: list[str] = Field(default_factory=lambda: ["text", "image"])
     tokenizer: str = "Other"
     reasoning: bool = True  # whether the model emits reasoning text by default
-    # Used by the pre-flight 402 when a request names no max_tokens (reference §6.5).
+    # Used by the pre-flight 402 when a request names no max_tokens (docs/openrouter.md §6.5).
     default_max_completion_tokens: int = 65535
     endpoints: list[SimEndpoint]
     # Endpoints (names as in provider.only) that also serve the `:free` variant at zero price;
@@ -334,7 +334,7 @@ def default_models() -> list[SimModel]:
             description="Kimi K2.5, a native multimodal MoE model with thinking (simulated).",
             context_length=262144,
             endpoints=kimi_k25_endpoints(),
-            # The historical kimi-k2:free was served by Chutes and Parasail (reference §10.1).
+            # The historical kimi-k2:free was served by Chutes and Parasail (docs/openrouter.md §10.1).
             free_providers=["chutes", "parasail"],
         ),
         SimModel(

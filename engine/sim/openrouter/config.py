@@ -1,6 +1,6 @@
 """Everything the OpenRouter simulator can be switched to, as one pydantic model.
 
-Defaults follow the current OpenRouter docs (reference/openrouter.md §13); each older or observed
+Defaults follow the current OpenRouter docs (docs/openrouter.md §13); each older or observed
 variant is a field. Tests mutate a live simulator's `config` between requests, and the /_sim/config
 admin route merges JSON patches into it, so every field is read per request.
 """

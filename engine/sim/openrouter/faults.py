@@ -1,4 +1,4 @@
-"""Fault draws and the error bodies each fault class produces (reference §3.5, §4.4, §6).
+"""Fault draws and the error bodies each fault class produces (docs/openrouter.md §3.5, §4.4, §6).
 
 The bodies deliberately span the three generations of error metadata OpenRouter has used (old
 "Provider returned error" + metadata.raw, typed error_type, availability objects), because a client

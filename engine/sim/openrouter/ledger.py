@@ -1,7 +1,7 @@
 """The simulator's own money truth: what it billed, to whom, and what is left.
 
 Debits happen when a generation completes (or is cancelled), never at dispatch, so concurrent
-requests can overshoot the balance or key limit just as they do at OpenRouter (reference §7.3).
+requests can overshoot the balance or key limit just as they do at OpenRouter (docs/openrouter.md §7.3).
 `billed_total` sums the exact float values reported as `usage.cost`, through Decimal(repr(x)), so a
 client's ledger can be compared with it to the micro-dollar.
 """

@@ -1,5 +1,5 @@
 """Admission bookkeeping: the in-flight spending budget, free-model request counts and per-provider
-token buckets (reference §6.5, §7.3, §13.9, §13.10, §13.24).
+token buckets (docs/openrouter.md §6.5, §7.3, §13.9, §13.10, §13.24).
 
 Each structure is plain state plus a clock, so the server decides *when* to ask and these decide
 *what* the answer is; every limit reads the live config per request, like the rest of the simulator.

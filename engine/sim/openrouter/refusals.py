@@ -1,4 +1,4 @@
-"""Bodies and headers of the requests OpenRouter refuses for money or rate (reference §6.5, §6.6, §7.3).
+"""Bodies and headers of the requests OpenRouter refuses for money or rate (docs/openrouter.md §6.5, §6.6, §7.3).
 
 Kept apart from faults.py: these are not random draws but the modelled outcome of the account's
 state (balance, holds, request counts), and the random `http_402_in_flight` fault reuses the same

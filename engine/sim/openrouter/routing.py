@@ -1,4 +1,4 @@
-"""Provider routing for the simulator: reference/openrouter.md §2.2-§2.3 and §6.4.
+"""Provider routing for the simulator: docs/openrouter.md §2.2-§2.3 and §6.4.
 
 Filters remove endpoints (only, ignore, quantizations, data policy, require_parameters, tools,
 max_price, max_tokens/context); an empty set is the real 404. Ordering is `order`, else `sort`, else
@@ -32,7 +32,7 @@ PROVIDER_KEYS: frozenset[str] = frozenset(
     }
 )
 
-# Request fields that count as "parameters" for require_parameters (reference §2.1).
+# Request fields that count as "parameters" for require_parameters (docs/openrouter.md §2.1).
 PARAMETER_FIELDS: frozenset[str] = frozenset(
     {
         "max_tokens",
@@ -80,7 +80,7 @@ class RequestError(Exception):
 
 @dataclass(slots=True)
 class NoEndpoints(Exception):
-    """Routing left nothing: carries the real 404 body (reference §6.4)."""
+    """Routing left nothing: carries the real 404 body (docs/openrouter.md §6.4)."""
 
     body: dict[str, Any]
 
@@ -166,7 +166,7 @@ def parse_prefs(raw: Any) -> Prefs:
 
 
 def matches(ep: SimEndpoint, name: str) -> bool:
-    """Base slug, full tag or display name, case-insensitive (reference §2.2 Names)."""
+    """Base slug, full tag or display name, case-insensitive (docs/openrouter.md §2.2 Names)."""
     n = name.lower()
     return n == ep.slug or n == ep.tag.lower() or n == ep.provider_name.lower()
 
@@ -368,7 +368,7 @@ def _default_key(e: SimEndpoint) -> tuple[bool, float, float]:
 
 def _weighted(eps: list[SimEndpoint], rng: random.Random) -> list[SimEndpoint]:
     """Pick the primary among stable endpoints by 1/price^2; the rest follow by price, degraded
-    (negative status) ones last (reference §2.2 Default routing)."""
+    (negative status) ones last (docs/openrouter.md §2.2 Default routing)."""
     stable = [e for e in eps if e.status >= 0] or eps
     weights = [1.0 / max(float(e.pricing.prompt) + float(e.pricing.completion), 1e-12) ** 2 for e in stable]
     primary = rng.choices(stable, weights=weights, k=1)[0]

@@ -1,4 +1,4 @@
-"""Wire shapes of chat completions: SSE chunks (reference §4), usage (§3.3, §4.2), bodies (§3).
+"""Wire shapes of chat completions: SSE chunks (docs/openrouter.md §4), usage (§3.3, §4.2), bodies (§3).
 
 Chunks are built from a pre-serialised header so each one costs one small orjson call: every
 chunk repeats id, provider, model, object and created in the order seen on the wire.

@@ -1,4 +1,4 @@
-"""Tool-call answers (reference §3.2, §4.1, §13.13) for requests that carry `tools`.
+"""Tool-call answers (docs/openrouter.md §3.2, §4.1, §13.13) for requests that carry `tools`.
 
 Shapes follow OpenRouter captures of Kimi K2 (charmbracelet/fantasy provider test fixtures
 `TestTool/openrouter-kimi-k2.yaml` and `TestStreamWithTools/openrouter-kimi-k2.yaml`): an optional
