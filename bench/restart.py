@@ -28,9 +28,9 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.datasets import Dataset, scan  # noqa: E402
-from engine.inputs import check_rows_match  # noqa: E402
-from engine.recovery import read_journals, read_rows  # noqa: E402
+from engine.datasets import Dataset, scan
+from engine.inputs import check_rows_match
+from engine.recovery import read_journals, read_rows
 
 OUT = Path(__file__).resolve().parent / "out" / "restart"
 # About 1 KB a row: a short answer with its reasoning and the row's fixed fields, ids left empty
