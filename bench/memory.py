@@ -132,7 +132,7 @@ def main() -> int:
             elif now - full_since >= args.seconds:
                 break
             time.sleep(0.2)
-        _, _, peak = rss_kb(job.pid)
+        _, peak = rss_kb(job.pid)
         job.send_signal(signal.SIGINT)
         job.wait(timeout=120)
     finally:
