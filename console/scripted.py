@@ -467,6 +467,8 @@ class SimulatedJob:
             "in_flight": in_flight,
             "held_s": None,
             "held_reason": None,
+            "outage_s": None,
+            "outage_total_s": 0.0,
             "concurrency": {"configured": self.configured, "effective": self.configured},
             "rates": {
                 "output_tokens_per_s": self.rates["output_tokens_per_s"],

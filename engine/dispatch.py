@@ -14,9 +14,10 @@ import contextlib
 import time
 from collections import Counter, deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from decimal import Decimal
 
-from engine.backends.base import Backend
+from engine.backends.base import Backend, Failure
 from engine.concurrency import AdaptiveLimit
 from engine.events import EventLog
 from engine.jobstate import DatasetState, StopReason
@@ -31,6 +32,23 @@ from engine.workqueue import WorkItem, WorkQueue
 HOLD_MIN_S = 1.0
 # Holds reported within this long of the current one's end are the same burst.
 HOLD_MERGE_S = 1.0
+# This many attempts in a row that could not reach the backend, and none that did, is an outage.
+OUTAGE_AFTER = 3
+# While out, one attempt probes the backend, first after this long, doubling to the cap.
+PROBE_FIRST_S = 1.0
+PROBE_MAX_S = 60.0
+
+
+@dataclass(slots=True)
+class Outage:
+    """The backend unreachable: all dispatch held, one probe at a time, backed off."""
+
+    began: float  # monotonic
+    reason: str
+    probe_interval_s: float = PROBE_FIRST_S
+    next_probe_at: float = 0.0
+    probe: WorkItem | None = None  # the attempt in flight that probes, if any
+    probes: int = 0
 
 Stop = Callable[[StopReason, str], None]
 
@@ -70,6 +88,9 @@ class Dispatcher:
         caps = [c for c in (job.requests_per_minute, backend.requests_per_minute) if c is not None]
         self.requests_per_minute = min(caps) if caps else None
         self._sent_at: deque[float] = deque()
+        self.outage: Outage | None = None
+        self.outage_total_s = 0.0
+        self._unreachable_streak = 0
         self._flights: dict[asyncio.Task[None], Flight] = {}
         self._changed = asyncio.Event()
 
@@ -92,6 +113,13 @@ class Dispatcher:
                 await self._changed.wait()
                 continue
             now = time.monotonic()
+            outage = self.outage
+            probe = False
+            if outage is not None:
+                if outage.probe is not None or now < outage.next_probe_at:
+                    await self._wait_changed(None if outage.probe is not None else outage.next_probe_at - now)
+                    continue
+                probe = True  # one attempt goes out; its answer ends the outage or backs it off
             if self.held_until:
                 if now < self.held_until:
                     await self._wait_changed(self.held_until - now)
@@ -127,6 +155,9 @@ class Dispatcher:
                 await self._changed.wait()
                 continue
             self.budget_blocked = False
+            if probe and outage is not None:
+                outage.probe = item
+                outage.probes += 1
             self._launch(item, reservation)
 
     async def _wait_changed(self, timeout: float | None) -> None:
@@ -245,6 +276,42 @@ class Dispatcher:
 
     def succeeded(self, now: float) -> None:
         self.limit.on_success(now)
+
+    def unreachable(self, item: WorkItem, failure: Failure) -> None:
+        """An attempt could not reach the backend. The prompt keeps its attempts; enough of these
+        in a row, with nothing getting through, hold every route until a probe answers."""
+        now = time.monotonic()
+        outage = self.outage
+        if outage is None:
+            self._unreachable_streak += 1
+            if self._unreachable_streak < OUTAGE_AFTER:
+                # A lone failed connection is not an outage; that prompt waits a moment.
+                self.retry(item, now + PROBE_FIRST_S)
+                return
+            reason = f"{self.backend.title} unreachable ({failure.message[:160]})"
+            self.outage = Outage(now, reason, next_probe_at=now + PROBE_FIRST_S)
+            self.events.event("outage", reason=reason)
+        elif item is outage.probe:
+            outage.probe = None
+            outage.probe_interval_s = min(PROBE_MAX_S, outage.probe_interval_s * 2)
+            outage.next_probe_at = now + outage.probe_interval_s
+        self.put_back(item)
+        self._changed.set()
+
+    def reached(self, now: float) -> None:
+        """The backend answered: an outage is over, and dispatch goes back to full concurrency."""
+        self._unreachable_streak = 0
+        outage = self.outage
+        if outage is None:
+            return
+        lasted = now - outage.began
+        self.outage = None
+        self.outage_total_s += lasted
+        self.events.event("outage_end", seconds=round(lasted, 1), probes=outage.probes)
+        self._changed.set()
+
+    def outage_s(self, now: float) -> float | None:
+        return None if self.outage is None else now - self.outage.began
 
     def hold(self, seconds: float, reason: str) -> None:
         """Stop all dispatch for `seconds`: every request would meet the same limit, and some

@@ -78,10 +78,11 @@ def status_line(snap: Mapping[str, Any]) -> str:
     unit = money["unit"]
     estimated = f" (~{_amount(money['estimated'], unit)} est)" if money["estimated"] > 0.005 else ""
     budget = "" if money["budget"] is None else f" / {_amount(money['budget'], unit)}"
-    held = snap.get("held_s")
-    state = (
-        snap["state"] if held is None else f"{snap['state']} (held {_clock(held)}: {snap.get('held_reason')})"
-    )
+    state = snap["state"]
+    if snap.get("outage_s") is not None:
+        state += f" (HELD: {snap.get('held_reason')} for {_clock(snap['outage_s'])})"
+    elif snap.get("held_s") is not None:
+        state += f" (held {_clock(snap['held_s'])}: {snap.get('held_reason')})"
     return (
         f"[{_clock(snap['elapsed_s'])}] {state} | {datasets} | "
         f"{_count(rates['output_tokens_per_s'])} tok/s {rates['attempts_per_s']:.1f} req/s | "

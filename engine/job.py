@@ -20,7 +20,7 @@ from decimal import Decimal
 from typing import Any
 
 from engine.backends import make_backend
-from engine.backends.base import Backend, BackendError
+from engine.backends.base import Backend, BackendError, Failure
 from engine.commands import run_command
 from engine.datasets import iter_prompts
 from engine.dispatch import Dispatcher
@@ -352,6 +352,12 @@ class Job:
 
     def wake(self) -> None:
         self.dispatcher.wake()
+
+    def unreachable(self, item: WorkItem, failure: Failure) -> None:
+        self.dispatcher.unreachable(item, failure)
+
+    def reached(self, now: float) -> None:
+        self.dispatcher.reached(now)
 
     # --------------------------------------------------------------------------------- snapshot
 

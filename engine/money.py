@@ -104,10 +104,14 @@ class Estimates:
             self.unknowable += amount
             self.unknowable_count += 1
 
-    def settle(self, estimate: Decimal) -> None:
-        """A pending estimate replaced by the bill."""
-        self.pending -= estimate
-        self.pending_count -= 1
+    def settle(self, estimate: Decimal, *, knowable: bool = True) -> None:
+        """An estimate replaced by the bill (or, for one that never left, by nothing)."""
+        if knowable:
+            self.pending -= estimate
+            self.pending_count -= 1
+        else:
+            self.unknowable -= estimate
+            self.unknowable_count -= 1
 
 
 class Ledger:
@@ -134,11 +138,11 @@ class Ledger:
         if estimated:
             self.estimates.add(cost, knowable=knowable)
 
-    def confirm(self, estimate: Decimal, billed: Decimal) -> Decimal:
-        """Replace a pending estimate with what was billed; returns the correction."""
+    def confirm(self, estimate: Decimal, billed: Decimal, *, knowable: bool = True) -> Decimal:
+        """Replace an estimate with what was billed; returns the correction."""
         delta = billed - estimate
         self.spent += delta
-        self.estimates.settle(estimate)
+        self.estimates.settle(estimate, knowable=knowable)
         return delta
 
     @property

@@ -4,7 +4,8 @@ Attempt journal records (one JSON object per line, key `k`):
 - `start`: written durably before the request goes out, with its reservation;
 - `gen`: the generation id, as soon as the response headers arrive;
 - `end`: the settled attempt with its cost (`est` when the cost is an estimate);
-- `reconciled`: a later correction of an estimated cost from /generation (`delta` dollars);
+- `reconciled`: a later correction of an estimated cost from /generation (`delta` dollars), or
+  (`unsent`) the repair of an attempt journaled at its worst case although it never left;
 - `gave_up`: a prompt that exhausted its attempts in that run.
 A `start` without an `end` was in flight at a crash: its worst case is charged as an estimate at the
 next start, and reconciled through /generation when its generation id is known.
@@ -59,6 +60,9 @@ class JournalState:
     attempts: dict[tuple[str, int], int] = field(default_factory=dict)
     crashed: list[Unsettled] = field(default_factory=list)  # start without end
     to_reconcile: list[Unsettled] = field(default_factory=list)  # estimated end with a gen id
+    # Ends charged at their worst case by a regen that did not yet tell a request that never left
+    # (connection refused, DNS, TLS, connect timeout) from one that was sent: they cost nothing.
+    never_sent: list[Unsettled] = field(default_factory=list)
     excluded: dict[str, str] = field(default_factory=dict)  # route -> who excluded it
     breakdown: SpendBreakdown = field(default_factory=SpendBreakdown)
     torn_bytes: int = 0
@@ -105,6 +109,22 @@ def read_rows(results_path: Path, unsettled_lines: Collection[int] = ()) -> Data
     return progress
 
 
+# How the client used to word an attempt that failed before its request left (aiohttp's connector
+# errors and the connect timeout); new journals say so with `sent: false` and cost 0 instead.
+_NEVER_LEFT = (
+    "ClientConnectorError",
+    "ClientConnectorDNSError",
+    "ClientConnectorSSLError",
+    "ClientConnectorCertificateError",
+    "ConnectionTimeoutError",
+)
+
+
+def never_left(message: str) -> bool:
+    """Whether a journaled error message says the request never left this machine."""
+    return message.startswith(_NEVER_LEFT) or message == "connect timed out" or "Connect call failed" in message
+
+
 def read_journals(attempts_path: Path, events_path: Path) -> JournalState:
     """Spend, attempt counts, unsettled attempts and exclusions from the two journals."""
     state = JournalState(torn_bytes=repair_torn_tail(attempts_path))
@@ -112,6 +132,7 @@ def read_journals(attempts_path: Path, events_path: Path) -> JournalState:
     starts: dict[str, dict[str, Any]] = {}
     generation: dict[str, str] = {}
     estimated: dict[str, Unsettled] = {}
+    unsent: dict[str, Unsettled] = {}
     attempts: dict[tuple[str, int], int] = defaultdict(int)
     if attempts_path.exists():
         for _, rec in iter_jsonl(attempts_path):
@@ -132,6 +153,10 @@ def read_journals(attempts_path: Path, events_path: Path) -> JournalState:
                 if rec.get("est"):
                     gen = rec.get("gen") or generation.get(rid)
                     state.estimates.add(cost, knowable=bool(gen))
+                    if not gen and rec.get("http") is None and never_left(str(rec.get("msg") or "")):
+                        ds = rec.get("ds", start["ds"] if start else "")
+                        line = rec.get("line", start["line"] if start else -1)
+                        unsent[rid] = Unsettled(rid, ds, line, None, cost, outcome, rec.get("provider"))
                     if gen:
                         ds = rec.get("ds", start["ds"] if start else "")
                         line = rec.get("line", start["line"] if start else -1)
@@ -143,11 +168,15 @@ def read_journals(attempts_path: Path, events_path: Path) -> JournalState:
                 settled = estimated.pop(rid, None)
                 if settled is not None:
                     state.estimates.settle(settled.estimate)
+                repaired = unsent.pop(rid, None) if rec.get("unsent") else None
+                if repaired is not None:
+                    state.estimates.settle(repaired.estimate, knowable=False)
     for rid, start in starts.items():
         state.crashed.append(
             Unsettled(rid, start["ds"], start["line"], generation.get(rid), Decimal(str(start["reserved"])))
         )
     state.to_reconcile = list(estimated.values())
+    state.never_sent = list(unsent.values())
     state.attempts = dict(attempts)
     if events_path.exists():
         for _, event in iter_jsonl(events_path):

@@ -178,8 +178,10 @@ class Snapshot(TypedDict):
     model: str
     backend: BackendSummary
     in_flight: int
-    held_s: float | None
-    held_reason: str | None
+    held_s: float | None  # a hold on every route: seconds left
+    held_reason: str | None  # why dispatch is held (a platform limit, or the backend unreachable)
+    outage_s: float | None  # the backend unreachable: for how long so far
+    outage_total_s: float  # outages of this run, in all
     concurrency: ConcurrencyView
     rates: RatesView
     money: MoneyView

@@ -57,6 +57,8 @@ class Steering(Protocol):
     def fatal(self, reason: StopReason, message: str) -> None: ...
     def exclude_route(self, route: str, source: str) -> None: ...  # raises JobError when it cannot
     def wake(self) -> None: ...  # something the budget gate reads has changed
+    def unreachable(self, item: WorkItem, failure: Failure) -> None: ...  # an outage failure
+    def reached(self, now: float) -> None: ...  # the backend answered (whatever it said)
 
 
 class Settler:
@@ -153,6 +155,8 @@ class Settler:
             )
         if failure is not None:
             record["msg"] = failure.message[:300]
+            if not failure.sent:
+                record["sent"] = False
             self.results.journal(record)
             self._failed(item, failure, route)
             return
@@ -194,6 +198,7 @@ class Settler:
         counters.refusal_streak = 0
         stats.tokens_rate.add(tokens, mono)
         stats.rows_rate.add(1, mono)
+        self.steering.reached(mono)
         self.steering.succeeded(mono)
 
     def cancelled(self, flight: Flight) -> None:
@@ -246,6 +251,13 @@ class Settler:
                 "prompt": item.prompt.id,
             }
         )
+        if failure.outage:
+            # Not this prompt's fault: its attempt is given back, and the dispatcher decides
+            # whether the backend is down (docs/faults.md, outages).
+            item.run_attempts -= 1
+            self.steering.unreachable(item, failure)
+            return
+        self.steering.reached(time.monotonic())
         if failure.hold_s is not None:
             self.steering.hold(failure.hold_s, failure.message[:200])
         elif failure.throttle:
@@ -295,6 +307,27 @@ class Settler:
             self.events.event("crash_recovered", attempts=len(journal.crashed))
         for pending in journal.to_reconcile:
             self.reconcile_later(pending)
+        for unsent in journal.never_sent:
+            self._forgive(unsent)
+        if journal.never_sent:
+            self.events.event("repaired", file="attempts.jsonl", never_sent=len(journal.never_sent))
+
+    def _forgive(self, unsent: Unsettled) -> None:
+        """An attempt an older regen charged at its worst case although it never left: it cost 0."""
+        delta = self.ledger.confirm(unsent.estimate, Decimal(0), knowable=False)
+        self.breakdown.add(unsent.outcome, delta)
+        self.results.journal(
+            {
+                "k": "reconciled",
+                "rid": unsent.rid,
+                "gen": None,
+                "outcome": unsent.outcome,
+                "cost": "0",
+                "delta": str(delta),
+                "unsent": True,
+                "ts": time.time(),
+            }
+        )
 
     def _settle_crashed(self, crashed: Unsettled) -> None:
         """Settled by its row when that was written, else charged at its worst case now and looked up

@@ -117,6 +117,7 @@ class SnapshotBuilder:
             rules=self.rules,
         )
         held = dispatcher.held_until
+        outage = dispatcher.outage
         return {
             "state": state.value,
             "outcome": None if outcome is None else {"reason": outcome.reason.value, "message": outcome.message},
@@ -131,7 +132,9 @@ class SnapshotBuilder:
             },
             "in_flight": dispatcher.in_flight,
             "held_s": max(0.0, held - now) if held else None,
-            "held_reason": dispatcher.held_reason,
+            "held_reason": outage.reason if outage is not None else dispatcher.held_reason,
+            "outage_s": dispatcher.outage_s(now),
+            "outage_total_s": dispatcher.outage_total_s + (dispatcher.outage_s(now) or 0.0),
             "concurrency": {"configured": dispatcher.limit.configured, "effective": dispatcher.limit.effective},
             "rates": {
                 "output_tokens_per_s": stats.tokens_rate.rate(now, started),

@@ -119,8 +119,11 @@ class StatusStrip(Static):
         model = escape(str(snap.get("model") or job.get("model") or "?"))
         elapsed, eta = number(snap.get("elapsed_s")), number(snap.get("eta_s"))
         state_text = f"[b {colour}]{glyph} {state}[/]"
+        outage = number(snap.get("outage_s"))
         held = number(snap.get("held_s"))
-        if held is not None:
+        if outage is not None:
+            state_text += f" [b $error]HELD: unreachable {fmt.short_duration(outage)}[/]"
+        elif held is not None:
             # A platform rate limit: nothing is sent until it resets, though the job is running.
             state_text += f" [b $warning]HELD {fmt.short_duration(held)}[/]"
         tokens, requests = (

@@ -46,6 +46,11 @@ class Failure:
     refused: bool = False  # the request itself was refused: many in a row mean the settings are wrong
     streak_hint: str | None = None  # what to tell the operator when every request is refused so
     stop_reason: str = "fatal"  # for FATAL: "fatal", or "credits" when the account cannot pay
+    # The backend itself is unreachable (no connection, its own edge failing), not this prompt:
+    # the attempt does not count against the prompt, and a run of them holds all dispatch (an
+    # outage) until a probe gets through.
+    outage: bool = False
+    sent: bool = True  # False: the request never left, so it cost nothing
 
 
 class Usage(TypedDict):
@@ -111,6 +116,7 @@ class Backend(Protocol):
     supports_exclude: bool  # the console offers exclude keys only when true
     thinking: bool  # requests ask the model to reason
     thinking_setting: str  # the setting that decides `thinking`, for messages
+    title: str  # the backend's name in operators' messages ("OpenRouter")
     requests_per_minute: int | None  # a cap the backend's platform imposes, None for none
 
     @property

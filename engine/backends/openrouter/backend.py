@@ -68,6 +68,7 @@ class OpenRouterBackend:
     unit = "usd"
     supports_exclude = True
     thinking_setting = "openrouter.reasoning"
+    title = "OpenRouter"
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings.openrouter
@@ -248,10 +249,14 @@ class OpenRouterBackend:
             refused=cls in _REFUSED,
             streak_hint=hint,
             stop_reason="credits" if cls is ErrorClass.CREDITS else "fatal",
+            outage=error.unreachable,
+            sent=error.sent,
         )
 
     def charge(self, outcome: AttemptOutcome, reserved: Decimal) -> tuple[Decimal, bool]:
         """usage.cost when the answer carried it, else an estimate that errs high."""
+        if outcome.failure is not None and not outcome.failure.sent:
+            return Decimal(0), False  # the request never left: nothing can have been billed
         if outcome.cost is not None:
             return outcome.cost, False
         http = outcome.journal.get("http")

@@ -35,6 +35,8 @@ class ErrorClass(StrEnum):
     TOO_COSTLY = "too_costly"  # 402 weight_exceeds_budget: one request's worst case is above the hold
 
 
+# Gateway statuses (and Cloudflare's 52x) that OpenRouter's own edge answers when it is down.
+EDGE_STATUSES = frozenset({502, 504, *range(520, 531)})
 THROTTLE_CLASSES = frozenset({ErrorClass.RATE_LIMITED, ErrorClass.OVERLOADED, ErrorClass.IN_FLIGHT_BUDGET})
 
 
@@ -51,6 +53,10 @@ class AttemptError:
     # whole dispatch waits for its reset, instead of each prompt spending attempts against it.
     platform_limit: bool = False
     provider: str | None = None  # the upstream provider an error body names (metadata.provider_name)
+    # OpenRouter itself could not be reached or failed at its own edge (docs/faults.md, outages):
+    # no connection, or a 5xx that no upstream provider answered.
+    unreachable: bool = False
+    sent: bool = True  # False: the request never left this machine (nothing can have been billed)
 
 
 def parse_retry_after(headers: Mapping[str, str], body: Mapping[str, Any] | None = None) -> float | None:
@@ -173,7 +179,11 @@ def classify_status(status: int, body: Any, headers: Mapping[str, str]) -> Attem
     if status in (400, 413, 422):
         return make(ErrorClass.BAD_REQUEST, Disposition.GIVE_UP)
     if status == 408 or status >= 500:
-        return make(ErrorClass.SERVER, Disposition.RETRY)
+        failed = make(ErrorClass.SERVER, Disposition.RETRY)
+        # An upstream's failure names its provider or carries OpenRouter's JSON error; a gateway
+        # page or an empty body from the edge itself means OpenRouter is down, not a provider.
+        failed.unreachable = status in EDGE_STATUSES and provider is None and not isinstance(error, Mapping)
+        return failed
     return make(ErrorClass.SERVER, Disposition.RETRY)
 
 
