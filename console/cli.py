@@ -80,6 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     sim_or.add_argument("--port", type=int, default=8080)
     sim_or.add_argument("--host", default="127.0.0.1")
     sim_or.add_argument("--config", type=Path, default=None, help="simulator config (TOML or JSON)")
+    sim_sg = sims.add_parser("sglang", help="the SGLang server simulator (native API, metrics, faults)")
+    sim_sg.add_argument("--port", type=int, default=30000, help="0 picks a free port")
+    sim_sg.add_argument("--host", default="127.0.0.1")
+    sim_sg.add_argument("--config", type=Path, default=None, help="simulator config (TOML or JSON)")
+    sim_sg.add_argument("--tokenizer", type=Path, default=None, help="tokenizer folder (default: built-in)")
     return parser
 
 
@@ -249,6 +254,10 @@ def _catalog(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _sim(args: argparse.Namespace) -> int:
+    if args.sim == "sglang":
+        from engine.sim.sglang.runner import run_sim
+
+        return run_sim(args.port, args.host, args.config, args.tokenizer)
     from engine.runtime import run
     from engine.sim.openrouter.config import SimConfigError, load_sim_config
     from engine.sim.openrouter.server import serve_forever
