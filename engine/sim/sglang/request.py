@@ -96,7 +96,7 @@ def plan_output(
         h.update(b"s" + str(sampling.seed).encode())
     rng = random.Random(int.from_bytes(h.digest(), "little"))
     if dist == "lognormal":
-        length = int(round(rng.lognormvariate(math.log(median), sigma)))
+        length = round(rng.lognormvariate(math.log(median), sigma))
     else:
         length = rng.randint(lo, hi)
     length = max(lo, min(hi, length))
@@ -106,7 +106,7 @@ def plan_output(
         and bool(prompt_ids)
         and prompt_ids[-1] == tok.think_open_id
     )
-    reasoning = int(round(length * reasoning_share)) if thinking else 0
+    reasoning = round(length * reasoning_share) if thinking else 0
     return Plan(
         thinking=thinking,
         reasoning=reasoning,

@@ -21,6 +21,7 @@ It follows SGLang's scheduler loop closely enough that load shows up the same wa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections import deque
@@ -135,10 +136,8 @@ class Scheduler:
                 task.cancel()
         for task in (self._task, self._watchdog):
             if task is not None:
-                try:
+                with contextlib.suppress(asyncio.CancelledError):
                     await task
-                except asyncio.CancelledError:
-                    pass
         self._task = self._watchdog = None
 
     def wake(self) -> None:
@@ -210,9 +209,13 @@ class Scheduler:
             return True
         if f.watchdog_after_requests is not None and self.admitted_total >= f.watchdog_after_requests:
             self.hung = True
-        if f.watchdog_after_s is not None and self.stats.ready_at is not None:
-            if time.monotonic() - self.stats.ready_at >= f.watchdog_after_s * cfg.time_scale:
-                self.hung = True
+        ready_at = self.stats.ready_at
+        if (
+            f.watchdog_after_s is not None
+            and ready_at is not None
+            and time.monotonic() - ready_at >= f.watchdog_after_s * cfg.time_scale
+        ):
+            self.hung = True
         return self.hung
 
     async def _run(self) -> None:
@@ -227,10 +230,8 @@ class Scheduler:
                 # The forward never returns: ids stop, the pool stays held, the watchdog sees it.
                 self.in_forward = True
                 self._wake.clear()
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), 0.05)
-                except TimeoutError:
-                    pass
                 continue
             batch = self._admit(cfg)
             if batch:
