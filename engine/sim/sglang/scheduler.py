@@ -143,6 +143,10 @@ class Scheduler:
     def wake(self) -> None:
         self._wake.set()
 
+    def reset_ratio(self) -> None:
+        """schedule_conservativeness changed: start again from its initial ratio."""
+        self.new_token_ratio = self._init_ratio()
+
     # --- requests --------------------------------------------------------------------------------
     def submit(self, req: Req) -> None:
         req.arrived = time.monotonic()
@@ -307,7 +311,7 @@ class Scheduler:
             req.status = "running"
             if req.admitted_at is None:
                 req.admitted_at = now
-                if req.log_metrics:
+                if req.log_metrics and not req.internal:
                     self.stats.observe_queue(now - req.arrived)
             self.kv_used += req.kv_tokens
             self.running.append(req)

@@ -213,7 +213,10 @@ class SGLangSim:
         if config.requests_maxlen != self.requests.maxlen:
             self.requests = deque(self.requests, maxlen=config.requests_maxlen)
             self.aborted_rids = deque(self.aborted_rids, maxlen=config.requests_maxlen)
+        conservativeness_changed = config.schedule_conservativeness != self.config.schedule_conservativeness
         self.config = config
+        if conservativeness_changed:
+            self.scheduler.reset_ratio()
         self.scheduler.wake()
 
     # --- the app -------------------------------------------------------------------------------------
