@@ -211,8 +211,6 @@ class Scheduler:
         f = cfg.faults
         if f.stall or self.hung:
             return True
-        if f.watchdog_after_requests is not None and self.admitted_total >= f.watchdog_after_requests:
-            self.hung = True
         ready_at = self.stats.ready_at
         if (
             f.watchdog_after_s is not None
@@ -238,12 +236,24 @@ class Scheduler:
                     await asyncio.wait_for(self._wake.wait(), 0.05)
                 continue
             batch = self._admit(cfg)
+            limit = cfg.faults.watchdog_after_requests
+            if batch and limit is not None and self.admitted_total > limit:
+                # The forward carrying the request past the limit is the one that never returns.
+                self.hung = True
+                self._hang_batch(batch)
+                continue
             if batch:
                 await self._prefill(batch, cfg)
             elif self.running:
                 await self._decode(cfg)
             else:
                 self._refuse_head(cfg)
+
+    def _hang_batch(self, batch: list[Req]) -> None:
+        for req in batch:
+            req.status = "running"
+            self.kv_used += req.kv_tokens
+            self.running.append(req)
 
     def _reserved(self, ratio: float) -> int:
         return sum(
@@ -269,6 +279,8 @@ class Scheduler:
                 break  # cannot ever fit: _refuse_head ends it
             self.waiting.popleft()
             batch.append(req)
+            if not req.internal and req.admitted_at is None:
+                self.admitted_total += 1
             room -= need
             prefill_tokens += req.kv_tokens
         return batch
@@ -315,8 +327,6 @@ class Scheduler:
                     self.stats.observe_queue(now - req.arrived)
             self.kv_used += req.kv_tokens
             self.running.append(req)
-            if not req.internal:
-                self.admitted_total += 1
         self.log.scheduler(
             f"Prefill batch, #new-seq: {len(batch)}, #new-token: {new_tokens}, "
             f"#cached-token: {cached}, token usage: {self.kv_used / cfg.max_total_tokens:.2f}, "
