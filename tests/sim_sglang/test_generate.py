@@ -212,8 +212,10 @@ async def test_input_longer_than_context_is_refused(kimi_tok: SimTokenizer, http
     import aiohttp
 
     assert isinstance(http, aiohttp.ClientSession)
-    async with running_sim(fast_config(context_length=32), kimi_tok) as sim:
-        async with http.post(sim.base_url + "/generate", json={"input_ids": list(range(40))}) as r:
-            assert r.status == 400
-            body = await r.json()
+    async with (
+        running_sim(fast_config(context_length=32), kimi_tok) as sim,
+        http.post(sim.base_url + "/generate", json={"input_ids": list(range(40))}) as r,
+    ):
+        assert r.status == 400
+        body = await r.json()
     assert body == {"error": {"message": "The input (40 tokens) is longer than the model's context length (32 tokens)."}}

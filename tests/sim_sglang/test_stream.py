@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import aiohttp
 import orjson
@@ -17,7 +18,7 @@ async def test_chunks_are_cumulative_and_end_with_done(api: SGApi) -> None:
     assert s.status == 200 and s.done
     chunks = s.chunks
     assert len(chunks) >= 5
-    for a, b in zip(chunks, chunks[1:], strict=False):
+    for a, b in itertools.pairwise(chunks):
         assert b["text"].startswith(a["text"])
         assert b["output_ids"][: len(a["output_ids"])] == a["output_ids"]
         assert b["meta_info"]["completion_tokens"] >= a["meta_info"]["completion_tokens"]
@@ -40,8 +41,8 @@ async def test_stream_interval_sends_a_chunk_every_n_tokens(api: SGApi) -> None:
                       "output_len_max": 30})
     s = await api.stream(sampling={"max_new_tokens": 100})
     counts = [c["meta_info"]["completion_tokens"] for c in s.chunks[:-1]]
-    assert counts and all(n % 4 == 0 or n >= 4 for n in counts)
-    assert all(b - a >= 4 for a, b in zip(counts, counts[1:], strict=False))
+    assert counts and counts[0] >= 4  # the prefill's single id is not worth a chunk yet
+    assert all(b - a >= 4 for a, b in itertools.pairwise(counts))
 
 
 async def _open_stream(api: SGApi, rid: str, max_new: int = 400) -> aiohttp.ClientResponse:

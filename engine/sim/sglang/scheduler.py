@@ -14,8 +14,10 @@ It follows SGLang's scheduler loop closely enough that load shows up the same wa
   first, longest prompt among equals), put back at the head of the queue with their output kept, and
   the ratio jumps, exactly the "KV cache pool is full. Retract requests." episode.
 - A forward shorter than `min_step_s` carries several ids per request, so the simulator's cost
-  follows forwards, not tokens; a forward that overran (a busy machine) catches up on ids, so the
-  simulated GPU keeps its speed while chunks get larger.
+  follows forwards, not tokens. Forwards run on the simulated GPU's own clock: a simulator late
+  to start one (a busy machine) makes up the ids the GPU made meanwhile, so the GPU keeps its
+  speed while chunks get larger, up to half a second of lateness; beyond that the simulator is
+  the bottleneck and the figure in bench/sglang_sim_capacity.py says so.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ _MIN_NEW_TOKEN_RATIO = 0.14
 _NEW_TOKEN_RATIO_DECAY_STEPS = 600
 _RETRACT_DECODE_STEPS = 20
 _MAX_TOKENS_PER_FORWARD = 256
+_MAX_LATE_S = 0.5
 
 
 class RadixCache:
@@ -117,6 +120,7 @@ class Scheduler:
         self.hung = False  # the watchdog fault: every forward from now on hangs
         self.cache = RadixCache()
         self.last_output_at = 0.0
+        self._clock = time.monotonic()  # the simulated GPU's time: when its current forward ends
         self.output_event = asyncio.Event()
         self._wake = asyncio.Event()
         self._window = _Window()
@@ -227,6 +231,7 @@ class Scheduler:
                 self.in_forward = False
                 self._wake.clear()
                 await self._wake.wait()
+                self._clock = time.monotonic()  # an idle GPU starts its next forward now
                 continue
             if self._should_hang(cfg):
                 # The forward never returns: ids stop, the pool stays held, the watchdog sees it.
@@ -234,6 +239,7 @@ class Scheduler:
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), 0.05)
+                self._clock = time.monotonic()
                 continue
             batch = self._admit(cfg)
             limit = cfg.faults.watchdog_after_requests
@@ -299,13 +305,25 @@ class Scheduler:
         )
         self._end(req)
 
-    async def _forward(self, seconds: float, cfg: SimSGLangConfig) -> float:
-        """Run a forward of `seconds` (real time); returns how long it really took."""
+    async def _forward(self, seconds: float, cfg: SimSGLangConfig) -> None:
+        """Run a forward of `seconds` on the simulated GPU's own clock. The clock runs on from the
+        previous forward, so the time the simulator spends between forwards (writing chunks) is
+        not added to the GPU's; a forward that starts late simply sleeps less."""
         self.in_forward = True
-        started = time.monotonic()
-        await asyncio.sleep(seconds + cfg.forward_sleep_s)
+        now = time.monotonic()
+        end = self._clock + seconds + cfg.forward_sleep_s
+        await asyncio.sleep(max(0.0, end - now))
+        self._clock = end
         self.forward_ct += 1
-        return time.monotonic() - started - cfg.forward_sleep_s
+
+    def _behind(self, per_token: float) -> int:
+        """Tokens' worth of GPU time the simulator is late by (it was too busy to keep up)."""
+        late = time.monotonic() - self._clock
+        if late > _MAX_LATE_S:
+            # Past this the simulator is the bottleneck: time lost is lost, not made up in one burst.
+            self._clock = time.monotonic() - _MAX_LATE_S
+            late = _MAX_LATE_S
+        return max(0, int(late / per_token))
 
     async def _prefill(self, batch: list[Req], cfg: SimSGLangConfig) -> None:
         block = cfg.cache_block_tokens
@@ -363,11 +381,10 @@ class Scheduler:
                 self._min_ratio(),
                 self.new_token_ratio - (self._init_ratio() - self._min_ratio()) / _NEW_TOKEN_RATIO_DECAY_STEPS,
             )
-        took = await self._forward(k * per_token, cfg)
-        # A forward that overran (a busy machine) yields the ids the simulated GPU made meanwhile.
-        k = min(_MAX_TOKENS_PER_FORWARD, max(k, int(took / per_token)))
-        room = cfg.max_total_tokens - self.kv_used
-        k = max(1, min(k, room // max(1, len(self.running))))
+        # A late start (a busy machine) makes up the ids the simulated GPU made meanwhile.
+        k = min(_MAX_TOKENS_PER_FORWARD, k + self._behind(per_token))
+        k = max(1, min(k, (cfg.max_total_tokens - self.kv_used) // max(1, n)))
+        await self._forward(k * per_token, cfg)
         produced = 0
         for req in self.running:
             if req.finish is None:

@@ -82,6 +82,12 @@ class SimTokenizer:
         )
         self.content = self._cycle(CONTENT_CYCLE)
         self.reasoning = self._cycle(REASONING_CYCLE)
+        # Text of each id the model emits, decoded once: (kept specials, skipped specials).
+        self._keep: dict[int, str] = {}
+        for cycle in (self.content, self.reasoning):
+            self._keep.update(zip(cycle.ids, cycle.pieces, strict=True))
+        self._keep.update(self._special_pieces)
+        self._skip = {i: ("" if i in self.special_ids else text) for i, text in self._keep.items()}
         self.exact_pieces = self._pieces_are_exact()
 
     # --- loading -------------------------------------------------------------------------------
@@ -141,12 +147,12 @@ class SimTokenizer:
 
     def piece(self, token_id: int, *, skip_special_tokens: bool) -> str:
         """Text of one emitted id, as it appears inside a decoded output."""
-        if token_id in self.special_ids and skip_special_tokens:
-            return ""
-        special = self._special_pieces.get(token_id)
-        if special is not None:
-            return special
-        return self._decode([token_id], skip_special_tokens=skip_special_tokens)
+        table = self._skip if skip_special_tokens else self._keep
+        text = table.get(token_id)
+        if text is None:
+            text = self._decode([token_id], skip_special_tokens=skip_special_tokens)
+            table[token_id] = text
+        return text
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool) -> str:
         return self._decode(ids, skip_special_tokens=skip_special_tokens)
