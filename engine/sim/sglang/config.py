@@ -39,15 +39,15 @@ class FaultConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    abort_rate: float = Field(0.0, ge=0, le=1)  # the server aborts the request mid-generation
+    abort_rate: float = Field(default=0.0, ge=0, le=1)  # the server aborts the request mid-generation
     abort_message: str = "Aborted"
-    http_503_rate: float = Field(0.0, ge=0, le=1)  # 503 before anything is generated
-    drop_rate: float = Field(0.0, ge=0, le=1)  # the connection is closed mid-generation
-    fault_position: float = Field(0.5, ge=0, le=1)  # share of the output produced before abort/drop
+    http_503_rate: float = Field(default=0.0, ge=0, le=1)  # 503 before anything is generated
+    drop_rate: float = Field(default=0.0, ge=0, le=1)  # the connection is closed mid-generation
+    fault_position: float = Field(default=0.5, ge=0, le=1)  # share of the output produced before abort/drop
     # The scheduler's forward hangs from this point on: the watchdog then crashes the server once
     # a batch has been stuck for watchdog_timeout (seconds since ready, or requests admitted).
-    watchdog_after_s: float | None = Field(None, ge=0)
-    watchdog_after_requests: int | None = Field(None, ge=0)
+    watchdog_after_s: float | None = Field(default=None, ge=0)
+    watchdog_after_requests: int | None = Field(default=None, ge=0)
     # A hang the watchdog sees too, switched at run time: no forward completes while it is on.
     stall: bool = False
     # Startup stops at this phase with the phase's failure signature, then the process exits.
@@ -64,24 +64,24 @@ class SimSGLangConfig(BaseModel):
     served_model_name: str | None = None  # None: the model path, as SGLang does
     tokenizer_path: str | None = None
     version: str = "0.5.23"  # sglang.__version__ reported by /server_info and the stand-in
-    tp_size: int = Field(8, ge=1)
-    dp_size: int = Field(1, ge=1)
-    context_length: int | None = Field(None, ge=16)  # None: config.json's, else 131072
-    max_running_requests: int = Field(256, ge=1)
-    max_total_tokens: int = Field(1_000_000, ge=64)  # the KV token pool
-    chunked_prefill_size: int = Field(8192, ge=1)
-    max_prefill_tokens: int = Field(16384, ge=1)
-    schedule_conservativeness: float = Field(1.0, gt=0)
-    watchdog_timeout: float = Field(300.0, gt=0)
-    stream_interval: int = Field(1, ge=1)
-    decode_log_interval: int = Field(40, ge=1)
+    tp_size: int = Field(default=8, ge=1)
+    dp_size: int = Field(default=1, ge=1)
+    context_length: int | None = Field(default=None, ge=16)  # None: config.json's, else 131072
+    max_running_requests: int = Field(default=256, ge=1)
+    max_total_tokens: int = Field(default=1_000_000, ge=64)  # the KV token pool
+    chunked_prefill_size: int = Field(default=8192, ge=1)
+    max_prefill_tokens: int = Field(default=16384, ge=1)
+    schedule_conservativeness: float = Field(default=1.0, gt=0)
+    watchdog_timeout: float = Field(default=300.0, gt=0)
+    stream_interval: int = Field(default=1, ge=1)
+    decode_log_interval: int = Field(default=40, ge=1)
     enable_metrics: bool = True
     enable_cache_report: bool = False
     skip_server_warmup: bool = False
     api_key: str | None = None
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
-    mem_fraction_static: float = Field(0.85, gt=0, le=1)
+    mem_fraction_static: float = Field(default=0.85, gt=0, le=1)
     kv_cache_dtype: str = "auto"
     trust_remote_code: bool = False
     weight_version: str = "default"
@@ -95,41 +95,41 @@ class SimSGLangConfig(BaseModel):
     access_log: bool = False  # uvicorn's per-request lines; off keeps big runs' logs small
 
     # --- timing ------------------------------------------------------------------------------------
-    time_scale: float = Field(1.0, gt=0)  # multiplies every simulated duration; tests use ~0.01
-    speed: float = Field(1.0, gt=0)  # decode and prefill run this many times faster (run-time knob)
-    decode_tokens_per_s: float = Field(40.0, gt=0)  # one request alone
-    max_gen_throughput: float = Field(20_000.0, gt=0)  # the whole batch, tokens/s
-    prefill_tokens_per_s: float = Field(50_000.0, gt=0)
+    time_scale: float = Field(default=1.0, gt=0)  # multiplies every simulated duration; tests use ~0.01
+    speed: float = Field(default=1.0, gt=0)  # decode and prefill run this many times faster (run-time knob)
+    decode_tokens_per_s: float = Field(default=40.0, gt=0)  # one request alone
+    max_gen_throughput: float = Field(default=20_000.0, gt=0)  # the whole batch, tokens/s
+    prefill_tokens_per_s: float = Field(default=50_000.0, gt=0)
     # A forward shorter than this (real seconds) carries several tokens per request instead, so a
     # fast simulator costs steps, not tokens.
-    min_step_s: float = Field(0.01, gt=0)
-    forward_sleep_s: float = Field(0.0, ge=0)  # /slow_down: extra sleep per forward, real seconds
-    health_check_timeout_s: float = Field(20.0, gt=0)
-    startup_weights_s: float = Field(2.0, ge=0)
-    startup_kv_pool_s: float = Field(0.3, ge=0)
-    startup_cuda_graph_s: float = Field(1.0, ge=0)
-    startup_http_s: float = Field(0.1, ge=0)
-    startup_warmup_s: float = Field(0.1, ge=0)
-    sigterm_drain_s: float = Field(0.0, ge=0)  # requests in flight may finish this long after TERM
+    min_step_s: float = Field(default=0.01, gt=0)
+    forward_sleep_s: float = Field(default=0.0, ge=0)  # /slow_down: extra sleep per forward, real seconds
+    health_check_timeout_s: float = Field(default=20.0, gt=0)
+    startup_weights_s: float = Field(default=2.0, ge=0)
+    startup_kv_pool_s: float = Field(default=0.3, ge=0)
+    startup_cuda_graph_s: float = Field(default=1.0, ge=0)
+    startup_http_s: float = Field(default=0.1, ge=0)
+    startup_warmup_s: float = Field(default=0.1, ge=0)
+    sigterm_drain_s: float = Field(default=0.0, ge=0)  # requests in flight may finish this long after TERM
 
     # --- generation ----------------------------------------------------------------------------------
     seed: int = 0
     output_len_dist: Literal["uniform", "lognormal"] = "uniform"
-    output_len_min: int = Field(16, ge=1)
-    output_len_max: int = Field(256, ge=1)
-    output_len_median: int = Field(64, ge=1)  # lognormal only
-    output_len_sigma: float = Field(0.8, gt=0)  # lognormal only
-    reasoning_share: float = Field(0.5, ge=0, le=1)  # of the output, when the prompt opens <think>
+    output_len_min: int = Field(default=16, ge=1)
+    output_len_max: int = Field(default=256, ge=1)
+    output_len_median: int = Field(default=64, ge=1)  # lognormal only
+    output_len_sigma: float = Field(default=0.8, gt=0)  # lognormal only
+    reasoning_share: float = Field(default=0.5, ge=0, le=1)  # of the output, when the prompt opens <think>
     end_of_turn: str = "<|im_end|>"
     think_open: str = "<think>"
     think_close: str = "</think>"
     radix_cache: bool = True
-    cache_block_tokens: int = Field(16, ge=1)
-    cache_max_blocks: int = Field(200_000, ge=0)
-    child_processes: int = Field(2, ge=0)  # the stand-in's helper processes in its group
-    requests_maxlen: int = Field(10_000, ge=1)  # request summaries kept for /_sim/state
+    cache_block_tokens: int = Field(default=16, ge=1)
+    cache_max_blocks: int = Field(default=200_000, ge=0)
+    child_processes: int = Field(default=2, ge=0)  # the stand-in's helper processes in its group
+    requests_maxlen: int = Field(default=10_000, ge=1)  # request summaries kept for /_sim/state
 
-    faults: FaultConfig = Field(default_factory=FaultConfig)
+    faults: FaultConfig = Field(default_factory=lambda: FaultConfig())
 
     @model_validator(mode="after")
     def _lengths(self) -> SimSGLangConfig:

@@ -120,5 +120,5 @@ class _Collector:
 
 def render(sim: SGLangSim) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(sim))  # type: ignore[arg-type]
+    registry.register(_Collector(sim))
     return generate_latest(registry)

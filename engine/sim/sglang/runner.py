@@ -18,6 +18,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from engine.sim.sglang.config import SimConfigError, SimSGLangConfig, load_sim_config
 from engine.sim.sglang.logs import SimLog
@@ -79,9 +80,10 @@ async def serve(
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, on_term)
             installed.append(sig)
-    stopper = asyncio.ensure_future(stop.wait())
+    stopper: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+    waiting: list[asyncio.Future[Any]] = [stopper, sim.crashed]
     try:
-        await asyncio.wait({stopper, sim.crashed}, return_when="FIRST_COMPLETED")
+        await asyncio.wait(waiting, return_when="FIRST_COMPLETED")
         if sim.crashed.done():
             return sim.crashed.result()
         drain = sim.config.sigterm_drain_s * sim.config.time_scale

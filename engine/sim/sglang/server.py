@@ -149,9 +149,10 @@ class SGLangSim:
     async def wait_ready(self, timeout: float = 30.0) -> None:
         """Until the ready line; raises RuntimeError if the server died first."""
         assert self.crashed is not None
-        ready = asyncio.ensure_future(self.ready.wait())
+        ready: asyncio.Future[Any] = asyncio.ensure_future(self.ready.wait())
+        waiting: list[asyncio.Future[Any]] = [ready, self.crashed]
         try:
-            done, _ = await asyncio.wait({ready, self.crashed}, timeout=timeout, return_when="FIRST_COMPLETED")
+            done, _ = await asyncio.wait(waiting, timeout=timeout, return_when="FIRST_COMPLETED")
         finally:
             ready.cancel()
         if self.crashed.done():

@@ -64,7 +64,7 @@ class SimTokenizer:
         try:
             from transformers import AutoTokenizer
 
-            self._tok: Any = AutoTokenizer.from_pretrained(
+            self._tok: Any = AutoTokenizer.from_pretrained(  # type: ignore[no-untyped-call]
                 str(self.folder), trust_remote_code=trust_remote_code
             )
         except Exception as exc:  # transformers raises many types for one unusable folder
@@ -216,7 +216,14 @@ _BUILTIN_TEMPLATE = (
 
 def builtin_tokenizer_folder(folder: Path) -> Path:
     """Write the built-in tokenizer into `folder` (created if needed) and return it."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import (  # type: ignore[import-untyped]
+        AddedToken,
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        trainers,
+    )
 
     corpus = ["".join(CONTENT_CYCLE), "".join(REASONING_CYCLE), _BUILTIN_SYSTEM]
     tok = Tokenizer(models.BPE())
