@@ -9,7 +9,8 @@ Layout of one run: the simulator is its own process (`python -m engine.sim.sglan
 pinned to one core, the client (this process, uvloop) to the other. The client keeps 512 streaming
 /generate requests open for the whole window (a closed loop: each finished stream starts the next),
 and counts output tokens (from each chunk's cumulative completion_tokens) and chunks received in the
-window. The simulator's CPU share comes from /proc/<pid>/stat over the same window.
+window. The simulator's CPU share comes from /proc/<pid>/stat over the same window, the client's
+from getrusage: whichever side is near 1.0 is the one that limits the run.
 
     .venv/bin/python bench/sglang_sim_capacity.py            # the default sweep (~2 min)
     .venv/bin/python bench/sglang_sim_capacity.py --quick    # one short point
@@ -117,15 +118,18 @@ async def client(url: str, tokens: int, window_s: float, warmup_s: float) -> dic
         await asyncio.sleep(warmup_s)
         counting = True
         t0 = time.perf_counter()
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
         await asyncio.sleep(window_s)
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
         elapsed = time.perf_counter() - t0
         counting = False
         stop = True
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+    client_cpu = (r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime) / elapsed
     return {"tokens_per_s": got_tokens / elapsed, "chunks_per_s": got_chunks / elapsed,
-            "completed": completed, "window_s": elapsed}
+            "completed": completed, "window_s": elapsed, "client_cpu_share": client_cpu}
 
 
 def run_point(rate: float, tokens: int, window_s: float, min_step_s: float) -> dict[str, Any]:
@@ -167,11 +171,13 @@ def main() -> int:
     rates = [20.0] if args.quick else [5.0, 10.0, 20.0, 40.0, 80.0]
     window = 4.0 if args.quick else args.window
     print(f"{STREAMS} streams, prompt {len(PROMPT)} tokens, outputs of 400 tokens, min_step_s {args.min_step}")
-    print(f"{'rate/req':>8} {'offered tok/s':>13} {'got tok/s':>10} {'share':>6} {'chunks/s':>9} {'sim CPU':>7}")
+    print(f"{'rate/req':>8} {'offered tok/s':>13} {'got tok/s':>10} {'share':>6} {'chunks/s':>9} "
+          f"{'sim CPU':>7} {'client CPU':>10}")
     for rate in rates:
         p = run_point(rate, 400, window, args.min_step)
         print(f"{p['rate_per_request']:8.0f} {p['offered_tokens_per_s']:13.0f} {p['tokens_per_s']:10.0f} "
-              f"{p['delivered_share']:6.2f} {p['chunks_per_s']:9.0f} {p['sim_cpu_share']:7.2f}", flush=True)
+              f"{p['delivered_share']:6.2f} {p['chunks_per_s']:9.0f} {p['sim_cpu_share']:7.2f} "
+              f"{p['client_cpu_share']:10.2f}", flush=True)
     return 0
 
 
