@@ -185,7 +185,7 @@ async def test_slow_down_endpoint_adds_forward_sleep(api: SGApi) -> None:
 
 async def test_aggregate_cap_shares_throughput(kimi_tok: SimTokenizer, http: aiohttp.ClientSession) -> None:
     # One request alone decodes at its own rate; 20 at once share the aggregate cap.
-    cfg = fast_config(time_scale=1.0, decode_tokens_per_s=1000.0, max_gen_throughput=2000.0, min_step_s=0.01,
+    cfg = fast_config(time_scale=1.0, decode_tokens_per_s=500.0, max_gen_throughput=1000.0, min_step_s=0.01,
                       startup_weights_s=0, startup_kv_pool_s=0, startup_cuda_graph_s=0, startup_http_s=0,
                       startup_warmup_s=0)
     async with running_sim(cfg, kimi_tok) as sim:
@@ -197,5 +197,5 @@ async def test_aggregate_cap_shares_throughput(kimi_tok: SimTokenizer, http: aio
         t0 = loop.time()
         await asyncio.gather(*await _flood(api, 20, 100, "many"))
         many = loop.time() - t0
-    # 100 tokens at 1000/s is 0.1 s; 2000 tokens at 2000/s is 1 s: the batch takes several times longer.
-    assert many > 3 * solo
+    # 100 tokens at 500/s is 0.2 s; 2000 tokens at 1000/s is 2 s: the batch takes ten times longer.
+    assert many > 4 * solo
