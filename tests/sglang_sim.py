@@ -121,10 +121,14 @@ def free_port() -> int:
 
 
 def standin_env(tmp: Path, config: dict[str, Any] | None = None, **extra: str) -> dict[str, str]:
-    """Environment for a Python that should find the stand-in `sglang` (and `engine`); `config`
-    becomes the simulator's config file (REGEN_SGLANG_SIM_CONFIG)."""
+    """Environment for a Python that should find the stand-in `sglang` (and `engine`), with the
+    stand-in `nvidia-smi` first on PATH and its simulated host scoped to `tmp` (servers other tests
+    start elsewhere on this machine are not on "this host's" GPUs); `config` becomes the
+    simulator's config file (REGEN_SGLANG_SIM_CONFIG)."""
     env = {k: v for k, v in os.environ.items() if k != CONFIG_ENV}
     env["PYTHONPATH"] = os.pathsep.join([str(STANDIN), str(ROOT)])
+    env["PATH"] = os.pathsep.join([str(STANDIN / "bin"), env.get("PATH", "")])
+    env["REGEN_SIM_GPU_SCOPE"] = str(tmp)
     env["PYTHONUNBUFFERED"] = "1"
     if config is not None:
         path = tmp / "sglang-sim.json"

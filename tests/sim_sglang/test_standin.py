@@ -259,3 +259,33 @@ def test_the_references_launch_script_detaches_it(tmp_path: Path, model: Path) -
         if group_alive(pid):
             os.killpg(pid, 9)
     assert not group_alive(pid)
+
+
+def nvidia_smi(env: dict[str, str], *query: str) -> list[str]:
+    done = subprocess.run(["nvidia-smi", *query], env=env, capture_output=True, text=True, timeout=30, check=True)
+    return done.stdout.splitlines()
+
+
+def test_stand_in_nvidia_smi_sees_the_server_while_it_runs(tmp_path: Path, model: Path) -> None:
+    env = standin_env(tmp_path, {**FAST, "child_processes": 0})
+    apps = ("--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader")
+    gpus = ("--query-gpu=index,name,memory.total,memory.used,utilization.gpu", "--format=csv,noheader,nounits")
+    assert nvidia_smi(env, *apps) == []  # free GPUs: what a preflight wants
+    rows = nvidia_smi(env, *gpus)
+    assert len(rows) == 8 and rows[0] == "0, NVIDIA H200, 143771, 0, 0"
+    log = tmp_path / "sglang.log"
+    proc = start_standin(model, free_port(), env=env, log=log)
+    try:
+        wait_for_line(log, READY, proc=proc)
+        listed = nvidia_smi(env, *apps)
+        assert listed == [f"{proc.pid}, python3, 131072 MiB"] * 8  # --tp 8: every GPU
+        assert all(r.split(", ")[3] == "131072" for r in nvidia_smi(env, *gpus))
+        other = standin_env(tmp_path / "elsewhere")
+        assert nvidia_smi(other, *apps) == []  # another simulated host
+    finally:
+        stop_group(proc)
+    assert nvidia_smi(env, *apps) == []  # nothing left after stop
+    bad = subprocess.run(["nvidia-smi", "--query-gpu=bogus", "--format=csv"], env=env, capture_output=True,
+                         text=True, timeout=30)
+    assert bad.returncode == 2 and 'Field "bogus" is not a valid field to query.' in bad.stderr
+
