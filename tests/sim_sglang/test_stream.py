@@ -81,9 +81,10 @@ async def test_abort_while_queued_says_abort_before_prefill(api: SGApi) -> None:
     await api.post("/abort_request", {"rid": "wait#0"})
     body = (await queued).json
     assert body["text"] == "" and body["output_ids"] == []
-    meta = body["meta_info"]
-    assert meta["finish_reason"] == {"type": "abort", "message": "Abort before prefill"}
-    assert meta["prompt_tokens"] == 0 and meta["completion_tokens"] == 0
+    assert body["meta_info"] == {
+        "id": "wait#0", "finish_reason": {"type": "abort", "message": "Abort before prefill"},
+        "prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0, "weight_version": "default",
+    }
     await api.post("/abort_request", {"abort_all": True})
     events = parse_sse(await running.read())
     running.release()

@@ -371,16 +371,29 @@ class SGLangSim:
     def out_dict(self, req: Req, *, final: bool, prompt_ids: bool = False) -> dict[str, Any]:
         """One response object: the whole text and ids so far (SGLang streams cumulatively)."""
         cfg = self.config
-        before = req.before_prefill
+        if req.before_prefill:
+            # The front end answers a request aborted in the queue itself, with no tokens at all.
+            return {
+                "text": "",
+                "output_ids": [],
+                "meta_info": {
+                    "id": req.rid,
+                    "finish_reason": req.finish,
+                    "prompt_tokens": 0,
+                    "completion_tokens": 0,
+                    "cached_tokens": 0,
+                    "weight_version": cfg.weight_version,
+                },
+            }
         meta: dict[str, Any] = {
             "id": req.rid,
             "finish_reason": req.finish if final else None,
-            "prompt_tokens": 0 if before else req.n_prompt,
+            "prompt_tokens": req.n_prompt,
             "weight_version": cfg.weight_version,
             "num_retractions": req.num_retractions,
             "reasoning_tokens": req.reasoning_tokens() if cfg.reasoning_parser else 0,
             "completion_tokens": len(req.output_ids),
-            "cached_tokens": 0 if before else req.cached_tokens,
+            "cached_tokens": req.cached_tokens,
         }
         if final:
             end = req.finished_at if req.finished_at is not None else time.monotonic()
