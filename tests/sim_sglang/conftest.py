@@ -99,7 +99,7 @@ class SGApi:
         return self.sim.base_url + path
 
     def prompt(self, messages: list[dict[str, Any]] | None = None, thinking: bool = True) -> list[int]:
-        ids: list[int] = self.tok._tok.apply_chat_template(
+        ids: list[int] = self.tok.hf.apply_chat_template(
             messages or USER, add_generation_prompt=True, tokenize=True, thinking=thinking
         )
         return ids

@@ -138,6 +138,11 @@ class SimTokenizer:
         joined = "".join(self.piece(i, skip_special_tokens=False) for i in sample)
         return joined == self._decode(sample, skip_special_tokens=False)
 
+    @property
+    def hf(self) -> Any:
+        """The underlying transformers tokenizer (tests render chat prompts with it)."""
+        return self._tok
+
     # --- serving -------------------------------------------------------------------------------
     def _decode(self, ids: list[int], *, skip_special_tokens: bool) -> str:
         text: str = self._tok.decode(
