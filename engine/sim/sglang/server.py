@@ -23,7 +23,7 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
-from engine.sim.sglang import metrics
+from engine.sim.sglang import info, metrics
 from engine.sim.sglang.config import SimSGLangConfig, patched, problems
 from engine.sim.sglang.logs import SimLog
 from engine.sim.sglang.request import Req, Sampling, plan_output
@@ -101,6 +101,10 @@ class SGLangSim:
         if self._port is None:
             raise RuntimeError("simulator not started")
         return self._port
+
+    @property
+    def host(self) -> str:
+        return self._host
 
     @property
     def base_url(self) -> str:
@@ -550,96 +554,10 @@ class SGLangSim:
         return web.Response(status=200 if self.phase in ("warmup", "ready") else 503)
 
     def model_info(self, legacy: bool = False) -> dict[str, Any]:
-        cfg = self.config
-        info: dict[str, Any] = {
-            "model_path": cfg.model_path,
-            "tokenizer_path": cfg.tokenizer_path or cfg.model_path,
-            "is_generation": True,
-            "preferred_sampling_params": None,
-            "weight_version": cfg.weight_version,
-            "has_image_understanding": False,
-            "has_audio_understanding": False,
-        }
-        if legacy:
-            return info
-        return {
-            "model_path": cfg.model_path,
-            "served_model_name": cfg.served_name,
-            "tokenizer_path": cfg.tokenizer_path or cfg.model_path,
-            "is_generation": True,
-            "preferred_sampling_params": None,
-            "weight_version": cfg.weight_version,
-            "load_format": "auto",
-            "reasoning_parser": cfg.reasoning_parser,
-            "tool_call_parser": cfg.tool_call_parser,
-            "disaggregation_mode": "null",
-            "has_image_understanding": False,
-            "has_audio_understanding": False,
-            "model_type": cfg.model_type,
-            "architectures": cfg.architectures,
-        }
+        return info.model_info(self, legacy)
 
     def server_info(self) -> dict[str, Any]:
-        cfg = self.config
-        sched = self.scheduler
-        args: dict[str, Any] = {
-            "model_path": cfg.model_path,
-            "tokenizer_path": cfg.tokenizer_path or cfg.model_path,
-            "tokenizer_mode": "auto",
-            "skip_tokenizer_init": False,
-            "load_format": "auto",
-            "trust_remote_code": cfg.trust_remote_code,
-            "context_length": cfg.context_length,
-            "is_embedding": False,
-            "host": self._host,
-            "port": self._port,
-            "api_key": None,  # never echoed: the key would leak to anyone who can read this
-            "served_model_name": cfg.served_name,
-            "mem_fraction_static": cfg.mem_fraction_static,
-            "max_running_requests": cfg.max_running_requests,
-            "max_total_tokens": cfg.max_total_tokens,
-            "chunked_prefill_size": cfg.chunked_prefill_size,
-            "max_prefill_tokens": cfg.max_prefill_tokens,
-            "schedule_policy": "fcfs",
-            "schedule_conservativeness": cfg.schedule_conservativeness,
-            "kv_cache_dtype": cfg.kv_cache_dtype,
-            "tp_size": cfg.tp_size,
-            "dp_size": cfg.dp_size,
-            "stream_interval": cfg.stream_interval,
-            "random_seed": cfg.seed,
-            "watchdog_timeout": cfg.watchdog_timeout,
-            "log_level": "info",
-            "enable_metrics": cfg.enable_metrics,
-            "decode_log_interval": cfg.decode_log_interval,
-            "enable_cache_report": cfg.enable_cache_report,
-            "reasoning_parser": cfg.reasoning_parser,
-            "tool_call_parser": cfg.tool_call_parser,
-            "skip_server_warmup": cfg.skip_server_warmup,
-            "weight_version": cfg.weight_version,
-        }
-        kv_gb = round(cfg.max_total_tokens * 34_000 / 1e9, 2)
-        return {
-            **args,
-            "max_total_num_tokens": cfg.max_total_tokens,
-            "max_req_input_len": self.context_len - 1,
-            "startup_time": self.stats.startup_phases.get("e2e"),
-            "internal_states": [
-                {
-                    "last_gen_throughput": self.stats.gen_throughput,
-                    "memory_usage": {
-                        "weight": 73.58,
-                        "kvcache": kv_gb,
-                        "token_capacity": cfg.max_total_tokens,
-                        "graph": 1.91,
-                    },
-                    "effective_max_running_requests_per_dp": cfg.max_running_requests,
-                    "num_running_reqs": len(sched.running),
-                    "num_waiting_reqs": len(sched.waiting),
-                }
-            ],
-            "version": cfg.version,
-            "frontend": "python",
-        }
+        return info.server_info(self)
 
     def _deprecated(self, old: str, new: str) -> None:
         self.log.main(
@@ -670,19 +588,8 @@ class SGLangSim:
             self._deprecated("/get_server_info", "/server_info")
         return json_response(info)
 
-    def _card(self) -> dict[str, Any]:
-        name = self.config.served_name
-        return {
-            "id": name,
-            "object": "model",
-            "created": int(self.stats.started_wall),
-            "owned_by": "sglang",
-            "root": name,
-            "max_model_len": self.context_len,
-        }
-
     async def _models(self, request: web.Request) -> web.StreamResponse:
-        return json_response({"object": "list", "data": [self._card()]})
+        return json_response({"object": "list", "data": [info.model_card(self)]})
 
     async def _model_card(self, request: web.Request) -> web.StreamResponse:
         model = request.match_info["model"]
@@ -698,7 +605,7 @@ class SGLangSim:
                 },
                 404,
             )
-        return json_response(self._card())
+        return json_response(info.model_card(self))
 
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
         if not self.config.enable_metrics:

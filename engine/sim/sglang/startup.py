@@ -78,7 +78,7 @@ async def run_startup(sim: SGLangSim) -> None:
     log.main(
         f"server_args=ServerArgs(model_path='{cfg.model_path}', tokenizer_path='{cfg.tokenizer_path or cfg.model_path}', "
         f"served_model_name='{cfg.served_name}', tp_size={cfg.tp_size}, dp_size={cfg.dp_size}, "
-        f"host='{sim._host}', port={sim.port}, mem_fraction_static={cfg.mem_fraction_static}, "
+        f"host='{sim.host}', port={sim.port}, mem_fraction_static={cfg.mem_fraction_static}, "
         f"max_running_requests={cfg.max_running_requests}, max_total_tokens={cfg.max_total_tokens}, "
         f"context_length={cfg.context_length}, enable_metrics={cfg.enable_metrics}, "
         f"watchdog_timeout={cfg.watchdog_timeout}, api_key={'***' if cfg.api_key else None})"
@@ -165,7 +165,7 @@ async def run_startup(sim: SGLangSim) -> None:
         reason = (err.strerror if err is not None else None) or "address already in use"
         log.raw(
             f"ERROR:    [Errno {errno}] error while attempting to bind on address "
-            f"('{sim._host}', {sim.port}): {reason.lower()}"
+            f"('{sim.host}', {sim.port}): {reason.lower()}"
         )
         log.uvicorn("Waiting for application shutdown.")
         log.uvicorn("Application shutdown complete.")
@@ -173,7 +173,7 @@ async def run_startup(sim: SGLangSim) -> None:
         await sim.crash(1)
         return
     await sim.listen()
-    log.uvicorn(f"Uvicorn running on http://{sim._host}:{sim.port} (Press CTRL+C to quit)")
+    log.uvicorn(f"Uvicorn running on http://{sim.host}:{sim.port} (Press CTRL+C to quit)")
 
     sim.phase = "warmup"
     if not cfg.skip_server_warmup:
