@@ -77,7 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sim = commands.add_parser("sim", help="run a simulator standalone on a port")
     sims = sim.add_subparsers(dest="sim", metavar="BACKEND", required=True)
-    add_sim_arguments(sims.add_parser("openrouter", help="the OpenRouter API simulator"))
+    add_sim_arguments(sims.add_parser("openrouter", help="the OpenRouter API simulator"), "openrouter")
+    add_sim_arguments(
+        sims.add_parser("sglang", help="the SGLang server simulator (native API, metrics, faults)"), "sglang"
+    )
     return parser
 
 
@@ -249,7 +252,7 @@ def _catalog(args: argparse.Namespace, settings: Settings) -> int:
 def _sim(args: argparse.Namespace) -> int:
     from engine.sim.runner import run_sim
 
-    return run_sim(args.sim, args.port, args.host, args.config)
+    return run_sim(args.sim, args.port, args.host, args.config, getattr(args, "tokenizer", None))
 
 
 if __name__ == "__main__":

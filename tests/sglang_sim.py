@@ -1,0 +1,210 @@
+"""Reusable helpers for tests that need "SGLang": the simulator in-process, as `regen sim sglang`, or
+through the stand-in `python -m sglang.launch_server` exactly as a GPU host runs it.
+
+    from tests.sglang_sim import fast_config, model_folder, running_sim, standin_env, start_standin
+
+    async with running_sim(fast_config(), tokenizer_dir) as sim:      # in this process, ready
+        url = sim.base_url                                            # http://127.0.0.1:PORT
+
+    model = model_folder(tmp_path / "model")                          # config.json + Kimi-like tokenizer
+    env = standin_env(tmp_path, {"time_scale": 0.02})                 # PYTHONPATH + simulator config
+    # remote command (what regen runs over SSH): <python> -m sglang.launch_server --model-path <model> ...
+    proc = start_standin(model, port, env=env, extra=["--tp", "8"])   # local Popen in its own group
+
+The stand-in needs nothing but this repository and the venv's packages: PYTHONPATH carries the
+stand-in folder (its `sglang` package) and the repository root (for `engine`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from engine.sim.sglang.config import SimSGLangConfig
+from engine.sim.sglang.launch import CONFIG_ENV
+from engine.sim.sglang.logs import SimLog
+from engine.sim.sglang.server import SGLangSim
+from engine.sim.sglang.tokens import SimTokenizer
+from tests.tokenizers_fixture import build_tokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+STANDIN = ROOT / "engine" / "sim" / "sglang" / "standin"
+
+__all__ = [
+    "ROOT",
+    "STANDIN",
+    "fast_config",
+    "free_port",
+    "model_folder",
+    "running_sim",
+    "standin_env",
+    "start_standin",
+    "stop_group",
+    "wait_for_line",
+]
+
+
+def fast_config(**overrides: Any) -> SimSGLangConfig:
+    """Startup in tens of milliseconds, short outputs, quick decode: behaviour, not speed."""
+    base: dict[str, Any] = {
+        "time_scale": 0.01,
+        "startup_weights_s": 1.0,
+        "startup_kv_pool_s": 0.5,
+        "startup_cuda_graph_s": 0.5,
+        "startup_http_s": 0.1,
+        "startup_warmup_s": 0.1,
+        "output_len_min": 8,
+        "output_len_max": 40,
+        "min_step_s": 0.002,
+        "child_processes": 0,
+        "seed": 7,
+    }
+    base.update(overrides)
+    return SimSGLangConfig(**base)
+
+
+def model_folder(
+    folder: Path, kind: str = "kimi", *, context_length: int = 262144, eos_token_id: int | None = None
+) -> Path:
+    """A model folder as a GPU host holds one, minus the weights: config.json and the tokenizer. The
+    model's eos is the tokenizer's ([EOS] for "kimi"), not the end-of-turn token, so a client that
+    forgets stop_token_ids runs to its length limit; `eos_token_id` adds a generation_config.json."""
+    build_tokenizer(folder, kind)
+    if eos_token_id is not None:
+        (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": eos_token_id}))
+    config = {
+        "architectures": ["KimiK25ForConditionalGeneration"],
+        "model_type": "kimi_k25",
+        "text_config": {"max_position_embeddings": context_length},
+    }
+    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    return folder
+
+
+@asynccontextmanager
+async def running_sim(
+    config: SimSGLangConfig | None = None,
+    tokenizer: SimTokenizer | Path | None = None,
+    *,
+    ready: bool = True,
+    log: SimLog | None = None,
+) -> AsyncIterator[SGLangSim]:
+    """The simulator in this event loop on a free loopback port; ready unless `ready=False`."""
+    cfg = config if config is not None else fast_config()
+    if tokenizer is None or isinstance(tokenizer, Path):
+        if tokenizer is None:
+            raise ValueError("running_sim needs a tokenizer folder or a SimTokenizer")
+        tokenizer = SimTokenizer(tokenizer, end_of_turn=cfg.end_of_turn)
+    sim = SGLangSim(cfg, tokenizer, log=log)
+    await sim.start()
+    try:
+        if ready:
+            await sim.wait_ready(30)
+        yield sim
+    finally:
+        await sim.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def standin_env(tmp: Path, config: dict[str, Any] | None = None, **extra: str) -> dict[str, str]:
+    """Environment for a Python that should find the stand-in `sglang` (and `engine`), with the
+    stand-in `nvidia-smi` first on PATH and its simulated host scoped to `tmp` (servers other tests
+    start elsewhere on this machine are not on "this host's" GPUs); `config` becomes the
+    simulator's config file (REGEN_SGLANG_SIM_CONFIG)."""
+    env = {k: v for k, v in os.environ.items() if k != CONFIG_ENV}
+    env["PYTHONPATH"] = os.pathsep.join([str(STANDIN), str(ROOT)])
+    env["PATH"] = os.pathsep.join([str(STANDIN / "bin"), env.get("PATH", "")])
+    env["REGEN_SIM_GPU_SCOPE"] = str(tmp)
+    env["PYTHONUNBUFFERED"] = "1"
+    if config is not None:
+        path = tmp / "sglang-sim.json"
+        path.write_text(json.dumps(config), encoding="utf-8")
+        env[CONFIG_ENV] = str(path)
+    env.update(extra)
+    return env
+
+
+def start_standin(
+    model: Path,
+    port: int,
+    *,
+    env: dict[str, str],
+    extra: list[str] | None = None,
+    log: Path | None = None,
+    served_model_name: str = "kimi-k2.5",
+) -> subprocess.Popen[bytes]:
+    """`python -m sglang.launch_server` with regen's launch flags, in its own session and process
+    group (as `setsid` gives it on a host), output to `log` (or a pipe)."""
+    argv = [
+        sys.executable, "-m", "sglang.launch_server",
+        "--model-path", str(model), "--host", "127.0.0.1", "--port", str(port),
+        "--tp", "8", "--served-model-name", served_model_name, "--enable-metrics",
+        *(extra or []),
+    ]
+    out = open(log, "wb") if log is not None else subprocess.PIPE  # noqa: SIM115 - owned by the child
+    try:
+        return subprocess.Popen(
+            argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    finally:
+        if log is not None and not isinstance(out, int):
+            out.close()
+
+
+def wait_for_line(path: Path, text: str, timeout_s: float = 30.0, proc: subprocess.Popen[bytes] | None = None) -> str:
+    """Poll a log file until a line contains `text`; returns the log so far."""
+    deadline = time.monotonic() + timeout_s
+    content = ""
+    while time.monotonic() < deadline:
+        content = path.read_text(errors="replace") if path.exists() else ""
+        if text in content:
+            return content
+        if proc is not None and proc.poll() is not None:
+            content = path.read_text(errors="replace") if path.exists() else ""
+            if text in content:
+                return content
+            raise AssertionError(f"process exited ({proc.returncode}) before {text!r}:\n{content[-3000:]}")
+        time.sleep(0.05)
+    raise AssertionError(f"no {text!r} within {timeout_s} s:\n{content[-3000:]}")
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stop_group(proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
+    """TERM the process's group, then KILL it; returns when nothing of the group is left."""
+    pgid = proc.pid
+    if group_alive(pgid):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and group_alive(pgid):
+        proc.poll()
+        time.sleep(0.05)
+    if group_alive(pgid):
+        os.killpg(pgid, signal.SIGKILL)
+    proc.wait(timeout=timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and group_alive(pgid):
+        time.sleep(0.05)
