@@ -25,7 +25,7 @@ from engine.control import PROTOCOL_VERSION
 from engine.jobstate import JobError
 from engine.money import WASTE_CAUSES
 from engine.schema import MoneyView, ProviderView, Quantiles, RouteWindow, Snapshot
-from engine.stats import StatusRules, percentile, status_word, typical_latency
+from engine.stats import StatusRules, judge, percentile
 
 # Wall-clock time the simulated job started at: fixed, so frames (and screenshots) are reproducible.
 SIM_EPOCH = 1_750_000_000.0
@@ -440,17 +440,7 @@ class SimulatedJob:
         rows_per_s = self.rates["rows_per_s"]
         in_flight = sum(p.in_flight for p in self.providers)
         providers = [self._provider_view(p, total_requests) for p in sorted(self.providers, key=lambda p: p.name)]
-        typical = typical_latency(providers, RULES)
-        for view in providers:
-            view["status"] = status_word(
-                excluded=view["excluded"] or not view["allowed"],
-                window_requests=view["window"]["requests"],
-                error_share=view["window"]["error_share"],
-                latency_p50_s=view["latency_p50_s"],
-                ok=view["ok"],
-                typical_p50_s=typical,
-                rules=RULES,
-            )
+        judge(providers, RULES)
         account = {"limit_remaining": round(200.0 - self.spent, 6), "usage": round(12.5 + self.spent, 6)}
         snap: Snapshot = {
             "state": self.state,

@@ -325,6 +325,12 @@ def route_views(
                 "status": "OK",
             }
         )
+    judge(rows, rules)
+    return rows
+
+
+def judge(rows: Sequence[ProviderView], rules: StatusRules) -> None:
+    """Set every row's status word, against the typical latency of the rows together."""
     typical = typical_latency(rows, rules)
     for row in rows:
         # A route the settings keep out never serves; it shows as EXCL with its reason.
@@ -337,7 +343,6 @@ def route_views(
             typical_p50_s=typical,
             rules=rules,
         )
-    return rows
 
 
 @dataclass(slots=True)

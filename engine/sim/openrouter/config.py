@@ -183,25 +183,6 @@ class SimConfig(BaseModel):
         return v
 
 
-def merge_patch(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
-    """RFC 7386 merge: dicts merge recursively, null deletes a key (a top-level field then
-    falls back to its default), anything else replaces."""
-    out = dict(base)
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        elif isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge_patch(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def patched(config: SimConfig, patch: dict[str, Any]) -> SimConfig:
-    """A new validated config with `patch` merged in; raises pydantic.ValidationError."""
-    return SimConfig.model_validate(merge_patch(config.model_dump(), patch))
-
-
 def load_sim_config(path: Path | None) -> SimConfig:
     """Read a TOML or JSON config file; None gives the defaults."""
     if path is None:

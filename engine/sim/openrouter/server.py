@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from engine.sim.openrouter import faults as fault_bodies
 from engine.sim.openrouter import refusals
 from engine.sim.openrouter.catalog import Pricing, SimEndpoint, SimModel
-from engine.sim.openrouter.config import HTTP_FAULTS, SimConfig, patched
+from engine.sim.openrouter.config import HTTP_FAULTS, SimConfig
 from engine.sim.openrouter.ledger import GenerationRecord, Ledger, ProviderAttempt
 from engine.sim.openrouter.limits import Hold, Limits, Refusal, preflight_estimate
 from engine.sim.openrouter.plan import Plan, make_plan, rand_id
@@ -44,6 +44,7 @@ from engine.sim.openrouter.stream import DONE, KEEPALIVE, ChunkBuilder, costs, r
 from engine.sim.openrouter.text import CONTENT_CYCLE, REASONING_CYCLE, degenerate, span
 from engine.sim.openrouter.tools import deltas, message_calls
 from engine.sim.openrouter.views import endpoint_entry, endpoint_id, generation_body, model_entry
+from engine.sim.patch import patched
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 _CUT_FAULTS = frozenset({"cut_mid_stream", "cut_nonstream_body"})

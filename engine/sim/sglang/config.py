@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from engine.sim.patch import merge_patch, patched
+
 __all__ = [
     "STARTUP_PHASES",
     "FaultConfig",
@@ -142,24 +144,6 @@ class SimSGLangConfig(BaseModel):
     @property
     def served_name(self) -> str:
         return self.served_model_name or self.model_path
-
-
-def merge_patch(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
-    """RFC 7386 merge: dicts merge recursively, null deletes a key (its default returns)."""
-    out = dict(base)
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        elif isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge_patch(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def patched(config: SimSGLangConfig, patch: dict[str, Any]) -> SimSGLangConfig:
-    """A new validated config with `patch` merged in; raises pydantic.ValidationError."""
-    return SimSGLangConfig.model_validate(merge_patch(config.model_dump(), patch))
 
 
 def problems(exc: ValidationError) -> str:
