@@ -17,45 +17,11 @@ from typing import Any
 
 from engine.datasets import Dataset, Prompt, canonical_sha256, iter_prompts
 
-KIMI_SYSTEM = "You are Kimi, an AI assistant created by Moonshot AI."
-
-KIMI_SPECIALS = [
-    "[BOS]",
-    "[EOS]",
-    "<|im_end|>",
-    "<|im_user|>",
-    "<|im_assistant|>",
-    "<|start_header_id|>",
-    "<|end_header_id|>",
-    "[EOT]",
-    "<|im_system|>",
-    "<|im_middle|>",
-    "<think>",
-    "</think>",
-]
-
-# §8.2: no newlines between turns, no BOS, the default system prompt when the first message is not
-# system, earlier assistant turns as <think></think>content, the `thinking` switch at the end.
-KIMI_TEMPLATE = (
-    "{%- if messages[0]['role'] != 'system' -%}"
-    "<|im_system|>system<|im_middle|>" + KIMI_SYSTEM + "<|im_end|>"
-    "{%- endif -%}"
-    "{%- for message in messages -%}"
-    "{%- if message['role'] == 'system' -%}"
-    "<|im_system|>system<|im_middle|>{{ message['content'] }}<|im_end|>"
-    "{%- elif message['role'] == 'user' -%}"
-    "<|im_user|>user<|im_middle|>{{ message['content'] }}<|im_end|>"
-    "{%- elif message['role'] == 'assistant' -%}"
-    "<|im_assistant|>assistant<|im_middle|><think></think>{{ message['content'] }}<|im_end|>"
-    "{%- else -%}"
-    "<|im_system|>{{ message['role'] }}<|im_middle|>{{ message['content'] }}<|im_end|>"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}"
-    "<|im_assistant|>assistant<|im_middle|>"
-    "{%- if thinking is defined and not thinking -%}<think></think>{%- else -%}<think>{%- endif -%}"
-    "{%- endif -%}"
-)
+# Kimi K2.5's special tokens and chat format (docs/data-contract.md §8.2): no newlines between turns,
+# no BOS, the default system prompt when the first message is not a system one, earlier assistant
+# turns as <think></think>content, the `thinking` switch at the end. One definition, shared with the
+# SGLang simulator's built-in tokenizer.
+from engine.sim.sglang.tokens import KIMI_SPECIALS, KIMI_SYSTEM, KIMI_TEMPLATE
 
 CHATML_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML_TEMPLATE = (

@@ -181,8 +181,9 @@ class SimTokenizer:
 
 # The built-in tokenizer: when `regen sim sglang` gets no --tokenizer, it serves a small byte-level
 # BPE trained on the simulator's own words, with Kimi K2.5's special tokens and chat format
-# (docs/sglang.md), so a bare simulator still speaks in real ids.
-_BUILTIN_SPECIALS = [
+# (docs/sglang.md, docs/data-contract.md §8), so a bare simulator still speaks in real ids. The
+# tests' tokenizers (tests/tokenizers_fixture.py) use the same tokens and template.
+KIMI_SPECIALS = [
     "[BOS]",
     "[EOS]",
     "<|im_end|>",
@@ -196,10 +197,10 @@ _BUILTIN_SPECIALS = [
     "<think>",
     "</think>",
 ]
-_BUILTIN_SYSTEM = "You are Kimi, an AI assistant created by Moonshot AI."
-_BUILTIN_TEMPLATE = (
+KIMI_SYSTEM = "You are Kimi, an AI assistant created by Moonshot AI."
+KIMI_TEMPLATE = (
     "{%- if messages[0]['role'] != 'system' -%}"
-    "<|im_system|>system<|im_middle|>" + _BUILTIN_SYSTEM + "<|im_end|>"
+    "<|im_system|>system<|im_middle|>" + KIMI_SYSTEM + "<|im_end|>"
     "{%- endif -%}"
     "{%- for message in messages -%}"
     "{%- if message['role'] == 'system' -%}"
@@ -230,7 +231,7 @@ def builtin_tokenizer_folder(folder: Path) -> Path:
         trainers,
     )
 
-    corpus = ["".join(CONTENT_CYCLE), "".join(REASONING_CYCLE), _BUILTIN_SYSTEM]
+    corpus = ["".join(CONTENT_CYCLE), "".join(REASONING_CYCLE), KIMI_SYSTEM]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
@@ -238,7 +239,7 @@ def builtin_tokenizer_folder(folder: Path) -> Path:
         vocab_size=1024, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
     )
     tok.train_from_iterator(corpus, trainer=trainer)
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in _BUILTIN_SPECIALS])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in KIMI_SPECIALS])
     folder.mkdir(parents=True, exist_ok=True)
     tok.save(str(folder / "tokenizer.json"))
     added = {
@@ -250,17 +251,17 @@ def builtin_tokenizer_folder(folder: Path) -> Path:
             "single_word": False,
             "special": True,
         }
-        for t in _BUILTIN_SPECIALS
+        for t in KIMI_SPECIALS
     }
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "added_tokens_decoder": added,
-        "additional_special_tokens": [t for t in _BUILTIN_SPECIALS if t not in ("[BOS]", "[EOS]")],
+        "additional_special_tokens": [t for t in KIMI_SPECIALS if t not in ("[BOS]", "[EOS]")],
         "bos_token": "[BOS]",
         "eos_token": "[EOS]",
         "clean_up_tokenization_spaces": False,
         "model_max_length": 1048576,
-        "chat_template": _BUILTIN_TEMPLATE,
+        "chat_template": KIMI_TEMPLATE,
     }
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     return folder
