@@ -11,7 +11,9 @@ and said, so the console and the command line show it.
 from __future__ import annotations
 
 import asyncio
+import base64
 import getpass
+import hashlib
 import os
 import random
 import time
@@ -366,10 +368,9 @@ class HostConnection:
 
 
 def _fingerprint(key: asyncssh.SSHKeyPair) -> str:
-    try:
-        return asyncssh.import_public_key(key.public_data).get_fingerprint("sha256")
-    except (asyncssh.KeyImportError, ValueError):  # pragma: no cover - keys loaded above always parse
-        return key.get_algorithm()
+    """OpenSSH's SHA256 fingerprint of a key: the unpadded base64 of the sha256 of its public blob."""
+    digest = hashlib.sha256(key.public_data).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
 
 
 def _os_reason(exc: BaseException) -> str:
