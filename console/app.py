@@ -152,6 +152,14 @@ class RegenApp(App[str]):
         ),
         Binding("t", "next_theme", "Theme", id="theme", show=False, tooltip="Next theme"),
         Binding(
+            "i",
+            "inspect_hosts",
+            "Inspect",
+            id="inspect",
+            show=False,
+            tooltip="Inspect the GPU hosts' datasets again",
+        ),
+        Binding(
             "question_mark", "help", "Help", id="help", key_display="?", tooltip="Every key and what it does"
         ),
         Binding("q", "detach", "Detach", id="detach", tooltip="Quit the console; the job keeps running"),
@@ -579,6 +587,9 @@ class RegenApp(App[str]):
 
     def action_resume_job(self) -> None:
         self.send("resume", "resume the job")
+
+    def action_inspect_hosts(self) -> None:
+        self.send("inspect", "inspect the GPU hosts")
 
     def send_include(self, slug: str) -> None:
         """Route to a provider again."""

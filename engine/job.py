@@ -42,6 +42,8 @@ from engine.backends.openrouter.errors import (
 )
 from engine.concurrency import AdaptiveLimit
 from engine.datasets import Dataset, DatasetError, discover, iter_prompts, scan
+from engine.host.errors import HostError
+from engine.host.monitor import HostMonitor
 from engine.jobstate import DatasetState, JobError, JobState, Outcome, StopReason
 from engine.jsonl import JsonlAppender
 from engine.money import (
@@ -171,6 +173,8 @@ class Job:
         # Recent events for attached consoles: operator actions, state changes and errors.
         self._recent: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
         self._recent_seq = 0
+        # GPU hosts: polled for the console's host pane (engine/host/monitor.py).
+        self.hosts = HostMonitor(settings.hosts)
 
     # ----------------------------------------------------------------------------- preparation
 
@@ -518,6 +522,7 @@ class Job:
         gc.freeze()
         watcher = asyncio.get_running_loop().create_task(self._watch_credits())
         self._background.add(watcher)
+        self.hosts.start()  # GPU hosts (engine/host/monitor.py)
         try:
             await self._dispatch()
             while self._flights:
@@ -1056,6 +1061,7 @@ class Job:
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+        await self.hosts.close()  # GPU hosts (engine/host/monitor.py)
         # Give cost lookups a short grace so the summary is exact; what is left stays estimated
         # in the journal and is looked up again by the next start.
         if self._reconcile_tasks and self._stop_mode != "cancel":
@@ -1141,6 +1147,11 @@ class Job:
                 if cancel
                 else "stopping: draining requests in flight"
             )
+        if name == "inspect":  # GPU hosts (engine/host/monitor.py)
+            try:
+                return self.hosts.inspect_now(str(args["host"]) if args.get("host") else None)
+            except HostError as exc:
+                raise JobError(str(exc)) from None
         raise JobError(f"unknown command {name!r}")
 
     # --------------------------------------------------------------------------------- snapshot

@@ -117,4 +117,5 @@ def build_snapshot(job: Job) -> dict[str, Any]:
             for name, s in job.datasets.items()
         ],
         "providers": providers,
+        "hosts": job.hosts.view(),  # GPU hosts (engine/host/monitor.py)
     }

@@ -101,9 +101,13 @@ class HostConnection:
         reconnects: int = RECONNECTS,
         backoff_base_s: float = BACKOFF_BASE_S,
         backoff_max_s: float = BACKOFF_MAX_S,
+        keepalive_interval_s: float = KEEPALIVE_INTERVAL_S,
+        keepalive_count_max: int = KEEPALIVE_COUNT_MAX,
         on_change: Callable[[HostConnection], None] | None = None,
     ) -> None:
         self.host = host
+        self.keepalive_interval_s = keepalive_interval_s
+        self.keepalive_count_max = keepalive_count_max
         self.name = host.name
         self.reconnects = reconnects
         self.backoff_base_s = backoff_base_s
@@ -147,24 +151,31 @@ class HostConnection:
     # ------------------------------------------------------------------------------ opening
 
     async def connect(self) -> asyncssh.SSHClientConnection:
-        """The open connection, opening it (up to CONNECT_ATTEMPTS tries) when there is none."""
-        return await self._connected(CONNECT_ATTEMPTS)
+        """The open connection, opening it when there is none.
 
-    async def _connected(self, attempts: int) -> asyncssh.SSHClientConnection:
+        A first connection gets CONNECT_ATTEMPTS tries; once one has been up, a lost connection
+        gets ``reconnects`` tries with backoff, each counted in ``retries``.
+        """
         async with self._lock:
             if self._closed:
                 raise HostUnreachable(f"{self.where}: connection closed")
             if self._conn is not None:
                 return self._conn
+            again = self.connected_at is not None
+            attempts = max(1, self.reconnects) if again else CONNECT_ATTEMPTS
             attempt = 0
             while True:
                 attempt += 1
+                if again:
+                    self.retries += 1
                 try:
                     return await self._open()
                 except HostError as exc:
                     if not exc.retryable or attempt >= attempts:
+                        if again and exc.retryable:
+                            exc = HostUnreachable(f"{exc}; gave up after {attempt} reconnect tries")
                         self._set(exc.state, str(exc))
-                        raise
+                        raise exc from None
                     delay = backoff_s(attempt, self.backoff_base_s, self.backoff_max_s)
                     self._set("reconnecting", f"{exc}; trying again in {delay:.1f} s")
                     await asyncio.sleep(delay)
@@ -192,8 +203,8 @@ class HostConnection:
                         password=None,
                         kbdint_auth=False,
                         gss_auth=False,
-                        keepalive_interval=KEEPALIVE_INTERVAL_S,
-                        keepalive_count_max=KEEPALIVE_COUNT_MAX,
+                        keepalive_interval=self.keepalive_interval_s,
+                        keepalive_count_max=self.keepalive_count_max,
                         connect_timeout=host.connect_timeout_s,
                         login_timeout=host.connect_timeout_s,
                     ),
@@ -308,7 +319,7 @@ class HostConnection:
         """
         drops = 0
         while True:
-            conn = await (self._connected(self.reconnects + 1) if drops else self.connect())
+            conn = await self.connect()
             try:
                 return await operation(conn)
             except _DROPPED as exc:
@@ -319,17 +330,12 @@ class HostConnection:
                 reason = str(exc) or type(exc).__name__
             self._forget(conn)
             drops += 1
-            self.retries += 1
             if drops > self.reconnects:
-                error = f"{self.where}: connection lost during {what} ({reason}); gave up after {self.reconnects} reconnects"
+                error = f"{self.where}: connection lost during {what} ({reason}) {drops} times; gave up"
                 self._set("unreachable", error)
                 raise HostUnreachable(error)
-            delay = backoff_s(drops, self.backoff_base_s, self.backoff_max_s)
-            self._notice(
-                f"{self.name}: connection lost during {what} ({reason}); reconnecting in {delay:.1f} s (retry {drops})"
-            )
-            self._set("reconnecting", f"connection lost during {what}; retry {drops} in {delay:.1f} s")
-            await asyncio.sleep(delay)
+            self._notice(f"{self.name}: connection lost during {what} ({reason}); reconnecting")
+            self._set("reconnecting", f"connection lost during {what}")
 
     async def hostcmd(self, argv: Sequence[str], *, timeout: float | None = None) -> ScriptResult:
         """``hostcmd.py ARGV...`` on the host (engine/host/scripts), retried after a drop."""
@@ -354,7 +360,7 @@ class HostConnection:
                 await asyncio.wait_for(conn.wait_closed(), 5.0)
             except (TimeoutError, OSError, asyncssh.Error):
                 conn.abort()
-        self.state = "closed"
+        self._set("closed")
 
     def view(self) -> dict[str, Any]:
         return {

@@ -7,6 +7,7 @@ first folder holds a fake ``nvidia-smi``: a real sshd, a real login shell, only 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -21,14 +22,19 @@ SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 PRIVSEP_DIR = Path("/run/sshd")
 
 FAKE_NVIDIA_SMI = r"""#!/bin/sh
-# A stand-in for nvidia-smi: two GPUs, one busy. When a file "hang-once" lies beside it, it removes
-# that file, writes its pid to "hanging" and sleeps: a test can then drop the connection while a
-# command waits here, and the retried command finds no "hang-once" and answers at once.
+# A stand-in for nvidia-smi: two GPUs, one busy. Each call appends "PID start|end TIME ARG" to
+# calls.log beside it, so tests can tell whether (and when) anything ran on the host. A file
+# "delay" beside it holds seconds to wait; a file "hang-once" makes one call remove it, write its
+# pid to "hanging" and sleep, so a test can drop the connection while a command waits here.
 here=$(dirname "$0")
+echo "$$ start $(date +%s.%N) $1" >> "$here/calls.log"
 if [ -e "$here/hang-once" ]; then
   rm -f "$here/hang-once"
   echo $$ > "$here/hanging.tmp" && mv "$here/hanging.tmp" "$here/hanging"
   exec sleep 30
+fi
+if [ -e "$here/delay" ]; then
+  sleep "$(cat "$here/delay")"
 fi
 case "$1" in
   --query-gpu=*)
@@ -40,6 +46,7 @@ case "$1" in
     ;;
   *) echo "fake nvidia-smi: unexpected $*" >&2; exit 9 ;;
 esac
+echo "$$ end $(date +%s.%N) $1" >> "$here/calls.log"
 """
 
 
@@ -126,7 +133,9 @@ class SshServer:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"sshd exited {self.proc.returncode}: {(self.root / 'sshd.log').read_text()}")
+                raise RuntimeError(
+                    f"sshd exited {self.proc.returncode}: {(self.root / 'sshd.log').read_text()}"
+                )
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
                     if s.recv(4).startswith(b"SSH-"):
@@ -151,22 +160,30 @@ class SshServer:
         self.start()
 
     def sessions(self) -> list[int]:
-        """Process ids of the per-connection sshd processes (children of the listener)."""
+        """Process ids of the per-connection sshd processes (children of the listener), from /proc."""
         if self.proc is None:
             return []
-        found = subprocess.run(
-            ["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True, check=False
-        ).stdout.split()
-        return [int(pid) for pid in found]
+        found = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(fields[1]) == self.proc.pid:
+                found.append(int(stat.parent.name))
+        return found
+
+    def calls(self) -> list[str]:
+        """The fake nvidia-smi's log: one line per start and end of a call on the host."""
+        log = self.bin_dir / "calls.log"
+        return log.read_text().splitlines() if log.exists() else []
 
     def kill_sessions(self) -> int:
         """Drop every open connection, as a host going away does; returns how many there were."""
         pids = self.sessions()
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         return len(pids)
 
 
