@@ -189,6 +189,22 @@ async def pull_file(
     )
 
 
+async def _manifest(conn: HostConnection, mode: str, names: Sequence[str]) -> dict[str, Any]:
+    """The host's datasets (and, for a pull, tokenizer files) with sizes and sha256, in one call."""
+    host = conn.host
+    result = await conn.hostcmd(["manifest", host.data_root, host.model_path or "", mode, *names])
+    manifest = result.one("manifest")
+    root = manifest["data_root"]
+    if root.get("error"):
+        raise TransferError(f"{host.name}: data_root {root['path']} {root['error']}")
+    if manifest["unknown_datasets"]:
+        raise TransferError(
+            f"{host.name}: no dataset {', '.join(map(repr, manifest['unknown_datasets']))} under {root['path']} "
+            f"(found: {', '.join(manifest['found']) or 'none'})"
+        )
+    return manifest
+
+
 async def pull(
     conn: HostConnection,
     workspace: Path,
@@ -205,59 +221,34 @@ async def pull(
         if on_outcome is not None:
             on_outcome(outcome)
 
-    listing = (await conn.hostcmd(["datasets", host.data_root])).one("datasets")
-    if listing.get("error"):
-        raise TransferError(f"{host.name}: data_root {listing['path']} {listing['error']}")
-    found = {d["name"]: d for d in listing["datasets"]}
-    unknown = [n for n in names if n not in found]
-    if unknown:
-        raise TransferError(
-            f"{host.name}: no dataset {', '.join(map(repr, unknown))} under {listing['path']} "
-            f"(found: {', '.join(sorted(found)) or 'none'})"
-        )
-    chosen = [found[n] for n in names] if names else list(found.values())
-    digests = await _digests(conn, [d["prompts"] for d in chosen])
-    for ds, digest in zip(chosen, digests, strict=True):
+    manifest = await _manifest(conn, "pull", names)
+    for ds in manifest["datasets"]:
         if ds["name_problem"]:
             report.warnings.append(
                 f"{ds['name']}: {ds['name_problem']}; rename its folder under {datasets_dir(workspace)} before a run"
             )
+        digest = ds["prompts"]
         dest = datasets_dir(workspace) / ds["name"] / PROMPTS_FILE
         done(
             await pull_file(
                 conn, digest["path"], digest["bytes"], digest["sha256"], dest, f"{ds['name']}/{PROMPTS_FILE}"
             )
         )
-    if host.model_path:
-        await _pull_tokenizer(conn, workspace, report, done)
-    else:
+    tokenizer = manifest.get("tokenizer")
+    if not host.model_path:
         report.warnings.append(f"{host.name}: no model_path set, so no tokenizer files were pulled")
-    return report
-
-
-async def _pull_tokenizer(
-    conn: HostConnection, workspace: Path, report: Report, done: Callable[[Outcome], None]
-) -> None:
-    host = conn.host
-    assert host.model_path is not None
-    listing = (await conn.hostcmd(["tokenizer", host.model_path])).one("tokenizer")
-    if not listing.get("exists"):
+    elif not tokenizer or not tokenizer.get("exists"):
         report.warnings.append(
-            f"{host.name}: model_path {listing['path']} does not exist; no tokenizer files pulled"
+            f"{host.name}: model_path {host.model_path} does not exist; no tokenizer files pulled"
         )
-        return
-    for name in listing.get("missing") or []:
-        report.warnings.append(f"{host.name}: {name} is named in auto_map but not in {listing['path']}")
-    files = listing.get("files") or []
-    digests = await _digests(conn, [f["path"] for f in files])
-    for f, digest in zip(files, digests, strict=True):
-        # The name comes from a fixed list or a checked module name (probe.py), never a path.
-        dest = tokenizer_dir(workspace) / Path(f["name"]).name
-        done(
-            await pull_file(
-                conn, digest["path"], digest["bytes"], digest["sha256"], dest, f"tokenizer/{f['name']}"
-            )
-        )
+    else:
+        for name in tokenizer.get("missing") or []:
+            report.warnings.append(f"{host.name}: {name} is named in auto_map but not in {tokenizer['path']}")
+        for f in tokenizer.get("files") or []:
+            # The name comes from a fixed list or a checked module name (probe.py), never a path.
+            dest = tokenizer_dir(workspace) / Path(f["name"]).name
+            done(await pull_file(conn, f["path"], f["bytes"], f["sha256"], dest, f"tokenizer/{f['name']}"))
+    return report
 
 
 # ---------------------------------------------------------------------------------------------
@@ -289,14 +280,26 @@ async def push(
     if not chosen:
         report.warnings.append(f"nothing to push: no dataset under {root} has a {RESULTS_FILE}")
         return report
-    listing = (await conn.hostcmd(["datasets", host.data_root])).one("datasets")
-    remote = {d["name"]: d for d in listing.get("datasets") or []}
+    manifest = await _manifest_for_push(conn, chosen)
+    remote = {d["name"]: d for d in manifest["datasets"]}
     for name in chosen:
-        outcome = await _push_one(conn, name, local[name], remote.get(name), listing["path"])
+        outcome = await _push_one(conn, name, local[name], remote.get(name), manifest["data_root"]["path"])
         report.outcomes.append(outcome)
         if on_outcome is not None:
             on_outcome(outcome)
     return report
+
+
+async def _manifest_for_push(conn: HostConnection, names: Sequence[str]) -> dict[str, Any]:
+    # A dataset the host lacks is refused per dataset below, not for the whole push.
+    host = conn.host
+    result = await conn.hostcmd(["manifest", host.data_root, host.model_path or "", "push", *names])
+    manifest = result.one("manifest")
+    if manifest["data_root"].get("error"):
+        raise TransferError(
+            f"{host.name}: data_root {manifest['data_root']['path']} {manifest['data_root']['error']}"
+        )
+    return manifest
 
 
 async def _push_one(
@@ -309,8 +312,8 @@ async def _push_one(
     length = await asyncio.to_thread(whole_lines_size, results)
     local_sha = await asyncio.to_thread(sha256_file, results, length)
     prompts_here = folder / PROMPTS_FILE
-    target = f"{remote['path']}/{RESULTS_FILE}"
-    there_prompts, there = await _digests(conn, [remote["prompts"], target])
+    there_prompts, there = remote["prompts"], remote["results"]
+    target = there["path"]
     if prompts_here.is_file():
         here_prompts = await asyncio.to_thread(sha256_file, prompts_here)
         if here_prompts != there_prompts.get("sha256"):

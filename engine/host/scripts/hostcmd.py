@@ -7,6 +7,10 @@ arguments arrive as argv, so a dataset named ``$(touch x)`` is only ever a strin
     status DATA_ROOT MODEL_PATH              GPUs and disk, for the console's polls
     datasets DATA_ROOT                       the datasets under DATA_ROOT
     tokenizer MODEL_PATH                     the model folder's tokenizer files
+    manifest DATA_ROOT MODEL_PATH pull|push [NAME...]
+                                             what a pull or push needs in one call: the datasets
+                                             with the size and sha256 of their files, and (pull)
+                                             the tokenizer files with theirs
     digest PATH PREFIX [PATH PREFIX...]      size and sha256 of each file (PREFIX "" for all of it)
 """
 
@@ -56,6 +60,35 @@ def _inspect(data_root: str, model_path: str, names: Sequence[str]) -> None:
     )
 
 
+def _manifest(data_root: str, model_path: str, mode: str, names: Sequence[str]) -> None:
+    listing = probe.list_datasets(data_root)
+    wanted = set(names)
+    datasets = []
+    for ds in listing["datasets"]:
+        if wanted and ds["name"] not in wanted:
+            continue
+        entry = {k: ds[k] for k in ("name", "path", "name_problem")}
+        entry["prompts"] = probe.file_digest(ds["prompts"])
+        if mode == "push":
+            entry["results"] = probe.file_digest(ds["path"] + "/" + probe.RESULTS_FILE)
+        datasets.append(entry)
+    tokenizer = None
+    if mode == "pull" and model_path:
+        tokenizer = probe.tokenizer_files(model_path)
+        for f in tokenizer["files"]:
+            f.update(probe.file_digest(f["path"]))
+    _emit(
+        {
+            "type": "manifest",
+            "data_root": {"path": listing["path"], "error": listing["error"]},
+            "datasets": datasets,
+            "unknown_datasets": sorted(wanted - {d["name"] for d in listing["datasets"]}),
+            "found": [d["name"] for d in listing["datasets"]],
+            "tokenizer": tokenizer,
+        }
+    )
+
+
 def _status(data_root: str, model_path: str) -> None:
     gpus = probe.gpus()
     _emit(
@@ -79,6 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             _inspect(rest[0], rest[1], rest[2:])
         elif command == "status" and len(rest) == 2:
             _status(rest[0], rest[1])
+        elif command == "manifest" and len(rest) >= 3 and rest[2] in ("pull", "push"):
+            _manifest(rest[0], rest[1], rest[2], rest[3:])
         elif command == "datasets" and len(rest) == 1:
             _emit({"type": "datasets"} | probe.list_datasets(rest[0]))
         elif command == "tokenizer" and len(rest) == 1:
