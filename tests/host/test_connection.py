@@ -27,7 +27,9 @@ def logins(server: SshServer) -> int:
     return (server.root / "sshd.log").read_text().count("Accepted publickey")
 
 
-async def refused_before_anything_ran(server: SshServer, conn: HostConnection, marker: Path) -> HostKeyRefused:
+async def refused_before_anything_ran(
+    server: SshServer, conn: HostConnection, marker: Path
+) -> HostKeyRefused:
     calls, seen = server.calls(), logins(server)
     with pytest.raises(HostKeyRefused) as info:
         await conn.run(lambda c: c.run(f"touch {marker}", check=True), "touch")
@@ -88,7 +90,9 @@ def test_the_cli_refuses_an_unknown_key_exit_1(
 ) -> None:
     known = tmp_path / "known_hosts"
     known.write_text("")
-    settings = write_settings(tmp_path / "s.toml", [make_host(sshd, tree, known_hosts=known)], tmp_path / "ws")
+    settings = write_settings(
+        tmp_path / "s.toml", [make_host(sshd, tree, known_hosts=known)], tmp_path / "ws"
+    )
     calls = sshd.calls()
     done = regen("inspect", "--settings", str(settings))
     assert done.returncode == 1 and "Traceback" not in done.stderr
@@ -123,7 +127,9 @@ async def test_without_key_files_the_default_keys_are_used_and_named(
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     host = make_host(sshd, tree, key_files=[])
-    with pytest.raises(AuthFailed, match=r"keys tried: none \(no SSH agent, no ~/.ssh/id_\* key; set key_files\)"):
+    with pytest.raises(
+        AuthFailed, match=r"keys tried: none \(no SSH agent, no ~/.ssh/id_\* key; set key_files\)"
+    ):
         await HostConnection(host).connect()
     keygen(home / ".ssh" / "id_rsa", "rsa")
     with pytest.raises(AuthFailed, match=f"keys tried: {home}/.ssh/id_rsa \\(SHA256:"):
@@ -154,7 +160,7 @@ async def test_an_unreachable_host_is_retried_then_reported(
 ) -> None:
     conn = HostConnection(make_host(sshd, tree, port=free_port()), backoff_base_s=0.05)
     began = time.monotonic()
-    with pytest.raises(HostUnreachable, match="cannot connect: Connect call failed|cannot connect"):
+    with pytest.raises(HostUnreachable, match="cannot connect"):
         await conn.connect()
     assert time.monotonic() - began < 5 and conn.state == "unreachable"
 
@@ -193,7 +199,9 @@ async def test_a_restarted_sshd_is_reconnected_with_backoff(
 ) -> None:
     server = own_sshd
     states: list[str] = []
-    conn = HostConnection(make_host(server, tree), backoff_base_s=0.2, on_change=lambda c: states.append(c.state))
+    conn = HostConnection(
+        make_host(server, tree), backoff_base_s=0.2, on_change=lambda c: states.append(c.state)
+    )
     try:
         await conn.hostcmd(["status", str(tree["data"]), ""])
         server.stop()

@@ -44,7 +44,9 @@ async def test_every_line_is_checked_on_the_host_by_the_jobs_rules(
 
     # The same rules as the job's own scan, line for line.
     local = scan(Dataset("B1", tree["b1"]))
-    assert [(i.line + 1, i.reason) for i in local.invalid] == [(i["line"], i["reason"]) for i in b1["invalid"]]
+    assert [(i.line + 1, i.reason) for i in local.invalid] == [
+        (i["line"], i["reason"]) for i in b1["invalid"]
+    ]
     assert b1["duplicates"] == local.duplicates
     assert b1["turns"] == {str(k): v for k, v in sorted(local.turns.items())}
     assert b1["content_chars"] == local.content_chars_percentiles() and b1["content_chars_exact"]
@@ -184,7 +186,9 @@ def test_old_python_on_the_host_is_named(
 ) -> None:
     fake = sshd.bin_dir / "python-old"
     # Called as "python-old -c BOOTSTRAP": a real Python that says it is 3.8, then runs the bootstrap.
-    fake.write_text("#!/bin/sh\nexec python3 -c 'import sys; sys.version_info = (3, 8, 0); exec(sys.argv[1])' \"$2\"\n")
+    fake.write_text(
+        "#!/bin/sh\nexec python3 -c 'import sys; sys.version_info = (3, 8, 0); exec(sys.argv[1])' \"$2\"\n"
+    )
     fake.chmod(0o755)
     host = make_host(sshd, tree, python=str(fake))
     settings = write_settings(tmp_path / "settings.toml", [host], tmp_path / "ws")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -60,7 +61,7 @@ async def test_polls_never_overlap_and_the_view_is_plain_data(
     assert host["disk"]["data_root"]["free_bytes"] > 0
     calls = sorted(spans(server, "--query-gpu"))
     assert len(calls) >= 3
-    for (_, end), (start, _) in zip(calls, calls[1:], strict=False):
+    for (_, end), (start, _) in itertools.pairwise(calls):
         assert start >= end, "a poll began before the one before it had finished"
     assert host["state"] == "closed"
 

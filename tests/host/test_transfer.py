@@ -76,7 +76,11 @@ def test_a_run_uses_pulled_datasets(
     verify = regen("verify", "--settings", str(settings))
     assert f"{ws / 'tokenizer'}: this tokenizer runs its own Python code" in verify.stderr
     explicit = tmp_path / "explicit.toml"
-    explicit.write_text(settings.read_text().replace(f'workspace = "{ws}"', f'workspace = "{ws}"\n[job]\ndatasets = ["elsewhere"]'))
+    explicit.write_text(
+        settings.read_text().replace(
+            f'workspace = "{ws}"', f'workspace = "{ws}"\n[job]\ndatasets = ["elsewhere"]'
+        )
+    )
     assert load_settings(explicit).job.dataset_roots == [], "settings given explicitly win"
 
 
@@ -171,7 +175,9 @@ def rows(*lines: int) -> bytes:
     return b"".join(orjson.dumps({"id": f"B1-{i:08d}", "line": i, "status": "ok"}) + b"\n" for i in lines)
 
 
-async def pulled_workspace(sshd: SshServer, tree: dict[str, Path], make_host: HostFactory, ws: Path) -> HostConnection:
+async def pulled_workspace(
+    sshd: SshServer, tree: dict[str, Path], make_host: HostFactory, ws: Path
+) -> HostConnection:
     conn = HostConnection(make_host(sshd, tree))
     report = await pull(conn, ws)
     assert report.ok
@@ -195,7 +201,9 @@ async def test_push_appends_the_missing_tail_and_creates_what_is_missing(
     finally:
         await conn.close()
     actions = {o.what: o.action for o in report.outcomes}
-    assert actions == {"B1/raw_responses.jsonl": "appended", "$(touch x)/raw_responses.jsonl": "created"}, report
+    assert actions == {"B1/raw_responses.jsonl": "appended", "$(touch x)/raw_responses.jsonl": "created"}, (
+        report
+    )
     assert remote_b1.read_bytes() == host_rows + rows(10, 11, 12), "the tail appended, the torn row held back"
     assert (own_tree["data"] / "$(touch x)" / "raw_responses.jsonl").read_bytes() == rows(0, 1)
     assert not list(own_tree["data"].rglob("*.regen-push.tmp"))
