@@ -117,7 +117,7 @@ def test_an_interrupted_pull_resumes_where_it_stopped(
         for i in range(2000)
     )
     with open(big / "prompts.jsonl", "wb") as f:
-        for _ in range(200):  # ~70 MB
+        for _ in range(120):  # ~40 MB
             f.write(block)
     total = (big / "prompts.jsonl").stat().st_size
     ws = tmp_path / "ws"
@@ -210,42 +210,67 @@ async def test_push_appends_the_missing_tail_and_creates_what_is_missing(
     assert not (Path.home() / "x").exists()
 
 
-def test_push_refuses_to_clobber_and_says_why(
+async def test_push_refuses_to_clobber_and_says_why(
+    sshd: SshServer, own_tree: dict[str, Path], make_host: HostFactory, tmp_path: Path
+) -> None:
+    ws = tmp_path / "ws"
+    conn = await pulled_workspace(sshd, own_tree, make_host, ws)
+    remote = own_tree["b1"] / "raw_responses.jsonl"
+    host_rows = remote.read_bytes()
+    local = ws / "datasets" / "B1" / "raw_responses.jsonl"
+    prompts = ws / "datasets" / "B1" / "prompts.jsonl"
+
+    async def refused(why: str) -> None:
+        report = await push(conn, ws, ["B1"])
+        assert not report.ok and report.outcomes[0].action == "refused"
+        assert why in report.outcomes[0].detail, report.outcomes[0].detail
+        assert remote.read_bytes() == host_rows, "the host's file is untouched"
+
+    try:
+        # A different history: the first row differs, the rest would fit.
+        local.write_bytes(rows(99) + host_rows[host_rows.index(b"\n") + 1 :] + rows(10))
+        await refused("is not a prefix of the local one")
+        # The host has more than the local file: never truncated.
+        local.write_bytes(host_rows[: host_rows.index(b"\n") + 1])
+        await refused("never truncated")
+        # Results for prompts that are not the host's.
+        prompts.write_bytes(prompts.read_bytes() + b'{"messages": [{"role": "user", "content": "extra"}]}\n')
+        local.write_bytes(host_rows + rows(10))
+        await refused("belong to other prompts")
+        # Equal files: nothing to do.
+        prompts.write_bytes((own_tree["b1"] / "prompts.jsonl").read_bytes())
+        local.write_bytes(host_rows)
+        report = await push(conn, ws, ["B1"])
+        assert report.ok and report.outcomes[0].action == "up to date"
+    finally:
+        await conn.close()
+
+
+def test_the_push_command_exits_1_on_a_refusal_and_0_when_in_step(
     sshd: SshServer, own_tree: dict[str, Path], make_host: HostFactory, tmp_path: Path
 ) -> None:
     ws = tmp_path / "ws"
     settings = write_settings(tmp_path / "settings.toml", [make_host(sshd, own_tree)], ws)
-    assert regen("pull", "--settings", str(settings)).returncode == 0
+    assert regen("pull", "--settings", str(settings), "B1").returncode == 0
     remote = own_tree["b1"] / "raw_responses.jsonl"
     host_rows = remote.read_bytes()
     local = ws / "datasets" / "B1" / "raw_responses.jsonl"
-
-    # Same length class, different history: the first row differs.
-    local.write_bytes(rows(99) + host_rows[host_rows.index(b"\n") + 1 :] + rows(10))
-    done = regen("push", "--settings", str(settings), "B1")
-    assert done.returncode == 1 and "is not a prefix of the local one" in done.stderr
-    assert remote.read_bytes() == host_rows
-
-    # The host has more than the local file: never truncated.
-    local.write_bytes(host_rows[: host_rows.index(b"\n") + 1])
-    done = regen("push", "--settings", str(settings), "B1")
-    assert done.returncode == 1 and "is longer" in done.stderr and "never truncated" in done.stderr
-    assert remote.read_bytes() == host_rows
-
-    # Results for prompts that are not the host's.
-    prompts = ws / "datasets" / "B1" / "prompts.jsonl"
-    prompts.write_bytes(prompts.read_bytes() + b'{"messages": [{"role": "user", "content": "extra"}]}\n')
+    local.write_bytes(rows(99) + host_rows)
+    done = regen("push", "--settings", str(settings))
+    assert done.returncode == 1 and "B1/raw_responses.jsonl" in done.stderr and "not a prefix" in done.stderr
+    assert "Traceback" not in done.stderr and remote.read_bytes() == host_rows
     local.write_bytes(host_rows + rows(10))
-    done = regen("push", "--settings", str(settings), "B1")
-    assert done.returncode == 1 and "belong to other prompts" in done.stderr
-    assert remote.read_bytes() == host_rows
-
-    # Equal files: nothing to do, exit 0.
-    prompts.write_bytes((own_tree["b1"] / "prompts.jsonl").read_bytes())
-    local.write_bytes(host_rows)
-    done = regen("push", "--settings", str(settings), "B1", "--json")
+    done = regen("push", "--settings", str(settings), "--json")
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["files"][0]["action"] == "up to date"
+    assert json.loads(done.stdout)["files"] == [
+        {
+            "file": "B1/raw_responses.jsonl",
+            "action": "appended",
+            "detail": f"{len(rows(10)):,} bytes after the host's {len(host_rows):,}",
+            "bytes": len(rows(10)),
+            "ok": True,
+        }
+    ]
 
 
 def test_push_to_a_dataset_the_host_lacks_is_refused(
