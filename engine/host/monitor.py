@@ -119,7 +119,8 @@ class HostMonitor:
         if not self._started:
             raise HostError("the host monitor is not running")
         chosen = [self._hosts[name]] if name else list(self._hosts.values())
-        started, busy = [], []
+        started: list[str] = []
+        busy: list[str] = []
         for host in chosen:
             (started if self._start_inspect(host) else busy).append(host.settings.name)
         parts = []

@@ -69,8 +69,8 @@ def _keyscan_type(algorithm: str) -> str:
 
 def backoff_s(attempt: int, base: float = BACKOFF_BASE_S, most: float = BACKOFF_MAX_S) -> float:
     """Delay before try ``attempt`` (1-based): doubling from ``base``, capped, jittered down by up to half."""
-    bound = min(most, base * 2 ** (attempt - 1))
-    return bound * (0.5 + random.random() / 2)
+    bound = min(most, base * 2.0 ** (attempt - 1))
+    return float(bound * (0.5 + random.random() / 2))
 
 
 class _Client(asyncssh.SSHClient):

@@ -21,7 +21,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import asyncssh
 
@@ -164,7 +164,7 @@ async def pull_file(
         async with ssh.start_sftp_client() as sftp, sftp.open(remote, "rb") as src:
             with open(part, "ab") as out:
                 while offset < size:
-                    block = await src.read(min(CHUNK, size - offset), offset)
+                    block = cast(bytes, await src.read(min(CHUNK, size - offset), offset))
                     if not block:
                         raise TransferError(f"{label}: the host file ended at {offset} of {size} bytes")
                     out.write(block)

@@ -21,6 +21,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from engine.datasets import RESULTS_FILE
 from engine.host.scripts import probe, survey
 
 
@@ -70,7 +71,7 @@ def _manifest(data_root: str, model_path: str, mode: str, names: Sequence[str]) 
         entry = {k: ds[k] for k in ("name", "path", "name_problem")}
         entry["prompts"] = probe.file_digest(ds["prompts"])
         if mode == "push":
-            entry["results"] = probe.file_digest(ds["path"] + "/" + probe.RESULTS_FILE)
+            entry["results"] = probe.file_digest(ds["path"] + "/" + RESULTS_FILE)
         datasets.append(entry)
     tokenizer = None
     if mode == "pull" and model_path:

@@ -208,8 +208,10 @@ def model_folder(model_path: str | None) -> dict[str, Any] | None:
         out["error"] = f"config.json: {exc}"
         config = {}
     if isinstance(config, dict):
-        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-        quant = config.get("quantization_config") or text.get("quantization_config")
+        text = config.get("text_config")
+        quant = config.get("quantization_config") or (
+            text.get("quantization_config") if isinstance(text, dict) else None
+        )
         out["architectures"] = config.get("architectures")
         out["model_type"] = config.get("model_type")
         # Scalars only: quantization configs can hold long module lists.
@@ -242,7 +244,7 @@ def list_datasets(data_root: str) -> dict[str, Any]:
             "error": "does not exist" if not os.path.exists(root) else "is not a folder",
             "datasets": [],
         }
-    found = []
+    found: list[dict[str, Any]] = []
     with os.scandir(root) as entries:
         for entry in entries:
             if entry.name.startswith(".") or not entry.is_dir():
@@ -261,7 +263,7 @@ def list_datasets(data_root: str) -> dict[str, Any]:
                     "name_problem": name_problem(entry.name),
                 }
             )
-    found.sort(key=lambda d: d["name"])
+    found.sort(key=lambda d: str(d["name"]))
     return {"path": root, "error": None, "datasets": found}
 
 

@@ -30,6 +30,7 @@ import tempfile
 import time
 from array import array
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from engine.datasets import RESULTS_FILE, check_line, read_lines, reason_kind
@@ -260,7 +261,7 @@ class _Window:
 
 def _check_range(path: str, start: int, end: int, spill: DigestSpill) -> dict[str, Any]:
     """Check the lines in bytes [start, end) of ``path``; line numbers are 0-based from ``start``."""
-    lines = read_lines(_Window(open(path, "rb", buffering=0), start, end), path)  # noqa: SIM115
+    lines = read_lines(_Window(open(path, "rb", buffering=0), start, end), Path(path))  # noqa: SIM115
     invalid: list[tuple[int, str]] = []
     invalid_count = 0
     kinds: dict[str, list[Any]] = {}
@@ -275,7 +276,7 @@ def _check_range(path: str, start: int, end: int, spill: DigestSpill) -> dict[st
     line = -1
     for line, raw in enumerate(lines):
         checked = check_line(raw)
-        if type(checked) is str:
+        if isinstance(checked, str):
             invalid_count += 1
             if len(invalid) < INVALID_CAP:
                 invalid.append((line, checked))
@@ -526,7 +527,7 @@ def results_coverage(folder: str, prompts: int) -> dict[str, Any] | None:
     size = os.fstat(f.fileno()).st_size
     seen = bytearray((prompts + 7) // 8)
     rows = covered = duplicate = stray = bad = 0
-    for raw in read_lines(_Window(f, 0, size), path):
+    for raw in read_lines(_Window(f, 0, size), Path(path)):
         rows += 1
         try:
             line = _loads(raw).get("line")
