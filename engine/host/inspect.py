@@ -139,6 +139,8 @@ def _gpu(g: dict[str, Any]) -> str:
 
 
 def _dataset_lines(d: dict[str, Any]) -> list[str]:
+    if d.get("error"):
+        return [f"  dataset {d.get('name')} ({d.get('path')}): {d['error']}"]
     chars = d.get("content_chars") or {}
     approx = "" if d.get("content_chars_exact", True) else "~"
     turns = " ".join(f"{k}:{_n(v)}" for k, v in (d.get("turns") or {}).items()) or "none"

@@ -223,3 +223,14 @@ def test_ssh_baseline_sees_the_same_file(sshd: SshServer, tree: dict[str, Path],
         stdin=subprocess.DEVNULL,
     ).stdout.split()
     assert out[0] == "40" and out[2] == hashlib.sha256(prompts.read_bytes()).hexdigest()
+
+
+def test_the_command_line_is_fixed_and_quoted() -> None:
+    from engine.host.remote import BOOTSTRAP, command_line
+
+    assert command_line("python3") == f"python3 -c '{BOOTSTRAP}'"
+    assert command_line("'/opt/py env/bin/python'") == f"'/opt/py env/bin/python' -c '{BOOTSTRAP}'"
+    assert command_line("~/venv/bin/python") == f"\"$HOME\"/venv/bin/python -c '{BOOTSTRAP}'"
+    assert command_line("env A=1 python3 -X utf8") == f"env A=1 python3 -X utf8 -c '{BOOTSTRAP}'"
+    assert command_line("python3; rm -rf ~").startswith("'python3;' rm -rf '~' -c")
+    assert not set("'\\!") & set(BOOTSTRAP), "the bootstrap must read the same in every shell"

@@ -36,12 +36,14 @@ def _inspect(data_root: str, model_path: str, names: Sequence[str]) -> None:
     for ds in listing["datasets"]:
         if wanted and ds["name"] not in wanted:
             continue
-        record = survey.survey(ds["prompts"])
-        record["results"] = survey.results_coverage(ds["path"], record["lines"])
-        _emit(
-            {"type": "dataset", "name": ds["name"], "path": ds["path"], "name_problem": ds["name_problem"]}
-            | record
-        )
+        head = {"type": "dataset", "name": ds["name"], "path": ds["path"], "name_problem": ds["name_problem"]}
+        try:
+            record = survey.survey(ds["prompts"])
+            record["results"] = survey.results_coverage(ds["path"], record["lines"])
+        except OSError as exc:  # one unreadable dataset is a finding; the others are still checked
+            _emit(head | {"error": f"cannot read: {exc.strerror or exc}"})
+            continue
+        _emit(head | record)
     gpus = probe.gpus()
     _emit(
         {
