@@ -227,7 +227,7 @@ class HostSettings(_Section):
     model_path: str | None = None
     """The model folder on the host that SGLang loads, holding config.json and the tokenizer files."""
     python: str = "python3"
-    """The Python interpreter on the host (3.10 or newer) that runs regen's inspection scripts."""
+    """The Python interpreter on the host (3.10 or newer) for regen's scripts: a command or path, split as a shell would (quote a path with spaces)."""
     sglang_port: int | None = Field(None, ge=1, le=65535)
     """Port of SGLang on this host; empty for sglang.port."""
     poll_interval_s: float = Field(10.0, gt=0)

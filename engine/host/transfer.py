@@ -37,7 +37,8 @@ PUSH_TMP_SUFFIX = ".regen-push.tmp"
 
 @dataclass(slots=True)
 class Outcome:
-    """What happened to one file: ``action`` is pulled, resumed, up to date, appended, created or refused."""
+    """What happened to one file: ``action`` is pulled, resumed, up to date, appended, created or refused;
+    ``bytes`` is what this run sent over the connection."""
 
     what: str
     action: str
@@ -158,7 +159,10 @@ async def pull_file(
         part.unlink()
         start = 0
 
+    copied = 0
+
     async def copy(ssh: asyncssh.SSHClientConnection) -> None:
+        nonlocal copied
         # Each try (after a dropped connection too) continues from what the part already holds.
         offset = part.stat().st_size if part.exists() else 0
         async with ssh.start_sftp_client() as sftp, sftp.open(remote, "rb") as src:
@@ -170,6 +174,7 @@ async def pull_file(
                     out.write(block)
                     out.flush()
                     offset += len(block)
+                    copied += len(block)
                 os.fsync(out.fileno())
 
     await conn.run(copy, f"pull of {label}")
@@ -184,9 +189,7 @@ async def pull_file(
         )
     os.replace(part, dest)
     _fsync_dir(dest.parent)
-    return Outcome(
-        label, "resumed" if start else "pulled", f"from byte {start:,}" if start else "", size - start
-    )
+    return Outcome(label, "resumed" if start else "pulled", f"from byte {start:,}" if start else "", copied)
 
 
 async def _manifest(conn: HostConnection, mode: str, names: Sequence[str]) -> dict[str, Any]:

@@ -282,3 +282,17 @@ def test_push_to_a_dataset_the_host_lacks_is_refused(
     settings = write_settings(tmp_path / "settings.toml", [make_host(sshd, tree)], ws)
     done = regen("push", "--settings", str(settings))
     assert done.returncode == 1 and "the host has no dataset 'local-only'" in done.stderr
+
+
+def test_odd_names_given_on_the_command_line_are_only_names(
+    sshd: SshServer, tree: dict[str, Path], make_host: HostFactory, tmp_path: Path
+) -> None:
+    ws = tmp_path / "ws"
+    settings = write_settings(tmp_path / "settings.toml", [make_host(sshd, tree)], ws)
+    done = regen("pull", "--settings", str(settings), "$(touch x)", "a b;c", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    for name in ("$(touch x)", "a b;c"):
+        assert sha(ws / "datasets" / name / "prompts.jsonl") == sha(tree["data"] / name / "prompts.jsonl")
+    assert not (ws / "datasets" / "B1").exists()
+    for folder in (Path.home(), tmp_path, tree["data"], tree["data"].parent):
+        assert not (folder / "x").exists(), folder
