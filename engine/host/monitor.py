@@ -14,12 +14,13 @@ import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.host.errors import HostError
-from engine.host.inspect import inspect_host, summary
-from engine.host.ssh import BACKOFF_MAX_S, HostConnection, backoff_s
-from engine.settings import HostSettings
+
+if TYPE_CHECKING:
+    from engine.host.ssh import HostConnection
+    from engine.settings import HostSettings
 
 # While a host fails, polls back off to at most this (a refused key waits for the operator).
 FAILING_POLL_MAX_S = 60.0
@@ -46,7 +47,12 @@ class HostMonitor:
 
     def __init__(self, hosts: Sequence[HostSettings], *, inspect_at_start: bool = True) -> None:
         self.inspect_at_start = inspect_at_start
-        self._hosts = {h.name: _Host(h, HostConnection(h)) for h in hosts}
+        self._hosts: dict[str, _Host] = {}
+        if hosts:
+            # Imported only with hosts to watch: SSH costs a job without any a quarter second to start.
+            from engine.host.ssh import HostConnection
+
+            self._hosts = {h.name: _Host(h, HostConnection(h)) for h in hosts}
         self._started = False
         self._closed = False
 
@@ -100,6 +106,8 @@ class HostMonitor:
         while not self._closed:
             await self.poll_once(host)
             if host.failures:
+                from engine.host.ssh import BACKOFF_MAX_S, backoff_s
+
                 delay = min(
                     FAILING_POLL_MAX_S,
                     max(host.settings.poll_interval_s, backoff_s(host.failures, 1.0, BACKOFF_MAX_S * 6)),
@@ -142,6 +150,8 @@ class HostMonitor:
         return True
 
     async def _inspect(self, host: _Host, began: float) -> None:
+        from engine.host.inspect import inspect_host, summary
+
         try:
             record = await inspect_host(host.conn)
         except HostError as exc:

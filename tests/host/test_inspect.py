@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -234,3 +235,26 @@ def test_the_command_line_is_fixed_and_quoted() -> None:
     assert command_line("env A=1 python3 -X utf8") == f"env A=1 python3 -X utf8 -c '{BOOTSTRAP}'"
     assert command_line("python3; rm -rf ~").startswith("'python3;' rm -rf '~' -c")
     assert not set("'\\!") & set(BOOTSTRAP), "the bootstrap must read the same in every shell"
+
+
+async def test_the_scripts_need_only_the_standard_library(
+    sshd: SshServer, tree: dict[str, Path], make_host: HostFactory
+) -> None:
+    """-S: no site-packages at all (no orjson, nothing of regen's): the same findings, line for line."""
+    bare = "/usr/bin/python3"
+    if not Path(bare).exists():  # pragma: no cover - every Debian with python3-venv has it
+        pytest.skip("no system python3")
+    records = []
+    for python in (bare + " -I -S", sys.executable):
+        conn = HostConnection(make_host(sshd, tree, python=python))
+        try:
+            records.append(await inspect_host(conn))
+        finally:
+            await conn.close()
+    plain, fast = records
+    assert plain["versions"]["orjson"] is None and fast["versions"]["orjson"]
+
+    def findings(record: dict) -> list[dict]:
+        return [{k: v for k, v in d.items() if k != "seconds"} for d in record["datasets"]]
+
+    assert findings(plain) == findings(fast)
