@@ -141,6 +141,12 @@ def make_dataset(path: Path, lines: int, seed: int = 1) -> None:
                 recent = [*recent[-50:], text]
 
 
+def shell_seconds(word: str) -> float:
+    """``0m1.950s`` (as the shell's ``times`` prints it) in seconds."""
+    minutes, _, seconds = word.rstrip("s").partition("m")
+    return int(minutes) * 60 + float(seconds)
+
+
 def timed(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, str]:
     began = time.perf_counter()
     done = subprocess.run(
@@ -207,9 +213,14 @@ def main() -> int:
                 "ssh", "-p", str(server.port), "-i", str(server.client_key),
                 "-o", f"UserKnownHostsFile={known}", "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes",
                 f"{server.user}@127.0.0.1",
-                f"wc -l {shlex.quote(str(prompts))}; sha256sum {shlex.quote(str(prompts))}",
+                # `times` (a shell builtin, free) prints the CPU the two tools used, for the CPU ratio.
+                f"wc -l {shlex.quote(str(prompts))}; sha256sum {shlex.quote(str(prompts))}; times",
             ]  # fmt: skip
-            base_times, regen_times, host_seconds = [], [], []
+            base_times: list[float] = []
+            regen_times: list[float] = []
+            host_seconds: list[float] = []
+            base_cpu: list[float] = []
+            regen_cpu: list[float] = []
             workers = 0
             for r in range(args.repeat):
                 order = ("ssh", "regen") if r % 2 == 0 else ("regen", "ssh")
@@ -219,11 +230,13 @@ def main() -> int:
                         words = out.split()
                         assert int(words[0]) == args.lines and words[2] == sha, out
                         base_times.append(took)
+                        base_cpu.append(sum(shell_seconds(w) for w in out.splitlines()[-1].split()))
                     else:
                         took, out = timed(regen_cmd, env)
                         record = json.loads(out)["hosts"][0]["datasets"][0]
                         assert record["lines"] == args.lines and record["sha256"] == sha
                         host_seconds.append(record["seconds"])
+                        regen_cpu.append(record["cpu_seconds"])
                         workers = record["workers"]
                         regen_times.append(took)
                 print(
@@ -242,6 +255,9 @@ def main() -> int:
         print(f"regen inspect --json     {ours:6.2f} s  (median of {len(regen_times)}; survey on the host "
               f"{statistics.median(host_seconds):.2f} s with {workers} workers)")  # fmt: skip
         print(f"ratio                    {ours / base:6.2f} x  (goal: at most 3.00)")
+        cpu_base, cpu_ours = statistics.median(base_cpu), statistics.median(regen_cpu)
+        print(f"host CPU for the file: wc+sha256sum {cpu_base:.2f} s, regen's survey {cpu_ours:.2f} s "
+              f"({cpu_ours / cpu_base:.2f} x; what a busier or quieter machine changes least)")  # fmt: skip
         if not args.no_local:
             t = time.perf_counter()
             survey(str(prompts), workers=1)
