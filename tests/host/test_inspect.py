@@ -255,6 +255,8 @@ async def test_the_scripts_need_only_the_standard_library(
     assert plain["versions"]["orjson"] is None and fast["versions"]["orjson"]
 
     def findings(record: dict) -> list[dict]:
-        return [{k: v for k, v in d.items() if k not in ("seconds", "cpu_seconds")} for d in record["datasets"]]
+        return [
+            {k: v for k, v in d.items() if k not in ("seconds", "cpu_seconds")} for d in record["datasets"]
+        ]
 
     assert findings(plain) == findings(fast)

@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from console.widgets.host import host_lines
 from engine.host.monitor import HostMonitor
 from engine.job import Job, JobError
 from engine.settings import Settings
@@ -74,6 +75,11 @@ async def test_inspect_at_start_and_again_on_request(
     try:
         await until(lambda: (monitor.view()[0]["inspect"] or {}).get("state") == "done")
         first = monitor.view()[0]["inspect"]
+        # What the console's host pane makes of the real view.
+        drawn = host_lines(monitor.view()[0], time.time())
+        assert drawn[0] == "gpu1 connected" and drawn[1] == "  GPU 0:79/140G 97%  1:0/140G –"
+        assert drawn[2].startswith("  disk data ") and " free · model " in drawn[2]
+        assert drawn[3].startswith("  3 datasets · 52 prompts · 7 invalid · ")
         assert first["datasets"] == 3 and first["prompts"] == 40 + 7 + 5 and first["invalid"] == 5 + 1 + 1
         assert first["duplicates"] == 2 and first["results_rows"] == 11
         assert monitor.inspect_now() == "inspecting gpu1"
