@@ -182,7 +182,8 @@ class HostConnection:
 
     async def _open(self) -> asyncssh.SSHClientConnection:
         host = self.host
-        self._set("connecting")
+        # The last failure stays shown while the next try runs.
+        self._set("connecting", self.error)
         keys, tried, agent = await self._client_keys()
         path = known_hosts_path(host)
         try:

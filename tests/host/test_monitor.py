@@ -130,10 +130,11 @@ async def test_a_refused_key_is_shown_and_not_hammered(
     try:
         await until(lambda: (monitor.view()[0]["inspect"] or {}).get("state") == "failed")
         await asyncio.sleep(0.5)
+        await until(lambda: monitor.view()[0]["state"] == "host key refused")
         host = monitor.view()[0]
     finally:
         await monitor.close()
-    assert host["state"] == "host key refused" and "unknown host key" in host["error"]
+    assert "unknown host key" in host["error"]
     assert "unknown host key" in host["inspect"]["error"]
     assert monitor._hosts["gpu1"].failures <= 3, "polls back off while the key is refused"
 
