@@ -232,6 +232,8 @@ def format_report(records: Sequence[dict[str, Any]]) -> list[str]:
                 if model.get("error"):
                     out.append(f"  model: {model['error']}")
         v = r.get("versions") or {}
+        if v and not v.get("orjson"):
+            out.append("  note: this python has no orjson: checking every line runs about 3x slower")
         out.append(
             "  "
             + "; ".join(
