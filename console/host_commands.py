@@ -166,7 +166,7 @@ async def _transfer(args: argparse.Namespace, settings: Settings, host: HostSett
     refused = [o for o in report.outcomes if not o.ok]
     for o in refused:
         print(f"regen: {host.name}: {o.what}: {o.detail}", file=sys.stderr)
-    if args.command == "pull" and report.ok and not args.json:
+    if args.command == "pull" and report.ok and not report.warnings and not args.json:
         print(
             f"{host.name}: workspace {settings.workspace} ready: a run with no datasets or tokenizer set uses it"
         )

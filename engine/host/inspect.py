@@ -129,7 +129,8 @@ def _gpu(g: dict[str, Any]) -> str:
     procs = g.get("processes") or []
     line = (
         f"GPU {g.get('index')} {g.get('name')}: {_n(g.get('memory_used_mib'))} / "
-        f"{_n(g.get('memory_total_mib'))} MiB, {'?' if util is None else f'{util}%'} busy"
+        f"{_n(g.get('memory_total_mib'))} MiB, "
+        + ("utilisation not reported" if util is None else f"{util}% busy")
     )
     if procs:
         line += "; " + ", ".join(
