@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -19,16 +18,12 @@ import orjson
 import pytest
 
 from engine.settings import HostSettings
-from tests.host.sshd import SshServer, make_server
+from tests.host.sshd import SSHD, SshServer, make_server
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
 # The tests' host runs the interpreter running the tests (it has orjson, as a GPU host with SGLang does).
 HOST_PYTHON = sys.executable
-
-if shutil.which("sshd") is None and not Path("/usr/sbin/sshd").exists():  # pragma: no cover
-    pytest.skip("openssh-server is not installed (.ci/run installs it)", allow_module_level=True)
-
 
 def line(messages: list[dict[str, Any]], **extra: Any) -> bytes:
     return orjson.dumps({"messages": messages, **extra})
@@ -137,8 +132,14 @@ def build_tree(root: Path) -> dict[str, Path]:
     return {"data": data, "model": model, "b1": b1}
 
 
+def need_sshd() -> None:
+    if not Path(SSHD).exists():
+        pytest.fail(f"{SSHD} is missing: the GPU-host tests need openssh-server (.ci/run installs it)")
+
+
 @pytest.fixture(scope="session")
 def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
+    need_sshd()
     server = make_server(tmp_path_factory.mktemp("sshd"))
     server.start()
     try:
@@ -150,6 +151,7 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
 @pytest.fixture
 def own_sshd(tmp_path: Path) -> Iterator[SshServer]:
     """An sshd this test may stop, restart or rekey."""
+    need_sshd()
     server = make_server(tmp_path / "sshd")
     server.start()
     try:
