@@ -138,6 +138,17 @@ ACTIONS: tuple[Action, ...] = (
         palette="Export snapshot",
     ),
     Action("theme", "next_theme", "t", "Theme", "Next theme", show=False, palette="Next theme"),
+    Action(
+        "inspect",
+        "inspect_hosts",
+        "i",
+        "Inspect",
+        "Inspect the GPU hosts' datasets again",
+        STEER,
+        steering=True,
+        show=False,
+        palette="Inspect GPU hosts",
+    ),
     Action("help", "help", "question_mark", "Help", "Every key and what it does", CONSOLE, key_display="?", palette="Keys"),
     Action(
         "detach", "detach", "q", "Detach", "Quit the console; the job keeps running", CONSOLE, palette="Detach"

@@ -500,6 +500,9 @@ class RegenApp(App[str]):
     def action_resume_job(self) -> None:
         self.send("resume", "resume the job")
 
+    def action_inspect_hosts(self) -> None:
+        self.send("inspect", "inspect the GPU hosts")
+
     def send_include(self, slug: str) -> None:
         """Route to a provider again."""
         self.send("include", f"include {slug}", provider=slug)

@@ -14,6 +14,8 @@ from pathlib import Path
 from console.arguments import add_settings_argument
 from console.data_commands import add_parsers as add_data_parsers
 from console.data_commands import run as run_data_command
+from console.host_commands import add_parsers as add_host_parsers
+from console.host_commands import run as run_host_command
 from engine.settings import Settings, SettingsError, load_settings
 from engine.sim.runner import add_arguments as add_sim_arguments
 
@@ -63,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     catalog.add_argument("--json", action="store_true", help="machine-readable output")
 
     add_data_parsers(commands)
+    add_host_parsers(commands)
 
     demo = commands.add_parser("demo", help="the job on the built-in simulator and a bundled sample dataset")
     add_settings_argument(demo)
@@ -98,6 +101,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         data_code = run_data_command(args)
         if data_code is not None:
             return data_code
+        host_code = run_host_command(args)
+        if host_code is not None:
+            return host_code
         if args.command == "demo":
             from console.demo import run_demo
 

@@ -214,6 +214,9 @@ class SimulatedJob:
         self.event("budget", value=f"{dollars:.2f}", source=origin)
         return f"budget ${dollars:.2f}"
 
+    def inspect_hosts(self, host: str | None, origin: str) -> str:
+        raise JobError("no GPU host configured")
+
     def request_stop(self, *, cancel: bool, origin: str) -> str:
         self._check_live()
         self.state = "DRAINING"
@@ -491,6 +494,7 @@ class SimulatedJob:
                 for d in self.datasets
             ],
             "providers": providers,
+            "hosts": [],
         }
         snap["events"], self.events = self.events, []
         return snap

@@ -23,6 +23,7 @@ class Steerable(Protocol):
     def set_concurrency(self, value: int, origin: str) -> int: ...
     def set_budget(self, amount: Decimal, origin: str) -> str: ...
     def request_stop(self, *, cancel: bool, origin: str) -> str: ...
+    def inspect_hosts(self, host: str | None, origin: str) -> str: ...
 
 
 Handler = Callable[[Steerable, Mapping[str, Any], str], str]
@@ -75,6 +76,11 @@ def _stop(job: Steerable, args: Mapping[str, Any], origin: str) -> str:
     return job.request_stop(cancel=bool(args.get("cancel")), origin=origin)
 
 
+def _inspect(job: Steerable, args: Mapping[str, Any], origin: str) -> str:
+    host = args.get("host")
+    return job.inspect_hosts(str(host) if host else None, origin)
+
+
 COMMANDS: dict[str, Handler] = {
     "pause": _pause,
     "resume": _resume,
@@ -83,6 +89,7 @@ COMMANDS: dict[str, Handler] = {
     "concurrency": _concurrency,
     "budget": _budget,
     "stop": _stop,
+    "inspect": _inspect,
 }
 
 

@@ -42,8 +42,11 @@ __all__ = [
     "ScanReport",
     "canonical_json",
     "canonical_sha256",
+    "check_line",
     "discover",
     "iter_prompts",
+    "name_problem",
+    "read_lines",
     "reason_kind",
     "scan",
     "validate_line",
@@ -91,12 +94,17 @@ def _dataset_at(folder: Path) -> Dataset:
         raise DatasetError(f"{folder}: no {PROMPTS_FILE} in this folder")
     # Path(".").name is empty; the dataset is still named after the folder it really is.
     name = folder.name or folder.resolve().name
-    if not name or name.startswith(".") or _BAD_NAME.search(name):
-        raise DatasetError(
-            f"{folder}: dataset name {name!r} is not usable "
-            "(no whitespace, control characters, '#' or leading '.')"
-        )
+    problem = name_problem(name)
+    if problem is not None:
+        raise DatasetError(f"{folder}: {problem}")
     return Dataset(name=name, folder=folder)
+
+
+def name_problem(name: str) -> str | None:
+    """Why a folder name cannot name a dataset (request ids are built from it), or None."""
+    if not name or name.startswith(".") or _BAD_NAME.search(name):
+        return f"dataset name {name!r} is not usable (no whitespace, control characters, '#' or leading '.')"
+    return None
 
 
 def discover(
@@ -423,6 +431,12 @@ def _lines(f: Any, path: Path, tap: _Tap | None = None) -> Iterator[bytes]:
             yield from parts
         if tail:
             yield tail
+
+
+# The two steps of a scan, for the bounded survey that runs on GPU hosts
+# (engine/host/scripts/survey.py): the same reader and the same rules, whatever reads the result.
+check_line = _check
+read_lines = _lines
 
 
 @dataclass(frozen=True, slots=True)

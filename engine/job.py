@@ -25,6 +25,8 @@ from engine.commands import run_command
 from engine.datasets import iter_prompts
 from engine.dispatch import Dispatcher
 from engine.events import EVENTS_FILE, EventLog
+from engine.host.errors import HostError
+from engine.host.monitor import HostMonitor
 from engine.inputs import Scanned, load_progress, scan_datasets
 from engine.jobstate import DatasetState, JobError, JobState, Outcome, StopReason
 from engine.money import Ledger, to_dollars
@@ -96,6 +98,8 @@ class Job:
         )
         self._stop_mode: str | None = None
         self._background: set[asyncio.Task[None]] = set()
+        # The GPU hosts, polled for the console's host pane (engine/host/monitor.py).
+        self.hosts = HostMonitor(settings.hosts)
 
     # ----------------------------------------------------------------------------- preparation
 
@@ -193,6 +197,7 @@ class Job:
         for work in self.backend.tasks():
             task = loop.create_task(work)
             self._background.add(task)
+        self.hosts.start()
         try:
             await self.dispatcher.run()
         finally:
@@ -205,6 +210,7 @@ class Job:
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+        await self.hosts.close()
         await self.settler.finish_reconciling(wait=self._stop_mode != "cancel")
         if self.outcome is not None:
             self.events.event(
@@ -285,6 +291,12 @@ class Job:
         self.events.event("budget", value=str(budget), source=origin)
         self.dispatcher.wake()
         return f"budget ${budget:.2f}"
+
+    def inspect_hosts(self, host: str | None, origin: str) -> str:
+        try:
+            return self.hosts.inspect_now(host)
+        except HostError as exc:
+            raise JobError(str(exc)) from None
 
     def request_stop(self, *, cancel: bool, origin: str) -> str:
         self._check_live()
@@ -382,4 +394,4 @@ class Job:
 
     def snapshot(self) -> Snapshot:
         """A folded view of the job for the console and the headless line."""
-        return self._snapshots.build(self.state, self.outcome)
+        return self._snapshots.build(self.state, self.outcome, self.hosts.view())

@@ -195,6 +195,7 @@ class Snapshot(TypedDict):
     allowed_precisions: list[str] | None
     datasets: list[DatasetView]
     providers: list[ProviderView]
+    hosts: list[dict[str, Any]]  # per GPU host: connection, GPUs, disk, last inspect (engine/host/monitor.py)
     events: NotRequired[list[dict[str, Any]]]  # added per client by the control server
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_core import PydanticUndefinedType
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 DEFAULT_SETTINGS_FILE = Path("settings.toml")
@@ -206,6 +207,35 @@ class HeadlessSettings(_Section):
     """Seconds between status lines."""
 
 
+class HostSettings(_Section):
+    """A GPU host reached over SSH (docs/gpu-host.md): where its datasets and model live."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    """A short name for the host (letters, digits, . _ -), used by --host and in the console."""
+    address: str = Field(min_length=1)
+    """Host name or IP address to connect to."""
+    port: int = Field(22, ge=1, le=65535)
+    """SSH port."""
+    user: str | None = None
+    """Login name; empty for the local user's name."""
+    key_files: list[Path] = Field(default_factory=list)
+    """Private key files to offer; empty for the SSH agent and the default keys (~/.ssh/id_ed25519, id_ecdsa, id_rsa)."""
+    known_hosts: Path | None = None
+    """The known_hosts file that host keys are verified against; empty for ~/.ssh/known_hosts. Verification cannot be turned off."""
+    data_root: str = Field(min_length=1)
+    """Folder on the host whose subfolders holding prompts.jsonl are datasets (~ is the login's home)."""
+    model_path: str | None = None
+    """The model folder on the host that SGLang loads, holding config.json and the tokenizer files."""
+    python: str = "python3"
+    """The Python interpreter on the host (3.10 or newer) for regen's scripts: a command or path, split as a shell would (quote a path with spaces)."""
+    sglang_port: int | None = Field(None, ge=1, le=65535)
+    """Port of SGLang on this host; empty for sglang.port."""
+    poll_interval_s: float = Field(10.0, gt=0)
+    """Seconds between the console's polls of GPUs and disk (each poll starts when the last one ended)."""
+    connect_timeout_s: float = Field(15.0, gt=0)
+    """Seconds to open the SSH connection and log in."""
+
+
 class Settings(BaseSettings):
     """All of regen's settings."""
 
@@ -229,6 +259,21 @@ class Settings(BaseSettings):
     """The console."""
     headless: HeadlessSettings = Field(default_factory=HeadlessSettings)
     """Headless output."""
+    hosts: list[HostSettings] = Field(default_factory=list)
+    """GPU hosts over SSH, one [[hosts]] table each (`regen inspect`, `regen pull`, `regen push`)."""
+    workspace: Path = Path("regen-data")
+    """Local folder `regen pull` fills: datasets/<name>/prompts.jsonl and tokenizer/."""
+
+    @field_validator("hosts")
+    @classmethod
+    def _unique_host_names(cls, hosts: list[HostSettings]) -> list[HostSettings]:
+        names = [h.name for h in hosts]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(
+                f"host name {', '.join(map(repr, twice))} is used by more than one [[hosts]] table"
+            )
+        return hosts
 
     @classmethod
     def settings_customise_sources(
@@ -294,6 +339,15 @@ def load_settings(path: Path | None = None) -> Settings:
     settings.console.theme_dirs = [_resolve(base, p) for p in settings.console.theme_dirs]
     if settings.console.export_dir is not None:
         settings.console.export_dir = _resolve(base, settings.console.export_dir)
+    settings.workspace = _resolve(base, settings.workspace)
+    for host in settings.hosts:
+        host.key_files = [_resolve(base, p) for p in host.key_files]
+        if host.known_hosts is not None:
+            host.known_hosts = _resolve(base, host.known_hosts)
+    # Imported here: the workspace module reads these settings' types.
+    from engine.workspace import use_workspace
+
+    use_workspace(settings)
     return settings
 
 
@@ -350,8 +404,55 @@ def example_toml() -> str:
         for sub in nested:
             section(*sub)
 
+    def example_table(title: str, model: type[BaseModel]) -> None:
+        # A list of tables is empty by default, so its keys are shown as a commented example.
+        lines.append("")
+        doc = (model.__doc__ or "").strip()
+        if doc:
+            lines.append(f"# {doc}")
+        lines.append("# One table per host: copy the block and remove the first '# ' of each line.")
+        lines.append(f"# [[{title}]]")
+        for name, info in model.model_fields.items():
+            lines.append("#")
+            for doc_line in (info.description or "").splitlines():
+                lines.append(f"# # {doc_line}".rstrip())
+            examples = _TABLE_EXAMPLES.get(title, {})
+            example = examples[name] if name in examples else info.get_default(call_default_factory=True)
+            if example is None or isinstance(example, PydanticUndefinedType):
+                lines.append(f"# {name} =")
+            else:
+                lines.append(f"# {name} = {_toml_value(example)}")
+
     defaults = Settings.model_construct()
+    tables = []
+    # Top-level keys must come before the first [section] in TOML.
+    for name, info in Settings.model_fields.items():
+        value = getattr(defaults, name)
+        if isinstance(value, BaseModel | list):
+            continue
+        lines.append("")
+        for doc_line in (info.description or "").splitlines():
+            lines.append(f"# {doc_line}".rstrip())
+        lines.append(f"{name} = {_toml_value(value)}")
     for name in Settings.model_fields:
         value = getattr(defaults, name)
-        section(name, type(value), value)
+        if isinstance(value, BaseModel):
+            section(name, type(value), value)
+        elif isinstance(value, list):
+            tables.append(name)
+    for name in tables:
+        example_table(name, _LIST_TABLES[name])
     return "\n".join(lines) + "\n"
+
+
+# The model of each list-of-tables setting, and example values for its commented example.
+_LIST_TABLES: dict[str, type[BaseModel]] = {"hosts": HostSettings}
+_TABLE_EXAMPLES: dict[str, dict[str, Any]] = {
+    "hosts": {
+        "name": "gpu1",
+        "address": "gpu1.example.org",
+        "user": "ubuntu",
+        "data_root": "~/prepared",
+        "model_path": "/models/Kimi-K2.5",
+    }
+}

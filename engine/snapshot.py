@@ -97,7 +97,7 @@ class SnapshotBuilder:
             "waste_total": float(sum(breakdown.waste.values(), Decimal(0))),
         }
 
-    def build(self, state: JobState, outcome: Outcome | None) -> Snapshot:
+    def build(self, state: JobState, outcome: Outcome | None, hosts: list[dict[str, Any]]) -> Snapshot:
         now = time.monotonic()
         started = self.started_mono
         elapsed = now - started
@@ -152,6 +152,7 @@ class SnapshotBuilder:
             "allowed_precisions": view["allowed_precisions"],
             "datasets": [dataset_view(name, s) for name, s in self.datasets.items()],
             "providers": providers,
+            "hosts": hosts,
         }
 
 

@@ -1,7 +1,13 @@
-"""The GPU host pane: SGLang host metrics belong here; until a host is configured it says so."""
+"""The GPU host pane: per host, the connection, GPUs, disk and the last inspect, from the job's snapshot.
+
+The job polls the hosts (engine/host/monitor.py); this pane only draws the snapshot's ``hosts``
+list. Without hosts it says so.
+"""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 from textual.widgets import Static
@@ -9,8 +15,71 @@ from textual.widgets import Static
 NO_HOST = "no GPU host configured"
 
 
+def _gib(mib: Any) -> str:
+    return f"{mib / 1024:.0f}" if isinstance(mib, int | float) else "?"
+
+
+def _free(d: Any) -> str | None:
+    if not isinstance(d, dict) or not isinstance(d.get("free_bytes"), int):
+        return None
+    free = d["free_bytes"] / 1e9
+    return f"{free / 1000:.1f}T" if free >= 1000 else f"{free:.0f}G"
+
+
+def _ago(ts: Any, now: float) -> str:
+    if not isinstance(ts, int | float):
+        return ""
+    seconds = max(0, int(now - ts))
+    return f"{seconds}s ago" if seconds < 120 else f"{seconds // 60}m ago"
+
+
+def host_lines(host: dict[str, Any], now: float) -> list[str]:
+    """A host in a few short lines (the pane is about 42 columns wide)."""
+    state = str(host.get("state") or "?")
+    retries = host.get("retries") or 0
+    head = f"{host.get('name')} {state}" + (f" · {retries} reconnects" if retries else "")
+    lines = [head]
+    error = host.get("error")
+    if error and state != "connected":
+        lines.append(f"  {error}")
+    gpus = host.get("gpus") or []
+    if gpus:
+        cells = []
+        for g in gpus:
+            util = g.get("utilization_pct")
+            cells.append(
+                f"{g.get('index')}:{_gib(g.get('memory_used_mib'))}/{_gib(g.get('memory_total_mib'))}G "
+                f"{'–' if util is None else f'{util}%'}"
+            )
+        lines.append("  GPU " + "  ".join(cells))
+    elif host.get("gpu_error"):
+        lines.append(f"  GPU: {host['gpu_error']}")
+    disk = host.get("disk") or {}
+    free = [
+        f"{what} {f} free"
+        for what, key in (("data", "data_root"), ("model", "model_path"))
+        if (f := _free(disk.get(key)))
+    ]
+    if free:
+        lines.append("  disk " + " · ".join(free))
+    inspect = host.get("inspect")
+    if isinstance(inspect, dict):
+        when = _ago(inspect.get("finished_at"), now)
+        if inspect.get("state") == "running":
+            lines.append("  inspecting…" + (f" (last {when})" if when else ""))
+        elif inspect.get("state") == "failed":
+            lines.append(f"  inspect failed: {inspect.get('error')}")
+        if "datasets" in inspect:
+            invalid = inspect.get("invalid") or 0
+            lines.append(
+                f"  {inspect.get('datasets')} datasets · {inspect.get('prompts', 0):,} prompts · "
+                f"{invalid:,} invalid" + (f" · {when}" if when and inspect.get("state") == "done" else "")
+            )
+    return lines
+
+
 class HostPane(Static):
-    """Shows the GPU host's state when the job reports one, else that there is none."""
+    """Shows each GPU host the job reports, else that there is none."""
 
     DEFAULT_CSS = """
     HostPane {
@@ -20,21 +89,20 @@ class HostPane(Static):
     }
     """
 
-    def __init__(self, *, id: str | None = None) -> None:
+    def __init__(self, *, id: str | None = None, clock: Callable[[], float] = time.time) -> None:
         super().__init__(NO_HOST, id=id, markup=False)
         self.border_title = "Host"
         self.text = NO_HOST
+        self.clock = clock
 
     def show(self, snap: dict[str, Any]) -> None:
-        """Repaint from the snapshot's "host" section, when there is one (and only when it changed)."""
-        host = snap.get("host")
-        if not isinstance(host, dict) or not host:
+        """Repaint from the snapshot's "hosts" list (and only when the text changed)."""
+        hosts = snap.get("hosts")
+        if not isinstance(hosts, list) or not hosts:
             text = NO_HOST
         else:
-            lines = [
-                f"{key}: {value}" for key, value in sorted(host.items()) if not isinstance(value, dict | list)
-            ]
-            text = "\n".join(lines) or "GPU host: no metrics yet"
+            now = self.clock()
+            text = "\n".join(line for h in hosts if isinstance(h, dict) for line in host_lines(h, now))
         if text != self.text:
             self.text = text
             self.update(text)

@@ -1,0 +1,117 @@
+"""The host pane draws the snapshot's hosts; `i` asks the job to inspect them again."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from console.scripted import ScriptedSource, SimulatedJob
+from console.widgets.host import NO_HOST, HostPane, host_lines
+from tests.console.conftest import FROZEN_NOW, make_app, scripted, settle
+
+# What engine/host/monitor.py's view() gives for one host (tests/host checks the real one).
+HOST: dict[str, Any] = {
+    "name": "gpu1",
+    "address": "10.0.0.5:22",
+    "state": "connected",
+    "error": None,
+    "retries": 2,
+    "connected_at": FROZEN_NOW - 300,
+    "gpus": [
+        {
+            "index": 0,
+            "name": "NVIDIA H200",
+            "memory_used_mib": 81234,
+            "memory_total_mib": 143771,
+            "utilization_pct": 97,
+            "processes": [],
+        },
+        {
+            "index": 1,
+            "name": "NVIDIA H200",
+            "memory_used_mib": 0,
+            "memory_total_mib": 143771,
+            "utilization_pct": None,
+            "processes": [],
+        },
+    ],
+    "gpu_error": None,
+    "disk": {
+        "data_root": {"path": "/data", "free_bytes": 83_000_000_000},
+        "model_path": {"path": "/m", "free_bytes": 1_500_000_000_000},
+    },
+    "polled_at": FROZEN_NOW - 2,
+    "polls": 30,
+    "inspect": {
+        "state": "done",
+        "finished_at": FROZEN_NOW - 45,
+        "datasets": 3,
+        "prompts": 123456,
+        "invalid": 7,
+    },
+}
+
+
+def test_a_host_in_a_few_lines() -> None:
+    assert host_lines(HOST, FROZEN_NOW) == [
+        "gpu1 connected · 2 reconnects",
+        "  GPU 0:79/140G 97%  1:0/140G –",
+        "  disk data 83G free · model 1.5T free",
+        "  3 datasets · 123,456 prompts · 7 invalid · 45s ago",
+    ]
+
+
+def test_a_host_that_is_down_says_why_and_keeps_what_it_knew() -> None:
+    down = {
+        **HOST,
+        "state": "reconnecting",
+        "error": "connection lost during status",
+        "inspect": {**HOST["inspect"], "state": "running"},
+    }
+    lines = host_lines(down, FROZEN_NOW)
+    assert lines[0] == "gpu1 reconnecting · 2 reconnects"
+    assert lines[1] == "  connection lost during status"
+    assert "  inspecting… (last 45s ago)" in lines
+    refused = {
+        **HOST,
+        "state": "host key refused",
+        "error": "gpu1: unknown host key ...",
+        "gpus": [],
+        "disk": {},
+        "inspect": None,
+    }
+    assert host_lines(refused, FROZEN_NOW) == [
+        "gpu1 host key refused · 2 reconnects",
+        "  gpu1: unknown host key ...",
+    ]
+
+
+def frames_with_hosts(count: int = 3) -> list[dict[str, Any]]:
+    job = SimulatedJob(3)
+    out = []
+    for _ in range(count):
+        job.step(1.0)
+        snap = job.snapshot()
+        snap["hosts"] = [copy.deepcopy(HOST)]
+        out.append(snap)
+    return out
+
+
+async def test_the_pane_shows_the_hosts_and_i_inspects_again() -> None:
+    source = ScriptedSource(frames_with_hosts(), count=3)
+    app = make_app(source)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        pane = app.query_one(HostPane)
+        assert pane.text.splitlines()[0] == "gpu1 connected · 2 reconnects"
+        assert "3 datasets · 123,456 prompts · 7 invalid" in pane.text
+        await pilot.press("i")
+        await settle(pilot)
+        assert scripted(app).commands == [("inspect", {})]
+
+
+async def test_without_hosts_the_pane_says_so() -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        assert app.query_one(HostPane).text == NO_HOST
