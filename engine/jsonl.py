@@ -48,7 +48,8 @@ class WriteFailed(JsonlError):
         self.reason = reason
         self.errno = errno_
         self.clean = clean
-        code = f" [{errno.errorcode[errno_]}]" if errno_ in errno.errorcode else ""
+        name = errno.errorcode.get(errno_) if errno_ is not None else None
+        code = f" [{name}]" if name else ""
         tail = "" if clean else "; it could not be cut back, so it may end in unacknowledged lines"
         super().__init__(f"{path}: write failed: {reason}{code}{tail}")
 
@@ -362,7 +363,9 @@ class JsonlAppender:
                 try:
                     await loop.run_in_executor(self._executor, _write_all, self._fd, data)
                 except Exception as e:
-                    self._fail(WriteFailed.from_exception(self.path, e, clean=not isinstance(e, _PartialWrite)))
+                    self._fail(
+                        WriteFailed.from_exception(self.path, e, clean=not isinstance(e, _PartialWrite))
+                    )
                     return
                 self._writing = []
                 self.bytes_written += len(data)

@@ -36,7 +36,9 @@ def _pad(i: int) -> str:
     return "x" * ((i * 7919) % 9000)
 
 
-async def _fill(app: JsonlAppender, *, burst: int = 40, limit: int = 200_000) -> tuple[list[int], list[BaseException]]:
+async def _fill(
+    app: JsonlAppender, *, burst: int = 40, limit: int = 200_000
+) -> tuple[list[int], list[BaseException]]:
     """Append bursts of lines until writing fails; returns (acknowledged ids, errors seen)."""
     acked: list[int] = []
     errors: list[BaseException] = []
@@ -69,7 +71,9 @@ def _assert_exactly(path: Path, acked: list[int]) -> None:
     assert ids == sorted(acked), "the file holds exactly the acknowledged lines, in order"
 
 
-async def _assert_failed_everywhere(app: JsonlAppender, errors: list[BaseException], path: Path, reason: str) -> WriteFailed:
+async def _assert_failed_everywhere(
+    app: JsonlAppender, errors: list[BaseException], path: Path, reason: str
+) -> WriteFailed:
     assert errors, "the failed batch's waiters were told"
     assert all(isinstance(e, WriteFailed) for e in errors), errors
     failure = app.failure
@@ -318,7 +322,9 @@ async def test_writer_cancelled_mid_write_fails_that_batch_instead_of_hanging(
 
 
 def test_write_failed_message_is_one_line_with_the_reason() -> None:
-    exc = WriteFailed.from_exception(Path("/data/run/attempts.jsonl"), OSError(errno.ENOSPC, "No space left on device"))
+    exc = WriteFailed.from_exception(
+        Path("/data/run/attempts.jsonl"), OSError(errno.ENOSPC, "No space left on device")
+    )
     assert str(exc) == "/data/run/attempts.jsonl: write failed: No space left on device [ENOSPC]"
     assert isinstance(exc, JsonlError) and exc.errno == errno.ENOSPC and exc.path.name == "attempts.jsonl"
     assert list(iter_jsonl(Path("/nonexistent/x.jsonl"))) == []
