@@ -27,11 +27,34 @@ from typing import Any
 
 import orjson
 
-__all__ = ["JsonlAppender", "JsonlError", "WriteFailed", "iter_jsonl", "repair_torn_tail"]
+__all__ = [
+    "MAX_LINE_BYTES",
+    "CorruptLine",
+    "JsonlAppender",
+    "JsonlError",
+    "WriteFailed",
+    "iter_jsonl",
+    "repair_torn_tail",
+]
+
+# The longest line ``iter_jsonl`` reads (docs/inputs.md). A row is far smaller (its text is capped by
+# what one attempt may receive); a longer complete line is garbage, and reading it whole would
+# cost its length in memory.
+MAX_LINE_BYTES = 64 << 20
 
 
 class JsonlError(ValueError):
     """A JSONL file is corrupt, locked by another writer, or could not be written."""
+
+
+class CorruptLine(JsonlError):
+    """A complete line that is not a JSON object; ``line`` is 0-based, ``problem`` says why."""
+
+    def __init__(self, path: str | os.PathLike[str], line: int, problem: str) -> None:
+        self.path = Path(path)
+        self.line = line
+        self.problem = problem
+        super().__init__(f"{path} line {line}: {problem}")
 
 
 class WriteFailed(JsonlError):
@@ -115,27 +138,51 @@ def repair_torn_tail(path: str | os.PathLike[str]) -> int:
         os.close(fd)
 
 
-def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+def iter_jsonl(
+    path: str | os.PathLike[str], *, max_line: int | None = None
+) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(line, object)`` for every complete line, streamed; a missing file yields nothing.
 
     A torn last line (no trailing ``\\n``) is ignored: it was never acknowledged. A complete line
-    that is not a JSON object raises ``JsonlError`` naming the file and line.
+    that is not a JSON object, or is longer than ``max_line`` bytes (default ``MAX_LINE_BYTES``),
+    raises ``CorruptLine`` naming the file and line.
     """
+    limit = MAX_LINE_BYTES if max_line is None else max_line
     try:
         f = open(path, "rb")  # noqa: SIM115 - closed by the with below, after the check
     except FileNotFoundError:
         return
     with f:
-        for n, raw in enumerate(f):
-            if raw[-1:] != b"\n":
+        n = -1
+        while True:
+            raw = f.readline(limit + 1)
+            if not raw:
                 return
+            n += 1
+            if raw[-1:] != b"\n":
+                if len(raw) <= limit or not _skip_rest_of_line(f):
+                    return  # a torn last line, however long
+                raise CorruptLine(path, n, f"line longer than {limit} bytes")
             try:
                 obj = orjson.loads(raw)
             except orjson.JSONDecodeError as e:
-                raise JsonlError(f"{path} line {n}: corrupt JSON ({e})") from None
+                if b"\x00" in raw:
+                    # Zeros are what a power loss can leave where a write never reached the disk.
+                    raise CorruptLine(path, n, "holds NUL bytes, not JSON") from None
+                raise CorruptLine(path, n, f"corrupt JSON ({e})") from None
             if not isinstance(obj, dict):
-                raise JsonlError(f"{path} line {n}: not a JSON object")
+                raise CorruptLine(path, n, "not a JSON object")
             yield n, obj
+
+
+def _skip_rest_of_line(f: Any) -> bool:
+    """Read past the end of an over-long line a block at a time; False when the file ends first."""
+    while True:
+        block = f.readline(_TAIL_STEP)
+        if not block:
+            return False
+        if block[-1:] == b"\n":
+            return True
 
 
 class JsonlAppender:
