@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from engine.sim.openrouter.catalog import DEFAULT_MODEL_ID, Pricing, SimEndpoint, SimModel, default_models
 from engine.sim.openrouter.config import (
+    EDGE_FAULTS,
     FAULT_CLASSES,
     HTTP_FAULTS,
     SimConfig,
@@ -16,6 +17,7 @@ from engine.sim.openrouter.server import OpenRouterSim
 
 __all__ = [
     "DEFAULT_MODEL_ID",
+    "EDGE_FAULTS",
     "FAULT_CLASSES",
     "HTTP_FAULTS",
     "GenerationRecord",
