@@ -376,8 +376,7 @@ class OpenRouterClient:
             # Raised while reading the status line and headers: the answer could not be parsed.
             result.error = AttemptError(ErrorClass.NETWORK, Disposition.RETRY, _header_problem(exc))
         except (aiohttp.ClientError, OSError) as exc:
-            what = type(exc).__name__ if not str(exc) else f"{type(exc).__name__}: {exc}"
-            result.error = AttemptError(ErrorClass.NETWORK, Disposition.RETRY, what[:300])
+            result.error = AttemptError(ErrorClass.NETWORK, Disposition.RETRY, _transport_problem(exc)[:300])
         finally:
             deadlines.unwatch(watch)
         result.e2e_s = time.monotonic() - started
@@ -502,3 +501,13 @@ def _header_problem(exc: aiohttp.ClientResponseError) -> str:
     if "Too many headers" in said:
         return f"response headers rejected: more than {MAX_HEADERS} headers"
     return f"malformed response: {said[:120] or type(exc).__name__}"
+
+
+def _transport_problem(exc: BaseException) -> str:
+    """One line for a connection that failed; aiohttp's own words where they are already clear."""
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "the server closed the connection before the answer was complete"
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        how = "reset" if "reset by peer" in str(exc) else "closed"
+        return f"answer cut short: the connection was {how} in the middle of the body"
+    return type(exc).__name__ if not str(exc) else f"{type(exc).__name__}: {exc}"
