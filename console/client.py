@@ -18,6 +18,8 @@ from engine.control import PROTOCOL_VERSION, ControlError, open_control
 class SocketSource:
     """Snapshots from, and commands to, the job listening on `path`."""
 
+    KEEP = 4  # snapshots kept for a console busy elsewhere; older ones are skipped
+
     def __init__(self, path: Path, *, readonly: bool = False, protocol: int = PROTOCOL_VERSION) -> None:
         self.path = path
         self.readonly = readonly
@@ -84,8 +86,6 @@ class SocketSource:
             if skipped is not None and head is not None:
                 head["events"] = [*skipped.get("events", []), *head.get("events", [])]
         self._arrived.set()
-
-    KEEP = 4
 
     async def snapshots(self) -> AsyncIterator[dict[str, Any]]:
         while True:

@@ -207,6 +207,7 @@ class ControlServer:
         handle: CommandHandler,
         interval_s: float = SNAPSHOT_INTERVAL_S,
         max_missed: int = MAX_MISSED_SNAPSHOTS,
+        min_stall_s: float | None = None,
         max_events: int = MAX_PENDING_EVENTS,
         hello_timeout_s: float = HELLO_TIMEOUT_S,
         close_grace_s: float = CLOSE_GRACE_S,
@@ -218,6 +219,9 @@ class ControlServer:
         self._handle = handle
         self.interval_s = interval_s
         self.max_missed = max_missed
+        # Snapshots pushed after commands come faster than the timer's: a client is let go only
+        # once it has also read nothing for this long (by default, max_missed timer ticks).
+        self.min_stall_s = max_missed * interval_s if min_stall_s is None else min_stall_s
         self.max_events = max_events
         self.hello_timeout_s = hello_timeout_s
         self.close_grace_s = close_grace_s
@@ -316,8 +320,8 @@ class ControlServer:
                 self._drop(client, "the connection closed", flush=False)
                 continue
             client.offer(body, encoded, self.max_events)
-            if client.missed > self.max_missed:
-                idle = asyncio.get_running_loop().time() - client.took_at
+            idle = asyncio.get_running_loop().time() - client.took_at
+            if client.missed > self.max_missed and idle >= self.min_stall_s:
                 self._drop(
                     client,
                     f"disconnected: this console read nothing for {idle:.0f} s "

@@ -175,6 +175,7 @@ async def stalled_scenario(tmp_path: Path) -> None:
         handle=source.handle,
         interval_s=3600,  # the test pushes snapshots itself
         max_missed=20,
+        min_stall_s=0,
         close_grace_s=60,
     )
     await server.start()
@@ -219,6 +220,23 @@ async def _stalled(server: ControlServer, source: Source, tmp_path: Path) -> Non
     assert 0 < len(got) < 10, "a bounded few snapshots were buffered for it, not every one"
     stalled.close()
     writer.close()
+
+
+async def test_pushes_faster_than_the_timer_do_not_disconnect_a_client_early(
+    served: Callable[..., Any], tmp_path: Path
+) -> None:
+    source = Source(pad=200_000)
+    # Two missed snapshots would be too many, but not before the client read nothing for an hour.
+    server: ControlServer = await served(source, max_missed=2, min_stall_s=3600)
+    stalled = await raw_client(tmp_path / "control.sock", rcvbuf=4096)
+    while server.clients < 1:
+        await asyncio.sleep(0.01)
+    for _ in range(30):
+        await server.push_now()
+        await asyncio.sleep(0)
+    assert server.clients == 1 and server.dropped_clients == 0
+    assert server.client_stats()[0]["missed"] > 2
+    stalled.close()
 
 
 async def test_slow_client_gets_the_newest_snapshot_and_is_told_of_dropped_events(
