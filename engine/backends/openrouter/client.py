@@ -39,8 +39,9 @@ RESPONSE_BYTES_PER_TOKEN = 2048
 ERROR_BODY_BYTES = 64 << 10
 # Account and catalog answers (the model's endpoints list is the largest, some kilobytes).
 ACCOUNT_BODY_BYTES = 16 << 20
-# Response headers: aiohttp's defaults, named here because they bound the memory one response's
-# headers may take (at most MAX_HEADERS fields of MAX_FIELD_SIZE bytes).
+# Response headers: aiohttp's default line and field sizes, and 100 headers (aiohttp allows 128),
+# named here because they bound the memory one response's headers may take (at most MAX_HEADERS
+# fields of MAX_FIELD_SIZE bytes); OpenRouter sends a few dozen short ones.
 MAX_LINE_SIZE = 8190
 MAX_FIELD_SIZE = 8190
 MAX_HEADERS = 100
