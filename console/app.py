@@ -213,6 +213,12 @@ class RegenApp(App[str]):
     # ------------------------------------------------------------------------------ widgets
 
     @property
+    def _shutting_down(self) -> bool:
+        """True once the app is closing: its widgets are being removed, so a message or timer that
+        arrives now (a snapshot, the freshness tick) has nothing left to paint."""
+        return self._closing or self._closed or not self.query(StatusStrip)
+
+    @property
     def status(self) -> StatusStrip:
         return self.query_one(StatusStrip)
 
@@ -248,6 +254,8 @@ class RegenApp(App[str]):
 
     @on(Connected)
     def _connected(self, message: Connected) -> None:
+        if self._shutting_down:
+            return
         self.hello = message.hello
         self.readonly = self.readonly or bool(message.hello.get("readonly"))
         self.status.hello = message.hello
@@ -258,6 +266,8 @@ class RegenApp(App[str]):
 
     @on(SnapshotArrived)
     def _snapshot_arrived(self, message: SnapshotArrived) -> None:
+        if self._shutting_down:
+            return
         self.latest, self.latest_at = message.snapshot, message.received_at
         self.job_state = str(message.snapshot.get("state") or "STARTING")
         if self.frozen:
@@ -274,6 +284,8 @@ class RegenApp(App[str]):
             self._repaint_timer = self.set_timer(wait, self._show_latest, name="repaint")
 
     def _show_latest(self) -> None:
+        if self._shutting_down:
+            return
         self._repaint_timer = None
         if self.frozen or self.latest is None:
             return
@@ -296,6 +308,8 @@ class RegenApp(App[str]):
 
     @on(SourceEnded)
     def _source_ended(self, message: SourceEnded) -> None:
+        if self._shutting_down:
+            return
         self.ended = message.reason
         self.event_log.add(
             [
@@ -340,6 +354,8 @@ class RegenApp(App[str]):
         self.status.show(snap, self._freshness(), burn)
 
     def _tick_freshness(self) -> None:
+        if self._shutting_down:
+            return
         self._repaint_status()
 
     def _paint_displayed(self) -> None:
@@ -359,6 +375,8 @@ class RegenApp(App[str]):
             self.call_after_refresh(self._paint_next_pane_group)
 
     def _paint_next_pane_group(self) -> None:
+        if self._shutting_down:
+            return
         snap = self.displayed
         if not self._pane_groups_due or snap is None:
             return
@@ -377,6 +395,8 @@ class RegenApp(App[str]):
 
     def _repaint(self) -> None:
         """Repaint every pane from the snapshot on screen, all in one frame."""
+        if self._shutting_down:
+            return
         snap = self.displayed
         self._pane_groups_due = []
         if snap is None:

@@ -130,6 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
     from engine.job import Job, JobError
+    from engine.jsonl import JsonlError
     from engine.runtime import run
 
     only = [name.strip() for name in args.datasets.split(",") if name.strip()] if args.datasets else None
@@ -140,7 +141,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         job = Job(settings, only=only, skip_invalid=args.skip_invalid or None)
         try:
             await job.prepare()
-        except JobError as exc:
+        except (JobError, JsonlError) as exc:  # JsonlError: a results file or journal holds garbage
             return _fail(str(exc))
         outcome = await run_headless(job)
         return outcome.exit_code

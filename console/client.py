@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+from collections import deque
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ from engine.control import PROTOCOL_VERSION, ControlError, open_control
 class SocketSource:
     """Snapshots from, and commands to, the job listening on `path`."""
 
+    KEEP = 4  # snapshots kept for a console busy elsewhere; older ones are skipped
+
     def __init__(self, path: Path, *, readonly: bool = False, protocol: int = PROTOCOL_VERSION) -> None:
         self.path = path
         self.readonly = readonly
@@ -26,7 +29,9 @@ class SocketSource:
         self._writer: asyncio.StreamWriter | None = None
         self._ids = itertools.count(1)
         self._replies: dict[int, asyncio.Future[dict[str, Any]]] = {}
-        self._snapshots: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(maxsize=4)
+        # The newest few snapshots not yet taken (None marks the end); see _keep.
+        self._snapshots: deque[dict[str, Any] | None] = deque()
+        self._arrived = asyncio.Event()
         self._pump: asyncio.Task[None] | None = None
         self.closed_reason: str | None = None
 
@@ -46,33 +51,48 @@ class SocketSource:
                     self.closed_reason = self.closed_reason or "the job closed the connection"
                     break
                 message = orjson.loads(line)
+                if not isinstance(message, dict):
+                    continue
                 if "snapshot" in message:
-                    # Keep only the newest snapshots: a slow console skips, it never lags behind.
-                    if self._snapshots.full():
-                        with contextlib.suppress(asyncio.QueueEmpty):
-                            self._snapshots.get_nowait()
-                    self._snapshots.put_nowait(message["snapshot"])
+                    snap = message["snapshot"]
+                    dropped = snap.pop("events_dropped", 0)
+                    if dropped:
+                        # The job could not keep every event for this console: say so in the log.
+                        snap["events"] = [{"event": "events_not_shown", "count": dropped}, *snap["events"]]
+                    self._keep(snap)
                 elif "id" in message and message["id"] in self._replies:
                     self._replies.pop(message["id"]).set_result(message)
                 elif "bye" in message:
                     self.closed_reason = str(message["bye"])
                 elif "error" in message:
                     self.closed_reason = str(message["error"])
-        except (ConnectionError, asyncio.IncompleteReadError, orjson.JSONDecodeError) as exc:
+        except (ConnectionError, asyncio.IncompleteReadError, orjson.JSONDecodeError, ValueError) as exc:
             self.closed_reason = f"connection lost: {exc}"
         finally:
             for future in self._replies.values():
                 if not future.done():
                     future.set_exception(ControlError(self.closed_reason or "connection closed"))
             self._replies.clear()
-            if self._snapshots.full():
-                with contextlib.suppress(asyncio.QueueEmpty):
-                    self._snapshots.get_nowait()
-            self._snapshots.put_nowait(None)
+            self._snapshots.append(None)
+            self._arrived.set()
+
+    def _keep(self, snap: dict[str, Any]) -> None:
+        # Keep only the newest snapshots: a slow console skips, it never lags behind. The events
+        # of a skipped one move on to the next one kept, in order, so none is lost.
+        self._snapshots.append(snap)
+        while len(self._snapshots) > self.KEEP:
+            skipped = self._snapshots.popleft()
+            head = self._snapshots[0]
+            if skipped is not None and head is not None:
+                head["events"] = [*skipped.get("events", []), *head.get("events", [])]
+        self._arrived.set()
 
     async def snapshots(self) -> AsyncIterator[dict[str, Any]]:
         while True:
-            snap = await self._snapshots.get()
+            while not self._snapshots:
+                self._arrived.clear()
+                await self._arrived.wait()
+            snap = self._snapshots.popleft()
             if snap is None:
                 return
             yield snap

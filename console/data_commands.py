@@ -131,6 +131,7 @@ def run(args: argparse.Namespace) -> int | None:
         return None
     from engine.datasets import DatasetError
     from engine.export import ExportError
+    from engine.jsonl import JsonlError
     from engine.settings import SettingsError, load_settings
     from engine.tokenizer import TokenizerError
 
@@ -142,7 +143,7 @@ def run(args: argparse.Namespace) -> int | None:
         return _export(args, datasets)
     except (SettingsError, DatasetError, _Usage) as exc:
         return _fail(str(exc), EXIT_USAGE)
-    except (TokenizerError, ExportError, _Failure) as exc:
+    except (TokenizerError, ExportError, JsonlError, _Failure) as exc:  # JsonlError: a corrupt journal
         return _fail(str(exc), EXIT_FAILURE)
     except OSError as exc:
         where = f"{exc.filename}: " if exc.filename else ""

@@ -32,6 +32,8 @@ except ImportError:  # pragma: no cover - exercised only on hosts without orjson
     orjson = None  # type: ignore[assignment]
 
 __all__ = [
+    "MAX_LINE_BYTES",
+    "MAX_NESTING",
     "PROMPTS_FILE",
     "RESULTS_FILE",
     "ROLES",
@@ -58,6 +60,9 @@ ROLES = frozenset({"system", "user", "assistant", "tool"})
 
 # Big enough that the per-chunk Python overhead vanishes, small enough to stay cache friendly.
 _CHUNK = 1 << 20
+# The longest prompt line read (docs/inputs.md). A whole Kimi K2.5 context (256k tokens) is about
+# 1 MiB of text; a longer line is reported invalid without ever being held whole in memory.
+MAX_LINE_BYTES = 16 << 20
 _BOM = b"\xef\xbb\xbf"
 # '#' separates the prompt id from the attempt number in request ids (docs/data-contract.md §2).
 _BAD_NAME = re.compile(r"[\s#\x00-\x1f\x7f]")
@@ -207,12 +212,19 @@ _ORJSON_INT_LIMIT = float(2**63)
 
 
 def _holds_huge_float(value: Any) -> bool:
-    if type(value) is float:
-        return abs(value) >= _ORJSON_INT_LIMIT
-    if type(value) is dict:
-        return any(_holds_huge_float(v) for v in value.values())
-    if type(value) is list:
-        return any(_holds_huge_float(v) for v in value)
+    # A loop, not recursion: meta may be nested as deep as orjson reads (1024 levels), deeper
+    # than Python's own recursion limit.
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is float:
+            if abs(item) >= _ORJSON_INT_LIMIT:
+                return True
+        elif kind is dict:
+            stack.extend(item.values())
+        elif kind is list:
+            stack.extend(item)
     return False
 
 
@@ -224,15 +236,32 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+class _OutOfRange(ValueError):
+    """A number JSON can write but no float holds (1e999)."""
+
+
 def _strict_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
-        raise ValueError("number out of range")
+        raise _OutOfRange("number out of range")
     return value
 
 
 def _strict_json_loads(raw: bytes | str) -> Any:
     return json.loads(raw, parse_constant=_reject_constant, parse_float=_strict_float)
+
+
+def _unreadable(exc: BaseException, raw: bytes | str) -> str:
+    """Why the reference parser refused a line, in the words docs/inputs.md lists."""
+    if isinstance(exc, RecursionError):
+        return _TOO_DEEP
+    if isinstance(exc, _OutOfRange):
+        return "a number is out of range"
+    if "integer string conversion" in str(exc):
+        return "a number has too many digits"
+    if ("\x00" in raw) if isinstance(raw, str) else (b"\x00" in raw):
+        return "holds a NUL byte"
+    return "not valid JSON"
 
 
 @dataclass(slots=True)
@@ -262,9 +291,11 @@ def _parse(raw: bytes) -> tuple[Any, bool]:
     """
     if orjson is not None:
         try:
-            return orjson.loads(raw), False
+            doc = orjson.loads(raw)
         except orjson.JSONDecodeError:
             pass  # classify below; some of what orjson refuses is still valid JSON
+        else:
+            return (_Reason(_TOO_DEEP), False) if _too_deep(raw, doc) else (doc, False)
     if not raw.strip():
         return _Reason("blank line"), False
     try:
@@ -276,9 +307,33 @@ def _parse(raw: bytes) -> tuple[Any, bool]:
     try:
         # Lone surrogate escapes are valid JSON that orjson refuses; the reference parser reads
         # them, so the line is judged on what it says.
-        return _strict_json_loads(text), True
-    except (ValueError, RecursionError):
-        return _Reason("not valid JSON"), False
+        doc = _strict_json_loads(text)
+    except (ValueError, RecursionError) as exc:
+        return _Reason(_unreadable(exc, text)), False
+    return (_Reason(_TOO_DEEP), False) if _too_deep(raw, doc) else (doc, True)
+
+
+# Deepest nesting a line may have (docs/inputs.md). Fixed, so the verdict does not depend on how
+# deep the caller's stack is: the reference parser recurses once per level up to Python's
+# recursion limit (1000), orjson stops at 1024; below 512 both always read a line.
+MAX_NESTING = 512
+_TOO_DEEP = "JSON nested too deep"
+
+
+def _too_deep(raw: bytes, doc: Any) -> bool:
+    # Two C-speed counts bound the depth; only a line with that many brackets is walked.
+    if raw.count(b"[") + raw.count(b"{") <= MAX_NESTING:
+        return False
+    stack = [(doc, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_NESTING:
+            return True
+        if type(item) is dict:
+            stack.extend((v, depth + 1) for v in item.values() if type(v) in (dict, list))
+        elif type(item) is list:
+            stack.extend((v, depth + 1) for v in item if type(v) in (dict, list))
+    return False
 
 
 class _Reason(str):
@@ -288,6 +343,8 @@ class _Reason(str):
 
 
 def _check(raw: bytes) -> _Valid | str:
+    if raw is _OVERLONG:
+        return f"line longer than {MAX_LINE_BYTES} bytes"
     obj, exact = _parse(raw)
     if type(obj) is _Reason:
         return str(obj)
@@ -344,9 +401,9 @@ def _check(raw: bytes) -> _Valid | str:
     except UnicodeEncodeError:
         # json.loads accepts "\ud800"; such a string has no UTF-8 form, so no canonical hash.
         return "a string holds an unpaired surrogate escape"
-    except (ValueError, RecursionError):
+    except (ValueError, RecursionError) as exc:
         # orjson took it but the reference parser does not: judge by the reference.
-        return "not valid JSON"
+        return _unreadable(exc, raw)
     return _Valid(obj, messages, canonical, chars)
 
 
@@ -408,13 +465,28 @@ class _Tap:
         self.last = chunk[-1:]
 
 
+class _Overlong(bytes):
+    """Stands for a line longer than MAX_LINE_BYTES, which is never held."""
+
+    __slots__ = ()
+
+
+_OVERLONG = _Overlong()
+
+
 def _lines(f: Any, path: Path, tap: _Tap | None = None) -> Iterator[bytes]:
     """Every line of the file without its ``\\n``; a last line with no newline still counts.
 
-    Reads fixed-size chunks so memory stays flat whatever the file size. Closes ``f``.
+    Reads fixed-size chunks so memory stays flat whatever the file size. A line longer than
+    ``MAX_LINE_BYTES`` comes out as ``_OVERLONG`` (its bytes are skipped as they are read, so it
+    costs one chunk of memory, not its length). Closes ``f``.
     """
+    limit = MAX_LINE_BYTES
     with f:
-        tail = b""
+        # The start of a line that spans chunks, gathered in one growing buffer (joining the
+        # pieces pairwise would copy a long line once per chunk).
+        pending = bytearray()
+        skipping = False  # inside a line already known to be too long
         while True:
             try:
                 chunk = f.read(_CHUNK)
@@ -424,13 +496,39 @@ def _lines(f: Any, path: Path, tap: _Tap | None = None) -> Iterator[bytes]:
                 break
             if tap is not None:
                 tap.update(chunk)
-            parts = chunk.split(b"\n")
-            if tail:
-                parts[0] = tail + parts[0]
+            start = 0
+            if pending or skipping:
+                nl = chunk.find(b"\n")
+                if nl < 0:
+                    if not skipping and len(pending) + len(chunk) > limit:
+                        skipping = True
+                        pending = bytearray()
+                    elif not skipping:
+                        pending += chunk
+                    continue
+                if skipping or len(pending) + nl > limit:
+                    yield _OVERLONG
+                else:
+                    pending += chunk[:nl]
+                    yield bytes(pending)
+                skipping = False
+                pending = bytearray()
+                start = nl + 1
+            parts = (chunk[start:] if start else chunk).split(b"\n")
             tail = parts.pop()
-            yield from parts
-        if tail:
-            yield tail
+            if limit >= _CHUNK:
+                yield from parts  # a part of one chunk cannot be too long
+            else:
+                for part in parts:
+                    yield part if len(part) <= limit else _OVERLONG
+            if len(tail) > limit:
+                skipping = True
+            elif tail:
+                pending += tail
+        if skipping:
+            yield _OVERLONG
+        elif pending:
+            yield bytes(pending)
 
 
 # The two steps of a scan, for the bounded survey that runs on GPU hosts

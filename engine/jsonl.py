@@ -7,16 +7,19 @@ previous batch is being written and synced, then go out together as one ``write`
 The future returned by ``append`` resolves only after its line is on disk, so a SIGKILL at any
 moment loses nothing acknowledged; it can leave a torn last line, which the next ``open`` (or
 ``repair_torn_tail``) cuts off. Line numbers are 0-based, like prompt lines.
+
+When a write or sync fails (disk full, an I/O error, a filesystem remounted read-only), the
+appender cuts the file back to its last acknowledged line, fails that batch and every later
+append with ``WriteFailed``, and accepts nothing more: docs/faults.md, "Disk full".
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import fcntl
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
@@ -24,17 +27,77 @@ from typing import Any
 
 import orjson
 
-__all__ = ["JsonlAppender", "JsonlError", "iter_jsonl", "repair_torn_tail"]
+__all__ = [
+    "MAX_LINE_BYTES",
+    "CorruptLine",
+    "JsonlAppender",
+    "JsonlError",
+    "WriteFailed",
+    "iter_jsonl",
+    "repair_torn_tail",
+]
+
+# The longest line ``iter_jsonl`` reads (docs/inputs.md). A row is far smaller (its text is capped by
+# what one attempt may receive); a longer complete line is garbage, and reading it whole would
+# cost its length in memory.
+MAX_LINE_BYTES = 64 << 20
 
 
 class JsonlError(ValueError):
     """A JSONL file is corrupt, locked by another writer, or could not be written."""
 
 
+class CorruptLine(JsonlError):
+    """A complete line that is not a JSON object; ``line`` is 0-based, ``problem`` says why."""
+
+    def __init__(self, path: str | os.PathLike[str], line: int, problem: str) -> None:
+        self.path = Path(path)
+        self.line = line
+        self.problem = problem
+        super().__init__(f"{path} line {line}: {problem}")
+
+
+class WriteFailed(JsonlError):
+    """Appending to a file failed; nothing more is written to it by this appender.
+
+    ``path`` is the file, ``errno`` the OS error number (None when the writer was stopped rather
+    than refused by the OS), ``reason`` the OS's words. ``clean`` is False when the file could
+    not be cut back after a partial write, so it may end in lines of the failed batch (the next
+    open still repairs a torn last line). The message is one line naming the file and why.
+    """
+
+    def __init__(self, path: Path, reason: str, errno_: int | None = None, *, clean: bool = True) -> None:
+        self.path = path
+        self.reason = reason
+        self.errno = errno_
+        self.clean = clean
+        name = errno.errorcode.get(errno_) if errno_ is not None else None
+        code = f" [{name}]" if name else ""
+        tail = "" if clean else "; it could not be cut back, so it may end in unacknowledged lines"
+        super().__init__(f"{path}: write failed: {reason}{code}{tail}")
+
+    @classmethod
+    def from_exception(cls, path: Path, exc: BaseException, *, clean: bool = True) -> WriteFailed:
+        if isinstance(exc, WriteFailed):
+            return cls(exc.path, exc.reason, exc.errno, clean=exc.clean and clean)
+        if isinstance(exc, OSError):
+            return cls(path, exc.strerror or str(exc), exc.errno, clean=clean)
+        return cls(path, str(exc) or type(exc).__name__, None, clean=clean)
+
+    def again(self) -> WriteFailed:
+        """A fresh instance for another raise (an exception object keeps its traceback)."""
+        return WriteFailed(self.path, self.reason, self.errno, clean=self.clean)
+
+
+class _PartialWrite(OSError):
+    """A write failed and the file could not be truncated back to where the batch began."""
+
+
 # fdatasync also flushes the file size, which is all an append needs; fsync adds mtime etc.
 _sync = getattr(os, "fdatasync", os.fsync)
 # Indirection so tests can make writes fail (disk full) without touching the os module.
 _write = os.write
+_truncate = os.ftruncate
 
 _TAIL_STEP = 1 << 16
 
@@ -75,27 +138,51 @@ def repair_torn_tail(path: str | os.PathLike[str]) -> int:
         os.close(fd)
 
 
-def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+def iter_jsonl(
+    path: str | os.PathLike[str], *, max_line: int | None = None
+) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(line, object)`` for every complete line, streamed; a missing file yields nothing.
 
     A torn last line (no trailing ``\\n``) is ignored: it was never acknowledged. A complete line
-    that is not a JSON object raises ``JsonlError`` naming the file and line.
+    that is not a JSON object, or is longer than ``max_line`` bytes (default ``MAX_LINE_BYTES``),
+    raises ``CorruptLine`` naming the file and line.
     """
+    limit = MAX_LINE_BYTES if max_line is None else max_line
     try:
         f = open(path, "rb")  # noqa: SIM115 - closed by the with below, after the check
     except FileNotFoundError:
         return
     with f:
-        for n, raw in enumerate(f):
-            if raw[-1:] != b"\n":
+        n = -1
+        while True:
+            raw = f.readline(limit + 1)
+            if not raw:
                 return
+            n += 1
+            if raw[-1:] != b"\n":
+                if len(raw) <= limit or not _skip_rest_of_line(f):
+                    return  # a torn last line, however long
+                raise CorruptLine(path, n, f"line longer than {limit} bytes")
             try:
                 obj = orjson.loads(raw)
             except orjson.JSONDecodeError as e:
-                raise JsonlError(f"{path} line {n}: corrupt JSON ({e})") from None
+                if b"\x00" in raw:
+                    # Zeros are what a power loss can leave where a write never reached the disk.
+                    raise CorruptLine(path, n, "holds NUL bytes, not JSON") from None
+                raise CorruptLine(path, n, f"corrupt JSON ({e})") from None
             if not isinstance(obj, dict):
-                raise JsonlError(f"{path} line {n}: not a JSON object")
+                raise CorruptLine(path, n, "not a JSON object")
             yield n, obj
+
+
+def _skip_rest_of_line(f: Any) -> bool:
+    """Read past the end of an over-long line a block at a time; False when the file ends first."""
+    while True:
+        block = f.readline(_TAIL_STEP)
+        if not block:
+            return False
+        if block[-1:] == b"\n":
+            return True
 
 
 class JsonlAppender:
@@ -116,6 +203,7 @@ class JsonlAppender:
         commit_interval_s: float,
         max_batch: int,
         repaired_bytes: int,
+        on_failure: Callable[[WriteFailed], None] | None = None,
     ) -> None:
         self.path = path
         self.repaired_bytes = repaired_bytes
@@ -135,7 +223,10 @@ class JsonlAppender:
         self._wake = asyncio.Event()
         self._closing = False
         self._closed = False
-        self._error: BaseException | None = None
+        self._failure: WriteFailed | None = None
+        self._on_failure = on_failure
+        # Waiters of the batch being written now: failed too if the writer is cancelled mid-write.
+        self._writing: list[asyncio.Future[None]] = []
         self._task = self._loop.create_task(self._run(), name=f"jsonl-writer {path.name}")
 
     @classmethod
@@ -145,11 +236,14 @@ class JsonlAppender:
         *,
         commit_interval_s: float = 0.005,
         max_batch: int = 4096,
+        on_failure: Callable[[WriteFailed], None] | None = None,
     ) -> JsonlAppender:
         """Open (creating it if needed) ``path`` for appending, repairing a torn tail first.
 
         ``commit_interval_s`` is how long the first line of a batch may wait for company before
-        the batch is written; ``max_batch`` caps the lines per write.
+        the batch is written; ``max_batch`` caps the lines per write. ``on_failure`` is called
+        once, on the loop, when writing fails (in the same step that fails the waiters), so an
+        owner can stop producing lines at once.
         """
         if commit_interval_s < 0 or max_batch < 1:
             raise ValueError("commit_interval_s must be >= 0 and max_batch >= 1")
@@ -170,6 +264,7 @@ class JsonlAppender:
             commit_interval_s=commit_interval_s,
             max_batch=max_batch,
             repaired_bytes=repaired,
+            on_failure=on_failure,
         )
 
     # -- appending ------------------------------------------------------------------------
@@ -213,14 +308,17 @@ class JsonlAppender:
         self._wake.set()
         try:
             await asyncio.shield(self._task)
+        except asyncio.CancelledError:
+            if not self._task.cancelled():
+                raise  # our caller was cancelled, not the writer
         finally:
             if not self._closed:
                 self._closed = True
                 # On the file's own thread, so it runs after any write still in flight.
                 await self._loop.run_in_executor(self._executor, _close_fd, self._fd)
                 self._executor.shutdown(wait=False)
-        if self._error is not None:
-            raise self._failed()
+        if self._failure is not None:
+            raise self._failure.again()
 
     async def __aenter__(self) -> JsonlAppender:
         return self
@@ -242,6 +340,16 @@ class JsonlAppender:
         return self._closed or self._closing
 
     @property
+    def failed(self) -> bool:
+        """True once a write failed; every later append raises ``WriteFailed``."""
+        return self._failure is not None
+
+    @property
+    def failure(self) -> WriteFailed | None:
+        """Why writing stopped (file and OS reason), or None while the file is healthy."""
+        return self._failure
+
+    @property
     def queued_lines(self) -> int:
         """Lines accepted but not yet in a batch being written."""
         return self._queued_lines
@@ -249,15 +357,10 @@ class JsonlAppender:
     # -- internals ------------------------------------------------------------------------
 
     def _check_usable(self) -> None:
-        if self._error is not None:
-            raise self._failed()
+        if self._failure is not None:
+            raise self._failure.again()
         if self._closing or self._closed:
             raise JsonlError(f"{self.path}: appender is closed")
-
-    def _failed(self) -> JsonlError:
-        err = JsonlError(f"{self.path}: writing failed earlier, nothing more is accepted ({self._error})")
-        err.__cause__ = self._error
-        return err
 
     def _enqueue(self, data: bytes, lines: int) -> asyncio.Future[None]:
         fut: asyncio.Future[None] = self._loop.create_future()
@@ -303,30 +406,44 @@ class JsonlAppender:
                         # Linger so one sync carries many lines; lines arriving meanwhile join.
                         await asyncio.sleep(delay)
                 data, lines, waiters = self._take_batch()
+                self._writing = waiters
                 try:
                     await loop.run_in_executor(self._executor, _write_all, self._fd, data)
                 except Exception as e:
-                    self._fail(e, waiters)
+                    self._fail(
+                        WriteFailed.from_exception(self.path, e, clean=not isinstance(e, _PartialWrite))
+                    )
                     return
+                self._writing = []
                 self.bytes_written += len(data)
                 self.lines_written += lines
                 for fut in waiters:
                     if not fut.done():  # a caller may have cancelled its wait
                         fut.set_result(None)
         except asyncio.CancelledError:
-            self._fail(JsonlError(f"{self.path}: writer stopped before these lines were written"), [])
+            # A batch may be mid-write on the file's thread: its outcome is unknown, so its
+            # waiters are told it failed rather than left waiting forever.
+            self._fail(WriteFailed(self.path, "the writer was stopped before these lines were synced"))
             raise
 
-    def _fail(self, exc: BaseException, waiters: list[asyncio.Future[None]]) -> None:
-        self._error = exc
-        err = self._failed()
-        for fut in [*waiters, *self._waiters]:
+    def _fail(self, failure: WriteFailed) -> None:
+        self._failure = failure
+        waiters = [*self._writing, *self._waiters]
+        self._writing = []
+        for fut in waiters:
             if not fut.done():
-                fut.set_exception(err)
+                fut.set_exception(failure.again())
         self._chunks.clear()
         self._counts.clear()
         self._waiters.clear()
         self._queued_lines = 0
+        if self._on_failure is not None:
+            try:
+                self._on_failure(failure)
+            except Exception as exc:  # the owner's bug must not stop the waiters being failed
+                self._loop.call_exception_handler(
+                    {"message": f"{self.path}: on_failure callback raised", "exception": exc}
+                )
 
 
 def _open_for_append(path: Path) -> tuple[int, int]:
@@ -359,20 +476,31 @@ def _open_for_append(path: Path) -> tuple[int, int]:
 def _write_all(fd: int, data: bytes) -> None:
     if not data:
         return
+    # The last acknowledged line ends here: this appender is the file's only writer (flock).
     start = os.fstat(fd).st_size
     try:
         view = memoryview(data)
         while view:
+            # A short write is not an error: the rest is written next, and a full disk says so
+            # with ENOSPC on that next call.
             n = _write(fd, view)
             if n <= 0:
                 raise OSError(errno.EIO, "write made no progress")
             view = view[n:]
         _sync(fd)
-    except OSError:
-        # Leave no part of a failed batch behind: its callers were told it failed. Best effort;
-        # if this fails too, the next open still repairs a torn tail.
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, start)
+    except OSError as exc:
+        # Leave no part of a failed batch behind: its callers are told it failed. After a failed
+        # fsync the batch's pages may or may not be on disk, so it is cut either way.
+        try:
+            _truncate(fd, start)
+            _sync(fd)
+        except OSError:
+            try:
+                size = os.fstat(fd).st_size
+            except OSError:
+                size = -1
+            if size != start:
+                raise _PartialWrite(exc.errno, exc.strerror or str(exc)) from exc
         raise
 
 

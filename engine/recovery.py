@@ -9,19 +9,27 @@ Attempt journal records (one JSON object per line, key `k`):
 - `gave_up`: a prompt that exhausted its attempts in that run.
 A `start` without an `end` was in flight at a crash: its worst case is charged as an estimate at the
 next start, and reconciled through /generation when its generation id is known.
+
+A complete line that is not what regen writes (garbage added by hand, another tool's output) stops
+the rebuild with `RecoveryError` naming the file and line: guessing would lose or double money or
+rows (docs/inputs.md, "Results and journals").
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
-from engine.jsonl import iter_jsonl, repair_torn_tail
+from engine.jsonl import CorruptLine, JsonlError, iter_jsonl, repair_torn_tail
 from engine.money import Estimates, SpendBreakdown
+
+
+class RecoveryError(JsonlError):
+    """A results file or journal line regen cannot have written; the message says which and what to do."""
 
 
 @dataclass(slots=True)
@@ -82,10 +90,8 @@ def read_rows(results_path: Path, unsettled_lines: Collection[int] = ()) -> Data
     progress = DatasetProgress(torn_bytes=repair_torn_tail(results_path))
     if not results_path.exists():
         return progress
-    for _, row in iter_jsonl(results_path):
-        line = row.get("line")
-        if not isinstance(line, int):
-            continue
+    for _, row in _records(results_path, _row_problem):
+        line = row["line"]
         if line in progress.done:
             progress.duplicates += 1
             continue
@@ -135,7 +141,7 @@ def read_journals(attempts_path: Path, events_path: Path) -> JournalState:
     unsent: dict[str, Unsettled] = {}
     attempts: dict[tuple[str, int], int] = defaultdict(int)
     if attempts_path.exists():
-        for _, rec in iter_jsonl(attempts_path):
+        for _, rec in _records(attempts_path, _attempt_problem):
             kind = rec.get("k")
             rid = str(rec.get("rid", ""))
             if kind == "start":
@@ -179,10 +185,109 @@ def read_journals(attempts_path: Path, events_path: Path) -> JournalState:
     state.never_sent = list(unsent.values())
     state.attempts = dict(attempts)
     if events_path.exists():
-        for _, event in iter_jsonl(events_path):
+        for _, event in _records(events_path, _event_problem):
             name = event.get("event")
             if name == "exclude":
                 state.excluded[str(event["provider"]).lower()] = str(event.get("source") or "operator")
             elif name == "include":
                 state.excluded.pop(str(event["provider"]).lower(), None)
     return state
+
+
+# -- what a line must hold to be read -------------------------------------------------------------
+# Only the fields recovery reads are checked, so records may grow new fields (and the journals new
+# kinds, which are passed over) without breaking older readers.
+
+
+def _records(
+    path: Path, problem_of: Callable[[dict[str, Any]], str | None]
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    try:
+        for n, rec in iter_jsonl(path):
+            problem = problem_of(rec)
+            if problem is not None:
+                raise RecoveryError(_stop_message(path, n, problem))
+            yield n, rec
+    except CorruptLine as exc:
+        raise RecoveryError(_stop_message(path, exc.line, exc.problem)) from None
+
+
+def _stop_message(path: Path, line: int, problem: str) -> str:
+    # file:N is 1-based, as editors count; regen never leaves a bad complete line behind (a torn
+    # last one is cut at start), so this one came from elsewhere and only a person can judge it.
+    return f"{path}:{line + 1}: {problem}; regen did not write this line: fix or delete it, then run again"
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int
+
+
+def _is_money(value: Any) -> bool:
+    """A dollar amount as regen writes it: a decimal string (or a plain number), finite."""
+    if type(value) not in (str, int, float):
+        return False
+    try:
+        return Decimal(str(value)).is_finite()
+    except InvalidOperation:
+        return False
+
+
+def _optional(value: Any, *types: type) -> bool:
+    return value is None or type(value) in types
+
+
+def _row_problem(row: dict[str, Any]) -> str | None:
+    line = row.get("line")
+    if type(line) is not int or line < 0:
+        return "not a result row (no line number)"
+    if type(row.get("prompt_sha256")) is not str:
+        return "not a result row (no prompt_sha256)"
+    if not _optional(row.get("status"), str) or not _optional(row.get("generation_id"), str):
+        return "result row with a malformed status or generation_id"
+    if row.get("cost") is not None and not _is_money(row["cost"]):
+        return "result row whose cost is not a number"
+    usage = row.get("usage")
+    if not _optional(usage, dict) or (usage and not _optional(usage.get("completion_tokens"), int)):
+        return "result row with malformed usage"
+    return None
+
+
+def _attempt_problem(rec: dict[str, Any]) -> str | None:
+    kind = rec.get("k")
+    if type(kind) is not str:
+        return "not an attempt record (no kind 'k')"
+    if kind not in ("start", "gen", "end", "reconciled"):
+        return None
+    if type(rec.get("rid")) is not str:
+        return f"{kind} record without a request id"
+    if kind == "start":
+        if (
+            type(rec.get("ds")) is not str
+            or not _is_int(rec.get("line"))
+            or not _is_money(rec.get("reserved"))
+        ):
+            return "start record without its dataset, line or reservation"
+    elif kind == "gen":
+        if type(rec.get("gen")) is not str:
+            return "gen record without a generation id"
+    elif kind == "end":
+        if rec.get("cost") is not None and not _is_money(rec["cost"]):
+            return "end record whose cost is not a number"
+        if not _optional(rec.get("ds"), str) or not _optional(rec.get("line"), int):
+            return "end record with a malformed dataset or line"
+        if not _optional(rec.get("gen"), str) or not _optional(rec.get("est"), bool):
+            return "end record with a malformed generation id or estimate flag"
+        if not _optional(rec.get("provider"), str) or not _optional(rec.get("outcome"), str):
+            return "end record with a malformed provider or outcome"
+    elif rec.get("delta") is not None and not _is_money(rec["delta"]):
+        return "reconciled record whose delta is not a number"
+    return None
+
+
+def _event_problem(event: dict[str, Any]) -> str | None:
+    name = event.get("event")
+    if type(name) is not str:
+        return "not an event record (no event name)"
+    if name in ("exclude", "include") and type(event.get("provider")) is not str:
+        return f"{name} event without a provider"
+    return None

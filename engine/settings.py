@@ -34,7 +34,19 @@ class SettingsError(ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True)
+    # inf and nan are refused: every number here is a real amount (docs/inputs.md, "Settings").
+    model_config = ConfigDict(
+        extra="forbid", use_attribute_docstrings=True, validate_default=True, allow_inf_nan=False
+    )
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _no_nul(cls, value: Any) -> Any:
+        # A NUL cannot be in a path or a header; refused here, it names the key (docs/inputs.md).
+        items = value if isinstance(value, list) else [value]
+        if any(isinstance(v, str | Path) and "\x00" in str(v) for v in items):
+            raise ValueError("contains a NUL character")
+        return value
 
 
 class ProviderSettings(_Section):
@@ -76,7 +88,7 @@ class OpenRouterSettings(_Section):
     """The model slug to generate with."""
     stream: bool = True
     """Stream responses (an aborted stream stops billing at providers that support it)."""
-    max_tokens: int = Field(16384, ge=1)
+    max_tokens: int = Field(16384, ge=1, le=1 << 20)
     """Output token cap per response; always sent, and the basis of each request's reservation."""
     temperature: float | None = Field(1.0, ge=0, le=2)
     """Sampling temperature; empty to leave it to the provider."""
@@ -90,13 +102,13 @@ class OpenRouterSettings(_Section):
     """The model's native precision (Kimi K2.5: int4). With provider.quantizations empty, only this precision and finer are allowed."""
     precision_guard: bool = True
     """Send the precision allowlist, check every response's serving provider against it, and quarantine and exclude offenders."""
-    key_poll_interval_s: float = Field(30.0, gt=0)
+    key_poll_interval_s: float = Field(30.0, gt=0, le=3600)
     """Seconds between reads of the key's credit (/key) during a run."""
-    connect_timeout_s: float = Field(30.0, gt=0)
+    connect_timeout_s: float = Field(30.0, gt=0, le=3600)
     """Seconds to open a connection."""
-    read_timeout_s: float = Field(300.0, gt=0)
+    read_timeout_s: float = Field(300.0, gt=0, le=86400)
     """Seconds without a byte (keep-alive comments count) before an attempt is abandoned. Checked once a second (an eighth of the limit when shorter), so it fires at most that late."""
-    request_timeout_s: float = Field(1800.0, gt=0)
+    request_timeout_s: float = Field(1800.0, gt=0, le=86400)
     """Seconds for a whole attempt, from sending the request to its last byte."""
     app_title: str = "regen"
     """Sent as X-Title for OpenRouter's app attribution."""
@@ -121,9 +133,9 @@ class JobSettings(_Section):
     """Requests sent per minute at most (retries count); empty for no cap. A `:free` model is held to its platform limit of 20 either way."""
     max_attempts: int = Field(6, ge=1)
     """Attempts per prompt in one run before it is given up (a later run tries again)."""
-    backoff_base_s: float = Field(1.0, gt=0)
+    backoff_base_s: float = Field(1.0, gt=0, le=3600)
     """First retry delay bound; doubles each attempt, full jitter."""
-    backoff_max_s: float = Field(60.0, gt=0)
+    backoff_max_s: float = Field(60.0, gt=0, le=3600)
     """Largest retry delay bound."""
     budget_usd: float = Field(100.0, ge=0)
     """Hard dollar budget: spent + reserved for requests in flight never exceeds it."""
@@ -135,9 +147,9 @@ class JobSettings(_Section):
     """Finish reasons that finish a prompt, and the row status each one gives."""
     skip_invalid: bool = False
     """Skip (and journal) invalid prompt lines instead of refusing to start."""
-    commit_interval_s: float = Field(0.005, ge=0)
+    commit_interval_s: float = Field(0.005, ge=0, le=1)
     """How long writes gather before one fsync (group commit)."""
-    reconcile_timeout_s: float = Field(60.0, ge=0)
+    reconcile_timeout_s: float = Field(60.0, ge=0, le=86400)
     """How long to look up the cost of requests a crash left unsettled before estimating it."""
 
 
@@ -203,7 +215,7 @@ class ConsoleSettings(_Section):
 class HeadlessSettings(_Section):
     """The status line of `--headless` runs."""
 
-    status_interval_s: float = Field(5.0, gt=0)
+    status_interval_s: float = Field(5.0, gt=0, le=3600)
     """Seconds between status lines."""
 
 
@@ -316,6 +328,10 @@ def load_settings(path: Path | None = None) -> Settings:
             raise SettingsError([f"{source}: is a folder, not a settings file"]) from None
         except tomllib.TOMLDecodeError as exc:
             raise SettingsError([f"{source}: not valid TOML: {exc}"]) from None
+        except UnicodeDecodeError as exc:
+            raise SettingsError([f"{source}: not valid UTF-8 (byte {exc.start})"]) from None
+        except RecursionError:
+            raise SettingsError([f"{source}: not valid TOML: nested too deep"]) from None
         except OSError as exc:
             raise SettingsError([f"{source}: cannot read: {exc.strerror}"]) from None
     where = str(source) if source is not None else "built-in defaults"

@@ -11,6 +11,7 @@ The rules are docs/data-contract.md §4; each violation names the dataset, the r
 
 from __future__ import annotations
 
+import math
 import re
 from array import array
 from collections import Counter
@@ -217,9 +218,21 @@ def journal_spend(attempts_path: Path) -> dict[str, float]:
             rid = str(rec.get("rid", ""))
             ds = rid.split("#", 1)[0][:-9]
         value = rec.get("cost") if kind == "end" else rec.get("delta")
-        if isinstance(value, int | float):
-            spend[ds] = spend.get(ds, 0.0) + float(value)
+        amount = _dollars(value)
+        if amount is not None:
+            spend[ds] = spend.get(ds, 0.0) + amount
     return spend
+
+
+def _dollars(value: Any) -> float | None:
+    # The job writes amounts as decimal strings (exact); older journals and tests hold numbers.
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return None
+    try:
+        amount = float(value)
+    except ValueError:
+        return None
+    return amount if math.isfinite(amount) else None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -142,7 +142,7 @@ INVALID = [
     (b"{not json}", "not valid JSON"),
     (b'{"messages": [', "not valid JSON"),
     (b'{"messages": [{"role": "user", "content": NaN}]}', "not valid JSON"),
-    (b'{"messages": [{"role": "user", "content": 1e400}]}', "not valid JSON"),
+    (b'{"messages": [{"role": "user", "content": 1e400}]}', "a number is out of range"),
     (b"\xff\xfe{}", "not valid UTF-8"),
     (b'{"messages": [{"role": "user", "content": "caf\xe9"}]}', "not valid UTF-8"),
     (b"\xef\xbb\xbf" + _line(U), "starts with a UTF-8 byte order mark"),

@@ -208,7 +208,7 @@ async def test_write_failure_fails_waiters_and_later_appends(
     results = await asyncio.gather(*futs, return_exceptions=True)
     assert all(isinstance(r, JsonlError) for r in results)
     assert "No space left" in str(results[0]) and str(p) in str(results[0])
-    with pytest.raises(JsonlError, match="writing failed"):
+    with pytest.raises(JsonlError, match="write failed: No space left"):
         app.append({"i": 99})
     with pytest.raises(JsonlError):
         await app.close()

@@ -28,6 +28,45 @@ from engine.settings import OpenRouterSettings, ProviderSettings
 
 FAILED_NATIVE_FINISH = frozenset({"error", "network_error"})
 
+# What one attempt may receive (docs/faults.md, "Responses past the edge"). A streamed token costs
+# about 300-600 bytes on the wire (the chunk's id, provider and model repeat in every event, and
+# reasoning comes twice); 2 KiB a token plus 1 MiB for usage, keep-alive comments and the odd
+# verbose chunk is far above any honest response, and stops a provider that ignores max_tokens or
+# a body that never ends before it costs more than the reservation allowed for.
+RESPONSE_BASE_BYTES = 1 << 20
+RESPONSE_BYTES_PER_TOKEN = 2048
+# An error answer is a small JSON object; past this its body is not read.
+ERROR_BODY_BYTES = 64 << 10
+# Account and catalog answers (the model's endpoints list is the largest, some kilobytes).
+ACCOUNT_BODY_BYTES = 16 << 20
+# Response headers: aiohttp's default line and field sizes, and 100 headers (aiohttp allows 128),
+# named here because they bound the memory one response's headers may take (at most MAX_HEADERS
+# fields of MAX_FIELD_SIZE bytes); OpenRouter sends a few dozen short ones.
+MAX_LINE_SIZE = 8190
+MAX_FIELD_SIZE = 8190
+MAX_HEADERS = 100
+
+
+def max_response_bytes(max_tokens: int) -> int:
+    """The most one attempt may receive for `max_tokens`, headers aside."""
+    return RESPONSE_BASE_BYTES + RESPONSE_BYTES_PER_TOKEN * max_tokens
+
+
+class _TooLarge(Exception):
+    """A body passed its byte limit; the reader stops there."""
+
+
+async def _read_capped(resp: aiohttp.ClientResponse, limit: int, watch: Watch | None = None) -> bytes:
+    """The body, or _TooLarge as soon as more than `limit` bytes arrived (never holds more)."""
+    body = bytearray()
+    async for block in resp.content.iter_any():
+        if watch is not None:
+            watch.received += len(block)
+        if len(body) + len(block) > limit:
+            raise _TooLarge(len(body) + len(block))
+        body += block
+    return bytes(body)
+
 
 @dataclass(slots=True)
 class AttemptResult:
@@ -178,6 +217,7 @@ class OpenRouterClient:
         self._static_body = self._build_static_body()
         self._body_for: tuple[tuple[str, ...] | None, dict[str, Any]] = (None, {})
         self._deadlines = Deadlines(settings.read_timeout_s, settings.request_timeout_s)
+        self.max_response_bytes = max_response_bytes(settings.max_tokens)
         self._connect_timeout = aiohttp.ClientTimeout(sock_connect=settings.connect_timeout_s)
         self._account_timeout = aiohttp.ClientTimeout(
             total=settings.request_timeout_s, sock_connect=settings.connect_timeout_s
@@ -252,6 +292,9 @@ class OpenRouterClient:
             json_serialize=lambda obj: orjson.dumps(obj).decode(),
             auto_decompress=True,
             read_bufsize=2**16,
+            max_line_size=MAX_LINE_SIZE,
+            max_field_size=MAX_FIELD_SIZE,
+            max_headers=MAX_HEADERS,
         )
 
     async def close(self) -> None:
@@ -270,7 +313,10 @@ class OpenRouterClient:
         """GET an account or catalog endpoint; returns (status, parsed body or None)."""
         url = self.settings.base_url.rstrip("/") + path
         async with self.session.get(url, params=params, timeout=self._account_timeout) as resp:
-            raw = await resp.read()
+            try:
+                raw = await _read_capped(resp, ACCOUNT_BODY_BYTES)
+            except _TooLarge:
+                return resp.status, None
             try:
                 return resp.status, orjson.loads(raw)
             except orjson.JSONDecodeError:
@@ -297,10 +343,9 @@ class OpenRouterClient:
                 if on_headers is not None:
                     on_headers(result.generation_id)
                 if resp.status != 200:
-                    raw = await resp.read()
                     try:
-                        body = orjson.loads(raw)
-                    except orjson.JSONDecodeError:
+                        body = orjson.loads(await _read_capped(resp, ERROR_BODY_BYTES, watch))
+                    except (orjson.JSONDecodeError, _TooLarge):
                         body = None
                     result.error = classify_status(resp.status, body, resp.headers)
                     # The upstream that refused, where the body names it: its stats count the error.
@@ -309,7 +354,17 @@ class OpenRouterClient:
                     await self._read_stream(resp, result, started, on_provider, watch)
                 else:
                     watch.idle_exempt = True
-                    await self._read_body(resp, result, started)
+                    await self._read_body(resp, result, started, watch)
+        except _TooLarge as exc:
+            # Leaving the response unread closes its connection: the provider stops generating.
+            result.received_bytes = int(exc.args[0])
+            result.error = AttemptError(
+                ErrorClass.SERVER,
+                Disposition.RETRY,
+                f"response larger than {self.max_response_bytes} bytes, the limit for max_tokens "
+                f"{self.settings.max_tokens}: cut off",
+                result.http_status,
+            )
         except asyncio.CancelledError:
             if not deadlines.absorb(watch):
                 raise
@@ -318,9 +373,11 @@ class OpenRouterClient:
             result.error = AttemptError(
                 ErrorClass.NETWORK, Disposition.RETRY, (str(exc) or "connect timed out")[:300]
             )
+        except aiohttp.ClientResponseError as exc:
+            # Raised while reading the status line and headers: the answer could not be parsed.
+            result.error = AttemptError(ErrorClass.NETWORK, Disposition.RETRY, _header_problem(exc))
         except (aiohttp.ClientError, OSError) as exc:
-            what = type(exc).__name__ if not str(exc) else f"{type(exc).__name__}: {exc}"
-            result.error = AttemptError(ErrorClass.NETWORK, Disposition.RETRY, what[:300])
+            result.error = AttemptError(ErrorClass.NETWORK, Disposition.RETRY, _transport_problem(exc)[:300])
         finally:
             deadlines.unwatch(watch)
         result.e2e_s = time.monotonic() - started
@@ -331,8 +388,10 @@ class OpenRouterClient:
             result.is_byok = bool(result.usage.get("is_byok", False))
         return result
 
-    async def _read_body(self, resp: aiohttp.ClientResponse, result: AttemptResult, started: float) -> None:
-        raw = await resp.read()
+    async def _read_body(
+        self, resp: aiohttp.ClientResponse, result: AttemptResult, started: float, watch: Watch
+    ) -> None:
+        raw = await _read_capped(resp, self.max_response_bytes, watch)
         result.received_bytes = len(raw)
         result.ttft_s = time.monotonic() - started
         try:
@@ -384,13 +443,26 @@ class OpenRouterClient:
         watch: Watch,
     ) -> None:
         parse = _StreamParse(result, started, on_provider)
-        pending = b""
+        pending: bytearray | None = None  # the start of a line whose end has not arrived
         stopped = False
+        limit = self.max_response_bytes
         # Whole network reads split by hand: aiohttp's readline costs more per line than the parse.
         async for block in resp.content.iter_any():
             watch.received += len(block)
-            lines = (pending + block).split(b"\n") if pending else block.split(b"\n")
-            pending = lines.pop()
+            if watch.received > limit:
+                parse.finish()
+                raise _TooLarge(watch.received)
+            if pending is not None:
+                # A line spread over many reads (a trickle, or one huge chunk) grows in one
+                # buffer instead of being copied again with every read.
+                pending += block
+                if b"\n" not in block:
+                    continue
+                lines = bytes(pending).split(b"\n")
+            else:
+                lines = block.split(b"\n")
+            tail = lines.pop()
+            pending = bytearray(tail) if tail else None
             for line in lines:
                 if not line:  # the blank line that ends each event
                     continue
@@ -400,7 +472,7 @@ class OpenRouterClient:
             if stopped:
                 break
         if not stopped and pending:
-            parse.line(pending)
+            parse.line(bytes(pending))
         result.received_bytes = watch.received
         parse.finish()
 
@@ -420,3 +492,23 @@ class OpenRouterClient:
                 f"empty response (finish_reason {result.finish_reason})",
                 200,
             )
+
+
+def _header_problem(exc: aiohttp.ClientResponseError) -> str:
+    """One line for an answer aiohttp could not parse (headers too large, too many, malformed)."""
+    said = str(exc.message or "")
+    if said.startswith("Got more than"):
+        return f"response headers rejected: a header line over {MAX_FIELD_SIZE} bytes"
+    if "Too many headers" in said:
+        return f"response headers rejected: more than {MAX_HEADERS} headers"
+    return f"malformed response: {said[:120] or type(exc).__name__}"
+
+
+def _transport_problem(exc: BaseException) -> str:
+    """One line for a connection that failed; aiohttp's own words where they are already clear."""
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "the server closed the connection before the answer was complete"
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        how = "reset" if "reset by peer" in str(exc) else "closed"
+        return f"answer cut short: the connection was {how} in the middle of the body"
+    return type(exc).__name__ if not str(exc) else f"{type(exc).__name__}: {exc}"

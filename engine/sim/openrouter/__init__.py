@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from engine.sim.openrouter.catalog import DEFAULT_MODEL_ID, Pricing, SimEndpoint, SimModel, default_models
 from engine.sim.openrouter.config import (
+    EDGE_FAULTS,
     FAULT_CLASSES,
     HTTP_FAULTS,
     SimConfig,
@@ -15,6 +16,7 @@ from engine.sim.openrouter.server import OpenRouterSim, serve_forever
 
 __all__ = [
     "DEFAULT_MODEL_ID",
+    "EDGE_FAULTS",
     "FAULT_CLASSES",
     "HTTP_FAULTS",
     "GenerationRecord",

@@ -48,6 +48,18 @@ FAULT_CLASSES: tuple[str, ...] = (
     "slow_first_token",
 )
 
+# Answers past the edge of anything sane (docs/faults.md, "Responses past the edge"). Drawn from the
+# same `faults` rates, but kept out of FAULT_CLASSES: a client survives them only through its own
+# limits (bytes per attempt, total time, header size), so an attempt that meets one may last as
+# long as the client's request timeout, by design.
+EDGE_FAULTS: tuple[str, ...] = (
+    "runaway_length",  # the provider ignores max_tokens and sends runaway_tokens
+    "trickle",  # the whole answer, at trickle_bytes_per_s
+    "endless_body",  # content that never ends, endless_chunk_bytes every chunk_interval_s
+    "huge_headers",  # huge_header_bytes of response headers, in huge_header_count headers
+)
+ALL_FAULTS: tuple[str, ...] = (*FAULT_CLASSES, *EDGE_FAULTS)
+
 UsageShape = Literal["A", "B", "C"]
 
 
@@ -57,7 +69,7 @@ class SimConfigError(ValueError):
 
 def _check_rates(rates: dict[str, float], where: str) -> dict[str, float]:
     for name, p in rates.items():
-        if name not in FAULT_CLASSES:
+        if name not in ALL_FAULTS:
             raise ValueError(f"unknown fault class {name!r} in {where}")
         if not 0.0 <= float(p) <= 1.0:
             raise ValueError(f"fault {name!r} probability {p} is outside 0..1 in {where}")
@@ -146,6 +158,12 @@ class SimConfig(BaseModel):
     fault_position: float = 0.5  # share of the completion sent before a mid-stream fault
     retry_after_s: int = 2  # Retry-After seconds on 429/503/402-in-flight faults
     done_after_error: bool = True  # send [DONE] after a mid-stream error chunk
+    # The edge faults (EDGE_FAULTS); only read when one is drawn.
+    runaway_tokens: int = Field(default=200_000, ge=1)  # `runaway_length`: tokens sent whatever max_tokens says
+    trickle_bytes_per_s: float = Field(default=1.0, gt=0)  # `trickle`: real time, not scaled by time_scale
+    endless_chunk_bytes: int = Field(default=65536, ge=1)  # `endless_body`: written every chunk_interval_s
+    huge_header_bytes: int = Field(default=1 << 20, ge=1)  # `huge_headers`: header bytes in all
+    huge_header_count: int = Field(default=1, ge=1)  # `huge_headers`: how many headers share them
     requests_maxlen: int = 100_000
 
     @field_validator("faults")

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from engine.sim.openrouter import refusals
-from engine.sim.openrouter.config import FAULT_CLASSES
+from engine.sim.openrouter.config import ALL_FAULTS
 
 
 def draw(rates: dict[str, float], rng: random.Random) -> str | None:
@@ -23,7 +23,7 @@ def draw(rates: dict[str, float], rng: random.Random) -> str | None:
         return None
     u = rng.random()
     acc = 0.0
-    for name in FAULT_CLASSES:
+    for name in ALL_FAULTS:
         p = rates.get(name)
         if p:
             acc += p

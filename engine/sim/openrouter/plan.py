@@ -25,7 +25,7 @@ _ALNUM = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 PARTIAL_FAULTS = frozenset({"mid_stream_error", "error_choice_200", "cut_mid_stream", "cut_nonstream_body"})
 # Faults that reshape the text itself (empty, degenerate, all reasoning) leave no room for a tool call.
 _TEXT_FAULTS = frozenset(
-    {"reasoning_exhaustion", "degenerate", "empty_stop", "silent_failure", "error_body_200"}
+    {"reasoning_exhaustion", "degenerate", "empty_stop", "silent_failure", "error_body_200", "runaway_length"}
 )
 
 
@@ -132,6 +132,11 @@ def make_plan(
     elif fault == "silent_failure":
         completion = reasoning = reported_reasoning = 0
         finish, native = "stop", "network_error"
+    elif fault == "runaway_length":
+        # A provider that ignores max_tokens: it stops only when it is done, far past the cap.
+        completion = cfg.runaway_tokens
+        reasoning = reported_reasoning = min(reasoning, completion)
+        finish = native = "stop"
     elif fault == "missing_usage":
         shape = "C"
     elif fault == "missing_cost":

@@ -23,8 +23,8 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
+from engine.sim.openrouter import edges, refusals
 from engine.sim.openrouter import faults as fault_bodies
-from engine.sim.openrouter import refusals
 from engine.sim.openrouter.catalog import Pricing, SimEndpoint, SimModel
 from engine.sim.openrouter.config import HTTP_FAULTS, SimConfig
 from engine.sim.openrouter.ledger import GenerationRecord, Ledger, ProviderAttempt
@@ -800,6 +800,8 @@ class OpenRouterSim:
     # --- non-stream ----------------------------------------------------------------------------
     async def _serve_json(self, request: web.Request, plan: Plan) -> web.StreamResponse:
         fault = plan.fault
+        if fault == "endless_body":
+            return await self._endless_json(request, plan)
         produced = plan.stop_at
         if fault == "error_body_200":
             produced = 0
@@ -809,6 +811,7 @@ class OpenRouterSim:
         # Billed whether or not the client is still there: non-stream is billed in full (§1.4).
         first_at = plan.started + plan.ttft
         headers = self._headers(plan.gen_id)
+        headers.update(self._edge_headers(plan))
         if fault == "error_body_200":
             self._bill(plan, 0, 0, None, None, cancelled=False, first_token_at=first_at)
             return _json(
@@ -867,6 +870,8 @@ class OpenRouterSim:
             out["usage"] = usage
         if plan.want_metadata:
             out["openrouter_metadata"] = self._router_metadata(plan)
+        if fault == "trickle":
+            return await self._trickle(request, orjson.dumps(out), headers, "application/json")
         if fault not in _CUT_FAULTS:
             return _json(200, out, headers)
         # Cut part-way: a Content-Length the body never reaches, then the connection closes.
@@ -886,6 +891,7 @@ class OpenRouterSim:
         self, request: web.Request, plan: Plan, summary: dict[str, Any]
     ) -> web.StreamResponse:
         headers = self._headers(plan.gen_id)
+        headers.update(self._edge_headers(plan))
         headers["Content-Type"] = "text/event-stream"
         headers["Cache-Control"] = "no-cache"
         resp = web.StreamResponse(status=200, headers=headers)
@@ -902,6 +908,23 @@ class OpenRouterSim:
                 self._bill(plan, 0, 0, None, None, cancelled=False, first_token_at=first_at)
                 err = fault_bodies.error_body_200(plan.ep.provider_name, self.config.user_id)
                 await resp.write(cb.error_no_choices(err["error"]) + DONE)
+                return resp
+            if plan.fault == "endless_body":
+                text, tokens = self._endless_text(plan)
+                await resp.write(cb.role())
+                pieces = await edges.endless(request, resp, cb.content(text), self.config.chunk_interval_s)
+                self._bill_cancel(plan, pieces * tokens, first_at)
+                summary["cancelled"] = True
+                return resp
+            if plan.fault == "trickle":
+                # The whole answer, decided and billed now, then sent at the trickle's pace.
+                data = cb.role() + self._token_events(plan, cb, 0, plan.stop_at)
+                await edges.trickle(
+                    request,
+                    resp,
+                    data + self._stream_tail(plan, cb, first_at),
+                    self.config.trickle_bytes_per_s,
+                )
                 return resp
             await resp.write(cb.role())
             started_tokens = True
@@ -983,14 +1006,21 @@ class OpenRouterSim:
         cb: ChunkBuilder,
         first_at: float,
     ) -> web.StreamResponse:
-        fault = plan.fault
-        tail: list[bytes] = []
-        if fault in _CUT_FAULTS:
+        if plan.fault in _CUT_FAULTS:
             # The connection drops with no error event and no [DONE] (§4.4, §13.17).
             self._bill_cancel(plan, plan.stop_at, first_at)
             if request.transport is not None:
                 request.transport.close()
             return resp
+        tail = self._stream_tail(plan, cb, first_at)
+        with contextlib.suppress(ConnectionError):
+            await resp.write(tail)
+        return resp
+
+    def _stream_tail(self, plan: Plan, cb: ChunkBuilder, first_at: float) -> bytes:
+        """Bill the generation and return the events that end its stream (finish, usage, [DONE])."""
+        fault = plan.fault
+        tail: list[bytes] = []
         if fault in ("mid_stream_error", "error_choice_200"):
             produced = plan.stop_at
             self._bill(
@@ -1034,8 +1064,51 @@ class OpenRouterSim:
                 else:
                     tail.append(cb.usage_a(usage, **extra))
             tail.append(DONE)
+        return b"".join(tail)
+
+    # --- answers past the edge (config.EDGE_FAULTS) ------------------------------------------------
+    def _edge_headers(self, plan: Plan) -> dict[str, str]:
+        if plan.fault != "huge_headers":
+            return {}
+        return edges.padding_headers(self.config.huge_header_bytes, self.config.huge_header_count)
+
+    def _endless_text(self, plan: Plan) -> tuple[str, int]:
+        """About endless_chunk_bytes of content, and the tokens it counts for."""
+        tokens = max(1, self.config.endless_chunk_bytes // 6)
+        return self._content_text(plan, 0, tokens), tokens
+
+    async def _endless_json(self, request: web.Request, plan: Plan) -> web.StreamResponse:
+        """A chat.completion whose content string never closes (chunked, no length)."""
+        first_at = plan.started + plan.ttft
+        if plan.ttft > 0:
+            await asyncio.sleep(plan.ttft)
+        headers = self._headers(plan.gen_id)
+        headers["Content-Type"] = "application/json"
+        resp = web.StreamResponse(status=200, headers=headers)
+        head = orjson.dumps(
+            {"id": plan.gen_id, "object": "chat.completion", "provider": plan.ep.provider_name}
+        )
+        head = head[:-1] + b',"choices":[{"index":0,"message":{"role":"assistant","content":"'
+        text, tokens = self._endless_text(plan)
+        pieces = 0
         with contextlib.suppress(ConnectionError):
-            await resp.write(b"".join(tail))
+            await resp.prepare(request)
+            await resp.write(head)
+            pieces = await edges.endless(
+                request, resp, orjson.dumps(text)[1:-1], self.config.chunk_interval_s
+            )
+        self._bill_cancel(plan, pieces * tokens, first_at)
+        return resp
+
+    async def _trickle(
+        self, request: web.Request, data: bytes, headers: dict[str, str], content_type: str
+    ) -> web.StreamResponse:
+        headers["Content-Type"] = content_type
+        resp = web.StreamResponse(status=200, headers=headers)
+        resp.content_length = len(data)
+        with contextlib.suppress(ConnectionError):
+            await resp.prepare(request)
+            await edges.trickle(request, resp, data, self.config.trickle_bytes_per_s)
         return resp
 
     # --- account and catalog routes ------------------------------------------------------------
