@@ -21,6 +21,7 @@ from engine.backends.base import Backend, Failure
 from engine.concurrency import AdaptiveLimit
 from engine.events import EventLog
 from engine.jobstate import DatasetState, StopReason
+from engine.jsonl import WriteFailed
 from engine.money import Ledger
 from engine.results import ResultsWriter
 from engine.settings import JobSettings
@@ -194,7 +195,7 @@ class Dispatcher:
         if item.first_started is None:
             item.first_started = time.time()
         self.datasets[item.prompt.dataset].in_flight += 1
-        flight = Flight(item, reservation, rid)
+        flight = Flight(item, reservation, rid, time.monotonic())
         task = asyncio.get_running_loop().create_task(self._attempt(flight))
         self._flights[task] = flight
         task.add_done_callback(self._landed)
@@ -237,9 +238,14 @@ class Dispatcher:
             outcome = await self.backend.attempt(prompt, flight.rid, on_handle, on_route)
             settled = True
             await self.settler.settle(flight, outcome)
+        except WriteFailed:
+            # The job is stopping on it (Job._write_failed); this attempt is settled by the next start
+            # from its start record, like one in flight at a crash.
+            return
         except asyncio.CancelledError:
             if not settled:
-                self.settler.cancelled(flight)
+                with contextlib.suppress(WriteFailed):
+                    self.settler.cancelled(flight)
             raise
 
     # ------------------------------------------------------------------------------- steering
@@ -298,13 +304,15 @@ class Dispatcher:
         self.put_back(item)
         self._changed.set()
 
-    def reached(self, now: float) -> None:
-        """The backend answered: an outage is over, and dispatch goes back to full concurrency."""
+    def reached(self, launched_at: float) -> None:
+        """The backend answered an attempt sent at `launched_at`. One sent during an outage (the
+        probe) ends it, and dispatch goes back to full concurrency; answers to attempts sent before
+        it began (streams cut when the server went away) say nothing about now."""
         self._unreachable_streak = 0
         outage = self.outage
-        if outage is None:
+        if outage is None or launched_at < outage.began:
             return
-        lasted = now - outage.began
+        lasted = time.monotonic() - outage.began
         self.outage = None
         self.outage_total_s += lasted
         self.events.event("outage_end", seconds=round(lasted, 1), probes=outage.probes)

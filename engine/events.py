@@ -5,15 +5,22 @@ Errors are remembered for consoles but not journaled: the attempt journal alread
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from engine.jsonl import JsonlAppender
+from engine.jsonl import JsonlAppender, WriteFailed
 
 RECENT_EVENTS = 1000
 EVENTS_FILE = "events.jsonl"
+
+
+def _seen(future: Any) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 class EventLog:
@@ -24,14 +31,23 @@ class EventLog:
         self._recent: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
         self._seq = 0
 
-    async def open(self, run_dir: Path, commit_interval_s: float) -> None:
-        self._file = await JsonlAppender.open(run_dir / EVENTS_FILE, commit_interval_s=commit_interval_s)
+    async def open(
+        self, run_dir: Path, commit_interval_s: float, on_failure: Callable[[WriteFailed], None]
+    ) -> None:
+        self._file = await JsonlAppender.open(
+            run_dir / EVENTS_FILE, commit_interval_s=commit_interval_s, on_failure=on_failure
+        )
 
     def event(self, name: str, /, **fields: Any) -> None:
-        """Journal an event (once the log is open) and show it to consoles."""
+        """Journal an event (once the log is open) and show it to consoles.
+
+        Once events.jsonl cannot be written (its failure was reported when it happened), events
+        still reach consoles.
+        """
         record = {"ts": time.time(), "event": name, **fields}
-        if self._file is not None and not self._file.closed:
-            self._file.append(record)
+        file = self._file
+        if file is not None and not file.closed and not file.failed:
+            file.append(record).add_done_callback(_seen)
         self.remember(record)
 
     def remember(self, record: dict[str, Any]) -> None:
@@ -47,4 +63,5 @@ class EventLog:
 
     async def close(self) -> None:
         if self._file is not None:
-            await self._file.close()
+            with contextlib.suppress(WriteFailed):
+                await self._file.close()

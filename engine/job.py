@@ -29,6 +29,7 @@ from engine.host.errors import HostError
 from engine.host.monitor import HostMonitor
 from engine.inputs import Scanned, load_progress, scan_datasets
 from engine.jobstate import DatasetState, JobError, JobState, Outcome, StopReason
+from engine.jsonl import JsonlError, WriteFailed
 from engine.money import Ledger, to_dollars
 from engine.recovery import JournalState, read_journals
 from engine.results import ATTEMPTS_FILE, ResultsWriter
@@ -123,15 +124,17 @@ class Job:
             )
             await self.backend.open(self, journal.excluded)
             self.settler.pool = await self._start_tokenizer()
-        except (JobError, BackendError, TokenizerError) as exc:
+        except (JobError, BackendError, TokenizerError, JsonlError) as exc:
+            # JsonlError: a results file or journal holds a line regen did not write (RecoveryError).
             await self.backend.close()
             self.lock.release()
             raise JobError(str(exc)) from None
-        await self.events.open(self.run_dir, self.settings.job.commit_interval_s)
+        await self.events.open(self.run_dir, self.settings.job.commit_interval_s, self._write_failed)
         await self.results.open(
             self.run_dir,
             {name: state.dataset for name, state in self.datasets.items()},
             self.settings.job.commit_interval_s,
+            self._write_failed,
         )
         self._journal_repairs(scanned)
         self.settler.restore(journal)
@@ -321,6 +324,17 @@ class Job:
             self.state = JobState.DRAINING
         self.dispatcher.stop(cancel=cancel)
 
+    def _write_failed(self, failure: WriteFailed) -> None:
+        """A journal or results file cannot be written: stop at once. What is on disk is whole, and
+        the attempts in flight are settled by the next start (docs/faults.md, disk full)."""
+        message = (
+            f"{failure}; nothing written before it is lost: free space (or mend the disk) "
+            "and run the same command again to resume"
+        )
+        if self._stop_mode is None:
+            self.events.remember({"ts": time.time(), "event": "fatal", "reason": "write_failed", "message": message})
+        self.stop(cancel=True, reason=StopReason.WRITE_FAILED, message=message)
+
     def _stop_for(self, reason: StopReason, message: str) -> None:
         self.stop(reason=reason, message=message)
 
@@ -368,8 +382,8 @@ class Job:
     def unreachable(self, item: WorkItem, failure: Failure) -> None:
         self.dispatcher.unreachable(item, failure)
 
-    def reached(self, now: float) -> None:
-        self.dispatcher.reached(now)
+    def reached(self, launched_at: float) -> None:
+        self.dispatcher.reached(launched_at)
 
     # --------------------------------------------------------------------------------- snapshot
 

@@ -28,6 +28,7 @@ class StopReason(StrEnum):
     CREDITS = "credits"
     FATAL = "fatal"
     FAILED_PROMPTS = "failed_prompts"
+    WRITE_FAILED = "write_failed"
     OPERATOR = "operator"
     SIGINT = "sigint"
     SIGTERM = "sigterm"

@@ -9,32 +9,57 @@ the prompt with its first cost already counted. Either way no money is lost and 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from engine.datasets import Dataset
-from engine.jsonl import JsonlAppender
+from engine.jsonl import JsonlAppender, WriteFailed
 
 ATTEMPTS_FILE = "attempts.jsonl"
 QUARANTINE_FILE = "quarantine.jsonl"
 
 
+def _seen(future: asyncio.Future[None]) -> None:
+    """A write nobody awaits: its failure is reported once, by the writer's on_failure."""
+    if not future.cancelled():
+        future.exception()
+
+
 class ResultsWriter:
-    """The run's durable files, opened once prepare() has checked everything."""
+    """The run's durable files, opened once prepare() has checked everything.
+
+    When a write fails (a full disk, EIO, a read-only remount: docs/faults.md), `on_failure` is
+    told once with the file and the reason; from then on every write raises WriteFailed, and what
+    is already on disk stays whole.
+    """
 
     def __init__(self) -> None:
         self._attempts: JsonlAppender | None = None
         self._quarantine: JsonlAppender | None = None
         self._rows: dict[str, JsonlAppender] = {}
+        self.failure: WriteFailed | None = None
 
-    async def open(self, run_dir: Path, datasets: Mapping[str, Dataset], commit_interval_s: float) -> None:
-        self._attempts = await JsonlAppender.open(run_dir / ATTEMPTS_FILE, commit_interval_s=commit_interval_s)
-        self._quarantine = await JsonlAppender.open(
-            run_dir / QUARANTINE_FILE, commit_interval_s=commit_interval_s
-        )
+    async def open(
+        self,
+        run_dir: Path,
+        datasets: Mapping[str, Dataset],
+        commit_interval_s: float,
+        on_failure: Callable[[WriteFailed], None],
+    ) -> None:
+        def failed(exc: WriteFailed) -> None:
+            if self.failure is None:
+                self.failure = exc
+                on_failure(exc)
+
+        async def appender(path: Path) -> JsonlAppender:
+            return await JsonlAppender.open(path, commit_interval_s=commit_interval_s, on_failure=failed)
+
+        self._attempts = await appender(run_dir / ATTEMPTS_FILE)
+        self._quarantine = await appender(run_dir / QUARANTINE_FILE)
         for name, dataset in datasets.items():
-            self._rows[name] = await JsonlAppender.open(dataset.results_path, commit_interval_s=commit_interval_s)
+            self._rows[name] = await appender(dataset.results_path)
 
     @property
     def attempts(self) -> JsonlAppender:
@@ -42,8 +67,13 @@ class ResultsWriter:
         return self._attempts
 
     def journal(self, record: Mapping[str, Any]) -> asyncio.Future[None]:
-        """Append one attempt-journal record; the future resolves once it is on disk."""
-        return self.attempts.append(record)
+        """Append one attempt-journal record; the future resolves once it is on disk.
+
+        Raises WriteFailed at once when the journal can no longer be written.
+        """
+        future = self.attempts.append(record)
+        future.add_done_callback(_seen)
+        return future
 
     async def commit_row(self, dataset: str, end: Mapping[str, Any], row: Mapping[str, Any]) -> None:
         """The attempt's end record and its row, durable together."""
@@ -58,4 +88,6 @@ class ResultsWriter:
     async def close(self) -> None:
         for writer in [*self._rows.values(), self._attempts, self._quarantine]:
             if writer is not None:
-                await writer.close()
+                # A failed writer has said why already; closing the others must still happen.
+                with contextlib.suppress(WriteFailed):
+                    await writer.close()

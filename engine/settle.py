@@ -41,6 +41,7 @@ class Flight:
     item: WorkItem
     reservation: Decimal
     rid: str
+    launched_at: float = 0.0  # monotonic
     route: str | None = None
     handle: str | None = None
     released: bool = False
@@ -58,7 +59,7 @@ class Steering(Protocol):
     def exclude_route(self, route: str, source: str) -> None: ...  # raises JobError when it cannot
     def wake(self) -> None: ...  # something the budget gate reads has changed
     def unreachable(self, item: WorkItem, failure: Failure) -> None: ...  # an outage failure
-    def reached(self, now: float) -> None: ...  # the backend answered (whatever it said)
+    def reached(self, launched_at: float) -> None: ...  # the backend answered an attempt sent then
 
 
 class Settler:
@@ -158,7 +159,7 @@ class Settler:
             if not failure.sent:
                 record["sent"] = False
             self.results.journal(record)
-            self._failed(item, failure, route)
+            self._failed(item, failure, route, flight.launched_at)
             return
         assert status is not None
         row = build_row(
@@ -198,7 +199,7 @@ class Settler:
         counters.refusal_streak = 0
         stats.tokens_rate.add(tokens, mono)
         stats.rows_rate.add(1, mono)
-        self.steering.reached(mono)
+        self.steering.reached(flight.launched_at)
         self.steering.succeeded(mono)
 
     def cancelled(self, flight: Flight) -> None:
@@ -237,7 +238,9 @@ class Settler:
                     self.steering.fatal(StopReason.FATAL, f"precision guard: {why}; {exc}")
         self.steering.retry(item, time.monotonic())
 
-    def _failed(self, item: WorkItem, failure: Failure, route: ProviderStats | None) -> None:
+    def _failed(
+        self, item: WorkItem, failure: Failure, route: ProviderStats | None, launched_at: float
+    ) -> None:
         counters = self.stats.counters
         counters.errors[failure.error_class] += 1
         item.last_error = failure.message
@@ -257,7 +260,7 @@ class Settler:
             item.run_attempts -= 1
             self.steering.unreachable(item, failure)
             return
-        self.steering.reached(time.monotonic())
+        self.steering.reached(launched_at)
         if failure.hold_s is not None:
             self.steering.hold(failure.hold_s, failure.message[:200])
         elif failure.throttle:

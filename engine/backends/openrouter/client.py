@@ -369,15 +369,21 @@ class OpenRouterClient:
             if not deadlines.absorb(watch):
                 raise
             result.error = AttemptError(ErrorClass.NETWORK, Disposition.RETRY, deadlines.reason(watch))
-        except TimeoutError as exc:  # aiohttp's connect limit
+            result.error.unreachable = result.http_status is None  # not even headers in time
+        except TimeoutError as exc:  # aiohttp's connect limit: the request never left
             result.error = AttemptError(
                 ErrorClass.NETWORK, Disposition.RETRY, (str(exc) or "connect timed out")[:300]
             )
+            result.error.unreachable, result.error.sent = True, False
         except aiohttp.ClientResponseError as exc:
             # Raised while reading the status line and headers: the answer could not be parsed.
             result.error = AttemptError(ErrorClass.NETWORK, Disposition.RETRY, _header_problem(exc))
         except (aiohttp.ClientError, OSError) as exc:
             result.error = AttemptError(ErrorClass.NETWORK, Disposition.RETRY, _transport_problem(exc)[:300])
+            # No answer at all: OpenRouter is not reachable (docs/faults.md, outages). A connector
+            # error (refused, DNS, TLS) means the request never left, so it cost nothing.
+            result.error.unreachable = result.http_status is None
+            result.error.sent = not isinstance(exc, aiohttp.ClientConnectorError)
         finally:
             deadlines.unwatch(watch)
         result.e2e_s = time.monotonic() - started
