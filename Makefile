@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test bench soak clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ test: $(VENV)/.installed-test
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python bench/throughput.py
+
+# An hour at 2000 in flight with every fault class on and a SIGKILL every few minutes (not in `test`).
+soak: $(VENV)/.installed-test
+	$(BIN)/python bench/soak.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

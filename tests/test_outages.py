@@ -145,3 +145,4 @@ async def test_an_older_journal_that_charged_refused_connections_is_repaired(
     await again.prepare()
     assert again.ledger.spent == sim.ledger.billed_total
     await again.run()
+

@@ -1,0 +1,194 @@
+"""The soak: an hour at 2000 in flight, every fault class on, a SIGKILL every few minutes.
+
+    make soak                                  # = python bench/soak.py (60 minutes)
+    python bench/soak.py --minutes 10          # shorter
+
+`regen run --headless` runs against `regen sim openrouter` (each its own process). The simulator
+draws every fault class of engine/sim/openrouter/config.py (FAULT_CLASSES) at a small rate each;
+the job is killed with SIGKILL at random moments, 2 to 5 minutes apart, and started again at once
+with the same command. When the time is up the job gets SIGINT (it drains) and the soak checks:
+
+- one row per prompt: no line twice in any raw_responses.jsonl, every row for a line of its dataset;
+- money: what the journals say was spent against what the simulator billed: every attempt whose
+  generation id was journaled is settled at its bill, so confirmed <= billed <= spent, and the gap is
+  only the worst case of attempts killed before any id arrived (flagged as estimated);
+- memory: each job process's RSS is sampled every second; flat memory is the last minutes' RSS
+  against the first minutes' of the longest segment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+from decimal import Decimal
+from pathlib import Path
+
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from engine.recovery import read_journals  # noqa: E402
+from engine.sim.openrouter.config import FAULT_CLASSES  # noqa: E402
+
+OUT = ROOT / "bench" / "out" / "soak"
+KEY = "sk-bench-soak"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rss_mb(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def make_datasets(count: int, prompts: int) -> list[Path]:
+    folders = []
+    for n in range(count):
+        folder = OUT / "data" / f"S{n}"
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / "prompts.jsonl", "wb") as f:
+            for i in range(prompts):
+                text = f"soak {n} question {i}: explain topic {i % 311} with a short example."
+                f.write(orjson.dumps({"messages": [{"role": "user", "content": text}]}) + b"\n")
+        folders.append(folder)
+    return folders
+
+
+def faults(rate: float) -> dict[str, float]:
+    """Every fault class at `rate`, but the account-wide limit: each one holds all dispatch for a
+    second at least (engine/dispatch.py), so at the same rate the soak would be held half the time."""
+    rates = dict.fromkeys(FAULT_CLASSES, rate)
+    rates["http_429_ratelimit_reset"] = rate / 50
+    return rates
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=60.0)
+    parser.add_argument("--concurrency", type=int, default=2000)
+    parser.add_argument("--datasets", type=int, default=8)
+    parser.add_argument("--prompts", type=int, default=250_000, help="per dataset (enough for the hour)")
+    parser.add_argument("--fault-rate", type=float, default=0.004, help="per fault class")
+    parser.add_argument("--kill-every", type=float, nargs=2, default=(120.0, 300.0), metavar=("MIN_S", "MAX_S"))
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    if OUT.exists():
+        subprocess.run(["rm", "-rf", str(OUT)], check=True)
+    OUT.mkdir(parents=True)
+    folders = make_datasets(args.datasets, args.prompts)
+    port = free_port()
+    (OUT / "sim.json").write_text(
+        json.dumps(
+            {
+                "api_keys": [KEY],
+                "time_scale": 0.3,
+                "min_completion_tokens": 20,
+                "max_completion_tokens": 120,
+                "chunk_interval_s": 0.2,
+                "tokens_per_event": 16,
+                "generation_lookup_delay_s": 0.5,
+                "faults": faults(args.fault_rate),
+                "seed": args.seed,
+            }
+        )
+    )
+    settings = OUT / "settings.toml"
+    settings.write_text(
+        f'[openrouter]\nbase_url = "http://127.0.0.1:{port}/api/v1"\nmax_tokens = 256\n'
+        f"[job]\ndatasets = {json.dumps([str(f) for f in folders])}\nrun_dir = {json.dumps(str(OUT / 'run'))}\n"
+        f"concurrency = {args.concurrency}\nbudget_usd = 100000.0\nmax_attempts = 50\n"
+        "[headless]\nstatus_interval_s = 10.0\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OPENROUTER_API_KEY": KEY}
+    regen = [sys.executable, "-m", "console.cli"]
+    sim = subprocess.Popen(
+        [*regen, "sim", "openrouter", "--port", str(port), "--config", str(OUT / "sim.json")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert sim.stdout is not None and "listening" in sim.stdout.readline()
+    started = time.monotonic()
+    ends = started + args.minutes * 60
+    segments: list[list[tuple[float, float]]] = []
+    kills = 0
+    log = open(OUT / "job.log", "ab")  # noqa: SIM115 - closed below
+    try:
+        while True:
+            job = subprocess.Popen([*regen, "run", "--headless", "--settings", str(settings)], env=env, stdout=log, stderr=log)
+            segment: list[tuple[float, float]] = []
+            segments.append(segment)
+            kill_at = time.monotonic() + rng.uniform(*args.kill_every)
+            while job.poll() is None and time.monotonic() < min(kill_at, ends):
+                rss = rss_mb(job.pid)
+                if rss is not None:
+                    segment.append((time.monotonic() - started, rss))
+                time.sleep(1.0)
+            if job.poll() is not None:
+                print(f"the job ended by itself (exit {job.returncode}) at {time.monotonic() - started:.0f} s")
+                break
+            if time.monotonic() >= ends:
+                job.send_signal(signal.SIGINT)  # drain, then exit
+                job.wait(timeout=600)
+                break
+            job.kill()
+            job.wait()
+            kills += 1
+            print(f"SIGKILL {kills} at {time.monotonic() - started:.0f} s", flush=True)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/_sim/ledger", timeout=60) as response:
+            billed = Decimal(json.loads(response.read())["billed_total"])
+    finally:
+        log.close()
+        sim.send_signal(signal.SIGTERM)
+        sim.wait(timeout=60)
+    rows = 0
+    duplicates = 0
+    for folder in folders:
+        path = folder / "raw_responses.jsonl"
+        if not path.exists():
+            continue
+        lines = Counter(orjson.loads(line)["line"] for line in path.read_bytes().splitlines())
+        rows += len(lines)
+        duplicates += sum(n - 1 for n in lines.values() if n > 1)
+        assert all(0 <= line < args.prompts for line in lines), f"{path}: a row for no prompt"
+    state = read_journals(OUT / "run" / "attempts.jsonl", OUT / "run" / "events.jsonl")
+    confirmed = state.spent - state.estimated
+    longest = max(segments, key=len)
+    minute = 60
+    first = [r for _, r in longest[minute : 3 * minute]] or [r for _, r in longest[: len(longest) // 3]]
+    last = [r for _, r in longest[-2 * minute :]] or [r for _, r in longest[-len(longest) // 3 :]]
+    peak = max(r for segment in segments for _, r in segment)
+    print(f"soak: {args.minutes:.0f} minutes, {kills} SIGKILLs, {len(FAULT_CLASSES)} fault classes at {args.fault_rate:.1%} each")
+    print(f"rows: {rows:,} of {args.datasets * args.prompts:,} prompts, {duplicates} duplicates")
+    print(f"money: spent ${state.spent:.4f} (confirmed ${confirmed:.4f}, estimated ${state.estimated:.4f}: "
+          f"{state.estimates.pending_count} awaiting their bill, {state.estimates.unknowable_count} cut before an id)")
+    print(f"       the simulator billed ${billed:.4f}; confirmed <= billed <= spent: {confirmed <= billed <= state.spent}")
+    print(f"memory: longest segment {len(longest) / 60:.0f} min, RSS {sum(first) / len(first):.0f} MB early, "
+          f"{sum(last) / len(last):.0f} MB late; peak {peak:.0f} MB")
+    ok = duplicates == 0 and confirmed <= billed <= state.spent
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
