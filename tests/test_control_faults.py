@@ -26,7 +26,7 @@ import orjson
 import pytest
 
 from console.client import SocketSource
-from engine.control import MAX_LINE, WRITE_HIGH_WATER, ControlServer, open_control
+from engine.control import MAX_LINE, PROTOCOL_VERSION, WRITE_HIGH_WATER, ControlServer, open_control
 from engine.headless import run_headless
 from engine.job import Job, JobError
 from engine.jobstate import StopReason
@@ -34,7 +34,7 @@ from engine.settings import Settings
 from engine.sim.openrouter.server import OpenRouterSim
 from tests.conftest import read_rows, write_dataset
 
-HELLO = orjson.dumps({"hello": {"protocol": 1, "readonly": False}}) + b"\n"
+HELLO = orjson.dumps({"hello": {"protocol": PROTOCOL_VERSION, "readonly": False}}) + b"\n"
 
 
 class Source:
@@ -211,7 +211,7 @@ async def _stalled(server: ControlServer, source: Source, tmp_path: Path) -> Non
     assert server.dropped_clients == 1 and server.clients == 1
     # The stalled client resumes reading: what was buffered for it, then why it was let go.
     messages = await read_all(stalled)
-    assert messages[0]["hello"]["protocol"] == 1
+    assert messages[0]["hello"]["protocol"] == PROTOCOL_VERSION
     bye = messages[-1]["bye"]
     assert re.fullmatch(
         r"disconnected: this console read nothing for \d+ s \(21 snapshots behind\); attach again", bye
@@ -371,8 +371,8 @@ async def test_no_hello_is_dropped_after_the_timeout(
         (b"\xff\xfe\x00\x01\n", "expected a hello (not JSON)"),
         (b"[1, 2]\n", "expected a hello"),
         (b'{"hello": 5}\n', "expected a hello"),
-        (b'{"hello": {"protocol": "1"}}\n', "this job speaks control protocol 1, the console speaks 1"),
-        (b'{"hello": {"protocol": 1, "readonly": "no"}}\n', "hello: readonly must be true or false"),
+        (b'{"hello": {"protocol": "2"}}\n', f"this job speaks control protocol {PROTOCOL_VERSION}, the console speaks 2"),
+        (b'{"hello": {"protocol": 2, "readonly": "no"}}\n', "hello: readonly must be true or false"),
         (b"{" * (MAX_LINE + 5) + b"\n", f"expected a hello (message longer than {MAX_LINE} bytes)"),
     ],
 )
@@ -483,7 +483,7 @@ PEER = textwrap.dedent(
         print(json.dumps({"connect": "EACCES"}))
         sys.exit(0)
     try:
-        s.sendall(b'{"hello": {"protocol": 1, "readonly": false}}\\n')
+        s.sendall(b'{"hello": {"protocol": 2, "readonly": false}}\\n')
     except OSError:
         pass  # the server may have answered and closed first
     data = b""
