@@ -51,8 +51,6 @@ from engine.tokenizer import TargetTokenizer, TokenizerError, TokenizerSpec
 ROUTED_WORKER_HEADER = "x-smg-routed-worker-id"
 # Aborts still on their way when the backend closes get this long, so a stop never hangs on them.
 ABORT_GRACE_S = 2.0
-# A ceiling within this share of the last one is not worth a change (and an event).
-CEILING_DEADBAND = 0.1
 _ZERO = Decimal(0)
 # Failures after which the request may still be running on the server.
 _CUT = frozenset({errors.ErrorClass.NETWORK, errors.ErrorClass.STREAM_ERROR})
@@ -486,10 +484,7 @@ class SGLangBackend:
             return
         in_flight = sum(w.meter.in_flight for w in self.workers)
         proposed, reason = next_ceiling(scraped, in_flight, self.ceiling, self.configured, self.health)
-        old = self.ceiling
-        if proposed is not None and old is not None and abs(proposed - old) < max(2, old * CEILING_DEADBAND):
-            return
-        if proposed == old:
+        if proposed == self.ceiling:
             return
         self.ceiling = proposed
         self.ceiling_reason = reason

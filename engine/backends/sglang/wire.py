@@ -90,9 +90,11 @@ class StreamTail:
         del pending[: end + 2]
 
     def finish(self) -> None:
-        """The stream closed: an event not followed by its blank line still counts."""
-        if self._pending.strip():
+        """The stream closed: a last event whose line ended, but without the blank line after it,
+        still counts; bytes cut inside a line do not."""
+        if self._pending.endswith(b"\n") and self._pending.strip():
             self.feed(_SEP)
+        self._pending.clear()
 
 
 @dataclass(slots=True)

@@ -8,9 +8,11 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
+from aiohttp import web
 
-from engine.settings import JobSettings, OpenRouterSettings, SGLangSettings, Settings, TokenizerSettings
+from engine.settings import JobSettings, OpenRouterSettings, Settings, SGLangSettings, TokenizerSettings
 from engine.sim.sglang.config import SimSGLangConfig
 from engine.sim.sglang.logs import SimLog
 from engine.sim.sglang.request import Req
@@ -28,6 +30,12 @@ class RecordingSim(SGLangSim):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.served: dict[str, dict[str, Any]] = {}
+        self.abort_calls: list[str | None] = []  # the rid of every /abort_request, in order
+
+    async def _abort_request(self, request: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await request.read() or b"{}")  # aiohttp keeps the body for the handler
+        self.abort_calls.append(body.get("rid") if isinstance(body, dict) else None)
+        return await super()._abort_request(request)
 
     def _on_finish(self, req: Req) -> None:
         super()._on_finish(req)
@@ -41,10 +49,10 @@ class RecordingSim(SGLangSim):
 
 @asynccontextmanager
 async def recording_sim(
-    config: SimSGLangConfig, tokenizer: SimTokenizer, log: SimLog | None = None
+    config: SimSGLangConfig, tokenizer: SimTokenizer, log: SimLog | None = None, port: int = 0
 ) -> AsyncIterator[RecordingSim]:
     sim = RecordingSim(config, tokenizer, log=log)
-    await sim.start()
+    await sim.start(port=port)
     try:
         await sim.wait_ready(30)
         yield sim
@@ -65,6 +73,12 @@ def sim_tok(model_dir: Path) -> SimTokenizer:
 
 def sim_config(**overrides: Any) -> SimSGLangConfig:
     return fast_config(served_model_name=SERVED, **overrides)
+
+
+def slow_config(**overrides: Any) -> SimSGLangConfig:
+    """Real time at 40 tokens/s per request: a 64-token answer stays in flight for 1.6 s."""
+    quick_start = {f"startup_{phase}_s": 0.01 for phase in ("weights", "kv_pool", "cuda_graph", "http", "warmup")}
+    return sim_config(time_scale=1.0, output_len_min=200, output_len_max=300, **quick_start, **overrides)
 
 
 @pytest.fixture
@@ -90,3 +104,10 @@ def sglang_settings(tmp_path: Path, model_dir: Path) -> Callable[..., Settings]:
         )
 
     return build
+
+
+@pytest.fixture
+async def sim(sim_tok: SimTokenizer) -> AsyncIterator[RecordingSim]:
+    """A ready simulator serving the model folder, fast and without faults."""
+    async with recording_sim(sim_config(), sim_tok) as server:
+        yield server
