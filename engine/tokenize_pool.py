@@ -79,8 +79,7 @@ def _unids(data: bytes) -> list[int]:
 
 
 # A row's work is ("openrouter", messages, reasoning, content, finish_reason)
-#        or ("sglang", messages, output_ids bytes, finish_reason, prompt_ids bytes or None); an
-# SGLang row's prompt_ids are what the server was sent, so they are kept, never re-rendered.
+#        or ("sglang", messages, output_ids bytes, finish_reason, None).
 # A result is ("ok", prompt_ids bytes, output_ids bytes, terminator_appended, reasoning, content)
 #           or ("error", message, None, None, None, None).
 RowWork = tuple[str, Any, Any, Any, Any]
@@ -91,29 +90,25 @@ def fill_batch(tok: TargetTokenizer, jobs: Sequence[RowWork]) -> list[Result]:
     """Token ids for a batch of rows, one native encode call for all their texts."""
     results: list[Result | None] = [None] * len(jobs)
     texts: list[str] = []
-    # (job index, prompt text index or -1 for kept ids, output text index or -1, output ids,
-    #  appended, reasoning, content, kept prompt ids)
-    plan: list[tuple[int, int, int, list[int] | None, bool, str | None, str | None, list[int] | None]] = []
+    # (job index, prompt text index, output text index or -1, output ids, appended, reasoning, content)
+    plan: list[tuple[int, int, int, list[int] | None, bool, str | None, str | None]] = []
     sglang_bodies: list[tuple[int, list[int], bool]] = []
     for i, job in enumerate(jobs):
         kind, messages = job[0], job[1]
         try:
+            prompt_text = tok.render(messages)
             if kind == "sglang":
                 server_ids = _unids(job[2])
                 appended = tok.terminate(server_ids, job[3])
                 body = server_ids[:-1] if job[3] == "stop" else server_ids
                 sglang_bodies.append((len(plan), body, appended))
-                kept = _unids(job[4]) if job[4] is not None else None
-                if kept is None:
-                    texts.append(tok.render(messages))
-                prompt_at = -1 if kept is not None else len(texts) - 1
-                plan.append((i, prompt_at, -1, server_ids, appended, None, None, kept))
+                texts.append(prompt_text)
+                plan.append((i, len(texts) - 1, -1, server_ids, appended, None, None))
             else:
-                prompt_text = tok.render(messages)
                 text_out, append = tok.openrouter_text(job[2], job[3], job[4])
                 texts.append(prompt_text)
                 texts.append(text_out)
-                plan.append((i, len(texts) - 2, len(texts) - 1, None, append, None, None, None))
+                plan.append((i, len(texts) - 2, len(texts) - 1, None, append, None, None))
         except Exception as exc:
             results[i] = ("error", f"{type(exc).__name__}: {exc}", None, None, None, None)
 
@@ -121,8 +116,8 @@ def fill_batch(tok: TargetTokenizer, jobs: Sequence[RowWork]) -> list[Result]:
         decoded = tok.decode_batch([body for _, body, _ in sglang_bodies])
         for (p, _, _), text in zip(sglang_bodies, decoded, strict=True):
             split_reasoning, split_content = tok.split_text(text)
-            i, pt, ot, ids, appended, _, _, kept = plan[p]
-            plan[p] = (i, pt, ot, ids, appended, split_reasoning, split_content, kept)
+            i, pt, ot, kept, appended, _, _ = plan[p]
+            plan[p] = (i, pt, ot, kept, appended, split_reasoning, split_content)
 
     encoded: list[list[int] | Exception]
     try:
@@ -137,8 +132,8 @@ def fill_batch(tok: TargetTokenizer, jobs: Sequence[RowWork]) -> list[Result]:
                 encoded.append(exc)
 
     eot = tok.end_of_turn_id
-    for i, pt, ot, ids, appended, reasoning, content, kept in plan:
-        prompt_ids = kept if kept is not None else encoded[pt]
+    for i, pt, ot, ids, appended, reasoning, content in plan:
+        prompt_ids = encoded[pt]
         out = ids if ot < 0 else encoded[ot]
         if isinstance(prompt_ids, Exception) or isinstance(out, Exception):
             bad = prompt_ids if isinstance(prompt_ids, Exception) else out
@@ -243,7 +238,9 @@ class TokenizePool:
 
         OpenRouter rows are retokenized from ``reasoning``/``content`` (docs/data-contract.md §5.3); SGLang
         rows keep the server's ``output_ids`` (terminated per §5.2) and get ``reasoning`` and
-        ``content`` from them. The prompt is rendered from ``messages``. Returns ``row``.
+        ``content`` from them. The prompt is rendered from ``messages``. A row the SGLang backend
+        made already holds all of that (the ids it sent and got, the server's text) and only gets
+        its tokenizer block. Returns ``row``.
         """
         if self._closed or self._executor is None or self._loop is None:
             raise TokenizeError("tokenize pool is not running")
@@ -257,11 +254,19 @@ class TokenizePool:
                 f"{row.get('id', '?')}: the request had thinking={asked} but the tokenizer's template "
                 f"renders thinking={self.thinking}; make tokenizer.thinking match the backend"
             )
+        if backend == "sglang" and row.get("output_ids_source") == "server" and row.get("prompt_ids"):
+            # The backend sent these prompt ids, kept the server's output ids (terminated per
+            # docs/data-contract.md §5.2) and split the server's text: nothing is re-rendered or
+            # re-encoded, so there is nothing for a worker to do.
+            row["num_prompt_tokens"] = len(row["prompt_ids"])
+            row["num_output_tokens"] = len(row.get("output_ids") or [])
+            row["tokenizer"] = dict(self.info)
+            self.rows_filled += 1
+            return row
         msgs = [dict(m) for m in messages]
         job: RowWork
         if backend == "sglang":
-            sent = row.get("prompt_ids")
-            job = ("sglang", msgs, _ids(row.get("output_ids") or []), finish, _ids(sent) if sent else None)
+            job = ("sglang", msgs, _ids(row.get("output_ids") or []), finish, None)
         else:
             job = ("openrouter", msgs, row.get("reasoning") or "", row.get("content") or "", finish)
         fut: asyncio.Future[Result] = self._loop.create_future()
@@ -278,18 +283,10 @@ class TokenizePool:
         row["prompt_ids"] = prompt_ids
         row["output_ids"] = output_ids
         row["output_ids_source"] = "server" if backend == "sglang" else "retokenized"
-        # A backend that already terminated the server's ids (docs/data-contract.md §5.2) said so.
-        row["terminator_appended"] = bool(appended) or bool(row.get("terminator_appended"))
+        row["terminator_appended"] = bool(appended)
         row["num_prompt_tokens"] = len(prompt_ids)
         row["num_output_tokens"] = len(output_ids)
         if backend == "sglang":
-            # The text is the decode of the ids (§5.2 step 5), so a row always passes §4.8; where
-            # the server's own text said otherwise, the row is flagged rather than silently changed.
-            said = (row.get("reasoning"), row.get("content"))
-            if (said[0] or said[1]) and said != (reasoning, content):
-                flags = row.get("flags")
-                if isinstance(flags, list) and "server_text_differs" not in flags:
-                    flags.append("server_text_differs")
             row["reasoning"] = reasoning
             row["content"] = content
         row["tokenizer"] = dict(self.info)

@@ -262,7 +262,7 @@ class SGLangBackend:
         on_handle(rid)
         on_route(worker.name)
         try:
-            prompt_ids = tokenizer.prompt_ids(prompt.request_messages)
+            prompt_ids = tokenizer.render_ids(prompt.request_messages)
         except Exception as exc:
             outcome.failure = Failure(
                 Disposition.GIVE_UP,

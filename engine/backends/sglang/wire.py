@@ -17,8 +17,8 @@ import orjson
 
 from engine.backends.base import Usage
 
-DONE = b"[DONE]"
 _SEP = b"\n\n"
+_DONE_EVENT = b"data: [DONE]"
 
 
 def sampling_params(
@@ -55,39 +55,46 @@ class StreamTail:
     """The newest complete `data:` event of an SSE stream, and whether `[DONE]` came.
 
     Blocks arrive as the network delivers them; events end with a blank line. Only the bytes after
-    the newest complete event are kept, so memory is one chunk whatever the output's length."""
+    the newest complete event are kept, so memory is one chunk whatever the output's length. Most
+    blocks hold whole events, and those are read in place, without a copy into the buffer."""
 
-    __slots__ = ("_pending", "done", "events", "last")
+    __slots__ = ("_pending", "done", "last")
 
     def __init__(self) -> None:
         self._pending = bytearray()
         self.last: bytes | None = None  # the payload of the newest data event that is not [DONE]
         self.done = False
-        self.events = 0  # complete events seen, for tests and benchmarks
 
     def feed(self, block: bytes) -> None:
         pending = self._pending
-        pending += block
-        end = pending.rfind(_SEP)
+        buf: bytes | bytearray
+        if pending:
+            pending += block
+            buf = pending
+        else:
+            buf = block
+        end = buf.rfind(_SEP)
         if end < 0:
+            if buf is block:
+                pending += block
             return
-        self.events += pending.count(_SEP, 0, end + 2)
         stop = end
         while True:
-            start = pending.rfind(_SEP, 0, stop)
+            start = buf.rfind(_SEP, 0, stop)
             begin = start + 2 if start >= 0 else 0
-            event = pending[begin:stop].strip()
-            if event.startswith(b"data:"):
-                payload = event[5:].strip()
-                if payload == DONE:
-                    self.done = True
-                else:
-                    self.last = bytes(payload)
-                    break
+            if buf.startswith(_DONE_EVENT, begin):
+                self.done = True
+            elif buf.startswith(b"data:", begin):
+                self.last = bytes(buf[begin + 5 : stop])
+                break
             if start < 0:
                 break
             stop = start
-        del pending[: end + 2]
+        if buf is block:
+            if end + 2 < len(block):
+                pending += block[end + 2 :]
+        else:
+            del pending[: end + 2]
 
     def finish(self) -> None:
         """The stream closed: a last event whose line ended, but without the blank line after it,

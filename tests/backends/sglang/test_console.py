@@ -76,6 +76,10 @@ async def test_the_console_shows_gpu_time_and_workers(
                 assert "GPU-" in header and not re.search(r"\$\d", header)
                 # Exclusion is not offered: SGLang has no routes to exclude.
                 assert app.displayed["backend"]["supports_exclude"] is False
+                # The job ends while the console is still attached, as an operator would see it.
+                job.stop(cancel=True)
+                await asyncio.wait_for(runner, timeout=20)
+                await pilot.pause(0.2)
         finally:
             if not runner.done() and job.state not in (JobState.STOPPED, JobState.DONE):
                 job.stop(cancel=True)

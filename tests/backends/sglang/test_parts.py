@@ -4,6 +4,7 @@ the concurrency rule and the failure table."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import aiohttp
 import orjson
@@ -16,6 +17,8 @@ from engine.backends.sglang.meter import ShareMeter
 from engine.backends.sglang.wire import StreamTail, finish_type, read_answer, sampling_params, worker_name
 from engine.concurrency import AdaptiveLimit
 from engine.sim.sglang.server import SGLangSim
+from engine.tokenizer import TargetTokenizer, TokenizerSpec
+from tests.tokenizers_fixture import build_tokenizer
 
 
 def chunk(n: int, finish: object = None) -> bytes:
@@ -40,11 +43,25 @@ def test_stream_tail_keeps_the_last_chunk_however_the_bytes_are_split(seed: int)
         tail.feed(raw[at : at + step])
         at += step
     tail.finish()
-    assert tail.done and tail.events == 41
+    assert tail.done
     answer = read_answer(tail.last or b"")
     assert answer.output_ids == list(range(40))
     assert finish_type(answer.finish) == "stop"
     assert len(tail._pending) == 0
+
+
+def test_stream_tail_reads_whole_events_in_place() -> None:
+    events = [chunk(k) for k in range(1, 6)] + [chunk(6, {"type": "stop", "matched": 5}), b"data: [DONE]\n\n"]
+    for grouping in (1, 2, 3, 7):
+        tail = StreamTail()
+        for at in range(0, len(events), grouping):
+            tail.feed(b"".join(events[at : at + grouping]))
+        tail.finish()
+        assert tail.done and read_answer(tail.last or b"").output_ids == list(range(6)), grouping
+    tail = StreamTail()
+    tail.feed(chunk(1) + chunk(2)[:10])  # a whole event, then the start of the next one
+    tail.feed(chunk(2)[10:] + b"data: [DONE]\n\n")
+    assert tail.done and read_answer(tail.last or b"").output_ids == [0, 1]
 
 
 def test_stream_tail_cut_before_the_final_chunk_and_error_events() -> None:
@@ -200,3 +217,23 @@ class _Key:
     """The connection key aiohttp's connector errors carry."""
 
     host, port, ssl, is_ssl = "127.0.0.1", 30000, None, False
+
+
+@pytest.mark.parametrize("kind", ["kimi", "chatml"])
+def test_render_ids_are_the_templates_ids(kind: str, tmp_path: Path) -> None:
+    folder = build_tokenizer(tmp_path / kind, kind)
+    for thinking in (True, False) if kind == "kimi" else (False,):
+        tok = TargetTokenizer(TokenizerSpec(folder, template_kwargs={"thinking": thinking}))
+        conversations = [
+            [{"role": "user", "content": "What is 1+1?"}],
+            [{"role": "user", "content": "Ünïcödé 東京 😀 <|im_end|> </think> inside the text"}],
+            [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello!"},
+                {"role": "user", "content": "   spaces\n\n\ttabs   "},
+            ],
+        ]
+        for messages in conversations:
+            assert tok.render_ids(messages) == tok.prompt_ids(messages)
+    assert tok._render_fast is not None, "the fast path was the one tested"
