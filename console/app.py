@@ -340,7 +340,9 @@ class RegenApp(App[str]):
         self.status.show(snap, self._freshness(), burn)
 
     def _tick_freshness(self) -> None:
-        self._repaint_status()
+        # The 1 s timer can fire while the app is tearing its widgets down (seen under load).
+        if self.query(StatusStrip):
+            self._repaint_status()
 
     def _paint_displayed(self) -> None:
         """Paint the snapshot just put on display: the header now, the panes over the next frames.

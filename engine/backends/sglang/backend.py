@@ -127,6 +127,7 @@ class SGLangBackend:
         self.workers: list[Worker] = []
         self.ceiling: int | None = None
         self.ceiling_reason = ""
+        self.watch_error: str | None = None
         self._sampling: dict[str, Any] = {}
         self._session: aiohttp.ClientSession | None = None
         self._context: JobContext | None = None
@@ -312,9 +313,7 @@ class SGLangBackend:
                 self._abort_soon(worker, rid)
                 raise
             failure = errors.network(f"{deadlines.reason(watch)} ({worker.url})")
-        except TimeoutError as exc:  # aiohttp's connect limit
-            failure = errors.for_exception(aiohttp.ConnectionTimeoutError(str(exc) or "connect timed out"), worker.url)
-        except (aiohttp.ClientError, OSError) as exc:
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:  # TimeoutError: the connect limit
             failure = errors.for_exception(exc, worker.url)
         finally:
             deadlines.unwatch(watch)
@@ -430,8 +429,11 @@ class SGLangBackend:
     async def _watch(self) -> None:
         """Scrape every server's /metrics, one round at a time (never two at once), and steer."""
         while True:
-            await self.poll()
-            self._steer()
+            try:
+                await self.poll()
+                self._steer()
+            except Exception as exc:  # a surprise in one round must not end the watching
+                self.watch_error = f"{type(exc).__name__}: {exc}"[:200]
             await asyncio.sleep(self.settings.metrics_interval_s)
 
     async def poll(self) -> None:
@@ -520,6 +522,7 @@ class SGLangBackend:
                 "gpu_s": round(sum(w.meter.busy_gpu_s() for w in self.workers), 3),
                 "concurrency_ceiling": self.ceiling,
                 "ceiling_reason": self.ceiling_reason,
+                "watch_error": self.watch_error,
             },
         }
 

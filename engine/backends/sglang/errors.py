@@ -99,7 +99,8 @@ def for_exception(exc: BaseException, url: str) -> Failure:
     """A transport error. Only a failed connect proves the request never reached the server."""
     what = type(exc).__name__ if not str(exc) else f"{type(exc).__name__}: {exc}"
     message = f"{what} ({url})"[:300]
-    if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError):
+    # aiohttp's only limit here is the connect one, so a TimeoutError is a connect that never happened.
+    if isinstance(exc, aiohttp.ClientConnectorError | TimeoutError):
         return Failure(Disposition.RETRY, ErrorClass.UNREACHABLE, message, outage=True, sent=False)
     return Failure(Disposition.RETRY, ErrorClass.NETWORK, message)
 
