@@ -410,6 +410,7 @@ class RegenApp(App[str]):
                     paint(snap)
 
     def _paint_providers(self, snap: dict[str, Any]) -> None:
+        self.providers_pane.set_backend(snap.get("backend") or {})
         self.providers_pane.show(list(snap.get("providers") or []), self.history)
 
     def _paint_cost(self, snap: dict[str, Any]) -> None:

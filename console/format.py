@@ -68,6 +68,34 @@ def money_short(dollars: float | None) -> str:
     return money(dollars, cents=abs(dollars) < 100)
 
 
+def amount(value: float | None, unit: str = "usd", *, cents: bool = True) -> str:
+    """An amount in the ledger's unit: dollars, or GPU time (GPU-hours; GPU-seconds while tiny)."""
+    if unit == "usd":
+        return money(value, cents=cents)
+    if value is None:
+        return DASH
+    if unit == "gpu_s":
+        hours = value / 3600
+        if abs(hours) < 0.01:
+            return f"{value:,.1f} GPU-s"
+        return f"{hours:,.2f} GPU-h" if cents and abs(hours) < 10_000 else f"{hours:,.0f} GPU-h"
+    return f"{value:,.2f} {unit}"
+
+
+def amount_short(value: float | None, unit: str = "usd") -> str:
+    """`amount` in at most seven cells."""
+    if unit == "usd":
+        return money_short(value)
+    if value is None:
+        return DASH
+    if unit == "gpu_s":
+        hours = value / 3600
+        if abs(hours) < 0.01:
+            return f"{value:.0f}s"
+        return f"{hours:.2f}h" if abs(hours) < 100 else f"{hours:,.0f}h"
+    return f"{value:.4g}"
+
+
 def seconds(value: float | None) -> str:
     """A latency: 850ms, 1.25s, 42s."""
     if value is None:

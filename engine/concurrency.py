@@ -4,6 +4,9 @@ A storm is throttling (429, 503, in-flight 402) on a noticeable share of recent 
 odd 429 any busy provider returns. Under a storm the limit shrinks multiplicatively, at most once
 per `cooldown_s` (one storm is one step, not two thousand); after `quiet_s` without a storm it grows
 back multiplicatively to what the operator set.
+
+A backend that can see its servers' load (SGLang's queue and KV usage) may also suggest a ceiling;
+`current`, the limit dispatch obeys, is the lower of the two, never below `minimum`.
 """
 
 from __future__ import annotations
@@ -47,6 +50,19 @@ class AdaptiveLimit:
         self._last_storm = float("-inf")
         self._last_change = float("-inf")
         self.backoffs = 0
+        self.suggested: int | None = None  # the backend's ceiling, None when it has no opinion
+
+    @property
+    def current(self) -> int:
+        """The limit dispatch obeys now: the adaptive limit, under the backend's ceiling if any."""
+        suggested = self.suggested
+        if suggested is None or suggested >= self.effective:
+            return self.effective
+        return max(self.minimum, suggested)
+
+    def suggest(self, ceiling: int | None) -> None:
+        """The backend's ceiling (None lifts it)."""
+        self.suggested = None if ceiling is None else max(1, ceiling)
 
     def set_configured(self, value: int) -> int:
         """Operator change; clamped to the connection pool the job was started with."""

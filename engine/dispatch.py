@@ -110,7 +110,7 @@ class Dispatcher:
             self._changed.clear()
             if self.stopping:
                 return
-            if self.paused or len(self._flights) >= self.limit.effective:
+            if self.paused or len(self._flights) >= self.limit.current:
                 await self._changed.wait()
                 continue
             now = time.monotonic()
@@ -279,6 +279,14 @@ class Dispatcher:
 
     def throttled(self, now: float) -> None:
         self.limit.on_throttle(now)
+
+    def suggest(self, ceiling: int | None, reason: str) -> None:
+        """The backend's concurrency ceiling (docs/architecture.md); journaled when it changes."""
+        if ceiling == self.limit.suggested:
+            return
+        self.limit.suggest(ceiling)
+        self.events.event("concurrency_hint", ceiling=ceiling, applied=self.limit.current, reason=reason)
+        self._changed.set()
 
     def succeeded(self, now: float) -> None:
         self.limit.on_success(now)

@@ -358,6 +358,9 @@ class Job:
     def live(self) -> bool:
         return self.state in (JobState.RUNNING, JobState.PAUSED)
 
+    def suggest_concurrency(self, ceiling: int | None, reason: str) -> None:
+        self.dispatcher.suggest(ceiling, reason)
+
     def exclude_route(self, route: str, source: str) -> None:
         self.exclude(route, origin=source)
 
@@ -401,7 +404,7 @@ class Job:
             "run_dir": str(self.run_dir),
             "model": self.backend.model,
             "backend": self.backend.name,
-            "base_url": self.settings.openrouter.base_url,
+            "base_url": self.backend.base_url,
             "datasets": list(self.datasets),
             "started_at": self.started_at,
         }

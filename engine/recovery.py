@@ -99,7 +99,8 @@ def read_rows(results_path: Path, unsettled_lines: Collection[int] = ()) -> Data
         if line in unsettled_lines:
             progress.settling[line] = {
                 "gen": row.get("generation_id"),
-                "cost": row.get("cost"),
+                # A GPU-time row keeps its ledger amount beside the (null) dollar cost.
+                "cost": row.get("cost") if row.get("cost") is not None else row.get("gpu_s"),
                 "est": bool(row.get("cost_estimated")),
                 "status": row.get("status"),
                 "ctok": (row.get("usage") or {}).get("completion_tokens"),

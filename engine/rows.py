@@ -58,7 +58,9 @@ def build_row(
     server_ids = outcome.output_ids is not None
     prompt_ids = outcome.prompt_ids if server_ids and outcome.prompt_ids is not None else []
     output_ids = outcome.output_ids if outcome.output_ids is not None else []
-    return {
+    # `cost` is US dollars (docs/data-contract.md §3.2); a GPU-time ledger's amount has its own key.
+    dollars = backend.unit == "usd"
+    row = {
         "schema_version": SCHEMA_VERSION,
         "id": prompt.id,
         "dataset": prompt.dataset,
@@ -80,11 +82,11 @@ def build_row(
         "prompt_ids": prompt_ids,
         "output_ids": output_ids,
         "output_ids_source": "server" if server_ids else None,
-        "terminator_appended": False,
+        "terminator_appended": outcome.terminator_appended,
         "num_prompt_tokens": len(prompt_ids),
         "num_output_tokens": len(output_ids),
         "usage": dict(outcome.usage),
-        "cost": cost,
+        "cost": cost if dollars else None,
         "cost_estimated": cost_estimated,
         "is_byok": outcome.is_byok,
         "request": backend.row_request(),
@@ -99,3 +101,6 @@ def build_row(
         },
         "created_at": utc_iso(now),
     }
+    if not dollars:
+        row[backend.unit] = cost  # "gpu_s": the attempt's share of its server's GPU time
+    return row

@@ -11,7 +11,15 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticUndefinedType
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -89,11 +97,11 @@ class OpenRouterSettings(_Section):
     stream: bool = True
     """Stream responses (an aborted stream stops billing at providers that support it)."""
     max_tokens: int = Field(16384, ge=1, le=1 << 20)
-    """Output token cap per response; always sent, and the basis of each request's reservation."""
+    """Output token cap per response; always sent, and the basis of each request's reservation. Also SGLang's max_new_tokens: the sampling settings are the same for both backends."""
     temperature: float | None = Field(1.0, ge=0, le=2)
-    """Sampling temperature; empty to leave it to the provider."""
+    """Sampling temperature; empty to leave it to the provider (SGLang too)."""
     top_p: float | None = Field(0.95, gt=0, le=1)
-    """Nucleus sampling; empty to leave it to the provider."""
+    """Nucleus sampling; empty to leave it to the provider (SGLang too)."""
     reasoning: dict[str, Any] | None = Field(default_factory=lambda: {"enabled": True})
     """The `reasoning` object; never set exclude = true, training needs the reasoning text."""
     provider: ProviderSettings = Field(default_factory=ProviderSettings)
@@ -114,9 +122,67 @@ class OpenRouterSettings(_Section):
     """Sent as X-Title for OpenRouter's app attribution."""
 
 
+class SGLangSettings(_Section):
+    """The SGLang backend (job.backend = "sglang"): the servers regen generates with, and how it launches them on the GPU hosts. Sampling comes from [openrouter] (max_tokens, temperature, top_p) and thinking from tokenizer.thinking, so both backends ask for the same thing (docs/sglang.md §11)."""
+
+    urls: list[str] = Field(default_factory=list)
+    """Servers the backend talks to directly, e.g. ["http://127.0.0.1:30000"]: a local server, an open tunnel or the router. Needed with job.backend = "sglang"."""
+    port: int = Field(30000, ge=1, le=65535)
+    """Port SGLang listens on, on the host's 127.0.0.1; a host's sglang_port overrides it."""
+    served_model_name: str = "kimi-k2.5"
+    """--served-model-name at launch; the backend refuses a server that serves another name."""
+    tp: int = Field(8, ge=1)
+    """--tp at launch: GPUs per server. Also the GPUs a server counts for GPU time when it does not say (docs/money.md)."""
+    launch_args: list[str] = Field(default_factory=list)
+    """Further launch_server flags, e.g. ["--mem-fraction-static", "0.85"]."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment for the server process on the host."""
+    work_dir: str | None = None
+    """Folder on the host for the server's log and pid file; empty for regen-sglang under the remote user's home."""
+    ready_timeout_s: float = Field(2700.0, gt=0)
+    """Seconds a launch may take to be ready (a ~1T-parameter model takes 10 to 30 minutes)."""
+    connect_timeout_s: float = Field(10.0, gt=0)
+    """Seconds to open a connection to a server."""
+    read_timeout_s: float = Field(600.0, gt=0)
+    """Seconds without a byte, once the first chunk has come, before an attempt is abandoned (a retracted request waits in the queue again). The wait before the first chunk is bounded by request_timeout_s only: a queued request hears nothing until it runs."""
+    request_timeout_s: float = Field(7200.0, gt=0)
+    """Seconds for a whole attempt, from sending the request to its last byte (thinking outputs run to tens of thousands of tokens)."""
+    metrics_interval_s: float = Field(2.0, gt=0)
+    """Seconds between reads of every server's /metrics (queue, running, KV usage, throughput)."""
+    healthy_queue_min: int = Field(100, ge=0)
+    """Concurrency is raised while fewer requests than this wait in the servers' queues (and KV usage is healthy)."""
+    healthy_queue_max: int = Field(2000, ge=1)
+    """Concurrency is lowered while more requests than this wait in the servers' queues."""
+    healthy_kv_usage_max: float = Field(0.95, gt=0, le=1)
+    """Concurrency is lowered to a short queue while a server's KV token usage is at or above this, or while it retracts requests."""
+
+    @field_validator("urls")
+    @classmethod
+    def _urls(cls, urls: list[str]) -> list[str]:
+        cleaned = []
+        for url in urls:
+            url = url.strip().rstrip("/")
+            scheme, _, rest = url.partition("://")
+            if scheme not in ("http", "https") or not rest or "/" in rest:
+                raise ValueError(f"{url!r} is not a server URL like http://127.0.0.1:30000")
+            cleaned.append(url)
+        return cleaned
+
+    @model_validator(mode="after")
+    def _queue_band(self) -> SGLangSettings:
+        if self.healthy_queue_min >= self.healthy_queue_max:
+            raise ValueError(
+                f"healthy_queue_min ({self.healthy_queue_min}) must be below healthy_queue_max "
+                f"({self.healthy_queue_max})"
+            )
+        return self
+
+
 class JobSettings(_Section):
     """What to generate, how hard to push, and when to stop."""
 
+    backend: Literal["openrouter", "sglang"] = "openrouter"
+    """Where responses come from: "openrouter" (pay per token) or "sglang" (your GPUs, [sglang])."""
     datasets: list[Path] = Field(default_factory=list)
     """Dataset folders, each holding prompts.jsonl."""
     dataset_roots: list[Path] = Field(default_factory=list)
@@ -157,13 +223,13 @@ class TokenizerSettings(_Section):
     """The target model's tokenizer, which turns finished rows into the token ids drafters train on."""
 
     path: Path | None = None
-    """Local folder holding the tokenizer files (pulled from the GPU host or downloaded by hand); empty to leave output_ids empty."""
+    """Local folder holding the tokenizer files (pulled from the GPU host or downloaded by hand); empty to leave output_ids empty. Required with job.backend = "sglang", which sends the prompts as token ids."""
     name: str | None = None
     """Name recorded in every row (e.g. "moonshotai/Kimi-K2.5"); defaults to the folder name."""
     trust_remote_code: bool = False
     """Allow the tokenizer's own Python code to run (Kimi's tokenizer needs it); off unless you trust the files."""
     thinking: bool = True
-    """The chat template's thinking switch (Kimi's `thinking` keyword), matching how responses were generated."""
+    """The chat template's thinking switch (Kimi's `thinking` keyword), matching how responses were generated. With SGLang it is what the prompts ask for."""
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Further keyword arguments for the chat template."""
     end_of_turn: str = "<|im_end|>"
@@ -261,6 +327,8 @@ class Settings(BaseSettings):
 
     openrouter: OpenRouterSettings = Field(default_factory=OpenRouterSettings)
     """The OpenRouter backend."""
+    sglang: SGLangSettings = Field(default_factory=SGLangSettings)
+    """The SGLang backend."""
     job: JobSettings = Field(default_factory=JobSettings)
     """The generation job."""
     stats: StatsSettings = Field(default_factory=StatsSettings)
@@ -344,6 +412,9 @@ def load_settings(path: Path | None = None) -> Settings:
             origin = f"environment {_env_name(key)}" if _env_name(key) in env else where
             problems.append(f"{origin}: {key}: {err['msg']}")
         raise SettingsError(problems) from None
+    problems = backend_problems(settings)
+    if problems:
+        raise SettingsError([f"{where}: {problem}" for problem in problems])
     if settings.openrouter.api_key is None and env.get(KEY_ENV):
         settings.openrouter.api_key = SecretStr(env[KEY_ENV])
     base = source.parent if source is not None else Path.cwd()
@@ -365,6 +436,24 @@ def load_settings(path: Path | None = None) -> Settings:
 
     use_workspace(settings)
     return settings
+
+
+def backend_problems(settings: Settings) -> list[str]:
+    """What the chosen backend needs from other sections, one line per problem (key first)."""
+    if settings.job.backend != "sglang":
+        return []
+    problems = []
+    if not settings.sglang.urls:
+        problems.append(
+            'sglang.urls: empty, but job.backend is "sglang": set it to the server\'s URL, '
+            'e.g. urls = ["http://127.0.0.1:30000"]'
+        )
+    if settings.tokenizer.path is None:
+        problems.append(
+            'tokenizer.path: empty, but job.backend is "sglang": the prompts\' token ids are rendered '
+            "locally, so set it to the model's tokenizer folder"
+        )
+    return problems
 
 
 def _resolve(base: Path, path: Path) -> Path:

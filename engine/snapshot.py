@@ -135,7 +135,7 @@ class SnapshotBuilder:
             "held_reason": outage.reason if outage is not None else dispatcher.held_reason,
             "outage_s": dispatcher.outage_s(now),
             "outage_total_s": dispatcher.outage_total_s + (dispatcher.outage_s(now) or 0.0),
-            "concurrency": {"configured": dispatcher.limit.configured, "effective": dispatcher.limit.effective},
+            "concurrency": {"configured": dispatcher.limit.configured, "effective": dispatcher.limit.current},
             "rates": {
                 "output_tokens_per_s": stats.tokens_rate.rate(now, started),
                 "rows_per_s": rows_per_s,

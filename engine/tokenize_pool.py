@@ -238,7 +238,9 @@ class TokenizePool:
 
         OpenRouter rows are retokenized from ``reasoning``/``content`` (docs/data-contract.md §5.3); SGLang
         rows keep the server's ``output_ids`` (terminated per §5.2) and get ``reasoning`` and
-        ``content`` from them. The prompt is rendered from ``messages``. Returns ``row``.
+        ``content`` from them. The prompt is rendered from ``messages``. A row the SGLang backend
+        made already holds all of that (the ids it sent and got, the server's text) and only gets
+        its tokenizer block. Returns ``row``.
         """
         if self._closed or self._executor is None or self._loop is None:
             raise TokenizeError("tokenize pool is not running")
@@ -252,6 +254,15 @@ class TokenizePool:
                 f"{row.get('id', '?')}: the request had thinking={asked} but the tokenizer's template "
                 f"renders thinking={self.thinking}; make tokenizer.thinking match the backend"
             )
+        if backend == "sglang" and row.get("output_ids_source") == "server" and row.get("prompt_ids"):
+            # The backend sent these prompt ids, kept the server's output ids (terminated per
+            # docs/data-contract.md §5.2) and split the server's text: nothing is re-rendered or
+            # re-encoded, so there is nothing for a worker to do.
+            row["num_prompt_tokens"] = len(row["prompt_ids"])
+            row["num_output_tokens"] = len(row.get("output_ids") or [])
+            row["tokenizer"] = dict(self.info)
+            self.rows_filled += 1
+            return row
         msgs = [dict(m) for m in messages]
         job: RowWork
         if backend == "sglang":

@@ -213,6 +213,9 @@ class TargetTokenizer:
                 "set tokenizer.thinking = false for a model without thinking"
             )
         self.special_strings = self._special_strings()
+        self._chat_template: str | None = None
+        self._render_kwargs: dict[str, Any] = {}
+        self._render_fast = self._fast_renderer()
 
     @classmethod
     def from_settings(cls, settings: TokenizerSettings, *, path: Path | None = None) -> TargetTokenizer:
@@ -346,6 +349,39 @@ class TargetTokenizer:
         if out and isinstance(out[0], list):
             out = out[0]
         return [int(i) for i in out]
+
+    def render_ids(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """``prompt_ids`` for a request on the hot path, the same ids (tests compare them) for less:
+        transformers' per-call wrapping (the special-tokens map rebuilt for every render, the
+        batch-encode plumbing) costs more than rendering and encoding a short prompt."""
+        if self._render_fast is None:
+            return self.prompt_ids(messages)
+        render, native = self._render_fast
+        rendered, _ = render(
+            conversations=[list(messages)],
+            tools=None,
+            documents=None,
+            chat_template=self._chat_template,
+            return_assistant_tokens_mask=False,
+            continue_final_message=False,
+            add_generation_prompt=True,
+            **self._render_kwargs,
+        )
+        return list(native.encode(rendered[0], add_special_tokens=False).ids)
+
+    def _fast_renderer(self) -> tuple[Any, Any] | None:
+        """transformers' own template renderer and the Rust tokenizer, when both are there."""
+        native = getattr(self._tok, "backend_tokenizer", None) if self.is_fast else None
+        try:
+            from transformers.utils.chat_template_utils import render_jinja_template
+        except ImportError:  # pragma: no cover - older transformers: the plain path
+            return None
+        if native is None:
+            return None
+        self._chat_template = self._tok.get_chat_template(None, None)
+        # What apply_chat_template passes the template: the special tokens, then our kwargs.
+        self._render_kwargs = {**self._tok.special_tokens_map, **self.template_kwargs}
+        return render_jinja_template, native
 
     def generation_suffix(self, thinking: bool | None = None) -> list[int]:
         """The ids every generation prompt ends with (e.g. ``<|im_end|><|im_assistant|>assistant

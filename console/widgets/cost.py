@@ -1,4 +1,5 @@
-"""The cost pane: spent, reserved, headroom, a budget bar, burn rate, projection and waste."""
+"""The cost pane: spent, reserved, headroom, a budget bar, burn rate, projection and waste, in the
+ledger's unit (dollars, or GPU time for SGLang, which has no budget but servers to show)."""
 
 from __future__ import annotations
 
@@ -50,13 +51,20 @@ class CostPane(TextPane):
 
     def _lines(self) -> list[str]:
         money = self.money
+        unit = str(money.get("unit") or "usd")
+
+        def amount(value: float | None) -> str:
+            return fmt.amount(value, unit)
+
         spent = number(money.get("spent")) or 0.0
         reserved = number(money.get("reserved")) or 0.0
         estimated = number(money.get("estimated")) or 0.0
         budget = number(money.get("budget"))
         headroom = None if budget is None else budget - spent - reserved
         used = (spent + reserved) / budget if budget else None
-        if money.get("blocked"):
+        if budget is None and unit != "usd":
+            bar_colour, verdict = "$primary", "none: GPU time is counted, not capped"
+        elif money.get("blocked"):
             bar_colour, verdict = "$budget-over", "[b $budget-over]budget reached: no new requests[/]"
         elif used is not None and used >= self.budget_warn_fraction:
             bar_colour, verdict = "$budget-warn", f"[b $budget-warn]{fmt.percent(used)} used: near budget[/]"
@@ -72,10 +80,10 @@ class CostPane(TextPane):
         )
         burn = number(money.get("burn_per_h"))
         projected = number(money.get("projected_total"))
-        projection = f"{fmt.money(projected):>10}"
+        projection = f"{amount(projected):>10}"
         if projected is not None and budget is not None:
             projection += (
-                f" [b $budget-warn]over by {fmt.money(projected - budget)}[/]"
+                f" [b $budget-warn]over by {amount(projected - budget)}[/]"
                 if projected > budget
                 else " fits"
             )
@@ -88,38 +96,43 @@ class CostPane(TextPane):
             if not waste
             else " ("
             + ", ".join(
-                f"{escape(str(cause))} {fmt.money(number((w or {}).get('amount')))}"
+                f"{escape(str(cause))} {amount(number((w or {}).get('amount')))}"
                 for cause, w in waste.items()
                 if number((w or {}).get("amount")) or number((w or {}).get("tokens"))
             )
             + ")"
         )
-        estimate = f" (~{fmt.money(estimated)} est.)" if estimated > 0.005 else ""
+        estimate = f" (~{amount(estimated)} est.)" if estimated > 0.005 else ""
         estimates = estimate_words(money)
         credits_left = None if self.credits is None else number(self.credits.get("limit_remaining"))
+        last = (
+            f"Credits    {amount(credits_left):>10} left"
+            if unit == "usd"
+            else f"Servers    {servers_line(self.credits)}"
+        )
         if width < COMPACT_BELOW:
             return [
-                f"{fmt.money(spent)} spent + {fmt.money(reserved)} rsv{estimate}",
+                f"{amount(spent)} spent + {amount(reserved)} rsv{estimate}",
                 bar,
-                f"{verdict} of {fmt.money(budget)}",
-                f"headroom {fmt.money(headroom)} · {fmt.money(burn)}/h",
+                f"{verdict} of {amount(budget)}",
+                f"headroom {amount(headroom)} · {amount(burn)}/h",
                 f"projected {projection.strip()}",
             ]
         lines = [
-            f"Spent      {fmt.money(spent):>10}"
-            + (f"  {fmt.money(number(money.get('confirmed')))} billed" if estimates else ""),
-            f"Reserved   {fmt.money(reserved):>10}",
-            f"Headroom   {fmt.money(headroom):>10}",
-            f"Budget     {fmt.money(budget):>10}  {verdict}",
+            f"Spent      {amount(spent):>10}"
+            + (f"  {amount(number(money.get('confirmed')))} billed" if estimates else ""),
+            f"Reserved   {amount(reserved):>10}",
+            f"Headroom   {amount(headroom):>10}",
+            f"Budget     {amount(budget):>10}  {verdict}",
             bar,
-            f"Burn       {fmt.money(burn):>10}/h",
+            f"Burn       {amount(burn):>10}/h",
             f"Projected  {projection}",
-            f"Useful $/M {fmt.money(number(money.get('useful_per_m'))):>10}",
-            f"Waste      {fmt.money(waste_total):>10}{waste_causes}",
-            f"Credits    {fmt.money(credits_left):>10} left",
+            f"{'Useful $/M' if unit == 'usd' else 'Useful /M '} {amount(number(money.get('useful_per_m'))):>10}",
+            f"Waste      {amount(waste_total):>10}{waste_causes}",
+            last,
         ]
         if estimates:
-            lines[1:1] = [f"Estimated  {fmt.money(estimated):>10}  {estimates}"]
+            lines[1:1] = [f"Estimated  {amount(estimated):>10}  {estimates}"]
         return lines
 
 
@@ -128,8 +141,31 @@ def estimate_words(money: dict[str, Any]) -> str:
     parts = []
     pending = money.get("pending") or {}
     unknowable = money.get("unknowable") or {}
+    if (money.get("unit") or "usd") != "usd":
+        # GPU time is measured, never billed later: only attempts cut by a cancel or a crash are
+        # estimated, at their reservation (docs/money.md).
+        cut = int(number(pending.get("requests")) or 0) + int(number(unknowable.get("requests")) or 0)
+        return f"{cut} cut by a cancel or a crash: not metered" if cut else ""
     if number(pending.get("requests")):
         parts.append(f"{int(number(pending.get('requests')) or 0)} awaiting their bill")
     if number(unknowable.get("requests")):
         parts.append(f"{int(number(unknowable.get('requests')) or 0)} cut before an id: worst case kept")
     return "; ".join(parts)
+
+
+def servers_line(account: dict[str, Any] | None) -> str:
+    """The SGLang servers' load, summed: what the GPU time is buying now."""
+    servers = [s for s in (account or {}).get("servers") or [] if isinstance(s, dict)]
+    if not servers:
+        return "-"
+
+    def total(key: str) -> float:
+        return sum(number(s.get(key)) or 0.0 for s in servers)
+
+    kv = max((number(s.get("kv_usage")) or 0.0 for s in servers), default=0.0)
+    down = sum(1 for s in servers if s.get("down"))
+    text = (
+        f"{fmt.count(total('running'))} running · {fmt.count(total('queued'))} queued · "
+        f"KV {fmt.percent(kv)} · {fmt.rate(total('gen_throughput'))} tok/s"
+    )
+    return text + (f" · [b $error]{down} down[/]" if down else "")

@@ -55,6 +55,8 @@ COLUMNS = (
     Column("note", "Out by", 10, 4, numeric=False),
 )
 CELL_PADDING = 1
+# Headings that change with the backend: SGLang's routes are workers, and its money is GPU time.
+WORKER_LABELS = {"name": "Worker", "usd_m": "GPUh/M"}
 
 
 def columns_for(width: int) -> tuple[Column, ...]:
@@ -138,6 +140,17 @@ class ProvidersTable(DataTable[Any]):
         self.providers: dict[str, dict[str, Any]] = {}
         self._caches_for = -1
         self._last_show: tuple[list[dict[str, Any]], History | None, str, tuple[str, str, bool]] | None = None
+        self.unit = "usd"
+        self.labels: dict[str, str] = {}
+
+    def set_backend(self, unit: str, workers: bool) -> None:
+        """Money cells in the ledger's unit; worker headings for SGLang. Rebuilds only on a change."""
+        labels = WORKER_LABELS if workers else {}
+        if unit == self.unit and labels == self.labels:
+            return
+        self.unit, self.labels = unit, labels
+        self._columns = ()
+        self.fit_columns(self.size.width - 1)
 
     def render_lines(self, crop: Region) -> list[Strip]:
         # DataTable keys its render caches by a counter that every update_cell bumps, and keeps up
@@ -172,7 +185,7 @@ class ProvidersTable(DataTable[Any]):
         self.clear(columns=True)
         self._cells.clear()
         for column in self._columns:
-            label = Text(column.label, justify="right" if column.numeric else "left")
+            label = Text(self.labels.get(column.key, column.label), justify="right" if column.numeric else "left")
             self.add_column(label, width=column.width, key=column.key)
         if self._last_show is not None:
             providers, history, filter_text, sort = self._last_show
@@ -212,8 +225,8 @@ class ProvidersTable(DataTable[Any]):
             "errors": fmt.count(error_count(provider)),
             "share": fmt.percent(number(provider.get("share"))),
             "in_flight": fmt.count(number(provider.get("in_flight"))),
-            "spent": fmt.money_short(number(provider.get("spent"))),
-            "usd_m": fmt.money_short(usd_per_m(provider)),
+            "spent": fmt.amount_short(number(provider.get("spent")), self.unit),
+            "usd_m": fmt.amount_short(usd_per_m(provider), self.unit),
             "note": Text(note, style=excluded_style, no_wrap=True, overflow="ellipsis"),
         }
 
@@ -351,6 +364,14 @@ class ProvidersPane(Vertical):
     @property
     def table(self) -> ProvidersTable:
         return self.query_one(ProvidersTable)
+
+    def set_backend(self, backend: dict[str, Any]) -> None:
+        """The snapshot's backend: SGLang's routes are its workers, its money GPU time."""
+        workers = backend.get("name") == "sglang"
+        title = "Workers" if workers else "Providers"
+        if self.border_title != title:
+            self.border_title = title
+        self.table.set_backend(str(backend.get("unit") or "usd"), workers)
 
     @property
     def sort(self) -> tuple[str, str, bool]:

@@ -130,16 +130,30 @@ class StatusStrip(Static):
             fmt.rate(number(rates.get("output_tokens_per_s"))),
             fmt.rate(number(rates.get("attempts_per_s"))),
         )
+        unit = str(money.get("unit") or "usd")
+        if unit == "usd":
+            spend = [
+                f"[{money_colour}]{fmt.money(spent)} spent + {fmt.money(reserved)} reserved of {fmt.money(budget)} "
+                f"({fmt.percent(used)} used){budget_word}[/]  {fmt.money(burn)}/h",
+                f"[{money_colour}]{fmt.money(spent)} + {fmt.money(reserved)} rsv of {fmt.money(budget)} "
+                f"{fmt.percent(used)}{budget_word}[/] {fmt.money(burn)}/h",
+                f"[{money_colour}]{fmt.money(spent)}+{fmt.money(reserved)}/{fmt.money(budget, cents=False)} "
+                f"{fmt.percent(used)}{budget_word}[/] {fmt.money(burn, cents=False)}/h",
+            ]
+        else:
+            # A GPU-time ledger has no budget: what the GPUs have done, and how many are busy.
+            spend = [
+                f"{fmt.amount(spent, unit)} used  {fmt.amount(burn, unit)}/h",
+                f"{fmt.amount(spent, unit)} used {fmt.amount(burn, unit)}/h",
+                f"{fmt.amount_short(spent, unit)} {fmt.amount_short(burn, unit)}/h",
+            ]
         firsts = [
             f"{state_text}  {fmt.clock(elapsed)} elapsed  {fmt.percent(done, 1)} done  ETA {fmt.clock(eta)}  │  "
-            f"[{money_colour}]{fmt.money(spent)} spent + {fmt.money(reserved)} reserved of {fmt.money(budget)} "
-            f"({fmt.percent(used)} used){budget_word}[/]  {fmt.money(burn)}/h  │  {self._age(fresh)}",
+            f"{spend[0]}  │  {self._age(fresh)}",
             f"{state_text} {fmt.clock(elapsed)}  {fmt.percent(done, 1)} done  ETA {fmt.clock(eta)} │ "
-            f"[{money_colour}]{fmt.money(spent)} + {fmt.money(reserved)} rsv of {fmt.money(budget)} "
-            f"{fmt.percent(used)}{budget_word}[/] {fmt.money(burn)}/h │ {self._age(fresh)}",
+            f"{spend[1]} │ {self._age(fresh)}",
             f"{state_text} {fmt.clock(elapsed)} {fmt.percent(done)} ETA {fmt.short_duration(eta)} │ "
-            f"[{money_colour}]{fmt.money(spent)}+{fmt.money(reserved)}/{fmt.money(budget, cents=False)} "
-            f"{fmt.percent(used)}{budget_word}[/] {fmt.money(burn, cents=False)}/h │ {self._age(fresh, short=True)}",
+            f"{spend[2]} │ {self._age(fresh, short=True)}",
         ]
         where = " · ".join(
             part

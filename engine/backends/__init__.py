@@ -14,7 +14,11 @@ if TYPE_CHECKING:
 
 
 def make_backend(settings: Settings) -> Backend:
-    """The backend `settings` choose (OpenRouter today)."""
+    """The backend `settings` choose (job.backend)."""
+    if settings.job.backend == "sglang":
+        from engine.backends.sglang.backend import SGLangBackend
+
+        return SGLangBackend(settings)
     from engine.backends.openrouter.backend import OpenRouterBackend
 
     return OpenRouterBackend(settings)

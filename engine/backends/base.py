@@ -79,6 +79,7 @@ class AttemptOutcome:
     reasoning: str = ""
     prompt_ids: list[int] | None = None  # what the server was sent, when the backend sends ids
     output_ids: list[int] | None = None  # the server's own ids; None: the tokenizer stage fills them
+    terminator_appended: bool = False  # the backend added the end-of-turn id itself (data contract §5.2)
     usage: Usage = field(default_factory=no_usage)
     cost: Decimal | None = None  # in the ledger's unit, when the answer carried it
     is_byok: bool | None = None
@@ -101,6 +102,9 @@ class JobContext(Protocol):
     def budget_left(self) -> Decimal: ...
     @property
     def live(self) -> bool: ...
+    def suggest_concurrency(self, ceiling: int | None, reason: str) -> None:
+        """The most requests the backend wants in flight now (None: no opinion); the in-flight
+        limit stays at or below it, whatever the operator set, until the backend says otherwise."""
 
 
 OnHandle = Callable[[str | None], None]
@@ -117,6 +121,7 @@ class Backend(Protocol):
     thinking: bool  # requests ask the model to reason
     thinking_setting: str  # the setting that decides `thinking`, for messages
     title: str  # the backend's name in operators' messages ("OpenRouter")
+    base_url: str  # where requests go, for a console's hello
     requests_per_minute: int | None  # a cap the backend's platform imposes, None for none
 
     @property

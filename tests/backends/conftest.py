@@ -1,12 +1,14 @@
 """One test body per backend: `backend_case` starts the matching simulator in its own process on
 loopback and says how to point settings at it. The shared dispatcher is proven shared by running
-the same tests through every backend (`openrouter` now; `sglang` joins with its backend)."""
+the same tests through every backend."""
 
 from __future__ import annotations
 
 import json
 import signal
 import subprocess
+import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,7 +22,7 @@ from engine.settings import Settings, load_settings
 from tests.conftest import SIM_KEY
 from tests.test_cli import ENV, free_port, regen
 
-BACKENDS = ["openrouter"]
+BACKENDS = ["openrouter", "sglang"]
 
 
 @dataclass
@@ -32,6 +34,10 @@ class BackendCase:
     unit: str  # the ledger's unit: a "usd" case has a budget the tests can run into
     root: Path
     env: dict[str, str] = field(default_factory=dict)
+    sections: dict[str, dict[str, Any]] = field(default_factory=dict)  # further settings, by section
+    job: dict[str, Any] = field(default_factory=dict)  # the backend's own [job] keys
+    # When the SIGKILL test kills a run: after the job has started its requests.
+    kill_after_s: tuple[float, float] = (0.8, 2.0)
 
     def settings_file(self, datasets: list[Path], **job: Any) -> Path:
         job = {
@@ -40,12 +46,15 @@ class BackendCase:
             "backoff_max_s": 0.1,
             "commit_interval_s": 0.002,
             "reconcile_timeout_s": 10.0,
+            **self.job,
             **job,
             "datasets": [str(d) for d in datasets],
         }
         lines = ["[openrouter]", f'base_url = "{self.base_url}"', "max_tokens = 64", "[job]"]
         lines += [f"{key} = {json.dumps(value)}" for key, value in job.items()]
         lines += ["[headless]", "status_interval_s = 0.2"]
+        for section, values in self.sections.items():
+            lines += [f"[{section}]", *(f"{key} = {json.dumps(value)}" for key, value in values.items())]
         path = self.root / "settings.toml"
         path.write_text("\n".join(lines) + "\n")
         return path
@@ -107,7 +116,86 @@ def _openrouter(root: Path) -> Iterator[BackendCase]:
         proc.wait(timeout=10)
 
 
+def _wait_healthy(url: str, proc: subprocess.Popen[str], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the simulator exited ({proc.returncode}) before it was ready")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"{url} was not ready within {timeout_s} s")
+
+
+def _sglang(root: Path, model: Path) -> Iterator[BackendCase]:
+    # The simulator serves the model folder's tokenizer and the job renders its prompts with it.
+    config = root / "sglang-sim.json"
+    config.write_text(
+        json.dumps(
+            {
+                "served_model_name": "kimi-k2.5",
+                "time_scale": 0.3,
+                "startup_weights_s": 0.5,
+                "startup_kv_pool_s": 0.2,
+                "startup_cuda_graph_s": 0.2,
+                "startup_http_s": 0.1,
+                "startup_warmup_s": 0.1,
+                "output_len_min": 10,
+                "output_len_max": 60,
+                "min_step_s": 0.005,
+                "child_processes": 0,
+                "faults": {"abort_rate": 0.02, "http_503_rate": 0.02, "drop_rate": 0.02},
+                "seed": 7,
+            }
+        )
+    )
+    proc = subprocess.Popen(
+        regen("sim", "sglang", "--port", "0", "--config", str(config), "--tokenizer", str(model)),
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert "listening on" in line, line
+    url = line.split(" on ", 1)[1].strip()
+    try:
+        _wait_healthy(url, proc)
+        yield BackendCase(
+            "sglang",
+            url,
+            "gpu_s",
+            root,
+            env=dict(ENV),
+            sections={
+                "sglang": {"urls": [url], "metrics_interval_s": 0.2},
+                "tokenizer": {"path": str(model), "workers": 1},
+            },
+            job={"backend": "sglang"},
+            # A run loads the tokenizer (and starts its worker) for seconds before the first request.
+            kill_after_s=(5.5, 9.0),
+        )
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def sglang_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Kimi-like model folder (config.json and tokenizer), built once."""
+    from tests.sglang_sim import model_folder
+
+    return model_folder(tmp_path_factory.mktemp("backends-sglang-model"))
+
+
 @pytest.fixture(params=BACKENDS)
 def backend_case(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BackendCase]:
-    starters = {"openrouter": _openrouter}
-    yield from starters[request.param](tmp_path)
+    if request.param == "sglang":
+        yield from _sglang(tmp_path, request.getfixturevalue("sglang_model"))
+    else:
+        yield from _openrouter(tmp_path)

@@ -112,7 +112,8 @@ async def test_pause_resume_drain_and_cancel(backend_case: BackendCase, tmp_path
 def test_sigkill_then_resume_loses_and_duplicates_nothing(backend_case: BackendCase, tmp_path: Path) -> None:
     a, b = write_dataset(tmp_path, "A", 1200), write_dataset(tmp_path, "B", 300)
     settings = backend_case.settings_file([a, b], concurrency=48, max_attempts=20)
-    kills = kill_at_random_moments(settings, backend_case.env, random.Random(23), 3, 0.8, 2.0)
+    low, high = backend_case.kill_after_s
+    kills = kill_at_random_moments(settings, backend_case.env, random.Random(23), 3, low, high)
     assert kills >= 2, "the job finished too fast to be killed"
     final = subprocess.run(
         regen("run", "--headless", "--settings", str(settings)),
@@ -124,6 +125,8 @@ def test_sigkill_then_resume_loses_and_duplicates_nothing(backend_case: BackendC
     assert final.returncode == 0, final.stdout[-2000:] + final.stderr[-2000:]
     one_row_per_prompt(a, 1200)
     one_row_per_prompt(b, 300)
+    events = journal(tmp_path / "run" / "events.jsonl")
+    assert any(e.get("event") == "crash_recovered" for e in events), "a kill caught requests in flight"
     if backend_case.unit == "usd":
         from engine.recovery import read_journals
 

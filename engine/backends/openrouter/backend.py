@@ -74,6 +74,7 @@ class OpenRouterBackend:
         self.settings = settings.openrouter
         self.reconcile_timeout_s = settings.job.reconcile_timeout_s
         self.model = self.settings.model
+        self.base_url = self.settings.base_url
         self.thinking = requested_thinking(self.settings.reasoning)
         self.routing = routing_of(self.settings)
         self.client = OpenRouterClient(self.settings, pool_size=settings.job.concurrency, routing=self.routing)

@@ -1,0 +1,417 @@
+"""The SGLang backend against a bare aiohttp loop, at 512 in flight, on the SGLang simulator.
+
+The claim (issue 12; the client must never be what limits the run): against the SGLang simulator on
+loopback, in the same run and at 512 requests in flight, regen's job on the SGLang backend delivers
+at least 80% of the output throughput (output tokens/s) of a bare aiohttp + orjson loop posting the
+same `/generate` bodies.
+
+Method, as bench/throughput.py's:
+- the simulator runs as its own process (`python -m engine.sim sglang`, uvloop), pinned to one core
+  and the client to the other (the job's tokenizer worker inherits the client's core, so regen's
+  whole process tree shares that one core); a fresh simulator serves each run;
+- each variant runs in a fresh interpreter (this file with `--child VARIANT`) on uvloop, over the
+  same prompts at the same concurrency, and prints one JSON line of figures; the variants alternate
+  and the median of the repetitions is taken;
+- the bare loop gets its bodies rendered before its timed window (so rendering costs it nothing),
+  posts them with 512 workers over one pool, and reads each stream as a careful client of a
+  cumulative stream must: whole network reads, only the newest complete event kept, the answer
+  parsed once at the end; it counts meta_info.completion_tokens of every stop or length answer;
+- regen's figure is its whole job: rendering every prompt with the chat template, the rid journaled
+  before sending, the stream, the GPU meter, journal records, fsynced rows, the tokenizer worker's
+  fill, and a folded snapshot every half second as an attached console would take.
+
+Two profiles: "long" (about 400-token answers at 40 tokens/s a request, a chunk per 20 ms forward:
+what a GPU server's stream looks like) and "short" (64-token answers at 400 tokens/s a request: many
+requests a second, where per-request costs weigh most). There is no SSH tunnel yet, so its cost is
+not measured here (see BENCHMARKS.md).
+
+    .venv/bin/python bench/sglang_backend.py             # both profiles, 3 repetitions (~6 min)
+    .venv/bin/python bench/sglang_backend.py --quick     # a smoke run
+    .venv/bin/python bench/sglang_backend.py --write-md  # also update BENCHMARKS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+for path in (ROOT, ROOT / "bench"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+from throughput import (  # noqa: E402 - the sibling benchmark's helpers
+    Window,
+    machine,
+    revision,
+    versions,
+)
+
+VARIANTS = ("aiohttp", "regen")
+CONCURRENCY = 512
+MAX_TOKENS = 8192  # above every planned answer: each one ends with "stop"
+MD_START = "<!-- bench:sglang-backend:start -->"
+MD_END = "<!-- bench:sglang-backend:end -->"
+PROFILES: dict[str, dict[str, Any]] = {
+    "long": {"decode_tokens_per_s": 40.0, "output_len_min": 300, "output_len_max": 500, "min_step_s": 0.02},
+    "fast": {"decode_tokens_per_s": 200.0, "output_len_min": 300, "output_len_max": 500, "min_step_s": 0.02},
+    "short": {"decode_tokens_per_s": 400.0, "output_len_min": 48, "output_len_max": 80, "min_step_s": 0.02},
+}
+PROMPTS = {"long": 2048, "fast": 4096, "short": 8192}
+
+
+def prompt_messages(i: int) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"Prompt {i}: explain, in a few sentences, idea number {i * 7919 % 100003}."}]
+
+
+def regen_settings(url: str, model: Path, dataset: Path, run_dir: Path) -> Any:
+    from engine.settings import JobSettings, OpenRouterSettings, Settings, SGLangSettings, TokenizerSettings
+
+    return Settings(
+        openrouter=OpenRouterSettings(max_tokens=MAX_TOKENS),
+        sglang=SGLangSettings(urls=[url]),
+        tokenizer=TokenizerSettings(path=model, workers=1),
+        job=JobSettings(backend="sglang", datasets=[dataset], run_dir=run_dir, concurrency=CONCURRENCY),
+    )
+
+
+def bodies(model: Path, n: int) -> list[bytes]:
+    """The exact bodies the backend sends (engine/backends/sglang/wire.py), rendered ahead."""
+    from engine.backends.sglang.wire import request_body, sampling_params
+    from engine.tokenizer import TargetTokenizer, TokenizerSpec
+
+    tok = TargetTokenizer(TokenizerSpec(model, template_kwargs={"thinking": True}))
+    sampling = sampling_params(MAX_TOKENS, 1.0, 0.95, tok.end_of_turn_id)
+    return [request_body(tok.prompt_ids(prompt_messages(i)), sampling, f"B-{i:08d}#0") for i in range(n)]
+
+
+# ------------------------------------------------------------------------------------- variants
+
+
+async def run_aiohttp(url: str, model: Path, n: int, w: Window) -> None:
+    import aiohttp
+    import orjson
+
+    work = bodies(model, n)
+    done_event = b"data: [DONE]"
+    generate = url + "/generate"
+    headers = {"Content-Type": "application/json"}
+    items = iter(work)
+    connector = aiohttp.TCPConnector(limit=CONCURRENCY, limit_per_host=0)
+    async with aiohttp.ClientSession(connector=connector, read_bufsize=2**18) as session:
+
+        async def worker() -> None:
+            for body in items:
+                try:
+                    async with session.post(generate, data=body, headers=headers) as resp:
+                        if resp.status != 200:
+                            w.error(f"HTTP {resp.status}: {(await resp.read())[:200]!r}")
+                            continue
+                        pending = bytearray()
+                        last = b""
+                        async for block in resp.content.iter_any():
+                            pending += block
+                            end = pending.rfind(b"\n\n")
+                            if end < 0:
+                                continue
+                            start = pending.rfind(b"\n\n", 0, end)
+                            event = bytes(pending[start + 2 if start >= 0 else 0 : end])
+                            if event == done_event and start >= 0:
+                                before = pending.rfind(b"\n\n", 0, start)
+                                event = bytes(pending[before + 2 if before >= 0 else 0 : start])
+                            if event != done_event:
+                                last = event
+                            del pending[: end + 2]
+                    meta = orjson.loads(last[6:])["meta_info"]
+                    finish = (meta.get("finish_reason") or {}).get("type")
+                    if finish not in ("stop", "length"):
+                        w.error(f"finish {finish}")
+                        continue
+                    w.tokens += meta["completion_tokens"]
+                    w.requests += 1
+                except (aiohttp.ClientError, OSError, ValueError, KeyError) as exc:
+                    w.error(f"{type(exc).__name__}: {exc}")
+
+        w.start()
+        await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+        w.stop()
+
+
+async def run_regen(url: str, model: Path, n: int, w: Window, workdir: Path) -> None:
+    import orjson
+
+    from engine.job import Job
+
+    dataset = workdir / "dataset"
+    dataset.mkdir(parents=True)
+    (dataset / "prompts.jsonl").write_bytes(
+        b"".join(orjson.dumps({"messages": prompt_messages(i)}) + b"\n" for i in range(n))
+    )
+    job = Job(regen_settings(url, model, dataset, workdir / "run"))
+    await job.prepare()
+
+    async def ticker() -> None:  # what the console does: a folded snapshot on a timer
+        while True:
+            await asyncio.sleep(0.5)
+            job.snapshot()
+
+    tick = asyncio.get_running_loop().create_task(ticker())
+    w.start()
+    try:
+        outcome = await job.run()
+    finally:
+        tick.cancel()
+    w.stop()
+    snap = job.snapshot()
+    w.tokens = job.stats.counters.output_tokens
+    w.requests = snap["rows"]
+    for name, count in snap["errors"].items():
+        w.errors += count
+        w.first_error = w.first_error or name
+    if outcome.exit_code != 0:
+        w.first_error = f"{outcome.reason.value}: {outcome.message}"
+
+
+def child(variant: str, url: str, model: Path, n: int, workdir: Path, sim_pid: int) -> None:
+    from engine.runtime import run
+
+    w = Window(sim_pid, None)
+
+    async def main() -> None:
+        if variant == "aiohttp":
+            await run_aiohttp(url, model, n, w)
+        else:
+            await run_regen(url, model, n, w, workdir)
+
+    run(main())
+    print(json.dumps({
+        "variant": variant, "prompts": n, "tokens": w.tokens, "requests": w.requests, "errors": w.errors,
+        "first_error": w.first_error, "wall_s": w.wall_s, "cpu_s": w.cpu_s, "sim_cpu_s": w.sim_cpu_s,
+    }), flush=True)
+
+
+# ------------------------------------------------------------------------------------ simulator
+
+SIM_CPU, CLIENT_CPU = 1, 0
+
+
+def _pin(cpu: int) -> Any:
+    def pin() -> None:
+        if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) >= 2:
+            os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[cpu]})
+
+    return pin
+
+
+class Sim:
+    """`python -m engine.sim sglang` in its own process, on its own core, serving the model folder."""
+
+    def __init__(self, workdir: Path, model: Path, profile: dict[str, Any]) -> None:
+        config = {
+            "served_model_name": "kimi-k2.5", "time_scale": 1.0,
+            "startup_weights_s": 0, "startup_kv_pool_s": 0, "startup_cuda_graph_s": 0,
+            "startup_http_s": 0, "startup_warmup_s": 0,
+            "max_running_requests": CONCURRENCY, "max_total_tokens": 4_000_000,
+            "max_gen_throughput": 1e9, "prefill_tokens_per_s": 1e7,
+            "decode_log_interval": 100_000, "requests_maxlen": 100, "child_processes": 0, "seed": 1,
+            **profile,
+        }
+        path = workdir / "sim.json"
+        path.write_text(json.dumps(config))
+        self.log = open(workdir / "sim.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "engine.sim", "sglang", "--port", "0", "--config", str(path),
+             "--tokenizer", str(model)],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=self.log, text=True, preexec_fn=_pin(SIM_CPU),
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if " on " not in line:
+            self.stop()
+            raise SystemExit(f"the simulator did not start; see {workdir / 'sim.log'}")
+        self.url = line.split(" on ", 1)[1].strip()
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.stop()
+                raise SystemExit(f"the simulator was not ready; see {workdir / 'sim.log'}")
+            time.sleep(0.05)
+
+    def state(self) -> dict[str, Any]:
+        with urllib.request.urlopen(self.url + "/_sim/state", timeout=10) as resp:
+            return dict(json.loads(resp.read()))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def run_child(variant: str, sim: Sim, model: Path, n: int, workdir: Path) -> dict[str, Any]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", variant, "--url", sim.url,
+           "--model", str(model), "--prompts", str(n), "--workdir", str(workdir), "--sim-pid", str(sim.proc.pid)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200, preexec_fn=_pin(CLIENT_CPU))
+    if proc.returncode != 0:
+        raise SystemExit(f"{variant} child failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+# ------------------------------------------------------------------------------------- report
+
+
+def median_row(results: list[dict[str, Any]]) -> dict[str, Any]:
+    tps = [r["tokens"] / r["wall_s"] for r in results]
+    mid = sorted(range(len(results)), key=lambda k: tps[k])[len(results) // 2]
+    row = dict(results[mid])
+    row["tok_s"] = statistics.median(tps)
+    row["tok_s_all"] = tps
+    row["req_s"] = statistics.median(r["requests"] / r["wall_s"] for r in results)
+    row["tok_cpu_s"] = statistics.median(r["tokens"] / max(r["cpu_s"], 1e-9) for r in results)
+    row["errors"] = sum(r["errors"] for r in results)
+    row["first_error"] = next((r["first_error"] for r in results if r["first_error"]), None)
+    return row
+
+
+def table(rows: list[dict[str, Any]]) -> list[str]:
+    out = [
+        "| profile | client | output tok/s (median) | each run | req/s | tokens | requests | errors | wall s "
+        "| client CPU s (% of wall) | tok per client CPU-s | sim CPU % |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        runs = ", ".join(f"{x:,.0f}" for x in r["tok_s_all"])
+        out.append(
+            f"| {r['profile']} | {r['variant']} | {r['tok_s']:,.0f} | {runs} | {r['req_s']:,.0f} | {r['tokens']:,} "
+            f"| {r['requests']:,} | {r['errors']:,} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} "
+            f"({100 * r['cpu_s'] / r['wall_s']:.0f}%) | {r['tok_cpu_s']:,.0f} | {100 * r['sim_cpu_s'] / r['wall_s']:.0f}% |"
+        )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--profiles", default="long,fast,short", help="comma-separated: " + ",".join(PROFILES))
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--prompts", type=int, default=None, help="prompts per run (default per profile)")
+    ap.add_argument("--quick", action="store_true", help="one repetition of the short profile, 2048 prompts")
+    ap.add_argument("--write-md", action="store_true", help="update the SGLang backend section of BENCHMARKS.md")
+    ap.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
+    ap.add_argument("--url", help=argparse.SUPPRESS)
+    ap.add_argument("--model", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--sim-pid", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        child(args.child, args.url, args.model, args.prompts, args.workdir, args.sim_pid)
+        return 0
+
+    profiles = ["short"] if args.quick else [p.strip() for p in args.profiles.split(",") if p.strip()]
+    repeat = 1 if args.quick else args.repeat
+    tmp = Path(tempfile.mkdtemp(prefix="regen-bench-sglang-"))
+    started = time.monotonic()
+    load0 = os.getloadavg()[0]
+    print(f"machine: {machine()}")
+    if load0 > 0.5:
+        print(f"warning: load average {load0:.1f} before the run; other work on this machine skews the figures")
+    from tests.sglang_sim import model_folder
+
+    model = model_folder(tmp / "model")
+    results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    try:
+        for profile in profiles:
+            n = args.prompts or (2048 if args.quick else PROMPTS[profile])
+            for k in range(repeat):
+                for v in VARIANTS[k % 2:] + VARIANTS[: k % 2]:
+                    work = tmp / f"{profile}-{v}-{k}"
+                    work.mkdir()
+                    sim = Sim(work, model, PROFILES[profile])
+                    try:
+                        r = run_child(v, sim, model, n, work)
+                        r["peak_in_flight"] = sim.state()["peak_in_flight"]
+                    finally:
+                        sim.stop()
+                        shutil.rmtree(work, ignore_errors=True)
+                    r["profile"] = profile
+                    results.setdefault((profile, v), []).append(r)
+                    err = f", {r['errors']} errors (first: {r['first_error']})" if r["errors"] else ""
+                    print(f"  {profile} run {k + 1}/{repeat} {v:8s} {r['tokens'] / r['wall_s']:>9,.0f} tok/s "
+                          f"{r['requests'] / r['wall_s']:>6,.0f} req/s wall {r['wall_s']:5.1f} s cpu {r['cpu_s']:5.1f} s "
+                          f"sim cpu {100 * r['sim_cpu_s'] / r['wall_s']:3.0f}% peak in flight {r['peak_in_flight']}{err}",
+                          flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    elapsed = time.monotonic() - started
+    rows = [median_row(results[(p, v)]) for p in profiles for v in VARIANTS if (p, v) in results]
+    lines = table(rows)
+    ok = True
+    ratios = []
+    for p in profiles:
+        by = {r["variant"]: r for r in rows if r["profile"] == p}
+        ratio = by["regen"]["tok_s"] / by["aiohttp"]["tok_s"]
+        per_cpu = by["regen"]["tok_cpu_s"] / by["aiohttp"]["tok_cpu_s"]
+        good = ratio >= 0.8
+        ok &= good
+        ratios.append(f"- {p}: regen/aiohttp = {ratio:.2f} ({'meets' if good else 'BELOW'} the 0.80 bar; "
+                      f"per client CPU-second {per_cpu:.2f})")
+    load_note = f"load average {load0:.2f} before the run, {os.getloadavg()[0]:.2f} after"
+    verdict = f"Claim {'holds' if ok else 'does NOT hold'} in this run."
+    print("\n".join(["", *lines, "", *ratios, "", verdict, f"(took {elapsed:.0f} s; {load_note})"]))
+    if args.write_md:
+        given = sys.argv[1:] if argv is None else argv
+        cmd = ".venv/bin/python bench/sglang_backend.py" + "".join(f" {a}" for a in given)
+        block = "\n".join([
+            f"Run {dt.date.today().isoformat()} on revision {revision()}: `{cmd}` ({elapsed:.0f} s).",
+            "",
+            f"Machine: {machine()}; {versions()}; {load_note}.",
+            "Simulator profiles (time_scale 1, max_running_requests 512, one process per run): "
+            + "; ".join(f"{p} {json.dumps(PROFILES[p])}" for p in profiles)
+            + f". {CONCURRENCY} in flight, max_tokens {MAX_TOKENS}; prompts per run: "
+            + ", ".join(f"{args.prompts or PROMPTS[p]} ({p})" for p in profiles)
+            + f"; {repeat} repetition(s), median.",
+            "",
+            *lines,
+            "",
+            *ratios,
+            "",
+            verdict,
+        ])
+        path = ROOT / "BENCHMARKS.md"
+        text = path.read_text()
+        section = f"{MD_START}\n{block}\n{MD_END}"
+        if MD_START in text and MD_END in text:
+            head, rest = text.split(MD_START, 1)
+            text = head + section + rest.split(MD_END, 1)[1]
+        else:
+            text = text.rstrip() + "\n\n" + section + "\n"
+        path.write_text(text)
+        print("BENCHMARKS.md updated")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""What a server says about itself: version, model, GPUs (docs/sglang.md §3, §11.2).
+
+0.5.x serves `/server_info` and `/model_info`; older releases only `/get_server_info` and
+`/get_model_info`, which 0.5.23 still answers. A router in front of several servers may answer
+neither, but lists its model at `/v1/models`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+
+
+class ServerError(RuntimeError):
+    """A server that cannot be used; the message names its URL and what it said."""
+
+
+@dataclass(slots=True)
+class ServerFacts:
+    version: str | None = None
+    served_model_name: str | None = None
+    model_path: str | None = None
+    weight_version: str | None = None
+    gpus: int | None = None  # None: the server did not say (a router)
+    max_running_requests: int | None = None
+    context_length: int | None = None
+
+    def block(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "served_model_name": self.served_model_name,
+            "model_path": self.model_path,
+            "weight_version": self.weight_version,
+            "gpus": self.gpus,
+            "max_running_requests": self.max_running_requests,
+            "context_length": self.context_length,
+        }
+
+
+async def get_json(session: aiohttp.ClientSession, url: str, timeout: aiohttp.ClientTimeout) -> tuple[int, Any]:
+    async with session.get(url, timeout=timeout) as resp:
+        raw = await resp.read()
+        try:
+            return resp.status, orjson.loads(raw) if raw else None
+        except orjson.JSONDecodeError:
+            return resp.status, None
+
+
+async def _first(
+    session: aiohttp.ClientSession, base: str, paths: tuple[str, ...], timeout: aiohttp.ClientTimeout
+) -> dict[str, Any] | None:
+    for path in paths:
+        status, body = await get_json(session, base + path, timeout)
+        if status == 200 and isinstance(body, dict):
+            return body
+        if status in (401, 403):
+            raise ServerError(f"{base}{path} answered {status}: the server wants an API key, which regen does not send")
+    return None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def gpus_of(info: dict[str, Any]) -> int | None:
+    """GPUs one server occupies: tp x pp, times dp unless data-parallel attention shares them."""
+    tp = _int(info.get("tp_size"))
+    if tp is None:
+        return None
+    pp = _int(info.get("pp_size")) or 1
+    dp = _int(info.get("dp_size")) or 1
+    return tp * pp * (1 if info.get("enable_dp_attention") else dp)
+
+
+async def read_facts(session: aiohttp.ClientSession, base: str, timeout: aiohttp.ClientTimeout) -> ServerFacts:
+    """Ask `base` who it is; raises ServerError when it is not a ready SGLang server (or router)."""
+    try:
+        status, _ = await get_json(session, base + "/health", timeout)
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        raise ServerError(f"cannot reach {base}: {type(exc).__name__}: {exc}") from None
+    if status != 200:
+        raise ServerError(f"{base} is not ready: GET /health answered {status}")
+    try:
+        server = await _first(session, base, ("/server_info", "/get_server_info"), timeout) or {}
+        model = await _first(session, base, ("/model_info", "/get_model_info"), timeout) or {}
+        listed: dict[str, Any] = {}
+        if not model.get("served_model_name") and not server.get("served_model_name"):
+            listed = await _first(session, base, ("/v1/models",), timeout) or {}
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        raise ServerError(f"{base} stopped answering: {type(exc).__name__}: {exc}") from None
+    cards = listed.get("data")
+    card_id = cards[0].get("id") if isinstance(cards, list) and cards and isinstance(cards[0], dict) else None
+    served = model.get("served_model_name") or server.get("served_model_name") or card_id
+    version = server.get("version")
+    return ServerFacts(
+        version=str(version) if version else None,
+        served_model_name=str(served) if served else None,
+        model_path=str(model.get("model_path") or server.get("model_path") or "") or None,
+        weight_version=str(model.get("weight_version") or server.get("weight_version") or "") or None,
+        gpus=gpus_of(server),
+        max_running_requests=_int(server.get("max_running_requests")),
+        context_length=_int(server.get("context_length")),
+    )

@@ -1,0 +1,86 @@
+"""The console on a real SGLang job: GPU time where dollars would be, workers where providers would be."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from console import format as fmt
+from console.app import RegenApp
+from console.client import SocketSource
+from console.options import ConsoleOptions
+from console.widgets.cost import CostPane
+from console.widgets.providers import ProvidersPane, ProvidersTable
+from console.widgets.status import StatusStrip
+from engine.control import SOCKET_NAME
+from engine.headless import run_headless
+from engine.job import Job, JobState
+from engine.settings import Settings
+from engine.sim.sglang.tokens import SimTokenizer
+from tests.backends.sglang.conftest import recording_sim, slow_config
+from tests.conftest import write_dataset
+
+
+def servers_running(app: RegenApp) -> bool:
+    servers = (app.displayed or {}).get("backend", {}).get("account", {}).get("servers") or [{}]
+    return bool(servers[0].get("running"))
+
+
+def test_amounts_in_the_ledgers_unit() -> None:
+    assert fmt.amount(12.345, "usd") == fmt.money(12.345) == "$12.35"
+    assert fmt.amount_short(123.4, "usd") == fmt.money_short(123.4)
+    assert fmt.amount(7200, "gpu_s") == "2.00 GPU-h"
+    assert fmt.amount(12.0, "gpu_s") == "12.0 GPU-s", "tiny amounts stay readable"
+    assert fmt.amount(3600 * 12_345, "gpu_s") == "12,345 GPU-h"
+    assert fmt.amount_short(9000, "gpu_s") == "2.50h" and fmt.amount_short(5, "gpu_s") == "5s"
+    assert fmt.amount(None, "gpu_s") == "-"
+
+
+async def test_the_console_shows_gpu_time_and_workers(
+    sim_tok: SimTokenizer, sglang_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    async with recording_sim(slow_config(), sim_tok) as server:
+        data = write_dataset(tmp_path, "A", 400)
+        job = Job(sglang_settings([server.base_url], [data], concurrency=16))
+        await job.prepare()
+        runner = asyncio.create_task(run_headless(job, out=io.StringIO(), interval_s=60))
+        socket = job.run_dir / SOCKET_NAME
+        while not socket.exists():
+            await asyncio.sleep(0.01)
+        app = RegenApp(SocketSource(socket), ConsoleOptions(repaint_interval_s=0), clock=time.time)
+        worker = f"127.0.0.1:{server.port}"
+        try:
+            async with app.run_test(size=(160, 50)) as pilot:
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + 30
+                while not (app.displayed and app.displayed["rows"] > 3 and servers_running(app)):
+                    assert loop.time() < deadline
+                    await pilot.pause(0.05)
+                await pilot.pause(0.2)
+                pane = app.query_one(ProvidersPane)
+                table = app.query_one(ProvidersTable)
+                assert pane.border_title == "Workers"
+                assert [str(c.label) for c in table.columns.values()][1] == "Worker"
+                assert worker in table.rows
+                spent = table.get_cell(worker, "spent")
+                assert str(getattr(spent, "plain", spent)).endswith(("s", "h")), spent
+                cost = "\n".join(app.query_one(CostPane)._lines())
+                assert "GPU-" in cost and not re.search(r"\$\d", cost), "no dollar amounts"
+                assert "running" in cost and "queued" in cost and "KV" in cost
+                assert "none: GPU time is counted" in cost
+                header = app.query_one(StatusStrip)._markup(app._freshness())
+                assert "GPU-" in header and not re.search(r"\$\d", header)
+                # Exclusion is not offered: SGLang has no routes to exclude.
+                assert app.displayed["backend"]["supports_exclude"] is False
+                # The job ends while the console is still attached, as an operator would see it.
+                job.stop(cancel=True)
+                await asyncio.wait_for(runner, timeout=20)
+                await pilot.pause(0.2)
+        finally:
+            if not runner.done() and job.state not in (JobState.STOPPED, JobState.DONE):
+                job.stop(cancel=True)
+            await asyncio.wait_for(runner, timeout=20)

@@ -1,0 +1,176 @@
+"""SGLang failures as the job meets them: cancel and abort, a 503 storm, dropped streams, server
+aborts, a bad prompt, and the server gone and back."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+
+from engine.job import Job, StopReason
+from engine.settings import Settings
+from engine.sim.sglang.tokens import SimTokenizer
+from tests.backends.sglang.conftest import RecordingSim, recording_sim, sim_config, slow_config
+from tests.conftest import read_rows, write_dataset
+
+
+def journal(settings: Settings, name: str = "attempts.jsonl") -> list[dict]:
+    path = settings.job.run_dir / name
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()] if path.exists() else []
+
+
+def one_row_each(folder: Path, n: int) -> list[dict]:
+    rows = read_rows(folder)
+    assert sorted(row["line"] for row in rows) == list(range(n))
+    return rows
+
+
+async def wait_for(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+async def test_stop_cancel_aborts_every_rid_in_flight(
+    sim_tok: SimTokenizer, sglang_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    async with recording_sim(slow_config(), sim_tok) as server:
+        data = write_dataset(tmp_path, "A", 60)
+        settings = sglang_settings([server.base_url], [data], concurrency=16)
+        job = Job(settings)
+        await job.prepare()
+        runner = asyncio.create_task(job.run())
+        await wait_for(lambda: job.in_flight == 16 and server.state()["running"] >= 16)
+        # What `regen stop --cancel` sends over the control socket.
+        await job.handle_command("stop", {"cancel": True}, "test")
+        outcome = await runner
+        assert outcome.reason is StopReason.OPERATOR
+        cancelled = {r["rid"] for r in journal(settings) if r["k"] == "end" and r["outcome"] == "cancelled"}
+        assert len(cancelled) == 16
+        assert cancelled <= set(server.abort_calls), "an /abort_request for every cancelled rid"
+        await wait_for(lambda: cancelled <= set(server.served))
+        assert all(server.served[rid]["finish"]["type"] == "abort" for rid in cancelled)
+        assert not server.scheduler.live, "nothing is left generating on the server"
+    assert read_rows(data) == [] or all(row["generation_id"] not in cancelled for row in read_rows(data))
+
+
+async def test_a_503_storm_lowers_the_concurrency_and_every_prompt_still_gets_its_row(
+    sim_tok: SimTokenizer, sglang_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    async with recording_sim(sim_config(faults={"http_503_rate": 0.5}), sim_tok) as server:
+        data = write_dataset(tmp_path, "S", 300)
+        settings = sglang_settings([server.base_url], [data], concurrency=64, min_concurrency=4, max_attempts=60)
+        job = Job(settings)
+        await job.prepare()
+        runner = asyncio.create_task(job.run())
+        lowest = 64
+        while not runner.done():
+            lowest = min(lowest, job.dispatcher.limit.current)
+            await asyncio.sleep(0.005)
+        assert runner.result().reason is StopReason.DONE
+        assert lowest < 64 and job.dispatcher.limit.backoffs > 0
+        assert job.snapshot()["errors"]["overloaded"] > 0
+    one_row_each(data, 300)
+    ends = [r for r in journal(settings) if r["k"] == "end" and r["outcome"] == "overloaded"]
+    assert ends and all(r["http"] == 503 for r in ends)
+
+
+async def test_dropped_streams_and_server_aborts_are_retried_into_one_row(
+    sim_tok: SimTokenizer, sglang_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    faults = {"drop_rate": 0.25, "abort_rate": 0.25, "fault_position": 0.5}
+    async with recording_sim(sim_config(faults=faults), sim_tok) as server:
+        data = write_dataset(tmp_path, "D", 120)
+        settings = sglang_settings([server.base_url], [data], concurrency=24, max_attempts=40)
+        job = Job(settings)
+        await job.prepare()
+        assert (await job.run()).reason is StopReason.DONE
+        injected = server.faults_injected
+        assert injected.get("drop", 0) > 5 and injected.get("abort", 0) > 5
+        outcomes = Counter(r["outcome"] for r in journal(settings) if r["k"] == "end")
+        assert outcomes["network"] >= 1 and outcomes["abort"] >= 1
+        cut = {r["rid"] for r in journal(settings) if r["k"] == "end" and r["outcome"] == "network"}
+        # A stream cut mid-way may still be generating on the server: its rid is aborted there.
+        assert cut & set(server.abort_calls)
+    rows = one_row_each(data, 120)
+    for row in rows:
+        assert server.served[row["generation_id"]]["output_ids"] == row["output_ids"]
+    # A failed attempt used the GPU too: its share is in the ledger, as waste.
+    assert job.settler.breakdown.waste["retries"] > 0
+
+
+async def test_a_prompt_the_server_refuses_is_given_up_at_once(
+    sim_tok: SimTokenizer, sglang_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    async with recording_sim(sim_config(context_length=400), sim_tok) as server:
+        prompts = [[{"role": "user", "content": f"short {i}"}] for i in range(6)]
+        prompts[3] = [{"role": "user", "content": "long " * 600}]
+        data = write_dataset(tmp_path, "L", prompts)
+        settings = sglang_settings([server.base_url], [data])
+        job = Job(settings)
+        await job.prepare()
+        outcome = await job.run()
+    assert outcome.reason is StopReason.FAILED_PROMPTS
+    assert sorted(row["line"] for row in read_rows(data)) == [0, 1, 2, 4, 5]
+    [gave_up] = [r for r in journal(settings) if r["k"] == "gave_up"]
+    assert gave_up["line"] == 3 and gave_up["attempts"] == 1 and "context length" in gave_up["why"]
+
+
+async def test_the_server_gone_holds_dispatch_and_its_return_ends_the_outage(
+    sim_tok: SimTokenizer, sglang_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    data = write_dataset(tmp_path, "O", 200)
+    async with recording_sim(sim_config(), sim_tok) as first:
+        port = first.port
+        settings = sglang_settings([first.base_url], [data], concurrency=8, max_attempts=3)
+        job = Job(settings)
+        await job.prepare()
+        runner = asyncio.create_task(job.run())
+        await wait_for(lambda: job.stats.counters.rows >= 20)
+    # The server is gone: connections are refused, attempts give their attempt back, dispatch holds.
+    await wait_for(lambda: job.dispatcher.outage is not None)
+    await asyncio.sleep(0.5)
+    assert job.snapshot()["outage_s"] is not None
+    async with recording_sim(sim_config(), sim_tok, port=port) as second:
+        assert (await runner).reason is StopReason.DONE, "no prompt ran out of attempts in the outage"
+        assert second.served
+    one_row_each(data, 200)
+    unsent = [r for r in journal(settings) if r["k"] == "end" and r.get("sent") is False]
+    assert unsent and all(r["cost"] == "0" and r["outcome"] == "unreachable" for r in unsent)
+    events = [e["event"] for e in journal(settings, "events.jsonl")]
+    assert "outage" in events and "outage_end" in events
+
+
+async def test_cancel_of_an_attempt_sends_its_abort_without_holding_up_the_close(
+    sim: RecordingSim, sglang_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    """The backend on its own: a cancelled attempt's abort goes out in the background."""
+    from engine.backends.sglang.backend import SGLangBackend
+    from engine.datasets import Prompt
+
+    backend = SGLangBackend(sglang_settings([sim.base_url], []))
+
+    class Context:
+        live = True
+
+        def event(self, name: str, /, **fields: object) -> None: ...
+        def fatal(self, reason: str, message: str) -> None: ...
+        def budget_left(self) -> object: ...
+        def suggest_concurrency(self, ceiling: int | None, reason: str) -> None: ...
+
+    await backend.open(Context(), {})  # type: ignore[arg-type]
+    sim.apply_config(sim.config.model_copy(update={"time_scale": 1.0, "output_len_min": 200, "output_len_max": 300}))
+    prompt = Prompt("A", 0, "0" * 64, [{"role": "user", "content": "hello"}])
+    handles: list[str | None] = []
+    task = asyncio.create_task(backend.attempt(prompt, "A-00000000#0", handles.append, lambda _: None))
+    await wait_for(lambda: "A-00000000#0" in sim.scheduler.live and sim.scheduler.live["A-00000000#0"].output_ids)
+    assert handles == ["A-00000000#0"], "the rid is journaled before the request leaves"
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await backend.close()
+    assert sim.abort_calls == ["A-00000000#0"]
+    assert backend.workers[0].meter.in_flight == 0

@@ -1,0 +1,92 @@
+"""The servers' /metrics in the snapshot, and the concurrency they steer."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+
+from engine.job import Job, StopReason
+from engine.settings import Settings
+from engine.sim.sglang.tokens import SimTokenizer
+from tests.backends.sglang.conftest import recording_sim, sim_config, slow_config
+from tests.conftest import read_rows, write_dataset
+
+
+async def test_metrics_are_polled_into_the_snapshot(
+    sim_tok: SimTokenizer, sglang_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    async with recording_sim(slow_config(), sim_tok) as server:
+        data = write_dataset(tmp_path, "M", 40)
+        job = Job(sglang_settings([server.base_url], [data], concurrency=12))
+        await job.prepare()
+        runner = asyncio.create_task(job.run())
+        seen_running = 0.0
+        snap = job.snapshot()
+        while not runner.done():
+            snap = job.snapshot()
+            [facts] = snap["backend"]["account"]["servers"]
+            seen_running = max(seen_running, facts["running"] or 0.0)
+            if seen_running >= 12 and (facts["kv_usage"] or 0) > 0 and facts["gen_throughput"]:
+                break
+            await asyncio.sleep(0.02)
+        job.stop(cancel=True)
+        await runner
+        state = server.state()
+    account = snap["backend"]["account"]
+    [facts] = account["servers"]
+    assert seen_running == 12, "running requests as the server counts them"
+    assert facts["version"] == "0.5.23" and facts["served_model_name"] == "kimi-k2.5" and facts["gpus"] == 8
+    assert 0 < facts["kv_usage"] < 1 and facts["gen_throughput"] > 0
+    assert facts["generation_tokens_total"] <= state["counters"]["generation_tokens"]
+    assert facts["checked_at"] is not None and facts["error"] is None
+    worker = f"127.0.0.1:{server.port}"
+    assert [r["name"] for r in job.backend.view()["routes"]] == [worker]
+    assert [p["name"] for p in snap["providers"]] == [worker]
+    assert snap["money"]["unit"] == "gpu_s" and snap["money"]["budget"] is None
+    assert account["gpu_s"] > 0
+
+
+async def test_a_deep_queue_lowers_the_ceiling_and_a_short_one_lifts_it(
+    sim_tok: SimTokenizer, sglang_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    # Four requests run at a time; the rest queue. With the healthy band at 2..6 queued, the job
+    # should keep about 4 + 6 in flight, not the 48 the operator allows.
+    config = sim_config(max_running_requests=4, output_len_min=30, output_len_max=40, time_scale=0.2)
+    async with recording_sim(config, sim_tok) as server:
+        data = write_dataset(tmp_path, "Q", 400)
+        band = {"healthy_queue_min": 2, "healthy_queue_max": 6}
+        settings = sglang_settings([server.base_url], [data], concurrency=48, min_concurrency=2, sglang=band)
+        job = Job(settings)
+        await job.prepare()
+        runner = asyncio.create_task(job.run())
+        while job.dispatcher.limit.suggested is None and not runner.done():
+            await asyncio.sleep(0.01)
+        lowered = job.dispatcher.limit.current
+        assert lowered < 20, f"the ceiling came down to {lowered}"
+        # What was already in flight drains through the queue; nothing new goes past the ceiling.
+        while job.in_flight > lowered and not runner.done():
+            await asyncio.sleep(0.01)
+        queue_peak_after = 0
+        for _ in range(50):
+            queue_peak_after = max(queue_peak_after, server.state()["queued"])
+            assert job.in_flight <= job.dispatcher.limit.current
+            await asyncio.sleep(0.02)
+        assert 0 < queue_peak_after <= 8, "the queue stays in its band"
+        # The server takes more at a time: its queue empties and the ceiling lifts.
+        server.apply_config(server.config.model_copy(update={"max_running_requests": 64}))
+        limit = job.dispatcher.limit
+        while not runner.done() and limit.suggested is not None and limit.suggested < 30:
+            await asyncio.sleep(0.01)
+        assert limit.suggested is None or limit.suggested >= 30, "lifted before the work ran out"
+        assert (await runner).reason is StopReason.DONE
+    assert len(read_rows(data)) == 400
+    hints = [
+        e
+        for e in (orjson.loads(line) for line in (settings.job.run_dir / "events.jsonl").read_bytes().splitlines())
+        if e["event"] == "concurrency_hint"
+    ]
+    assert hints[0]["ceiling"] == lowered and "above 6" in hints[0]["reason"]
+    assert len(hints) >= 2 and (hints[-1]["ceiling"] is None or hints[-1]["ceiling"] >= 30)

@@ -1,0 +1,203 @@
+"""SGLang rows: exactly the ids the server received and produced, the server's facts, GPU time."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from decimal import Decimal
+from pathlib import Path
+
+import orjson
+import pytest
+
+from engine.backends.base import AttemptOutcome
+from engine.backends.sglang.backend import SGLangBackend
+from engine.backends.sglang.wire import StreamTail
+from engine.datasets import Dataset
+from engine.job import Job, JobError, StopReason
+from engine.settings import Settings
+from engine.sim.sglang.tokens import SimTokenizer
+from engine.tokenize_pool import TokenizePool
+from engine.tokenizer import TargetTokenizer, TokenizerSpec
+from engine.verify import verify_dataset
+from tests.backends.sglang.conftest import SERVED, RecordingSim, recording_sim, sim_config
+from tests.conftest import read_rows, write_dataset
+
+PROMPTS = [
+    [{"role": "user", "content": f"question {i}: explain topic {i % 7} " + "é" * (i % 5)}] for i in range(40)
+] + [
+    [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "And MoE?"},
+    ]
+]
+
+
+async def run_job(settings: Settings) -> Job:
+    job = Job(settings)
+    await job.prepare()
+    outcome = await job.run()
+    assert outcome.reason is StopReason.DONE, outcome.message
+    return job
+
+
+async def test_rows_carry_exactly_the_servers_ids(
+    sim: RecordingSim, sglang_settings: Callable[..., Settings], model_dir: Path, tmp_path: Path
+) -> None:
+    data = write_dataset(tmp_path, "A", PROMPTS)
+    started = time.monotonic()
+    job = await run_job(sglang_settings([sim.base_url], [data]))
+    wall = time.monotonic() - started
+    rows = read_rows(data)
+    assert len(rows) == len(PROMPTS)
+    local = TargetTokenizer(TokenizerSpec(model_dir, template_kwargs={"thinking": True}))
+    worker = f"127.0.0.1:{sim.port}"
+    for row in rows:
+        served = sim.served[row["generation_id"]]
+        assert row["generation_id"] == f"{row['id']}#0"
+        assert row["prompt_ids"] == served["prompt_ids"], "what was sent"
+        assert row["prompt_ids"] == local.prompt_ids(PROMPTS[row["line"]]), "the template rendered here"
+        # The simulator keeps the matched stop id, as SGLang does: nothing to append.
+        assert row["output_ids"] == served["output_ids"]
+        assert row["terminator_appended"] is False
+        assert row["native_finish_reason"] == served["finish"]
+        assert row["finish_reason"] == served["finish"]["type"]
+        assert row["usage"]["completion_tokens"] == len(served["output_ids"])
+        assert row["usage"]["prompt_tokens"] == len(served["prompt_ids"])
+        assert (row["num_prompt_tokens"], row["num_output_tokens"]) == (
+            len(row["prompt_ids"]),
+            len(row["output_ids"]),
+        )
+        assert row["output_ids_source"] == "server"
+        assert row["backend"] == "sglang" and row["provider"] == worker
+        assert row["model"] == "sim/kimi-k2.5" and row["served_model"] == SERVED
+        assert row["server"] == {
+            "kind": "sglang",
+            "version": "0.5.23",
+            "served_model_name": SERVED,
+            "weight_version": "default",
+            "endpoint": "/generate",
+        }
+        assert row["request"]["max_tokens"] == 64 and row["request"]["thinking"] is True
+        assert row["cost"] is None and row["gpu_s"] > 0
+        assert row["tokenizer"] == local.info()
+        text = local.decode(row["output_ids"][:-1]) if row["status"] == "ok" else local.decode(row["output_ids"])
+        assert text.startswith(row["reasoning"]) and text.endswith(row["content"])
+    assert {row["status"] for row in rows} <= {"ok", "truncated"}
+    report = verify_dataset(Dataset(data.name, data), local, check_prompts=True)
+    assert not report.violations, dict(report.violations)
+    # GPU time: every attempt's share adds up to the GPUs x the time the server was held.
+    account = job.snapshot()["backend"]["account"]
+    spent = job.ledger.spent
+    assert spent == sum(Decimal(str(row["gpu_s"])) for row in rows)
+    assert float(spent) == pytest.approx(account["gpu_s"], abs=1e-3)
+    assert 0 < float(spent) <= 8 * wall
+
+
+async def test_instant_mode_renders_the_closed_think(
+    sim: RecordingSim, sglang_settings: Callable[..., Settings], model_dir: Path, tmp_path: Path
+) -> None:
+    data = write_dataset(tmp_path, "I", 5)
+    settings = sglang_settings([sim.base_url], [data])
+    settings.tokenizer.thinking = False
+    await run_job(settings)
+    local = TargetTokenizer(TokenizerSpec(model_dir, template_kwargs={"thinking": False}))
+    suffix = local.encode("<think></think>")
+    for row in read_rows(data):
+        assert row["prompt_ids"][-len(suffix) :] == suffix
+        assert row["reasoning"] == "" and row["content"]
+        assert row["request"]["thinking"] is False
+        assert local.think_end_id not in row["output_ids"]
+
+
+async def test_a_length_finish_is_a_truncated_row(
+    sim_tok: SimTokenizer, sglang_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    async with recording_sim(sim_config(output_len_min=200, output_len_max=300), sim_tok) as server:
+        data = write_dataset(tmp_path, "T", 4)
+        await run_job(sglang_settings([server.base_url], [data]))
+    for row in read_rows(data):
+        assert row["status"] == "truncated" and row["finish_reason"] == "length"
+        assert len(row["output_ids"]) == 64 and row["terminator_appended"] is False
+        assert row["native_finish_reason"] == {"type": "length", "length": 64}
+
+
+async def test_a_stop_without_its_id_gets_the_terminator(
+    sim: RecordingSim, sglang_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    """A server that trims the matched stop id from output_ids (docs/data-contract.md §5.2 leaves it
+    to be confirmed): the backend appends it and says so."""
+    backend = SGLangBackend(sglang_settings([sim.base_url], []))
+    backend.tokenizer = TargetTokenizer(TokenizerSpec.from_settings(backend.all_settings.tokenizer))
+    eot = backend.tokenizer.end_of_turn_id
+    think_end = backend.tokenizer.think_end_id
+    tail = StreamTail()
+    chunk = {
+        "text": "reasoning</think>answer",
+        "output_ids": [5, 6, think_end, 7],
+        "meta_info": {"finish_reason": {"type": "stop", "matched": eot}, "completion_tokens": 4},
+    }
+    tail.feed(b"data: " + orjson.dumps(chunk) + b"\n\ndata: [DONE]\n\n")
+    outcome = AttemptOutcome()
+    assert backend._read(outcome, tail, backend_worker(backend, sim), backend.tokenizer) is None
+    assert outcome.output_ids == [5, 6, think_end, 7, eot] and outcome.terminator_appended
+    assert (outcome.reasoning, outcome.content) == ("reasoning", "answer")
+    assert outcome.usage["completion_tokens"] == 4
+
+
+def backend_worker(backend: SGLangBackend, sim: RecordingSim):  # type: ignore[no-untyped-def]
+    from engine.backends.sglang.backend import Worker
+    from engine.backends.sglang.server import ServerFacts
+
+    return Worker(sim.base_url, ServerFacts(), 8)
+
+
+async def test_the_pool_keeps_what_the_backend_sent_and_got(model_dir: Path) -> None:
+    spec = TokenizerSpec(model_dir, template_kwargs={"thinking": True})
+    local = TargetTokenizer(spec)
+    body = local.encode("why</think>because")
+    sent = [1, 2, 3]  # not what a render would give: the pool must keep it, not re-render
+    row = {
+        "id": "S-00000000",
+        "backend": "sglang",
+        "finish_reason": "stop",
+        "prompt_ids": sent,
+        "output_ids": [*body, local.end_of_turn_id],
+        "output_ids_source": "server",
+        "terminator_appended": True,
+        "reasoning": "why",
+        "content": "because",
+        "flags": [],
+    }
+    async with TokenizePool(spec, workers=1) as pool:
+        out = await pool.fill(dict(row), [{"role": "user", "content": "x"}])
+        assert pool.batches == 0, "no worker was asked"
+    assert out["prompt_ids"] == sent and out["output_ids"] == row["output_ids"]
+    assert out["terminator_appended"] is True and (out["reasoning"], out["content"]) == ("why", "because")
+    assert (out["num_prompt_tokens"], out["num_output_tokens"]) == (3, len(body) + 1)
+    assert out["tokenizer"] == local.info()
+
+
+async def test_settings_that_cannot_work_are_refused(
+    sim: RecordingSim, sglang_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    data = write_dataset(tmp_path, "A", 3)
+    wrong_name = sglang_settings([sim.base_url], [data], sglang={"served_model_name": "other-model"})
+    with pytest.raises(JobError, match=re.escape("serves 'kimi-k2.5', not sglang.served_model_name = 'other-model'")):
+        await Job(wrong_name).prepare()
+    nobody = sglang_settings(["http://127.0.0.1:9"], [data])
+    with pytest.raises(JobError, match=re.escape("cannot reach http://127.0.0.1:9")):
+        await Job(nobody).prepare()
+    no_tokenizer = sglang_settings([sim.base_url], [data])
+    no_tokenizer.tokenizer.path = None
+    with pytest.raises(JobError, match=r"tokenizer\.path"):
+        await Job(no_tokenizer).prepare()
+    job = Job(sglang_settings([sim.base_url], [data]))
+    await job.prepare()
+    with pytest.raises(JobError, match="SGLang has no routes to exclude"):
+        job.exclude(f"127.0.0.1:{sim.port}")
+    assert job.snapshot()["backend"]["supports_exclude"] is False
+    assert (await job.run()).reason is StopReason.DONE
