@@ -344,6 +344,21 @@ class HostConnection:
             lambda conn: run_hostcmd(conn, self.host.python, argv, timeout=timeout), argv[0]
         )
 
+    async def script(
+        self, entry: str, modules: Sequence[str], argv: Sequence[str], *, timeout: float | None = None
+    ) -> ScriptResult:
+        """Another host script (``entry``, shipped with ``modules``), retried after a drop like hostcmd."""
+        return await self.run(
+            lambda conn: run_hostcmd(
+                conn, self.host.python, argv, timeout=timeout, entry=entry, modules=modules
+            ),
+            argv[0] if argv else entry,
+        )
+
+    def forget(self, conn: asyncssh.SSHClientConnection) -> None:
+        """Drop ``conn`` (found closed by a user of it); the next ``connect`` opens a new one."""
+        self._forget(conn)
+
     def _forget(self, conn: asyncssh.SSHClientConnection) -> None:
         if self._conn is conn:
             self._conn = None
