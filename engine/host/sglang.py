@@ -78,10 +78,11 @@ class ServerSpec:
             grace_s=sglang.stop_grace_s,
         )
 
-    def arg(self) -> str:
+    def arg(self, **extra: Any) -> str:
         """The spec as the host script's one JSON argv entry."""
         return json.dumps(
-            {
+            extra
+            | {
                 "port": self.port,
                 "model_path": self.model_path,
                 "tp": self.tp,
@@ -122,14 +123,16 @@ class StartResult:
         }
 
 
-async def _ctl(conn: HostConnection, command: str, spec: ServerSpec, *extra: str, timeout: float = 60.0) -> dict[str, Any]:
-    result = await conn.script(ENTRY, MODULES, [command, spec.arg(), *extra], timeout=timeout)
+async def _ctl(
+    conn: HostConnection, command: str, spec: ServerSpec, *extra: str, timeout: float = 60.0, gpus: bool = True
+) -> dict[str, Any]:
+    result = await conn.script(ENTRY, MODULES, [command, spec.arg(gpus=gpus), *extra], timeout=timeout)
     kinds = {"start": ("running", "refused", "launched", "exited"), "watch": ("watch",), "status": ("state",), "stop": ("stopped",)}
     for record in reversed(result.records):
         if record.get("type") in kinds[command]:
             if command == "start":
                 record["checks"] = result.of_type("check")
-            return record
+            return dict(record)
     raise RemoteError(f"{conn.name}: sglangctl {command} gave no answer")
 
 
@@ -242,7 +245,7 @@ async def _follow(conn: HostConnection, spec: ServerSpec, record: dict[str, Any]
                 say(f"{name}: [{step}/{len(PHASE_NAMES)}] {entered}: {line.strip()[:160]}")
         alive = bool(watch.get("alive"))
         if state.failure is not None:
-            if not alive or failed_at is not None and time.monotonic() - failed_at > DYING_GRACE_S:
+            if not alive or (failed_at is not None and time.monotonic() - failed_at > DYING_GRACE_S):
                 if alive:
                     stopped = await _ctl(conn, "stop", spec, timeout=spec.grace_s + 30)
                     say(f"{name}: stopped the failed server's process group ({', '.join(stopped.get('signals') or [])})")
@@ -279,14 +282,17 @@ async def _follow(conn: HostConnection, spec: ServerSpec, record: dict[str, Any]
 # ------------------------------------------------------------------------------------- status
 
 
-async def server_status(conn: HostConnection, spec: ServerSpec, url: str | None = None) -> dict[str, Any]:
+async def server_status(
+    conn: HostConnection, spec: ServerSpec, url: str | None = None, *, gpus: bool = True, tunnel: bool = True
+) -> dict[str, Any]:
     """What the host and the server say: process, phase, ready, version, model, load, GPUs.
 
-    ``url`` is an open tunnel's; without one a tunnel is opened for the HTTP questions.
+    ``url`` is an open tunnel's; without one (and with ``tunnel``) a tunnel is opened for the HTTP
+    questions. ``gpus`` False leaves nvidia-smi out (the host monitor polls the GPUs already).
     """
     out: dict[str, Any] = {"host": spec.host, "port": spec.port, "ok": True, "error": None}
     try:
-        state = await _ctl(conn, "status", spec)
+        state = await _ctl(conn, "status", spec, gpus=gpus)
     except HostError as exc:
         return {**out, "ok": False, "error": str(exc)}
     record = state.get("record") or {}
@@ -307,21 +313,21 @@ async def server_status(conn: HostConnection, spec: ServerSpec, url: str | None 
             "state": "running" if state.get("alive") else ("stopped" if not record else "dead"),
         }
     )
-    if not out["alive"] and url is None:
+    if url is None and (not out["alive"] or not tunnel):
         out.update(_no_http())
         return out
-    tunnel = None
+    own: Tunnel | None = None
     if url is None:
-        tunnel = Tunnel(conn, spec.port)
+        own = Tunnel(conn, spec.port)
         try:
-            url = await tunnel.open()
+            url = await own.open()
         except HostError as exc:
             return {**out, **_no_http(), "error": str(exc)}
     try:
         out.update(await http_status(url))
     finally:
-        if tunnel is not None:
-            await tunnel.close()
+        if own is not None:
+            await own.close()
     if out["alive"] and out.get("ready"):
         out["state"] = "ready"
     elif out["alive"]:

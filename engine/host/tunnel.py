@@ -64,6 +64,10 @@ class Tunnel:
         self._closed = False
 
     @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
     def name(self) -> str:
         return self.conn.name
 
@@ -151,7 +155,7 @@ class Tunnel:
         failures = 0
         while not self._closed:
             await asyncio.sleep(self.probe_interval_s)
-            if self._closed:
+            if self.closed:
                 return
             if not ssh.is_closed():
                 try:

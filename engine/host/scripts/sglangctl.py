@@ -354,7 +354,7 @@ def start(spec: dict[str, Any]) -> None:
             cwd=work,
             env=_env(spec),
             start_new_session=True,
-            preexec_fn=_ignore_hup,  # noqa: PLW1509 - this script runs no threads
+            preexec_fn=_ignore_hup,
             close_fds=True,
         )
     finally:
@@ -428,7 +428,7 @@ def status(spec: dict[str, Any]) -> None:
             state.feed(line)
     except FileNotFoundError:
         pass
-    gpus = probe.gpus()
+    gpus = probe.gpus() if spec.get("gpus", True) else {"gpus": [], "error": None}
     _emit(
         {
             "type": "state",
@@ -465,10 +465,8 @@ def stop(spec: dict[str, Any]) -> None:
         while members(pgid) and time.monotonic() < deadline:
             time.sleep(0.1)
         if members(pgid):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             signals.append("KILL")
             deadline = time.monotonic() + 10.0
             while members(pgid) and time.monotonic() < deadline:
