@@ -60,8 +60,10 @@ class Fleet:
         run_dir: Path,
         monitor: HostMonitor | None = None,
         on_reopen: Callable[[str], None] | None = None,
+        on_event: Callable[..., None] | None = None,
         health_interval_s: float = HEALTH_INTERVAL_S,
     ) -> None:
+        self.on_event = on_event  # (name, **fields): the job's event journal
         self.sglang = sglang
         self.hosts = list(hosts)
         self.run_dir = run_dir
@@ -143,6 +145,7 @@ class Fleet:
                 with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
                     if await self.router.add(worker.url):
                         worker.out = False
+                        self._event("worker_in", host=worker.host)
             return
         worker.failures += 1
         worker.error = f"{worker.host}: {said}"[:200]
@@ -151,6 +154,11 @@ class Fleet:
                 if await self.router.remove(worker.url):
                     worker.out = True
                     worker.removals += 1
+                    self._event("worker_out", host=worker.host, reason=worker.error)
+
+    def _event(self, name: str, **fields: object) -> None:
+        if self.on_event is not None:
+            self.on_event(name, **fields)
 
     async def close(self) -> None:
         if self.router is not None:

@@ -98,6 +98,7 @@ class Router:
             self.proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, preexec_fn=_die_with_parent
             )
+            out.write(f"regen: router pid {self.proc.pid}: {' '.join(argv)}\n".encode())
         self.state = "starting"
         deadline = time.monotonic() + READY_TIMEOUT_S
         said = ""

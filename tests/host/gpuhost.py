@@ -47,7 +47,14 @@ class GpuHost:
         """The simulator settings the next launch reads (REGEN_SGLANG_SIM_CONFIG on the host)."""
         self.sim_config.write_text(json.dumps({**FAST_SIM, **config}))
 
-    def settings_text(self, *, name: str = "gpu1", extra_sglang: dict[str, Any] | None = None, top: str = "") -> str:
+    def settings_text(
+        self,
+        *,
+        name: str = "gpu1",
+        extra_sglang: dict[str, Any] | None = None,
+        top: str = "",
+        others: tuple[tuple[str, GpuHost], ...] = (),
+    ) -> str:
         sglang: dict[str, Any] = {
             "port": self.port,
             "tp": 2,
@@ -57,10 +64,11 @@ class GpuHost:
             "stop_grace_s": 5.0,
             **(extra_sglang or {}),
         }
-        return "\n".join([top, "[sglang]", *_toml_pairs(sglang), self.host_table(name)]) + "\n"
+        tables = [self.host_table(name), *(other.host_table(n) for n, other in others)]
+        return "\n".join([top, "[sglang]", *_toml_pairs(sglang), *tables]) + "\n"
 
     def host_table(self, name: str = "gpu1") -> str:
-        known = self.sshd.write_known_hosts(self.root / "known_hosts")
+        known = self.sshd.write_known_hosts(self.root / f"known_hosts-{self.sshd.port}")
         host = {
             "name": name,
             "address": "127.0.0.1",
@@ -73,6 +81,7 @@ class GpuHost:
             "python": os.environ.get("REGEN_TEST_HOST_PYTHON", _python()),
             "connect_timeout_s": 5.0,
             "poll_interval_s": 0.5,
+            "sglang_port": self.port,
         }
         return "\n".join(["[[hosts]]", *_toml_pairs(host)])
 

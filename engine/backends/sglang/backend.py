@@ -223,6 +223,7 @@ class SGLangBackend:
             run_dir=self.all_settings.job.run_dir,
             monitor=self.hosts,
             on_reopen=self._reopened,
+            on_event=self._event,
         )
         try:
             await self.fleet.open()
@@ -231,6 +232,10 @@ class SGLangBackend:
         names = self.fleet.names
         self.base_url = self.fleet.entry_url
         return list(names), names
+
+    def _event(self, name: str, /, **fields: Any) -> None:
+        if self._context is not None:
+            self._context.event(name, **fields)
 
     def _reopened(self, url: str) -> None:
         """A tunnel carries requests again: ask that server now, which aborts the rids the drop cut off."""
