@@ -80,6 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--speed", type=float, default=1.0, help="run the simulated providers this many times faster"
     )
     demo.add_argument("--prepared", action="store_true", help=argparse.SUPPRESS)
+    demo.add_argument(
+        "--backend",
+        choices=("openrouter", "sglang"),
+        default="openrouter",
+        help="rehearse OpenRouter (default) or SGLang, each on its built-in simulator",
+    )
 
     sim = commands.add_parser("sim", help="run a simulator standalone on a port")
     sims = sim.add_subparsers(dest="sim", metavar="BACKEND", required=True)
@@ -113,7 +119,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             from console.demo import run_demo
 
-            return run_demo(args.dir, headless=args.headless, speed=args.speed, prepared=args.prepared)
+            return run_demo(
+                args.dir, headless=args.headless, speed=args.speed, prepared=args.prepared, backend=args.backend
+            )
         settings = load_settings(args.settings)
         if args.command == "run" and args.headless:
             return _run(args, settings)
