@@ -126,7 +126,7 @@ class SGLangSettings(_Section):
     """The SGLang backend (job.backend = "sglang"): the servers regen generates with, and how it launches them on the GPU hosts. Sampling comes from [openrouter] (max_tokens, temperature, top_p) and thinking from tokenizer.thinking, so both backends ask for the same thing (docs/sglang.md §11)."""
 
     urls: list[str] = Field(default_factory=list)
-    """Servers the backend talks to directly, e.g. ["http://127.0.0.1:30000"]: a local server, an open tunnel or the router. Needed with job.backend = "sglang"."""
+    """Servers the backend talks to directly, e.g. ["http://127.0.0.1:30000"]: a local server, an open tunnel or the router. Empty with [[hosts]] set: the run reaches each host's server through an SSH tunnel of its own, behind the SGLang router (smg) when there are several hosts."""
     port: int = Field(30000, ge=1, le=65535)
     """Port SGLang listens on, on the host's 127.0.0.1; a host's sglang_port overrides it."""
     served_model_name: str = "kimi-k2.5"
