@@ -100,6 +100,10 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
+def _say_err(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 async def _each(settings: Settings, hosts: list[HostSettings], work: Any) -> list[Any]:
     """``work(conn, spec)`` on every host at once, each over its own connection."""
     from console.host_commands import _say_notices
@@ -124,14 +128,16 @@ async def _start(args: argparse.Namespace, settings: Settings, hosts: list[HostS
     from engine.host.sglang import start_server
 
     began = time.monotonic()
-    results = await _each(settings, hosts, lambda conn, spec: start_server(conn, spec, _say))
+    # With --json, stdout holds only the JSON; the progress lines go to stderr.
+    say = _say_err if args.json else _say
+    results = await _each(settings, hosts, lambda conn, spec: start_server(conn, spec, say))
     if args.json:
         sys.stdout.buffer.write(orjson.dumps({"hosts": [r.to_dict() for r in results]}, option=orjson.OPT_INDENT_2) + b"\n")
         sys.stdout.flush()
     failed = [r for r in results if not r.ok]
     for r in results:
         if r.ok:
-            print(r.message, flush=True)
+            say(r.message)
     for r in failed:
         print(f"regen: {r.message}", file=sys.stderr)
         if r.tail:
@@ -140,7 +146,7 @@ async def _start(args: argparse.Namespace, settings: Settings, hosts: list[HostS
                 print(f"  {line}", file=sys.stderr)
     if failed:
         return EXIT_FAILURE
-    print(f"every host ready ({len(results)}) in {time.monotonic() - began:.1f} s", flush=True)
+    say(f"every host ready ({len(results)}) in {time.monotonic() - began:.1f} s")
     return EXIT_OK
 
 

@@ -66,9 +66,11 @@ def test_start_status_stop(host: GpuHost, tmp_path: Path) -> None:
     assert os.readlink(f"/proc/{pid}/fd/1") == str(host.work / f"sglang-{host.port}.log")
     assert "The server is fired up and ready to roll!" in host.log()
 
-    again = regen("sglang", "start", "--settings", str(conf), timeout=60)
+    again = regen("sglang", "start", "--json", "--settings", str(conf), timeout=60)
     assert again.returncode == 0, again.stderr
-    assert "already running" in again.stdout and "preflight" in again.stdout
+    assert "already running" in again.stderr  # progress on stderr, only the JSON on stdout
+    (result,) = json.loads(again.stdout)["hosts"]
+    assert result["ok"] and result["already_running"] and result["pid"] == pid
     assert host.record()["pid"] == pid  # type: ignore[index]
 
     status = regen("sglang", "status", "--json", "--settings", str(conf), timeout=60)
