@@ -394,6 +394,8 @@ def watch(spec: dict[str, Any], offset: int) -> None:
         size, chunk = 0, b""
     # Whole lines only: a line cut at the chunk's end comes whole with the next call.
     end = chunk.rfind(b"\n") + 1 if len(chunk) == WATCH_CHUNK or alive else len(chunk)
+    if end == 0 and len(chunk) == WATCH_CHUNK:
+        end = len(chunk)  # one line longer than a whole read: taken in pieces
     chunk = chunk[:end]
     _emit(
         {
