@@ -61,6 +61,7 @@ for path in (ROOT, ROOT / "bench"):
 
 from throughput import (  # noqa: E402 - the sibling benchmark's helpers
     Window,
+    drive,
     machine,
     revision,
     versions,
@@ -181,26 +182,7 @@ async def run_regen(url: str, model: Path, n: int, w: Window, workdir: Path, hos
     job = Job(regen_settings(url, model, dataset, workdir / "run", host))
     await job.prepare()
 
-    async def ticker() -> None:  # what the console does: a folded snapshot on a timer
-        while True:
-            await asyncio.sleep(0.5)
-            job.snapshot()
-
-    tick = asyncio.get_running_loop().create_task(ticker())
-    w.start()
-    try:
-        outcome = await job.run()
-    finally:
-        tick.cancel()
-    w.stop()
-    snap = job.snapshot()
-    w.tokens = job.stats.counters.output_tokens
-    w.requests = snap["rows"]
-    for name, count in snap["errors"].items():
-        w.errors += count
-        w.first_error = w.first_error or name
-    if outcome.exit_code != 0:
-        w.first_error = f"{outcome.reason.value}: {outcome.message}"
+    await drive(job, w)
 
 
 def child(variant: str, url: str, model: Path, n: int, workdir: Path, sim_pid: int, host: Path | None) -> None:

@@ -271,15 +271,10 @@ async def run_openai(base_url: str, n: int, concurrency: int, w: Window) -> None
         await client.close()
 
 
-async def run_regen(base_url: str, n: int, concurrency: int, w: Window, workdir: Path) -> None:
-    """regen's job as shipped: fresh dataset and run folder, so nothing resumes."""
-    from engine.job import Job
 
-    dataset = workdir / "dataset"
-    dataset.mkdir(parents=True)
-    write_prompts(dataset / "prompts.jsonl", n)
-    job = Job(regen_settings(base_url, dataset, workdir / "run", concurrency))
-    await job.prepare()
+async def drive(job: Any, w: Any) -> None:
+    """Run a prepared job under the watch `w`, taking a snapshot every half second as a console
+    would, and fill in what it produced; shared with bench/sglang_backend.py."""
 
     async def ticker() -> None:  # what the console does: a folded snapshot on a timer
         while True:
@@ -301,6 +296,19 @@ async def run_regen(base_url: str, n: int, concurrency: int, w: Window, workdir:
         w.first_error = w.first_error or name
     if outcome.exit_code != 0:
         w.first_error = f"{outcome.reason.value}: {outcome.message}"
+
+
+async def run_regen(base_url: str, n: int, concurrency: int, w: Window, workdir: Path) -> None:
+    """regen's job as shipped: fresh dataset and run folder, so nothing resumes."""
+    from engine.job import Job
+
+    dataset = workdir / "dataset"
+    dataset.mkdir(parents=True)
+    write_prompts(dataset / "prompts.jsonl", n)
+    job = Job(regen_settings(base_url, dataset, workdir / "run", concurrency))
+    await job.prepare()
+
+    await drive(job, w)
 
 
 def write_prompts(path: Path, n: int) -> None:

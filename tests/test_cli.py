@@ -105,6 +105,16 @@ def kill_at_random_moments(
     return kills
 
 
+def wait_for_attempts(journal: Path, ends: int, timeout_s: float = 60.0) -> None:
+    """Wait until the attempt journal holds `ends` settled attempts: the job is under way."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if journal.exists() and journal.read_bytes().count(b'"k":"end"') >= ends:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{journal}: fewer than {ends} attempts after {timeout_s} s")
+
+
 def settings_file(tmp_path: Path, base_url: str, datasets: list[Path], **job: object) -> Path:
     path = tmp_path / "settings.toml"
     job_lines = "\n".join(f"{k} = {json.dumps(v)}" for k, v in job.items())
@@ -160,7 +170,9 @@ def test_signals_drain_and_exit_with_their_code(
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(1.5)
+    # Signal only once it is generating (its handlers are installed before the first attempt); a
+    # fixed sleep raced a slow start on a busy machine.
+    wait_for_attempts(tmp_path / "run" / "attempts.jsonl", 20)
     proc.send_signal(signum)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == code, out[-1500:] + err[-1500:]

@@ -20,7 +20,7 @@ from engine.job import Job, JobState
 from engine.settings import Settings
 from engine.sim.openrouter.server import OpenRouterSim
 from tests.conftest import read_rows, write_dataset
-from tests.test_cli import ENV, regen, settings_file, sim_process, wait_gone  # noqa: F401  (fixture)
+from tests.test_cli import ENV, regen, settings_file, sim_process, wait_for_attempts, wait_gone  # noqa: F401  (fixture)
 
 
 async def start_job(settings: Settings) -> tuple[Job, asyncio.Task[object]]:
@@ -124,7 +124,7 @@ def test_detached_job_outlives_its_console_and_stops_on_request(sim_process: str
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(2.0)
+    wait_for_attempts(tmp_path / "run" / "attempts.jsonl", 20)  # the job is running, its console attached
     proc.kill()
     proc.wait()
     pid = int((tmp_path / "run" / "job.lock").read_text())

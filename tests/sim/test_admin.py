@@ -13,9 +13,9 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
+from engine.sim.configs import patched
 from engine.sim.openrouter.config import SimConfig, SimConfigError, load_sim_config
 from engine.sim.openrouter.server import OpenRouterSim
-from engine.sim.patch import patched
 from tests.sim.conftest import KEY, Api
 
 ROOT = Path(__file__).resolve().parents[2]

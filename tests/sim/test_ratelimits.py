@@ -9,8 +9,8 @@ import time
 import pytest
 from pydantic import ValidationError
 
+from engine.sim.configs import patched
 from engine.sim.openrouter.server import OpenRouterSim
-from engine.sim.patch import patched
 from tests.sim.conftest import Api
 
 FREE = "moonshotai/kimi-k2.5:free"

@@ -7,13 +7,12 @@ admin route merges JSON patches into it, so every field is read per request.
 
 from __future__ import annotations
 
-import json
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from engine.sim.configs import read_config_file
 from engine.sim.openrouter.catalog import DEFAULT_MODEL_ID, SimModel, default_models
 
 # Faults that fail an attempt before the first byte with a plain HTTP error. When drawn from a
@@ -206,25 +205,7 @@ def load_sim_config(path: Path | None) -> SimConfig:
     if path is None:
         return SimConfig()
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise SimConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    suffix = path.suffix.lower()
-    try:
-        if suffix == ".toml":
-            data: Any = tomllib.loads(raw.decode("utf-8"))
-        elif suffix == ".json":
-            data = json.loads(raw.decode("utf-8"))
-        else:
-            raise SimConfigError(f"{path}: unsupported config type {suffix!r} (use .toml or .json)")
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SimConfigError(f"{path}: not valid {suffix[1:].upper()}: {exc}") from None
-    if not isinstance(data, dict):
-        raise SimConfigError(f"{path}: the top level must be a table/object")
-    # A file may wrap the settings in [openrouter] so one file can also configure other sims.
-    if set(data) == {"openrouter"} and isinstance(data["openrouter"], dict):
-        data = data["openrouter"]
+    data = read_config_file(path, "openrouter", SimConfigError)
     try:
         return SimConfig.model_validate(data)
     except ValidationError as exc:

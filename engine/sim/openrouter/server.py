@@ -23,6 +23,7 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
+from engine.sim.configs import patched
 from engine.sim.openrouter import edges, refusals
 from engine.sim.openrouter import faults as fault_bodies
 from engine.sim.openrouter.catalog import Pricing, SimEndpoint, SimModel
@@ -44,7 +45,6 @@ from engine.sim.openrouter.stream import DONE, KEEPALIVE, ChunkBuilder, costs, r
 from engine.sim.openrouter.text import CONTENT_CYCLE, REASONING_CYCLE, degenerate, span
 from engine.sim.openrouter.tools import deltas, message_calls
 from engine.sim.openrouter.views import endpoint_entry, endpoint_id, generation_body, model_entry
-from engine.sim.patch import patched
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 _CUT_FAULTS = frozenset({"cut_mid_stream", "cut_nonstream_body"})

@@ -8,14 +8,12 @@ step and request, and the /_sim/config admin route merges JSON patches into it.
 
 from __future__ import annotations
 
-import json
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from engine.sim.patch import merge_patch, patched
+from engine.sim.configs import merge_patch, patched, read_config_file
 
 __all__ = [
     "STARTUP_PHASES",
@@ -161,25 +159,7 @@ def load_sim_config(path: Path | None, **overrides: Any) -> SimSGLangConfig:
     data: Any = {}
     if path is not None:
         path = Path(path)
-        try:
-            raw = path.read_bytes()
-        except OSError as exc:
-            raise SimConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
-        suffix = path.suffix.lower()
-        try:
-            if suffix == ".toml":
-                data = tomllib.loads(raw.decode("utf-8"))
-            elif suffix == ".json":
-                data = json.loads(raw.decode("utf-8"))
-            else:
-                raise SimConfigError(f"{path}: unsupported config type {suffix!r} (use .toml or .json)")
-        except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise SimConfigError(f"{path}: not valid {suffix[1:].upper()}: {exc}") from None
-        if not isinstance(data, dict):
-            raise SimConfigError(f"{path}: the top level must be a table/object")
-        # One file may configure several simulators: [sglang] is this one's table.
-        if isinstance(data.get("sglang"), dict) and set(data) <= {"sglang", "openrouter"}:
-            data = data["sglang"]
+        data = read_config_file(path, "sglang", SimConfigError)
     data = merge_patch(data, {k: v for k, v in overrides.items() if v is not None})
     try:
         return SimSGLangConfig.model_validate(data)
