@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from engine.host.scripts.sglanglog import PHASE_NAMES, scan, strip_prefix
 from engine.host.scripts.sglangctl import flag_problems
+from engine.host.scripts.sglanglog import PHASE_NAMES, scan, strip_prefix
 from engine.sim.sglang.startup import CUDA_GRAPH_FAILED_ADVICE
 
 HEALTHY = """[2026-02-26 16:41:05] server_args=ServerArgs(model_path='/m', tp_size=8)
