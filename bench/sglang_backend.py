@@ -22,12 +22,18 @@ Method, as bench/throughput.py's:
 
 Two profiles: "long" (about 400-token answers at 40 tokens/s a request, a chunk per 20 ms forward:
 what a GPU server's stream looks like) and "short" (64-token answers at 400 tokens/s a request: many
-requests a second, where per-request costs weigh most). There is no SSH tunnel yet, so its cost is
-not measured here (see BENCHMARKS.md).
+requests a second, where per-request costs weigh most).
+
+The SSH tunnel's cost (`--tunnel`): the same job twice, once with `sglang.urls` naming the simulator
+("regen", direct) and once with no urls and a `[[hosts]]` table instead, so the job reaches the
+simulator through its own tunnel over a real OpenSSH server on loopback ("regen-tunnel": asyncssh's
+local forward in the job's process, sshd's per-connection process on the simulator's core, as it
+would run on the GPU host). The figure is regen-tunnel / regen.
 
     .venv/bin/python bench/sglang_backend.py             # both profiles, 3 repetitions (~6 min)
     .venv/bin/python bench/sglang_backend.py --quick     # a smoke run
     .venv/bin/python bench/sglang_backend.py --write-md  # also update BENCHMARKS.md
+    .venv/bin/python bench/sglang_backend.py --tunnel --write-md   # the tunnel's cost
 """
 
 from __future__ import annotations
@@ -62,10 +68,13 @@ from throughput import (  # noqa: E402 - the sibling benchmark's helpers
 )
 
 VARIANTS = ("aiohttp", "regen")
+TUNNEL_VARIANTS = ("regen", "regen-tunnel")
 CONCURRENCY = 512
 MAX_TOKENS = 8192  # above every planned answer: each one ends with "stop"
 MD_START = "<!-- bench:sglang-backend:start -->"
 MD_END = "<!-- bench:sglang-backend:end -->"
+MD_TUNNEL_START = "<!-- bench:sglang-tunnel:start -->"
+MD_TUNNEL_END = "<!-- bench:sglang-tunnel:end -->"
 PROFILES: dict[str, dict[str, Any]] = {
     "long": {"decode_tokens_per_s": 40.0, "output_len_min": 300, "output_len_max": 500, "min_step_s": 0.02},
     "fast": {"decode_tokens_per_s": 200.0, "output_len_min": 300, "output_len_max": 500, "min_step_s": 0.02},
@@ -78,14 +87,23 @@ def prompt_messages(i: int) -> list[dict[str, str]]:
     return [{"role": "user", "content": f"Prompt {i}: explain, in a few sentences, idea number {i * 7919 % 100003}."}]
 
 
-def regen_settings(url: str, model: Path, dataset: Path, run_dir: Path) -> Any:
-    from engine.settings import JobSettings, OpenRouterSettings, Settings, SGLangSettings, TokenizerSettings
+def regen_settings(url: str, model: Path, dataset: Path, run_dir: Path, host: dict[str, Any] | None = None) -> Any:
+    """The job's settings: straight at `url`, or (with `host`) through a tunnel to that host's port."""
+    from engine.settings import (
+        HostSettings,
+        JobSettings,
+        OpenRouterSettings,
+        Settings,
+        SGLangSettings,
+        TokenizerSettings,
+    )
 
     return Settings(
         openrouter=OpenRouterSettings(max_tokens=MAX_TOKENS),
-        sglang=SGLangSettings(urls=[url]),
+        sglang=SGLangSettings(urls=[] if host else [url]),
         tokenizer=TokenizerSettings(path=model, workers=1),
         job=JobSettings(backend="sglang", datasets=[dataset], run_dir=run_dir, concurrency=CONCURRENCY),
+        hosts=[HostSettings(**host, sglang_port=int(url.rsplit(":", 1)[1]))] if host else [],
     )
 
 
@@ -151,7 +169,7 @@ async def run_aiohttp(url: str, model: Path, n: int, w: Window) -> None:
         w.stop()
 
 
-async def run_regen(url: str, model: Path, n: int, w: Window, workdir: Path) -> None:
+async def run_regen(url: str, model: Path, n: int, w: Window, workdir: Path, host: dict[str, Any] | None = None) -> None:
     import orjson
 
     from engine.job import Job
@@ -161,13 +179,13 @@ async def run_regen(url: str, model: Path, n: int, w: Window, workdir: Path) -> 
     (dataset / "prompts.jsonl").write_bytes(
         b"".join(orjson.dumps({"messages": prompt_messages(i)}) + b"\n" for i in range(n))
     )
-    job = Job(regen_settings(url, model, dataset, workdir / "run"))
+    job = Job(regen_settings(url, model, dataset, workdir / "run", host))
     await job.prepare()
 
     await drive(job, w)
 
 
-def child(variant: str, url: str, model: Path, n: int, workdir: Path, sim_pid: int) -> None:
+def child(variant: str, url: str, model: Path, n: int, workdir: Path, sim_pid: int, host: Path | None) -> None:
     from engine.runtime import run
 
     w = Window(sim_pid, None)
@@ -175,6 +193,9 @@ def child(variant: str, url: str, model: Path, n: int, workdir: Path, sim_pid: i
     async def main() -> None:
         if variant == "aiohttp":
             await run_aiohttp(url, model, n, w)
+        elif variant == "regen-tunnel":
+            assert host is not None
+            await run_regen(url, model, n, w, workdir, json.loads(host.read_text()))
         else:
             await run_regen(url, model, n, w, workdir)
 
@@ -254,9 +275,11 @@ class Sim:
         self.log.close()
 
 
-def run_child(variant: str, sim: Sim, model: Path, n: int, workdir: Path) -> dict[str, Any]:
+def run_child(variant: str, sim: Sim, model: Path, n: int, workdir: Path, host: Path | None = None) -> dict[str, Any]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", variant, "--url", sim.url,
            "--model", str(model), "--prompts", str(n), "--workdir", str(workdir), "--sim-pid", str(sim.proc.pid)]
+    if host is not None:
+        cmd += ["--host-json", str(host)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200, preexec_fn=_pin(CLIENT_CPU))
     if proc.returncode != 0:
         raise SystemExit(f"{variant} child failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -302,15 +325,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=None, help="prompts per run (default per profile)")
     ap.add_argument("--quick", action="store_true", help="one repetition of the short profile, 2048 prompts")
     ap.add_argument("--write-md", action="store_true", help="update the SGLang backend section of BENCHMARKS.md")
-    ap.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
+    ap.add_argument("--tunnel", action="store_true", help="the SSH tunnel's cost: regen through a tunnel against direct")
+    ap.add_argument("--child", choices=VARIANTS + TUNNEL_VARIANTS[1:], help=argparse.SUPPRESS)
+    ap.add_argument("--host-json", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--sim-pid", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        child(args.child, args.url, args.model, args.prompts, args.workdir, args.sim_pid)
+        child(args.child, args.url, args.model, args.prompts, args.workdir, args.sim_pid, args.host_json)
         return 0
+    if args.tunnel:
+        return tunnel_main(args, argv)
 
     profiles = ["short"] if args.quick else [p.strip() for p in args.profiles.split(",") if p.strip()]
     repeat = 1 if args.quick else args.repeat
@@ -390,6 +417,101 @@ def main(argv: list[str] | None = None) -> int:
             text = head + section + rest.split(MD_END, 1)[1]
         else:
             text = text.rstrip() + "\n\n" + section + "\n"
+        path.write_text(text)
+        print("BENCHMARKS.md updated")
+    return 0
+
+
+def start_sshd(tmp: Path, model: Path) -> tuple[Any, Path]:
+    """A real OpenSSH server on loopback (the tests' harness), pinned to the simulator's core as the
+    GPU host's sshd would be beside its server; returns it and the [[hosts]] table as JSON."""
+    from tests.host.sshd import make_server
+
+    server = make_server(tmp / "sshd")
+    server.start()
+    assert server.proc is not None
+    if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) >= 2:
+        os.sched_setaffinity(server.proc.pid, {sorted(os.sched_getaffinity(0))[SIM_CPU]})
+    (tmp / "data").mkdir(exist_ok=True)
+    host = {
+        "name": "gpu1", "address": "127.0.0.1", "port": server.port, "user": server.user,
+        "key_files": [str(server.client_key)],
+        "known_hosts": str(server.write_known_hosts(tmp / "known_hosts")),
+        "data_root": str(tmp / "data"), "model_path": str(model), "python": sys.executable,
+        "poll_interval_s": 3600.0,
+    }
+    path = tmp / "host.json"
+    path.write_text(json.dumps(host))
+    return server, path
+
+
+def tunnel_main(args: argparse.Namespace, argv: list[str] | None) -> int:
+    profiles = ["short"] if args.quick else [p.strip() for p in args.profiles.split(",") if p.strip()]
+    repeat = 1 if args.quick else args.repeat
+    tmp = Path(tempfile.mkdtemp(prefix="regen-bench-tunnel-"))
+    started = time.monotonic()
+    load0 = os.getloadavg()[0]
+    print(f"machine: {machine()}")
+    from tests.sglang_sim import model_folder
+
+    model = model_folder(tmp / "model")
+    server, host = start_sshd(tmp, model)
+    results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    try:
+        for profile in profiles:
+            n = args.prompts or (2048 if args.quick else PROMPTS[profile])
+            for k in range(repeat):
+                for v in TUNNEL_VARIANTS[k % 2:] + TUNNEL_VARIANTS[: k % 2]:
+                    work = tmp / f"{profile}-{v}-{k}"
+                    work.mkdir()
+                    sim = Sim(work, model, PROFILES[profile])
+                    try:
+                        r = run_child(v, sim, model, n, work, host if v == "regen-tunnel" else None)
+                    finally:
+                        sim.stop()
+                        shutil.rmtree(work, ignore_errors=True)
+                    r["profile"] = profile
+                    results.setdefault((profile, v), []).append(r)
+                    err = f", {r['errors']} errors (first: {r['first_error']})" if r["errors"] else ""
+                    print(f"  {profile} run {k + 1}/{repeat} {v:12s} {r['tokens'] / r['wall_s']:>9,.0f} tok/s "
+                          f"wall {r['wall_s']:5.1f} s cpu {r['cpu_s']:5.1f} s{err}", flush=True)
+    finally:
+        server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    elapsed = time.monotonic() - started
+    rows = [median_row(results[(p, v)]) for p in profiles for v in TUNNEL_VARIANTS if (p, v) in results]
+    lines = table(rows)
+    ratios = []
+    for p in profiles:
+        by = {r["variant"]: r for r in rows if r["profile"] == p}
+        ratio = by["regen-tunnel"]["tok_s"] / by["regen"]["tok_s"]
+        per_cpu = by["regen-tunnel"]["tok_cpu_s"] / by["regen"]["tok_cpu_s"]
+        ratios.append(f"- {p}: through the tunnel / direct = {ratio:.2f} (per client CPU-second {per_cpu:.2f})")
+    load_note = f"load average {load0:.2f} before the run, {os.getloadavg()[0]:.2f} after"
+    print("\n".join(["", *lines, "", *ratios, f"(took {elapsed:.0f} s; {load_note})"]))
+    if args.write_md:
+        given = sys.argv[1:] if argv is None else argv
+        cmd = ".venv/bin/python bench/sglang_backend.py" + "".join(f" {a}" for a in given)
+        block = "\n".join([
+            f"Run {dt.date.today().isoformat()} on revision {revision()}: `{cmd}` ({elapsed:.0f} s).",
+            "",
+            f"Machine: {machine()}; {versions()}; {load_note}. The same job and simulator profiles as above; "
+            "\"regen\" straight at the simulator's URL, \"regen-tunnel\" through its own SSH tunnel (a real "
+            "OpenSSH server on loopback, pinned to the simulator's core; asyncssh in the job's process). "
+            f"{repeat} repetition(s), median.",
+            "",
+            *lines,
+            "",
+            *ratios,
+        ])
+        path = ROOT / "BENCHMARKS.md"
+        text = path.read_text()
+        section = f"{MD_TUNNEL_START}\n{block}\n{MD_TUNNEL_END}"
+        if MD_TUNNEL_START in text and MD_TUNNEL_END in text:
+            head, rest = text.split(MD_TUNNEL_START, 1)
+            text = head + section + rest.split(MD_TUNNEL_END, 1)[1]
+        else:
+            text = text.rstrip() + "\n\n## SGLang backend through the SSH tunnel\n\n" + section + "\n"
         path.write_text(text)
         print("BENCHMARKS.md updated")
     return 0

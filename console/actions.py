@@ -149,6 +149,28 @@ ACTIONS: tuple[Action, ...] = (
         show=False,
         palette="Inspect GPU hosts",
     ),
+    Action(
+        "sglang-start",
+        "start_sglang",
+        "G",
+        "SGLang",
+        "Start SGLang on the GPU hosts (progress in the host pane)",
+        STEER,
+        steering=True,
+        show=False,
+        palette="Start SGLang on the GPU hosts",
+    ),
+    Action(
+        "sglang-stop",
+        "stop_sglang",
+        "K",
+        "Stop SGLang",
+        "Stop SGLang on the GPU hosts by process group (asks first)",
+        STEER,
+        steering=True,
+        show=False,
+        palette="Stop SGLang on the GPU hosts…",
+    ),
     Action("help", "help", "question_mark", "Help", "Every key and what it does", CONSOLE, key_display="?", palette="Keys"),
     Action(
         "detach", "detach", "q", "Detach", "Quit the console; the job keeps running", CONSOLE, palette="Detach"

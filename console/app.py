@@ -45,7 +45,7 @@ from console.theming import DEFAULT_THEME, LoadedThemes, load_themes, variable_d
 from console.widgets.cost import CostPane
 from console.widgets.datasets import DatasetsPane
 from console.widgets.footer import RegenFooter
-from console.widgets.host import HostPane
+from console.widgets.host import HostPane, sglang_stop_text
 from console.widgets.log import EventLog
 from console.widgets.providers import ProvidersPane, ProvidersTable
 from console.widgets.status import Freshness, StatusStrip
@@ -523,6 +523,22 @@ class RegenApp(App[str]):
 
     def action_inspect_hosts(self) -> None:
         self.send("inspect", "inspect the GPU hosts")
+
+    def action_start_sglang(self) -> None:
+        self.send("sglang_start", "start SGLang on the GPU hosts")
+
+    def action_stop_sglang(self) -> None:
+        """Stop SGLang on every host after a confirmation that defaults to Cancel."""
+        if not self.can_steer:
+            self.notify(self.why_not_steer(), title="Not sent", severity="warning")
+            return
+        hosts = [str(h.get("name")) for h in (self.latest or {}).get("hosts") or [] if isinstance(h, dict)]
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.send("sglang_stop", "stop SGLang on the GPU hosts")
+
+        self.push_screen(ConfirmScreen("Stop SGLang?", sglang_stop_text(hosts), "Stop SGLang"), answered)
 
     def send_include(self, slug: str) -> None:
         """Route to a provider again."""

@@ -16,6 +16,8 @@ from console.data_commands import add_parsers as add_data_parsers
 from console.data_commands import run as run_data_command
 from console.host_commands import add_parsers as add_host_parsers
 from console.host_commands import run as run_host_command
+from console.sglang_commands import add_parsers as add_sglang_parsers
+from console.sglang_commands import run as run_sglang_command
 from engine.settings import Settings, SettingsError, load_settings
 from engine.sim.runner import add_arguments as add_sim_arguments
 
@@ -66,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_data_parsers(commands)
     add_host_parsers(commands)
+    add_sglang_parsers(commands)
 
     demo = commands.add_parser("demo", help="the job on the built-in simulator and a bundled sample dataset")
     add_settings_argument(demo)
@@ -77,6 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--speed", type=float, default=1.0, help="run the simulated providers this many times faster"
     )
     demo.add_argument("--prepared", action="store_true", help=argparse.SUPPRESS)
+    demo.add_argument(
+        "--backend",
+        choices=("openrouter", "sglang"),
+        default="openrouter",
+        help="rehearse OpenRouter (default) or SGLang, each on its built-in simulator",
+    )
 
     sim = commands.add_parser("sim", help="run a simulator standalone on a port")
     sims = sim.add_subparsers(dest="sim", metavar="BACKEND", required=True)
@@ -104,10 +113,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         host_code = run_host_command(args)
         if host_code is not None:
             return host_code
+        sglang_code = run_sglang_command(args)
+        if sglang_code is not None:
+            return sglang_code
         if args.command == "demo":
             from console.demo import run_demo
 
-            return run_demo(args.dir, headless=args.headless, speed=args.speed, prepared=args.prepared)
+            return run_demo(
+                args.dir, headless=args.headless, speed=args.speed, prepared=args.prepared, backend=args.backend
+            )
         settings = load_settings(args.settings)
         if args.command == "run" and args.headless:
             return _run(args, settings)

@@ -2,6 +2,9 @@
 
 No key, no host, no money: the simulator runs in the same process on a loopback port, with a few
 providers of different speeds and a light sprinkle of faults, so retries and the budget show.
+`regen demo --backend sglang` rehearses the SGLang path instead: the SGLang simulator with the
+built-in tokenizer (written into the demo folder, so the job renders the prompts' ids itself), the
+same sample, GPU time in place of dollars and the server's own token ids in the rows.
 """
 
 from __future__ import annotations
@@ -70,7 +73,47 @@ def demo_settings(folder: Path, base_url: str, api_key: str) -> Settings:
     )
 
 
-def run_demo(folder: Path, *, headless: bool, speed: float = 1.0, prepared: bool = False) -> int:
+def demo_sglang_config(speed: float = 1.0) -> object:
+    from engine.sim.sglang.config import SimSGLangConfig
+
+    return SimSGLangConfig(
+        served_model_name="kimi-k2.5",
+        model_path="demo/Kimi-K2.5",
+        tp_size=8,
+        startup_weights_s=0.0,
+        startup_kv_pool_s=0.0,
+        startup_cuda_graph_s=0.0,
+        startup_http_s=0.0,
+        startup_warmup_s=0.0,
+        decode_tokens_per_s=120.0,
+        output_len_min=40,
+        output_len_max=400,
+        child_processes=0,
+        faults={"abort_rate": 0.01},
+        seed=7,
+        time_scale=1.0 / speed,
+    )
+
+
+def demo_sglang_settings(folder: Path, base_url: str) -> Settings:
+    return Settings(
+        openrouter={"max_tokens": 512},
+        sglang={"urls": [base_url], "served_model_name": "kimi-k2.5", "metrics_interval_s": 1.0},
+        tokenizer={"path": folder / "tokenizer", "workers": 1},
+        job={
+            "backend": "sglang",
+            "dataset_roots": [folder / "datasets"],
+            "run_dir": folder / "run",
+            "concurrency": 64,
+            "backoff_base_s": 0.5,
+        },
+        headless={"status_interval_s": 2.0},
+    )
+
+
+def run_demo(
+    folder: Path, *, headless: bool, speed: float = 1.0, prepared: bool = False, backend: str = "openrouter"
+) -> int:
     """The demo: in the console when there is a terminal (the job runs detached, as with
     `regen run`), else headless in this process."""
     if speed <= 0:
@@ -78,12 +121,49 @@ def run_demo(folder: Path, *, headless: bool, speed: float = 1.0, prepared: bool
         return 2
     if not prepared:
         prepare_folder(folder)
+        if backend == "sglang":
+            from engine.sim.sglang.tokens import builtin_tokenizer_folder
+
+            builtin_tokenizer_folder(folder / "tokenizer")
     if not headless and sys.stdout.isatty():
-        return _demo_in_console(folder, speed)
+        return _demo_in_console(folder, speed, backend)
+    if backend == "sglang":
+        return _demo_sglang_headless(folder, speed)
     return _demo_headless(folder, speed)
 
 
-def _demo_in_console(folder: Path, speed: float) -> int:
+def _demo_sglang_headless(folder: Path, speed: float) -> int:
+    from engine.headless import run_headless
+    from engine.job import Job, JobError
+    from engine.runtime import run
+    from engine.sim.sglang.logs import SimLog
+    from engine.sim.sglang.server import SGLangSim
+    from engine.sim.sglang.tokens import SimTokenizer
+
+    async def go() -> int:
+        config = demo_sglang_config(speed)
+        log = open(folder / "sglang-sim.log", "w", encoding="utf-8")  # noqa: SIM115 - closed below
+        sim = SGLangSim(config, SimTokenizer(folder / "tokenizer"), log=SimLog(log))  # type: ignore[arg-type]
+        await sim.start()
+        try:
+            await sim.wait_ready(30)
+            print(f"regen demo: SGLang simulator at {sim.base_url}, results under {folder}/datasets", flush=True)
+            job = Job(demo_sglang_settings(folder, sim.base_url))
+            try:
+                await job.prepare()
+            except JobError as exc:
+                print(f"regen: {exc}", file=sys.stderr)
+                return 1
+            outcome = await run_headless(job)
+            return outcome.exit_code
+        finally:
+            await sim.stop()
+            log.close()
+
+    return run(go())
+
+
+def _demo_in_console(folder: Path, speed: float, backend: str = "openrouter") -> int:
     from console.attach import start_detached
     from console.client import SocketSource
     from console.launch import run_console
@@ -91,7 +171,8 @@ def _demo_in_console(folder: Path, speed: float) -> int:
     from engine.control import SOCKET_NAME
 
     run_dir = folder / "run"
-    job_args = ["demo", "--headless", "--prepared", "--dir", str(folder.resolve()), "--speed", str(speed)]
+    job_args = ["demo", "--headless", "--prepared", "--dir", str(folder.resolve()), "--speed", str(speed),
+                "--backend", backend]
     code, said = start_detached(run_dir, job_args)
     if code != 0:
         print(f"regen: {said or f'the demo job ended at once (exit {code})'}", file=sys.stderr)

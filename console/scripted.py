@@ -217,6 +217,9 @@ class SimulatedJob:
     def inspect_hosts(self, host: str | None, origin: str) -> str:
         raise JobError("no GPU host configured")
 
+    def sglang_hosts(self, action: str, host: str | None, origin: str) -> str:
+        raise JobError("no GPU host configured")
+
     def request_stop(self, *, cancel: bool, origin: str) -> str:
         self._check_live()
         self.state = "DRAINING"

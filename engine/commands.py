@@ -24,6 +24,7 @@ class Steerable(Protocol):
     def set_budget(self, amount: Decimal, origin: str) -> str: ...
     def request_stop(self, *, cancel: bool, origin: str) -> str: ...
     def inspect_hosts(self, host: str | None, origin: str) -> str: ...
+    def sglang_hosts(self, action: str, host: str | None, origin: str) -> str: ...
 
 
 Handler = Callable[[Steerable, Mapping[str, Any], str], str]
@@ -81,6 +82,14 @@ def _inspect(job: Steerable, args: Mapping[str, Any], origin: str) -> str:
     return job.inspect_hosts(str(host) if host else None, origin)
 
 
+def _sglang(action: str) -> Handler:
+    def handler(job: Steerable, args: Mapping[str, Any], origin: str) -> str:
+        host = args.get("host")
+        return job.sglang_hosts(action, str(host) if host else None, origin)
+
+    return handler
+
+
 COMMANDS: dict[str, Handler] = {
     "pause": _pause,
     "resume": _resume,
@@ -90,6 +99,8 @@ COMMANDS: dict[str, Handler] = {
     "budget": _budget,
     "stop": _stop,
     "inspect": _inspect,
+    "sglang_start": _sglang("start"),
+    "sglang_stop": _sglang("stop"),
 }
 
 

@@ -65,7 +65,10 @@ class Job:
         self.outcome: Outcome | None = None
         self.started_at = time.time()
         self.started_mono = time.monotonic()
-        self.backend = backend if backend is not None else make_backend(settings)
+        # The GPU hosts, polled for the console's host pane (engine/host/monitor.py); made first, as
+        # the SGLang backend reaches the hosts' servers over these connections.
+        self.hosts = HostMonitor(settings.hosts, sglang=settings.sglang)
+        self.backend = backend if backend is not None else make_backend(settings, self.hosts)
         budget = to_dollars(settings.job.budget_usd) if self.backend.unit == "usd" else None
         self.ledger = Ledger(budget, unit=self.backend.unit)
         self.datasets: dict[str, DatasetState] = {}
@@ -99,8 +102,6 @@ class Job:
         )
         self._stop_mode: str | None = None
         self._background: set[asyncio.Task[None]] = set()
-        # The GPU hosts, polled for the console's host pane (engine/host/monitor.py).
-        self.hosts = HostMonitor(settings.hosts)
 
     # ----------------------------------------------------------------------------- preparation
 
@@ -127,6 +128,7 @@ class Job:
         except (JobError, BackendError, TokenizerError, JsonlError) as exc:
             # JsonlError: a results file or journal holds a line regen did not write (RecoveryError).
             await self.backend.close()
+            await self.hosts.close()
             self.lock.release()
             raise JobError(str(exc)) from None
         await self.events.open(self.run_dir, self.settings.job.commit_interval_s, self._write_failed)
@@ -213,7 +215,6 @@ class Job:
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
-        await self.hosts.close()
         await self.settler.finish_reconciling(wait=self._stop_mode != "cancel")
         if self.outcome is not None:
             self.events.event(
@@ -226,6 +227,8 @@ class Job:
         await self.results.close()
         await self.events.close()
         await self.backend.close()
+        # After the backend: its last aborts and its tunnels go over these connections.
+        await self.hosts.close()
         if self.settler.pool is not None:
             await self.settler.pool.close()
         self.lock.release()
@@ -300,6 +303,15 @@ class Job:
             return self.hosts.inspect_now(host)
         except HostError as exc:
             raise JobError(str(exc)) from None
+
+    def sglang_hosts(self, action: str, host: str | None, origin: str) -> str:
+        """Start or stop SGLang on the GPU hosts (the console's keys), in the background."""
+        try:
+            message = self.hosts.sglang_action(action, host)
+        except HostError as exc:
+            raise JobError(str(exc)) from None
+        self.events.event("sglang", action=action, host=host, source=origin)
+        return message
 
     def request_stop(self, *, cancel: bool, origin: str) -> str:
         self._check_live()

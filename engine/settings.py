@@ -126,7 +126,7 @@ class SGLangSettings(_Section):
     """The SGLang backend (job.backend = "sglang"): the servers regen generates with, and how it launches them on the GPU hosts. Sampling comes from [openrouter] (max_tokens, temperature, top_p) and thinking from tokenizer.thinking, so both backends ask for the same thing (docs/sglang.md §11)."""
 
     urls: list[str] = Field(default_factory=list)
-    """Servers the backend talks to directly, e.g. ["http://127.0.0.1:30000"]: a local server, an open tunnel or the router. Needed with job.backend = "sglang"."""
+    """Servers the backend talks to directly, e.g. ["http://127.0.0.1:30000"]: a local server, an open tunnel or the router. Empty with [[hosts]] set: the run reaches each host's server through an SSH tunnel of its own, behind the SGLang router (smg) when there are several hosts."""
     port: int = Field(30000, ge=1, le=65535)
     """Port SGLang listens on, on the host's 127.0.0.1; a host's sglang_port overrides it."""
     served_model_name: str = "kimi-k2.5"
@@ -141,6 +141,8 @@ class SGLangSettings(_Section):
     """Folder on the host for the server's log and pid file; empty for regen-sglang under the remote user's home."""
     ready_timeout_s: float = Field(2700.0, gt=0)
     """Seconds a launch may take to be ready (a ~1T-parameter model takes 10 to 30 minutes)."""
+    stop_grace_s: float = Field(30.0, gt=0)
+    """Seconds between TERM to the server's process group and KILL, on regen sglang stop."""
     connect_timeout_s: float = Field(10.0, gt=0)
     """Seconds to open a connection to a server."""
     read_timeout_s: float = Field(600.0, gt=0)
@@ -167,6 +169,20 @@ class SGLangSettings(_Section):
                 raise ValueError(f"{url!r} is not a server URL like http://127.0.0.1:30000")
             cleaned.append(url)
         return cleaned
+
+    @field_validator("launch_args")
+    @classmethod
+    def _launch_args(cls, args: list[str]) -> list[str]:
+        # regen passes these itself (docs/sglang.md §12); argparse takes a unique prefix as the flag.
+        own = ("--model-path", "--model", "--host", "--port", "--tp-size", "--tensor-parallel-size", "--served-model-name")
+        for word in args:
+            name = word.split("=", 1)[0]
+            if name.startswith("--") and len(name) > 2 and any(flag.startswith(name) for flag in own):
+                raise ValueError(
+                    f"{word!r}: regen sets --model-path, --host, --port, --tp and --served-model-name itself "
+                    "(from [[hosts]] model_path, sglang.port or sglang_port, sglang.tp, sglang.served_model_name)"
+                )
+        return args
 
     @model_validator(mode="after")
     def _queue_band(self) -> SGLangSettings:
@@ -443,10 +459,11 @@ def backend_problems(settings: Settings) -> list[str]:
     if settings.job.backend != "sglang":
         return []
     problems = []
-    if not settings.sglang.urls:
+    if not settings.sglang.urls and not settings.hosts:
+        # With [[hosts]] and no urls, the run reaches each host's server through a tunnel of its own.
         problems.append(
-            'sglang.urls: empty, but job.backend is "sglang": set it to the server\'s URL, '
-            'e.g. urls = ["http://127.0.0.1:30000"]'
+            'sglang.urls: empty and no [[hosts]], but job.backend is "sglang": set urls to the server\'s URL, '
+            'e.g. urls = ["http://127.0.0.1:30000"], or add the GPU hosts as [[hosts]] tables'
         )
     if settings.tokenizer.path is None:
         problems.append(

@@ -313,3 +313,26 @@ def test_demo_runs_to_the_end_and_exits_0(tmp_path: Path) -> None:
         regen("demo", "--headless", "--dir", str(tmp_path)), env=ENV, capture_output=True, text=True
     )
     assert again.returncode != 0 and "is not a regen demo folder" in again.stderr
+
+
+def test_demo_rehearses_the_sglang_path(tmp_path: Path) -> None:
+    folder = tmp_path / "demo"
+    done = subprocess.run(
+        regen("demo", "--backend", "sglang", "--headless", "--dir", str(folder), "--speed", "10"),
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "SGLang simulator at" in done.stdout and "GPU-h" in done.stdout
+    assert done.stdout.splitlines()[-1].startswith("done: every dataset is done")
+    for name in ("chat", "code", "reasoning"):
+        prompts = (folder / "datasets" / name / "prompts.jsonl").read_bytes().count(b"\n")
+        rows = read_rows(folder / "datasets" / name)
+        assert len(rows) == prompts
+        assert {r["backend"] for r in rows} == {"sglang"} and {r["output_ids_source"] for r in rows} == {"server"}
+        assert all(r["output_ids"] and r["prompt_ids"] for r in rows)
+    # The tokenizer the job rendered with is the built-in one, written into the demo folder.
+    assert (folder / "tokenizer" / "tokenizer.json").is_file()

@@ -13,6 +13,8 @@ from typing import Any
 from textual.widgets import Static
 
 NO_HOST = "no GPU host configured"
+# SGLang's startup phases, in order (engine/host/scripts/sglanglog.py), for the progress bar.
+PHASES = ("weights", "weights loaded", "kv pool", "cuda graphs", "cuda graphs captured", "scheduler", "http", "ready")
 
 
 def _gib(mib: Any) -> str:
@@ -75,7 +77,68 @@ def host_lines(host: dict[str, Any], now: float) -> list[str]:
                 f"  {inspect.get('datasets')} datasets · {inspect.get('prompts', 0):,} prompts · "
                 f"{invalid:,} invalid" + (f" · {when}" if when and inspect.get("state") == "done" else "")
             )
+    lines.extend(sglang_lines(host))
     return lines
+
+
+def _bar(phase: Any) -> str:
+    done = PHASES.index(phase) + 1 if phase in PHASES else 0
+    return "▰" * done + "▱" * (len(PHASES) - done)
+
+
+def sglang_lines(host: dict[str, Any]) -> list[str]:
+    """The host's SGLang server: state and startup phase, version, load, the tunnel, a start or stop."""
+    lines: list[str] = []
+    server = host.get("sglang")
+    if isinstance(server, dict):
+        if not server.get("ok", True):
+            lines.append(f"  SGLang: {server.get('error')}")
+        else:
+            state = server.get("state") or "?"
+            head = f"  SGLang {state}"
+            version = server.get("version") or server.get("launched_version")
+            if version:
+                head += f" {version}"
+            phase = server.get("phase")
+            if state in ("running", "starting", "not answering") or (state == "dead" and phase):
+                head += f" {_bar(phase)} {phase or 'launching'}"
+            lines.append(head)
+            if server.get("running") is not None:
+                kv = server.get("kv_usage")
+                lines.append(
+                    f"  run {server['running']:.0f} · queue {server.get('queued') or 0:.0f} · "
+                    f"KV {'?' if kv is None else f'{kv:.0%}'} · {server.get('gen_throughput') or 0:,.0f} tok/s"
+                )
+            if server.get("failure"):
+                lines.append(f"  failed: {str(server['failure'])[:120]}")
+    tunnel = host.get("tunnel")
+    if isinstance(tunnel, dict):
+        drops = tunnel.get("drops") or 0
+        said = f"  tunnel {tunnel.get('state')}" + (f" · {drops} drops" if drops else "")
+        if tunnel.get("state") != "open" and tunnel.get("error"):
+            said += f": {tunnel['error']}"
+        lines.append(said)
+    action = host.get("sglang_action")
+    if isinstance(action, dict):
+        what = "start" if action.get("what") == "start" else "stop"
+        if action.get("state") == "running":
+            progress = action.get("progress") or []
+            lines.append(f"  {'starting' if what == 'start' else 'stopping'} SGLang…")
+            if progress:
+                lines.append(f"  {str(progress[-1]).removeprefix(str(host.get('name')) + ': ')[:120]}")
+        elif action.get("state") == "failed":
+            lines.append(f"  {what} failed: {str(action.get('message') or '')[:160]}")
+    return lines
+
+
+def sglang_stop_text(hosts: list[str]) -> str:
+    """What stopping SGLang from the console does, for its confirmation."""
+    where = ", ".join(hosts) if hosts else "every GPU host"
+    return (
+        f"TERM to the SGLang server's process group on {where}, then KILL after sglang.stop_grace_s. "
+        "Requests in flight there fail and are sent again once a server answers (to another host behind "
+        "the router). Only the server regen started is touched (its pid file), never a process by name."
+    )
 
 
 class HostPane(Static):

@@ -10,15 +10,17 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from engine.backends.base import Backend
+    from engine.host.monitor import HostMonitor
     from engine.settings import Settings
 
 
-def make_backend(settings: Settings) -> Backend:
-    """The backend `settings` choose (job.backend)."""
+def make_backend(settings: Settings, hosts: HostMonitor | None = None) -> Backend:
+    """The backend `settings` choose (job.backend). `hosts` is the job's watch over its GPU hosts:
+    without `sglang.urls`, the SGLang backend reaches their servers over its SSH connections."""
     if settings.job.backend == "sglang":
         from engine.backends.sglang.backend import SGLangBackend
 
-        return SGLangBackend(settings)
+        return SGLangBackend(settings, hosts=hosts)
     from engine.backends.openrouter.backend import OpenRouterBackend
 
     return OpenRouterBackend(settings)

@@ -20,10 +20,13 @@ from engine.host.errors import HostError
 
 if TYPE_CHECKING:
     from engine.host.ssh import HostConnection
-    from engine.settings import HostSettings
+    from engine.host.tunnel import Tunnel
+    from engine.settings import HostSettings, SGLangSettings
 
 # While a host fails, polls back off to at most this (a refused key waits for the operator).
 FAILING_POLL_MAX_S = 60.0
+# Progress lines of an SGLang start or stop kept for the pane.
+PROGRESS_LINES = 12
 
 
 @dataclass(slots=True)
@@ -40,13 +43,25 @@ class _Host:
     inspect: dict[str, Any] | None = None
     inspect_task: asyncio.Task[None] | None = None
     poll_task: asyncio.Task[None] | None = None
+    tunnel: Tunnel | None = None  # the run's tunnel to this host's SGLang, when the backend opened one
+    sglang: dict[str, Any] | None = None  # the last SGLang status (engine/host/sglang.py)
+    action: dict[str, Any] | None = None  # an SGLang start or stop from the console: what, state, progress
+    action_task: asyncio.Task[None] | None = None
 
 
 class HostMonitor:
     """Polls the configured hosts for the job; does nothing when there are none."""
 
-    def __init__(self, hosts: Sequence[HostSettings], *, inspect_at_start: bool = True) -> None:
+    def __init__(
+        self,
+        hosts: Sequence[HostSettings],
+        *,
+        inspect_at_start: bool = True,
+        sglang: SGLangSettings | None = None,
+    ) -> None:
         self.inspect_at_start = inspect_at_start
+        # With [sglang] settings, each poll also asks after the host's SGLang server.
+        self.sglang_settings = sglang
         self._hosts: dict[str, _Host] = {}
         if hosts:
             # Imported only with hosts to watch: SSH costs a job without any a quarter second to start.
@@ -62,6 +77,10 @@ class HostMonitor:
     def connection(self, name: str) -> HostConnection:
         """The job's one connection to host ``name``, for whatever else runs there."""
         return self._hosts[name].conn
+
+    def attach(self, name: str, tunnel: Tunnel) -> None:
+        """The run's tunnel to host ``name``'s server: shown in the pane, used for the server's HTTP."""
+        self._hosts[name].tunnel = tunnel
 
     def start(self) -> None:
         """Begin polling (and the first inspect) in the running loop; returns at once."""
@@ -81,6 +100,10 @@ class HostMonitor:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        actions = [h.action_task for h in self._hosts.values() if h.action_task is not None]
+        for task in actions:
+            task.cancel()
+        await asyncio.gather(*actions, return_exceptions=True)
         await asyncio.gather(*(h.conn.close() for h in self._hosts.values()), return_exceptions=True)
 
     # ------------------------------------------------------------------------------- polling
@@ -101,6 +124,75 @@ class HostMonitor:
         host.polls += 1
         host.poll_error = None
         host.failures = 0
+        if self.sglang_settings is not None and s.model_path:
+            await self._poll_sglang(host)
+
+    async def _poll_sglang(self, host: _Host) -> None:
+        from engine.host.sglang import ServerSpec, server_status
+
+        assert self.sglang_settings is not None
+        tunnel = host.tunnel
+        url = tunnel.url if tunnel is not None and tunnel.state == "open" else None
+        try:
+            spec = ServerSpec.of(self.sglang_settings, host.settings)
+            host.sglang = await server_status(host.conn, spec, url, gpus=False, tunnel=False)
+        except HostError as exc:
+            host.sglang = {"ok": False, "error": str(exc)}
+
+    # ------------------------------------------------------------------------------- SGLang
+
+    def sglang_action(self, what: str, name: str | None) -> str:
+        """Start or stop SGLang on host ``name`` (every host when None) in the background."""
+        if what not in ("start", "stop"):
+            raise HostError(f"unknown SGLang action {what!r}")
+        if not self._hosts:
+            raise HostError("no GPU hosts in the settings: add a [[hosts]] table")
+        if self.sglang_settings is None:
+            raise HostError("the host monitor has no [sglang] settings")
+        if name and name not in self._hosts:
+            raise HostError(f"no host named {name!r} (hosts: {', '.join(self._hosts)})")
+        if not self._started:
+            raise HostError("the host monitor is not running")
+        chosen = [self._hosts[name]] if name else list(self._hosts.values())
+        busy = [h.settings.name for h in chosen if h.action_task is not None and not h.action_task.done()]
+        if busy:
+            raise HostError(f"an SGLang start or stop is already running on {', '.join(busy)}")
+        for host in chosen:
+            host.action = {"what": what, "state": "running", "started_at": time.time(), "progress": [], "message": None}
+            host.action_task = asyncio.get_running_loop().create_task(
+                self._sglang_action(host, what), name=f"host-sglang-{what}-{host.settings.name}"
+            )
+        names = ", ".join(h.settings.name for h in chosen)
+        return f"{'starting' if what == 'start' else 'stopping'} SGLang on {names}"
+
+    async def _sglang_action(self, host: _Host, what: str) -> None:
+        from engine.host.sglang import ServerSpec, start_server, stop_server
+
+        assert self.sglang_settings is not None and host.action is not None
+        action = host.action
+
+        def say(line: str) -> None:
+            progress = action["progress"]
+            progress.append(line)
+            del progress[:-PROGRESS_LINES]
+
+        try:
+            spec = ServerSpec.of(self.sglang_settings, host.settings)
+            if what == "start":
+                result = await start_server(host.conn, spec, say)
+                ok, message = result.ok, result.message
+                if not ok and result.tail:
+                    for line in result.tail[-4:]:
+                        say(line)
+            else:
+                stopped = await stop_server(host.conn, spec)
+                ok, message = bool(stopped["ok"]), str(stopped["message"])
+        except HostError as exc:
+            ok, message = False, str(exc)
+        except Exception as exc:  # a malformed answer must not end the job's loop
+            ok, message = False, f"{type(exc).__name__}: {exc}"
+        action.update(state="done" if ok else "failed", message=message, finished_at=time.time())
+        await self._poll_sglang(host)
 
     async def _poll_loop(self, host: _Host) -> None:
         while not self._closed:
@@ -205,6 +297,20 @@ class HostMonitor:
                     "polled_at": host.polled_at,
                     "polls": host.polls,
                     "inspect": dict(host.inspect) if host.inspect is not None else None,
+                    "tunnel": host.tunnel.view() if host.tunnel is not None else None,
+                    "sglang": _sglang_view(host.sglang),
+                    "sglang_action": dict(host.action) if host.action is not None else None,
                 }
             )
         return out
+
+
+def _sglang_view(status: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The pane's part of an SGLang status (no log tail, no GPUs: those are polled already)."""
+    if status is None:
+        return None
+    keep = (
+        "ok", "error", "state", "pid", "alive", "phase", "failure", "ready", "version", "launched_version",
+        "served_model_name", "running", "queued", "gen_throughput", "kv_usage", "retractions", "port",
+    )
+    return {k: status.get(k) for k in keep}

@@ -143,13 +143,20 @@ async def run_hostcmd(
     argv: Sequence[str],
     *,
     timeout: float | None = None,
+    entry: str = ENTRY,
+    modules: Sequence[str] = MODULES,
 ) -> ScriptResult:
-    """Run ``hostcmd.py ARGV...`` on the host over one channel of ``conn``; raises RemoteError when it fails.
+    """Run ``hostcmd.py ARGV...`` (or another ``entry`` script with its ``modules``) on the host over
+    one channel of ``conn``; raises RemoteError when it fails.
 
     Connection loss propagates as asyncssh's own errors, so the caller can reconnect and retry.
     """
     completed = await conn.run(
-        command_line(python), input=payload(argv), encoding=None, check=False, timeout=timeout
+        command_line(python),
+        input=payload(argv, entry=entry, modules=modules),
+        encoding=None,
+        check=False,
+        timeout=timeout,
     )
     stdout = completed.stdout if isinstance(completed.stdout, bytes) else b""
     stderr = completed.stderr if isinstance(completed.stderr, bytes) else b""

@@ -41,6 +41,16 @@ BACKOFF_MAX_S = 10.0
 # The key files OpenSSH offers by default, in its order, when no key_files are set.
 DEFAULT_KEY_FILES = ("id_ecdsa_sk", "id_ed25519_sk", "id_ed25519", "id_ecdsa", "id_rsa")
 DEFAULT_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
+# Ciphers offered, in order of preference: asyncssh's own list with the AES-GCM ones moved first.
+ENCRYPTION_ALGS = [
+    "aes128-gcm@openssh.com",
+    "aes256-gcm@openssh.com",
+    *(
+        a.decode()
+        for a in asyncssh.encryption.get_default_encryption_algs()
+        if a not in (b"aes128-gcm@openssh.com", b"aes256-gcm@openssh.com")
+    ),
+]
 
 _DROPPED = (
     asyncssh.ConnectionLost,
@@ -204,6 +214,9 @@ class HostConnection:
                         password=None,
                         kbdint_auth=False,
                         gss_auth=False,
+                        # AES-GCM first: one AEAD call per packet with AES-NI, where asyncssh's default
+                        # chacha20-poly1305 makes two; the tunnel carries every token (docs/gpu-host.md).
+                        encryption_algs=ENCRYPTION_ALGS,
                         keepalive_interval=self.keepalive_interval_s,
                         keepalive_count_max=self.keepalive_count_max,
                         connect_timeout=host.connect_timeout_s,
@@ -343,6 +356,21 @@ class HostConnection:
         return await self.run(
             lambda conn: run_hostcmd(conn, self.host.python, argv, timeout=timeout), argv[0]
         )
+
+    async def script(
+        self, entry: str, modules: Sequence[str], argv: Sequence[str], *, timeout: float | None = None
+    ) -> ScriptResult:
+        """Another host script (``entry``, shipped with ``modules``), retried after a drop like hostcmd."""
+        return await self.run(
+            lambda conn: run_hostcmd(
+                conn, self.host.python, argv, timeout=timeout, entry=entry, modules=modules
+            ),
+            argv[0] if argv else entry,
+        )
+
+    def forget(self, conn: asyncssh.SSHClientConnection) -> None:
+        """Drop ``conn`` (found closed by a user of it); the next ``connect`` opens a new one."""
+        self._forget(conn)
 
     def _forget(self, conn: asyncssh.SSHClientConnection) -> None:
         if self._conn is conn:

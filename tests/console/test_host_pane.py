@@ -115,3 +115,58 @@ async def test_without_hosts_the_pane_says_so() -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
         assert app.query_one(HostPane).text == NO_HOST
+
+
+# A host whose SGLang is starting (the monitor's view: engine/host/monitor.py, _sglang_view).
+STARTING = {
+    **HOST,
+    "sglang": {"ok": True, "state": "starting", "phase": "kv pool", "launched_version": "0.5.23", "pid": 4242,
+               "alive": True, "ready": False, "version": None, "running": None},
+    "sglang_action": {"what": "start", "state": "running",
+                      "progress": ["gpu1: [3/8] kv pool: KV Cache is allocated. #tokens: 1000000"]},
+}
+READY = {
+    **HOST,
+    "sglang": {"ok": True, "state": "ready", "phase": "ready", "version": "0.5.23", "pid": 4242, "alive": True,
+               "ready": True, "running": 120.0, "queued": 450.0, "kv_usage": 0.62, "gen_throughput": 5432.0},
+    "tunnel": {"state": "open", "drops": 1, "error": None},
+}
+
+
+def test_sglang_starting_shows_its_phase_as_progress() -> None:
+    lines = host_lines(STARTING, FROZEN_NOW)
+    assert "  SGLang starting 0.5.23 ▰▰▰▱▱▱▱▱ kv pool" in lines
+    assert lines[-2:] == ["  starting SGLang…", "  [3/8] kv pool: KV Cache is allocated. #tokens: 1000000"]
+
+
+def test_sglang_ready_shows_its_load_and_the_tunnel() -> None:
+    lines = host_lines(READY, FROZEN_NOW)
+    assert "  SGLang ready 0.5.23" in lines
+    assert "  run 120 · queue 450 · KV 62% · 5,432 tok/s" in lines
+    assert "  tunnel open · 1 drops" in lines
+    failed = {**HOST, "sglang": {"ok": True, "state": "dead", "phase": "cuda graphs",
+                                 "failure": "Exception: Capture cuda graph failed: CUDA out of memory"}}
+    assert "  failed: Exception: Capture cuda graph failed: CUDA out of memory" in host_lines(failed, FROZEN_NOW)
+
+
+async def test_keys_start_sglang_and_stop_it_after_a_confirmation_that_defaults_to_cancel() -> None:
+    frames = frames_with_hosts()
+    for snap in frames:
+        snap["hosts"] = [copy.deepcopy(READY)]
+    app = make_app(ScriptedSource(frames, count=3))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("G")
+        await settle(pilot)
+        assert scripted(app).commands == [("sglang_start", {})]
+        await pilot.press("K")
+        await settle(pilot)
+        assert "gpu1" in str(app.screen.query_one("#body").render())
+        await pilot.press("enter")  # the focused button is Cancel
+        await settle(pilot)
+        assert scripted(app).commands == [("sglang_start", {})]
+        await pilot.press("K")
+        await settle(pilot)
+        await pilot.press("y")
+        await settle(pilot)
+        assert scripted(app).commands == [("sglang_start", {}), ("sglang_stop", {})]

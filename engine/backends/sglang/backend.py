@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Iterator, Mapping
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
@@ -47,6 +47,10 @@ from engine.schema import BackendView, RouteView
 from engine.settings import Settings, backend_problems
 from engine.tokenizer import TargetTokenizer, TokenizerError, TokenizerSpec
 
+if TYPE_CHECKING:
+    from engine.host.fleet import Fleet
+    from engine.host.monitor import HostMonitor
+
 # The router names the worker that served a request in this response header (docs/sglang.md §11.2).
 ROUTED_WORKER_HEADER = "x-smg-routed-worker-id"
 # Aborts still on their way when the backend closes get this long, so a stop never hangs on them.
@@ -59,9 +63,9 @@ _CUT = frozenset({errors.ErrorClass.NETWORK, errors.ErrorClass.STREAM_ERROR})
 class Worker:
     """One server URL the backend sends to: its facts, its GPUs' meter, its load, its rids."""
 
-    def __init__(self, url: str, facts: ServerFacts, gpus: int) -> None:
+    def __init__(self, url: str, facts: ServerFacts, gpus: int, name: str | None = None) -> None:
         self.url = url
-        self.name = worker_name(url)
+        self.name = name or worker_name(url)
         self.generate_url = url + "/generate"
         self.abort_url = url + "/abort_request"
         self.metrics_url = url + "/metrics"
@@ -108,8 +112,9 @@ class SGLangBackend:
     title = "SGLang"
     requests_per_minute: int | None = None  # no platform limit: the servers are the operator's
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, hosts: HostMonitor | None = None) -> None:
         self.all_settings = settings
+        self.hosts = hosts
         self.settings = settings.sglang
         sampling = settings.openrouter  # the sampling settings are the same for both backends
         self.max_tokens = sampling.max_tokens
@@ -125,6 +130,11 @@ class SGLangBackend:
         )
         self.tokenizer: TargetTokenizer | None = None
         self.workers: list[Worker] = []
+        # Behind the router (several hosts): where requests go; `workers` are then the hosts behind it,
+        # read directly through their tunnels for load, aborts and the view.
+        self.entry: Worker | None = None
+        self.fleet: Fleet | None = None
+        self._by_url: dict[str, Worker] = {}
         self.ceiling: int | None = None
         self.ceiling_reason = ""
         self.watch_error: str | None = None
@@ -176,13 +186,19 @@ class SGLangBackend:
             read_bufsize=2**18,
         )
         try:
+            urls, names = await self._server_urls()
             facts = await asyncio.gather(
-                *(read_facts(self._session, url, self._control_timeout) for url in self.settings.urls)
+                *(read_facts(self._session, url, self._control_timeout) for url in urls)
             )
-            self.workers = self._check_servers(facts)
+            self.workers = self._check_servers(urls, facts, names)
         except (ServerError, BackendError) as exc:
             await self.close()
             raise BackendError(str(exc)) from None
+        self._by_url = {w.url: w for w in self.workers}
+        if self.fleet is not None and self.fleet.router is not None:
+            gpus = sum(w.meter.gpus for w in self.workers)
+            self.entry = Worker(self.fleet.entry_url, self.workers[0].facts, gpus, name="router")
+            self.base_url = self.fleet.entry_url
         first = self.workers[0].facts
         self.model = first.model_path or first.served_model_name or self.settings.served_model_name
         self._server = {
@@ -193,10 +209,46 @@ class SGLangBackend:
             "endpoint": "/generate",
         }
 
-    def _check_servers(self, facts: list[ServerFacts]) -> list[Worker]:
+    async def _server_urls(self) -> tuple[list[str], dict[str, str]]:
+        """The servers to talk to: `sglang.urls`, or each [[hosts]] server through a tunnel of its own
+        (and the router in front of them with several hosts), opened here over the job's SSH connections."""
+        if self.settings.urls:
+            return list(self.settings.urls), {}
+        from engine.host.errors import HostError
+        from engine.host.fleet import Fleet
+
+        self.fleet = Fleet(
+            self.settings,
+            self.all_settings.hosts,
+            run_dir=self.all_settings.job.run_dir,
+            monitor=self.hosts,
+            on_reopen=self._reopened,
+            on_event=self._event,
+        )
+        try:
+            await self.fleet.open()
+        except HostError as exc:
+            raise BackendError(str(exc)) from None
+        names = self.fleet.names
+        self.base_url = self.fleet.entry_url
+        return list(names), names
+
+    def _event(self, name: str, /, **fields: Any) -> None:
+        if self._context is not None:
+            self._context.event(name, **fields)
+
+    def _reopened(self, url: str) -> None:
+        """A tunnel carries requests again: ask that server now, which aborts the rids the drop cut off."""
+        worker = self._by_url.get(url)
+        if worker is not None and self._session is not None:
+            task = asyncio.get_running_loop().create_task(self._poll(worker))
+            self._aborts.add(task)
+            task.add_done_callback(self._aborts.discard)
+
+    def _check_servers(self, urls: list[str], facts: list[ServerFacts], names: dict[str, str]) -> list[Worker]:
         """One model, one version, one weight version behind every URL, or the rows would lie."""
         wanted = self.settings.served_model_name
-        for url, fact in zip(self.settings.urls, facts, strict=True):
+        for url, fact in zip(urls, facts, strict=True):
             if fact.served_model_name is not None and fact.served_model_name != wanted:
                 raise BackendError(
                     f"{url} serves {fact.served_model_name!r}, not sglang.served_model_name = {wanted!r}"
@@ -209,8 +261,12 @@ class SGLangBackend:
         for key in ("version", "weight_version", "model_path"):
             seen = {getattr(f, key) for f in facts if getattr(f, key) is not None}
             if len(seen) > 1:
-                raise BackendError(f"the servers in sglang.urls disagree on {key}: {', '.join(sorted(seen))}")
-        return [Worker(url, fact, fact.gpus or self.settings.tp) for url, fact in zip(self.settings.urls, facts, strict=True)]
+                where = "sglang.urls" if self.settings.urls else "[[hosts]]"
+                raise BackendError(f"the servers in {where} disagree on {key}: {', '.join(sorted(seen))}")
+        return [
+            Worker(url, fact, fact.gpus or self.settings.tp, names.get(url))
+            for url, fact in zip(urls, facts, strict=True)
+        ]
 
     async def close(self) -> None:
         if self._aborts:
@@ -223,6 +279,9 @@ class SGLangBackend:
         if self._session is not None:
             session, self._session = self._session, None
             await session.close()
+        if self.fleet is not None:
+            fleet, self.fleet = self.fleet, None
+            await fleet.close()
 
     # -------------------------------------------------------------------------------- routes
 
@@ -239,6 +298,8 @@ class SGLangBackend:
         return []
 
     def _pick(self) -> Worker:
+        if self.entry is not None:
+            return self.entry
         workers = self.workers
         if len(workers) == 1:
             return workers[0]
@@ -285,12 +346,14 @@ class SGLangBackend:
         tail = StreamTail()
         status: int | None = None
         failure: Failure | None = None
+        served_by: Worker | None = None
         try:
             async with session.post(worker.generate_url, data=body) as resp:
                 status = resp.status
                 routed = resp.headers.get(ROUTED_WORKER_HEADER)
                 if routed:
-                    outcome.route = worker_name(routed)
+                    served_by = self._by_url.get(routed.rstrip("/"))
+                    outcome.route = served_by.name if served_by is not None else worker_name(routed)
                     on_route(outcome.route)
                 if status != 200:
                     raw = await resp.read()
@@ -310,7 +373,7 @@ class SGLangBackend:
         except asyncio.CancelledError:
             if not deadlines.absorb(watch):
                 # A stop with cancel: the server must stop generating it too, without holding us up.
-                self._abort_soon(worker, rid)
+                self._abort_soon(served_by or worker, rid)
                 raise
             failure = errors.network(f"{deadlines.reason(watch)} ({worker.url})")
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:  # TimeoutError: the connect limit
@@ -327,8 +390,9 @@ class SGLangBackend:
             if failure.outage:
                 worker.down = True  # other URLs take the next attempts until a poll reaches it
             elif failure.sent and failure.error_class in _CUT:
-                # The server may still be generating what nobody will read.
-                worker.orphans.add(rid)
+                # The server may still be generating what nobody will read: aborted on the server
+                # that had it (behind the router, the one it named) once that server answers again.
+                (served_by or worker).orphans.add(rid)
         outcome.failure = failure
         outcome.cost = _ZERO if failure is not None and not failure.sent else Decimal(f"{gpu_s:.6f}")
         return outcome
@@ -404,7 +468,7 @@ class SGLangBackend:
     async def _abort(self, worker: Worker, rid: str) -> None:
         # SGLang aborts every live request whose rid *starts with* the one named (docs/sglang.md §5):
         # never name a rid that is a prefix of another one in flight here ("B-1#1" of "B-1#10").
-        if any(other != rid and other.startswith(rid) for other in worker.live):
+        if any(other != rid and other.startswith(rid) for w in self._every() for other in w.live):
             worker.orphans.add(rid)
             return
         session = self._session
@@ -421,10 +485,15 @@ class SGLangBackend:
         except (aiohttp.ClientError, OSError, TimeoutError):
             worker.orphans.add(rid)  # sent again once the server answers
 
+    def _every(self) -> Iterator[Worker]:
+        if self.entry is not None:
+            yield self.entry
+        yield from self.workers
+
     # ------------------------------------------------------------------------------- watching
 
     def tasks(self) -> list[Coroutine[Any, Any, None]]:
-        return [self._watch()]
+        return [self._watch()] + ([self.fleet.watch()] if self.fleet is not None else [])
 
     async def _watch(self) -> None:
         """Scrape every server's /metrics, one round at a time (never two at once), and steer."""
@@ -484,7 +553,7 @@ class SGLangBackend:
             scraped.append((load, 0 if seen is None else max(0, int(load.retracted_total - seen))))
         if context is None or not scraped:
             return
-        in_flight = sum(w.meter.in_flight for w in self.workers)
+        in_flight = sum(w.meter.in_flight for w in self._every())
         proposed, reason = next_ceiling(scraped, in_flight, self.ceiling, self.configured, self.health)
         if proposed == self.ceiling:
             return
@@ -519,7 +588,9 @@ class SGLangBackend:
             "account": {
                 "kind": "sglang",
                 "servers": [w.view() for w in self.workers],
-                "gpu_s": round(sum(w.meter.busy_gpu_s() for w in self.workers), 3),
+                "gpu_s": round(sum(w.meter.busy_gpu_s() for w in self._every()), 3),
+                "router": self.entry.view() if self.entry is not None else None,
+                "fleet": self.fleet.view() if self.fleet is not None else None,
                 "concurrency_ceiling": self.ceiling,
                 "ceiling_reason": self.ceiling_reason,
                 "watch_error": self.watch_error,

@@ -128,6 +128,9 @@ class SimSGLangConfig(BaseModel):
     cache_max_blocks: int = Field(default=200_000, ge=0)
     child_processes: int = Field(default=2, ge=0)  # the stand-in's helper processes in its group
     requests_maxlen: int = Field(default=10_000, ge=1)  # request summaries kept for /_sim/state
+    # The summaries also hold each request's prompt and output ids: the server's own record of what it
+    # received and generated, for tests of a server in another process (behind a tunnel, a router).
+    record_ids: bool = False
 
     faults: FaultConfig = Field(default_factory=lambda: FaultConfig())
 

@@ -70,6 +70,7 @@ class SGLangSim:
         self.phase = "init"
         self.requests: deque[dict[str, Any]] = deque(maxlen=self.config.requests_maxlen)
         self.aborted_rids: deque[str] = deque(maxlen=self.config.requests_maxlen)
+        self.abort_requests: deque[str | None] = deque(maxlen=self.config.requests_maxlen)  # with record_ids
         self.http_requests = 0
         self.in_flight = 0
         self.peak_in_flight = 0
@@ -485,19 +486,21 @@ class SGLangSim:
                     per = (e2e - ttft) / (out - 1)
                     s.tpot.observe(per)
                     s.itl.observe(per, out - 1)
-        self.requests.append(
-            {
-                "rid": req.rid,
-                "stream": req.stream,
-                "prompt_tokens": req.n_prompt,
-                "completion_tokens": len(req.output_ids),
-                "cached_tokens": req.cached_tokens,
-                "num_retractions": req.num_retractions,
-                "finish_reason": req.finish,
-                "thinking": req.plan.thinking,
-                "fault": req.fault,
-            }
-        )
+        summary = {
+            "rid": req.rid,
+            "stream": req.stream,
+            "prompt_tokens": req.n_prompt,
+            "completion_tokens": len(req.output_ids),
+            "cached_tokens": req.cached_tokens,
+            "num_retractions": req.num_retractions,
+            "finish_reason": req.finish,
+            "thinking": req.plan.thinking,
+            "fault": req.fault,
+        }
+        if self.config.record_ids:
+            summary["prompt_ids"] = list(req.prompt_ids)
+            summary["output_ids"] = list(req.output_ids)
+        self.requests.append(summary)
 
     def _on_watchdog(self) -> None:
         cfg = self.config
@@ -630,6 +633,8 @@ class SGLangSim:
         abort_all = body.get("abort_all") is True
         if rid is not None and not isinstance(rid, str):
             return validation_error("rid: Input should be a valid string")
+        if self.config.record_ids:
+            self.abort_requests.append(rid)
         self.scheduler.abort(rid, abort_all=abort_all)
         return web.Response(status=200)
 
@@ -707,6 +712,7 @@ class SGLangSim:
             "live_rids": list(sched.live),
             "tokenizer": self.tokenizer.info(),
             "requests": list(self.requests),
+            "abort_requests": list(self.abort_requests),
         }
 
     async def _state_route(self, request: web.Request) -> web.StreamResponse:
