@@ -184,7 +184,12 @@ class Job:
     def _work_queue(self, scanned: list[Scanned], journal: JournalState) -> WorkQueue:
         invalid = {item.dataset.name: item.report.invalid_lines for item in scanned}
         skip = {name: set(state.progress.done) | invalid[name] for name, state in self.datasets.items()}
-        prior = {key: n for key, n in journal.attempts.items() if key[1] not in skip.get(key[0], ())}
+        # Only prompts still to do need their earlier attempts: drop the rest in place (a copy of a
+        # million entries would double the resume's peak memory).
+        prior = journal.attempts
+        for name, tried in prior.items():
+            for line in skip.get(name, ()):
+                tried.pop(line, None)
         return WorkQueue(
             [(name, iter_prompts(state.dataset, skip[name])) for name, state in self.datasets.items()],
             prior_attempts=prior,

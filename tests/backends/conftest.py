@@ -37,7 +37,7 @@ class BackendCase:
     sections: dict[str, dict[str, Any]] = field(default_factory=dict)  # further settings, by section
     job: dict[str, Any] = field(default_factory=dict)  # the backend's own [job] keys
     # When the SIGKILL test kills a run: after the job has started its requests.
-    kill_after_s: tuple[float, float] = (0.8, 2.0)
+    kill_after_s: tuple[float, float] = (0.3, 1.0)  # after the first request
 
     def settings_file(self, datasets: list[Path], **job: Any) -> Path:
         job = {
