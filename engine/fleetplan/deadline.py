@@ -67,7 +67,9 @@ def parse_deadline(text: str) -> Deadline:
     span = _DURATION.fullmatch(value)
     if span is None or not any(span.groups()):
         raise DeadlineError(text, "not a time of day or a duration")
-    seconds = sum(int(amount) * _UNITS[unit] for amount, unit in zip(span.groups(), "dhms", strict=True) if amount)
+    seconds = sum(
+        int(amount) * _UNITS[unit] for amount, unit in zip(span.groups(), "dhms", strict=True) if amount
+    )
     if seconds <= 0:
         raise DeadlineError(text, "a duration must be longer than 0 seconds")
     return Duration(seconds)
