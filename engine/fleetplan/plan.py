@@ -314,7 +314,8 @@ def explain(p: FleetPlan, carried: int) -> str:
     outs.append(f"by this deadline {p.share_by_deadline:.0%} of the work")
     if not p.reachable:
         return f"{head} but its providers' rates carry only {tokens(carried)} in the time; " + ", ".join(outs)
-    return f"{head} for {usd(p.cost)}, over the budget{money}; " + ", ".join(outs)
+    left = "" if p.budget_left is None else f" left {usd(p.budget_left)}"
+    return f"{head} for {usd(p.cost)}, over the budget{left}; " + ", ".join(outs)
 
 
 def tokens(n: int) -> str:
@@ -330,11 +331,12 @@ def usd(amount: Decimal) -> str:
 
 
 def span(seconds: float) -> str:
+    """12h53m, 4m05s, 45s: rounded up, so an earliest deadline is never shown earlier than it is."""
     whole = max(0, math.ceil(seconds))
-    hours, rest = divmod(whole, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
+    if whole >= 3600:
+        hours, minutes = divmod(math.ceil(whole / 60), 60)
         return f"{hours}h{minutes:02d}m"
+    minutes, secs = divmod(whole, 60)
     if minutes:
         return f"{minutes}m{secs:02d}s"
     return f"{secs}s"

@@ -175,4 +175,3 @@ def _out(live: FleetPlan) -> str:
     if live.earliest_s is None:
         return f"{live.share_by_deadline:.0%} of the work by the deadline; no deadline fits the budget"
     return f"{live.share_by_deadline:.0%} of the work by the deadline, all of it in {span(live.earliest_s)}"
-
