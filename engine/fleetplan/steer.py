@@ -138,15 +138,15 @@ class Steering:
         rate = carry / target
         wanted = min(self.max_in_flight, math.ceil(rate / self.request_tokens_per_s))
         ceiling = self._damped(wanted)
-        detail = f"{rate:,.0f} tokens/s for {tokens(carry)} by the deadline ({span(time_left)})"
+        detail = f"{rate:,.0f} tokens/s for {tokens(carry)} by the deadline in {span(time_left)}"
         if live.affordable:
             note = self._moved(ceiling, detail, direction=True)
         else:
             spend = live.budget_left if live.budget_left is not None else Decimal(0)
             note = self._moved(
                 ceiling,
-                f"deadline cannot be met within the budget: OpenRouter spends the {usd(spend)} left "
-                f"by the deadline ({detail}); {_out(live)}",
+                f"deadline cannot be met within the budget: OpenRouter spends the {usd(spend)} left, "
+                f"{detail}; {_out(live)}",
             )
         return Steer(ceiling, note, live, rate)
 
