@@ -180,10 +180,7 @@ class Sim:
         gpu_rate = sum(m for _, m in gpu_window) / span if span else None
         busy = sum(n for _, _, n in or_window) * self.dt_s  # request-seconds in the window
         per_request = sum(s for _, s, _ in or_window) / busy if busy else None
-        budget_left = None
-        if self.budget is not None:
-            reserved = self._reserved(flying, dearest)
-            budget_left = self.budget - spent - reserved
+        budget_left = None if self.budget is None else self.budget - spent
         left = self.work_tokens - gpu_made - or_made
         return Facts(
             now=t,

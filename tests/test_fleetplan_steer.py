@@ -32,7 +32,8 @@ def test_the_ceiling_is_the_rate_openrouter_must_carry_over_the_per_request_rate
     steer = Steering(100, margin=0.05).update(facts(0.0, 1_000_000, 500.0))
     target = 1000.0 * 0.95  # the finish aimed at, 5% of the time left before the deadline
     need = 1_000_000 - math.floor(500.0 * target)
-    assert steer.plan.openrouter_tokens == need
+    assert steer.aim.openrouter_tokens == need and steer.aim.time_left_s == target
+    assert steer.plan.time_left_s == 1000.0 and steer.plan.openrouter_tokens == 500_000  # to the deadline
     assert steer.openrouter_tokens_per_s == need / target
     assert steer.ceiling == math.ceil(need / target / 10.0) == 56
     assert steer.reason.startswith("on track: OpenRouter 56 in flight, 553 tokens/s for 525.0k tokens by the deadline in 16m40s")
@@ -176,5 +177,5 @@ def test_a_short_budget_is_never_overshot_and_is_spent_by_the_deadline() -> None
     assert result.max_spent_over_budget <= 0 and result.spent <= budget
     assert result.spent >= budget * Decimal("0.95")  # what it could buy, it bought
     assert result.reasons[0].startswith("deadline cannot be met within the budget: OpenRouter spends the $2.00")
-    assert "77% of the work by the deadline, all of it in 2h" in result.reasons[0]
+    assert "81% of the work by the deadline, all of it in 2h32m" in result.reasons[0]  # (7.2M + 0.91M) / 10M
     assert result.by_provider == {"cheap": result.openrouter_tokens, "mid": 0, "dear": 0}  # paced: the cheap one

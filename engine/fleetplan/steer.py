@@ -19,13 +19,17 @@ class Facts:
     """What the dispatcher measured, on one clock (seconds; the deadline on the same clock)."""
 
     now: float
-    work_left: Work  # the work at the start less what each backend has made since
+    work_left: (
+        Work  # the work at the start less what each backend has made since (in-flight tokens count as left)
+    )
     gpu_tokens_per_s: (
         float | None
     )  # the GPU fleet's output tokens/s over a recent window; None: no sample yet
     request_tokens_per_s: float | None  # OpenRouter's output tokens/s per request in flight; None: no sample
     in_flight: int  # OpenRouter requests in flight now
-    budget_left: Decimal | None  # dollars left (budget - spent - reserved); None: no budget
+    # Dollars left: budget - spent (settled). Not less the reservations: the tokens in flight are in
+    # work_left, so their cost is planned from this; the ledger's gate still holds their worst case.
+    budget_left: Decimal | None  # None: no budget
     deadline: float | None  # the resolved deadline; None: no deadline
     providers: tuple[Provider, ...] = ()  # the allowed providers, prices and sustainable rates
 
@@ -36,7 +40,8 @@ class Steer:
 
     ceiling: int | None  # OpenRouter's in-flight ceiling; 0: idle; None: no limit (flat out)
     reason: str  # one line for the operator
-    plan: FleetPlan  # the live plan, at the smoothed rates and the margin's target
+    plan: FleetPlan  # the live plan to the deadline, at the smoothed rates: what the operator sees
+    aim: FleetPlan  # the plan the ceiling follows: to the target finish, a margin before the deadline
     openrouter_tokens_per_s: float | None  # the rate the ceiling aims at; None: flat out
 
 
@@ -112,43 +117,48 @@ class Steering:
         work, gpu, providers = facts.work_left, self.gpu_tokens_per_s, facts.providers
         if facts.deadline is None:
             live = plan_fleets(work, None, gpu, providers, facts.budget_left)
-            return Steer(None, "no deadline: both fleets flat out, GPUs first", live, None)
+            return Steer(None, "no deadline: both fleets flat out, GPUs first", live, live, None)
         time_left = facts.deadline - facts.now
         if work.output_tokens <= 0:
             live = plan_fleets(work, max(0.0, time_left), gpu, providers, facts.budget_left)
-            return Steer(0, "nothing left to make: OpenRouter idle", live, 0.0)
+            return Steer(0, "nothing left to make: OpenRouter idle", live, live, 0.0)
         if time_left <= 0:
             live = plan_fleets(work, 0.0, gpu, providers, facts.budget_left)
             return Steer(
                 self.max_in_flight,
                 f"deadline passed: OpenRouter flat out ({self.max_in_flight} in flight) within the budget",
                 live,
+                live,
                 None,
             )
+        shown = plan_fleets(work, time_left, gpu, providers, facts.budget_left)
         # Aim a little before the deadline; the lead shrinks with the time left, so the run lands on it.
-        target = time_left * (1.0 - self.margin)
-        live = plan_fleets(work, target, gpu, providers, facts.budget_left)
-        if live.openrouter_tokens <= 0:
-            return Steer(0, self._moved(0, "GPUs alone make the deadline: OpenRouter idle"), live, 0.0)
-        if not live.reachable:
-            note = f"deadline cannot be met at OpenRouter's rates: flat out; {_out(live)}"
-            return Steer(self.max_in_flight, self._moved(self.max_in_flight, note), live, None)
+        # When the money or the rates leave no room for the lead, aim at the deadline itself.
+        aim_s = time_left * (1.0 - self.margin)
+        aim = plan_fleets(work, aim_s, gpu, providers, facts.budget_left)
+        if not aim.fits and shown.fits:
+            aim, aim_s = shown, time_left
+        if aim.openrouter_tokens <= 0:
+            return Steer(0, self._moved(0, "GPUs alone make the deadline: OpenRouter idle"), shown, aim, 0.0)
+        if not aim.reachable:
+            note = f"deadline cannot be met at OpenRouter's rates: flat out; {_out(shown)}"
+            return Steer(self.max_in_flight, self._moved(self.max_in_flight, note), shown, aim, None)
         # Over the budget, what the budget buys is spread to the deadline: the most work done by then.
-        carry = live.openrouter_tokens if live.affordable else live.tokens_by_deadline - live.gpu_tokens
-        rate = carry / target
+        carry = aim.openrouter_tokens if aim.affordable else aim.tokens_by_deadline - aim.gpu_tokens
+        rate = carry / aim_s
         wanted = min(self.max_in_flight, math.ceil(rate / self.request_tokens_per_s))
         ceiling = self._damped(wanted)
         detail = f"{rate:,.0f} tokens/s for {tokens(carry)} by the deadline in {span(time_left)}"
-        if live.affordable:
+        if aim.affordable:
             note = self._moved(ceiling, detail, direction=True)
         else:
-            spend = live.budget_left if live.budget_left is not None else Decimal(0)
+            spend = aim.budget_left if aim.budget_left is not None else Decimal(0)
             note = self._moved(
                 ceiling,
                 f"deadline cannot be met within the budget: OpenRouter spends the {usd(spend)} left, "
-                f"{detail}; {_out(live)}",
+                f"{detail}; {_out(shown)}",
             )
-        return Steer(ceiling, note, live, rate)
+        return Steer(ceiling, note, shown, aim, rate)
 
     def _damped(self, wanted: int) -> int:
         """The new ceiling, unless it is within the deadband of the current one (noise, not news)."""
