@@ -19,7 +19,9 @@ STORY = Work(60_000_000, 60_000, 0)  # 6 datasets x 10M output tokens
 
 
 def provider(route: str, per_m: str, rate: float | None, prompt_per_m: str = "0") -> Provider:
-    return Provider(RoutePrice(route, Decimal(prompt_per_m) / PER_MILLION, Decimal(per_m) / PER_MILLION), rate)
+    return Provider(
+        RoutePrice(route, Decimal(prompt_per_m) / PER_MILLION, Decimal(per_m) / PER_MILLION), rate
+    )
 
 
 def test_the_story_gpus_make_43m_in_12_hours_and_openrouter_buys_the_rest() -> None:
@@ -32,7 +34,11 @@ def test_the_story_gpus_make_43m_in_12_hours_and_openrouter_buys_the_rest() -> N
 
 
 def test_cheapest_first_each_capped_by_its_rate_times_the_time() -> None:
-    providers = [provider("dear", "3.00", None), provider("mid", "2.50", 400.0), provider("cheap", "2.20", 300.0)]
+    providers = [
+        provider("dear", "3.00", None),
+        provider("mid", "2.50", 400.0),
+        provider("cheap", "2.20", 300.0),
+    ]
     p = plan_fleets(STORY, 12 * HOUR, 1000.0, providers, Decimal(100))
     assert [(s.route, s.tokens, s.capacity) for s in p.shares] == [
         ("cheap", 12_960_000, 12_960_000),
@@ -115,7 +121,9 @@ def test_no_work_nothing_to_do() -> None:
 def test_the_plan_goes_into_the_snapshot_as_json() -> None:
     p = plan_fleets(STORY, 12 * HOUR, 1000.0, [provider("cheap", "2.20", 300.0)], Decimal(30))
     data = json.loads(json.dumps(p.to_dict()))
-    assert data["cost"] == float(p.cost) and data["fits"] is False and data["shares"][0]["provider"] == "cheap"
+    assert (
+        data["cost"] == float(p.cost) and data["fits"] is False and data["shares"][0]["provider"] == "cheap"
+    )
     assert data["earliest_s"] == p.earliest_s and data["reason"] == p.reason
 
 
@@ -135,7 +143,9 @@ def instances(draw: st.DrawFn) -> tuple[Work, list[Provider], int]:
     count = draw(st.integers(1, 3))
     providers = [
         Provider(
-            RoutePrice(f"p{i}", Decimal(draw(st.integers(0, 5))) / PER_MILLION, Decimal(draw(prices)) / PER_MILLION),
+            RoutePrice(
+                f"p{i}", Decimal(draw(st.integers(0, 5))) / PER_MILLION, Decimal(draw(prices)) / PER_MILLION
+            ),
             None if (cap := draw(capacities)) is None else float(cap),
         )
         for i in range(count)
@@ -152,7 +162,9 @@ def exact_cost(work: Work, p: Provider, tokens: int) -> Fraction:
 
 def brute_cheapest(work: Work, providers: list[Provider], need: int) -> Fraction | None:
     best: Fraction | None = None
-    ranges = [range(need + 1 if p.tokens_per_s is None else min(need, int(p.tokens_per_s)) + 1) for p in providers]
+    ranges = [
+        range(need + 1 if p.tokens_per_s is None else min(need, int(p.tokens_per_s)) + 1) for p in providers
+    ]
     for split in itertools.product(*ranges):
         if sum(split) != need:
             continue
@@ -162,7 +174,9 @@ def brute_cheapest(work: Work, providers: list[Provider], need: int) -> Fraction
 
 
 def brute_most_tokens(work: Work, providers: list[Provider], need: int, money: Fraction) -> int:
-    ranges = [range(need + 1 if p.tokens_per_s is None else min(need, int(p.tokens_per_s)) + 1) for p in providers]
+    ranges = [
+        range(need + 1 if p.tokens_per_s is None else min(need, int(p.tokens_per_s)) + 1) for p in providers
+    ]
     most = 0
     for split in itertools.product(*ranges):
         total = sum(split)
@@ -211,7 +225,9 @@ def test_the_earliest_deadline_is_the_first_second_that_fits(
 
     def meets(seconds: int) -> bool:
         need = work.output_tokens - min(work.output_tokens, gpu * seconds)
-        caps = [Provider(p.price, None if p.tokens_per_s is None else p.tokens_per_s * seconds) for p in providers]
+        caps = [
+            Provider(p.price, None if p.tokens_per_s is None else p.tokens_per_s * seconds) for p in providers
+        ]
         best = brute_cheapest(work, caps, need)
         return best is not None and best <= Fraction(budget)
 
@@ -221,3 +237,36 @@ def test_the_earliest_deadline_is_the_first_second_that_fits(
         assert found is None or found > 40
     else:
         assert found == first
+
+
+rates = st.one_of(st.none(), st.floats(0.0, 1e6), st.sampled_from([5e-324, 1e-300]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(0, 10**9),
+    st.one_of(st.none(), st.floats(0.0, 1e7)),
+    st.one_of(st.none(), st.floats(0.0, 1e6), st.just(5e-324)),
+    st.lists(st.tuples(st.integers(0, 100), rates), max_size=3),
+    st.one_of(st.none(), st.integers(0, 10**4)),
+)
+def test_any_inputs_give_a_consistent_plan(
+    output: int,
+    time_left: float | None,
+    gpu: float | None,
+    offers: list[tuple[int, float | None]],
+    dollars: int | None,
+) -> None:
+    providers = [
+        Provider(RoutePrice(f"p{i}", Decimal(0), Decimal(c) / 10 / PER_MILLION), r)
+        for i, (c, r) in enumerate(offers)
+    ]
+    budget = None if dollars is None else Decimal(dollars)
+    p = plan_fleets(Work(output, 1, 0), time_left, gpu, providers, budget)
+    assert p.gpu_tokens + p.openrouter_tokens == output
+    assert sum(s.tokens for s in p.shares) <= p.openrouter_tokens
+    assert 0.0 <= p.share_by_deadline <= 1.0 and p.reason and "\n" not in p.reason
+    if p.fits:
+        assert budget is None or p.cost <= budget
+        assert p.tokens_by_deadline == output
+    json.dumps(p.to_dict())

@@ -8,8 +8,10 @@ import random
 from decimal import Decimal
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from engine.fleetplan import Provider, Work
+from engine.fleetplan import Provider, Work, fill
 from engine.fleetplan.steer import Facts, Steering
 from engine.money import PER_MILLION, RoutePrice
 from tests.fleet_sim import Sim, SimProvider
@@ -179,3 +181,21 @@ def test_a_short_budget_is_never_overshot_and_is_spent_by_the_deadline() -> None
     assert result.reasons[0].startswith("deadline cannot be met within the budget: OpenRouter spends the $2.00")
     assert "81% of the work by the deadline, all of it in 2h32m" in result.reasons[0]  # (7.2M + 0.91M) / 10M
     assert result.by_provider == {"cheap": result.openrouter_tokens, "mid": 0, "dear": 0}  # paced: the cheap one
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(0, 5_000_000), st.floats(1.0, 50_000.0), st.floats(0.0, 2_000.0), st.floats(1.0, 100.0),
+    st.integers(0, 10_000), st.integers(1, 500), st.one_of(st.none(), st.floats(1.0, 5_000.0)),
+)
+def test_the_ceiling_stays_within_the_concurrency_and_the_money(
+    left: int, time_left: float, gpu: float, per_request: float, cents: int, most: int, rate: float | None
+) -> None:
+    budget = Decimal(cents) / 100
+    providers = (Provider(CHEAP.price, rate), Provider(RoutePrice("dear", Decimal(0), Decimal(4) / PER_MILLION), None))
+    f = Facts(0.0, Work(left), gpu, per_request, 10, budget, time_left, providers)
+    steer = Steering(most).update(f)
+    assert steer.ceiling is not None and 0 <= steer.ceiling <= most
+    if steer.openrouter_tokens_per_s is not None and steer.aim.time_left_s is not None:
+        asked = math.floor(steer.openrouter_tokens_per_s * steer.aim.time_left_s + 1e-6)
+        assert fill(Work(left), asked, providers, steer.aim.time_left_s).usd <= budget  # never more than it can pay

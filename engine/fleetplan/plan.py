@@ -15,6 +15,8 @@ from typing import Any
 from engine.money import RoutePrice
 from engine.planner import DatasetNeed, cost_of
 
+TOKENS_MAX = 10**15  # more output tokens than any job makes: where a capacity saturates
+
 
 @dataclass(frozen=True, slots=True)
 class Work:
@@ -56,7 +58,7 @@ class Provider:
         """Output tokens it can carry in `seconds`; None when unbounded."""
         if self.tokens_per_s is None:
             return None
-        return max(0, math.floor(self.tokens_per_s * max(0.0, seconds)))
+        return whole_tokens(self.tokens_per_s * max(0.0, seconds))
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,13 +178,21 @@ def flat_out_seconds(work: Work, gpu_tokens_per_s: float, providers: Sequence[Pr
     if work.output_tokens <= 0:
         return 0.0
     rate = gpu_tokens_per_s + sum(p.tokens_per_s or 0.0 for p in providers)
-    if rate > 0:
+    if rate > 0 and math.isfinite(work.output_tokens / rate):
         return work.output_tokens / rate
     return 0.0 if any(p.tokens_per_s is None for p in providers) else None
 
 
 def gpu_share(work: Work, gpu_tokens_per_s: float, seconds: float) -> int:
-    return min(work.output_tokens, math.floor(gpu_tokens_per_s * max(0.0, seconds)))
+    return whole_tokens(gpu_tokens_per_s * max(0.0, seconds), work.output_tokens)
+
+
+def whole_tokens(amount: float, most: int | None = None) -> int:
+    """floor(amount) as tokens, at most `most`; huge or infinite amounts (a rate x a long time) saturate."""
+    limit = float(TOKENS_MAX if most is None else most)
+    if not amount > 0:
+        return 0
+    return int(limit) if amount >= limit else math.floor(amount)
 
 
 def _meets(
@@ -202,18 +212,23 @@ def earliest_seconds(
     providers), so bisection finds the edge."""
     if work.output_tokens <= 0:
         return 0.0
-    if gpu_tokens_per_s > 0:
-        high = work.output_tokens / gpu_tokens_per_s  # the GPUs alone, for nothing
-    else:
-        # The least cost is the cheapest useful provider carrying everything: the time it needs for that.
-        useful = [p for p in by_price(work, providers) if p.tokens_per_s is None or p.tokens_per_s > 0]
-        if not useful:
-            return None
+    # An upper end that fits, if any: the cheapest useful provider carrying everything (the least cost
+    # OpenRouter can reach), else the GPUs alone (for nothing).
+    ends: list[float] = []
+    useful = [p for p in by_price(work, providers) if p.tokens_per_s is None or p.tokens_per_s > 0]
+    if useful:
         rate = useful[0].tokens_per_s
-        high = 0.0 if rate is None else work.output_tokens / rate
-    high = math.ceil(high)
-    if not _meets(work, gpu_tokens_per_s, providers, high, budget):
+        ends.append(0.0 if rate is None else work.output_tokens / rate)
+    if gpu_tokens_per_s > 0:
+        ends.append(work.output_tokens / gpu_tokens_per_s)
+    fitting = [
+        e
+        for e in ends
+        if math.isfinite(e) and _meets(work, gpu_tokens_per_s, providers, math.ceil(e), budget)
+    ]
+    if not fitting:
         return None
+    high = math.ceil(min(fitting))
     low = 0
     if _meets(work, gpu_tokens_per_s, providers, low, budget):
         return 0.0
@@ -236,7 +251,7 @@ def plan_fleets(
     """The plan for `work` with `time_left_s` to the deadline (None: none), per docs/fleets.md."""
     gpu = max(0.0, gpu_tokens_per_s or 0.0)
     total = work.output_tokens
-    alone = (total / gpu if gpu > 0 else None) if total > 0 else 0.0
+    alone = (total / gpu if gpu > 0 and math.isfinite(total / gpu) else None) if total > 0 else 0.0
     horizon = flat_out_seconds(work, gpu, providers) if time_left_s is None else max(0.0, time_left_s)
     seconds = 0.0 if horizon is None else horizon
     gpu_tokens = gpu_share(work, gpu, seconds) if horizon is not None else 0
@@ -332,6 +347,8 @@ def usd(amount: Decimal) -> str:
 
 def span(seconds: float) -> str:
     """12h53m, 4m05s, 45s: rounded up, so an earliest deadline is never shown earlier than it is."""
+    if not math.isfinite(seconds):
+        return "forever"
     whole = max(0, math.ceil(seconds))
     if whole >= 3600:
         hours, minutes = divmod(math.ceil(whole / 60), 60)
