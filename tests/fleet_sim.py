@@ -44,6 +44,7 @@ class SimResult:
     ceilings: list[tuple[float, int | None]]  # (time, ceiling) at each tick
     max_spent_over_budget: Decimal  # the largest spent + reserved - budget seen (<= 0: never over)
     reasons: list[str] = field(default_factory=list)
+    made_at_record: int | None = None  # tokens made by `record_at`
 
 
 @dataclass
@@ -63,6 +64,7 @@ class Sim:
     seed: int = 1
     steering: Steering | None = None  # None: no controller, OpenRouter flat out at max_in_flight
     limit_s: float = 10 * 86_400.0
+    record_at: float | None = None  # when to note the tokens made so far (e.g. at the deadline)
 
     def sustainable(self) -> list[Provider]:
         """The providers as the plan sees them: price and cap x per-request rate."""
@@ -94,7 +96,10 @@ class Sim:
         reasons: list[str] = []
         gpu_carry = 0.0
         t, next_tick = 0.0, 0.0
+        made_at: int | None = None
         while t < self.limit_s:
+            if self.record_at is not None and made_at is None and t >= self.record_at:
+                made_at = gpu_made + or_made
             if t >= next_tick:
                 next_tick += self.tick_s
                 if self.steering is not None:
@@ -148,8 +153,10 @@ class Sim:
             while or_window and or_window[0][0] <= t - self.window_s:
                 or_window.popleft()
             if undispatched == 0 and not flying:
-                return SimResult(t, spent, gpu_made, or_made, by_provider, ceilings, worst_over, reasons)
-        return SimResult(None, spent, gpu_made, or_made, by_provider, ceilings, worst_over, reasons)
+                if self.record_at is not None and made_at is None:
+                    made_at = gpu_made + or_made
+                return SimResult(t, spent, gpu_made, or_made, by_provider, ceilings, worst_over, reasons, made_at)
+        return SimResult(None, spent, gpu_made, or_made, by_provider, ceilings, worst_over, reasons, made_at)
 
     @staticmethod
     def _reserved(flying: list[list[object]], dearest: Decimal) -> Decimal:
