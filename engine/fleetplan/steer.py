@@ -19,12 +19,9 @@ class Facts:
     """What the dispatcher measured, on one clock (seconds; the deadline on the same clock)."""
 
     now: float
-    work_left: (
-        Work  # the work at the start less what each backend has made since (in-flight tokens count as left)
-    )
-    gpu_tokens_per_s: (
-        float | None
-    )  # the GPU fleet's output tokens/s over a recent window; None: no sample yet
+    # The work at the start less what each backend has made since; tokens in flight count as left.
+    work_left: Work
+    gpu_tokens_per_s: float | None  # the GPU fleet's tokens/s over a recent window; None: no sample yet
     request_tokens_per_s: float | None  # OpenRouter's output tokens/s per request in flight; None: no sample
     in_flight: int  # OpenRouter requests in flight now
     # Dollars left: budget - spent (settled). Not less the reservations: the tokens in flight are in
