@@ -105,6 +105,7 @@ def read_rows(results_path: Path, unsettled_lines: Collection[int] = ()) -> Data
                 "status": row.get("status"),
                 "ctok": (row.get("usage") or {}).get("completion_tokens"),
                 "provider": row.get("provider"),
+                "backend": row.get("backend"),
             }
         if row.get("status") == "truncated":
             progress.truncated += 1
@@ -132,9 +133,18 @@ def never_left(message: str) -> bool:
     return message.startswith(_NEVER_LEFT) or message == "connect timed out" or "Connect call failed" in message
 
 
-def read_journals(attempts_path: Path, events_path: Path) -> JournalState:
-    """Spend, attempt counts, unsettled attempts and exclusions from the two journals."""
+def read_journals(
+    attempts_path: Path, events_path: Path, *, backend: str | None = None, default: str | None = None
+) -> JournalState:
+    """Spend, attempt counts, unsettled attempts and exclusions from the two journals.
+
+    With `backend`, money, unsettled attempts and exclusions are those of that backend's attempts
+    only (each ledger counts in its own unit); attempt counts per prompt are always every backend's,
+    as they number the prompt's attempts. An attempt's backend is its records' `be`; records
+    without one were written by a single-backend run and belong to `default`.
+    """
     state = JournalState(torn_bytes=repair_torn_tail(attempts_path))
+    rid_backend: dict[str, str | None] = {}
     repair_torn_tail(events_path)
     starts: dict[str, dict[str, Any]] = {}
     generation: dict[str, str] = {}
@@ -146,8 +156,15 @@ def read_journals(attempts_path: Path, events_path: Path) -> JournalState:
             kind = rec.get("k")
             rid = str(rec.get("rid", ""))
             if kind == "start":
-                starts[rid] = rec
                 attempts[(rec["ds"], rec["line"])] += 1
+                if backend is not None:
+                    owner = rec.get("be") or default
+                    rid_backend[rid] = owner
+                    if owner != backend:
+                        continue
+                starts[rid] = rec
+            elif backend is not None and (rec.get("be") or rid_backend.get(rid, default)) != backend:
+                continue  # another backend's attempt: its own ledger counts it
             elif kind == "gen":
                 generation[rid] = rec["gen"]
             elif kind == "end":
@@ -188,6 +205,8 @@ def read_journals(attempts_path: Path, events_path: Path) -> JournalState:
     if events_path.exists():
         for _, event in _records(events_path, _event_problem):
             name = event.get("event")
+            if backend is not None and name in ("exclude", "include") and event.get("backend", default) != backend:
+                continue
             if name == "exclude":
                 state.excluded[str(event["provider"]).lower()] = str(event.get("source") or "operator")
             elif name == "include":
