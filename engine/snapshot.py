@@ -15,7 +15,16 @@ from engine.jobstate import DatasetState, JobState, Outcome
 from engine.lanes import Lane
 from engine.money import WASTE_CAUSES
 from engine.planner import DatasetNeed, plan, remaining_output_tokens
-from engine.schema import BackendView, DatasetView, LaneView, MoneyView, ProviderView, RatesView, RouteView, Snapshot
+from engine.schema import (
+    BackendView,
+    DatasetView,
+    LaneView,
+    MoneyView,
+    ProviderView,
+    RatesView,
+    RouteView,
+    Snapshot,
+)
 from engine.stats import StatusRules, route_views
 
 # The planner's answer changes slowly; recomputing it per snapshot would waste the loop's time.
