@@ -150,7 +150,6 @@ async def test_one_row_per_prompt_and_the_share_follows_the_gpus(
     share_fast = fast["openrouter"] / sum(fast.values())
     slow_total = sum(end.values()) - sum(fast.values())
     share_slow = (end["openrouter"] - fast["openrouter"]) / slow_total
-    print("SHARES", fast, end)
     assert share_fast < 0.25, f"with fast GPUs OpenRouter made {share_fast:.0%} of the rows"
     assert share_slow > share_fast + 0.3, f"slowed GPUs: OpenRouter's share went {share_fast:.0%} -> {share_slow:.0%}"
     # Money, per lane in its own unit: OpenRouter's rows cost what its ledger spent, which is what
@@ -198,6 +197,24 @@ async def test_the_budget_holds_and_the_gpus_finish_the_rest(
     assert made["openrouter"] > 0 and made["sglang"] > 0
     assert paid.ledger.spent <= paid.ledger.budget
     assert paid.ledger.spent == paid_sim.ledger.billed_total, "nothing billed past the budget"
+
+
+async def test_a_prompt_goes_to_the_first_lane_with_room(
+    gpu_sim: SGLangSim, paid_sim: OpenRouterSim, fleet_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    # Fewer prompts than the GPUs' lane has room for: every one goes to the GPUs, none is bought.
+    data = write_dataset(tmp_path, "A", 12)
+    job = Job(fleet_settings(gpu_sim.base_url, paid_sim.base_url, [data]))
+    await job.prepare()
+    assert (await job.run()).reason is StopReason.DONE
+    assert Counter(row["backend"] for row in one_row_per_prompt(data, 12)) == {"sglang": 12}
+    assert job.dispatcher.lane("openrouter").stats.counters.attempts == 0 and job.ledger.spent == 0
+    # Listed the other way round, OpenRouter is the first lane and takes them all.
+    again = write_dataset(tmp_path / "again", "A", 12)
+    job = Job(fleet_settings(gpu_sim.base_url, paid_sim.base_url, [again], backends=["openrouter", "sglang"], run_dir=tmp_path / "run2"))
+    await job.prepare()
+    assert (await job.run()).reason is StopReason.DONE
+    assert Counter(row["backend"] for row in one_row_per_prompt(again, 12)) == {"openrouter": 12}
 
 
 class Ceilings:
