@@ -465,6 +465,7 @@ class Job:
             "base_url": self.backend.base_url,
             "datasets": list(self.datasets),
             "started_at": self.started_at,
+            "backends": [lane.name for lane in self.lanes],
         }
 
     def snapshot(self) -> Snapshot:

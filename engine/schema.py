@@ -237,3 +237,4 @@ class JobInfo(TypedDict):
     base_url: str
     datasets: list[str]
     started_at: float
+    backends: NotRequired[list[str]]  # every backend of the job, in the order of job.backends
