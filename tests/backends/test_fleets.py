@@ -218,6 +218,30 @@ async def test_a_prompt_goes_to_the_first_lane_with_room(
     assert Counter(row["backend"] for row in one_row_per_prompt(again, 12)) == {"openrouter": 12}
 
 
+async def test_a_backend_that_fails_for_good_closes_its_lane_and_the_gpus_go_on(
+    gpu_sim: SGLangSim, fleet_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    # The OpenRouter account runs dry mid-run (402): its lane closes, the GPUs finish the datasets.
+    gpu_sim.apply_config(gpu_sim.config.model_copy(update={"time_scale": 0.05}))
+    paid_sim = OpenRouterSim(fast_sim_config(time_scale=0.3, credits=0.002))
+    await paid_sim.start()
+    try:
+        data = write_dataset(tmp_path, "A", 300)
+        job = Job(fleet_settings(gpu_sim.base_url, paid_sim.base_url, [data]))
+        await job.prepare()
+        outcome = await job.run()
+    finally:
+        await paid_sim.stop()
+    assert outcome.reason is StopReason.DONE, outcome.message
+    paid = job.dispatcher.lane("openrouter")
+    assert paid.closed is not None and paid.closed.startswith("credits"), paid.closed
+    made = Counter(row["backend"] for row in one_row_per_prompt(data, 300))
+    assert made["openrouter"] > 0 and made["sglang"] > made["openrouter"]
+    closed = [e for e in journal(job.run_dir / "events.jsonl") if e["event"] == "lane_closed"]
+    assert [e["backend"] for e in closed] == ["openrouter"]
+    assert {lane["name"]: lane["state"] for lane in job.snapshot()["lanes"]}["openrouter"] == "closed"
+
+
 class Ceilings:
     """A steering hook as the planner's controller would plug in: a ceiling per lane."""
 
