@@ -8,8 +8,11 @@ its dollar budget holds; a SIGKILL and a resume keep each backend's accounting.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import random
+import signal
 import subprocess
 import time
 from collections import Counter, defaultdict
@@ -382,19 +385,22 @@ def test_sigkill_then_resume_keeps_each_backends_accounting(both_sims: tuple[Any
     for kill in range(3):
         # Killed once the run is under way (both backends open, the tokenizer loaded), mid-flight.
         ends = attempts.read_bytes().count(b'"k":"end"') if attempts.exists() else 0
+        # In a session of its own: the SIGKILL takes the job and its tokenizer workers at once,
+        # as a machine going down would, and leaves no process behind.
         proc = subprocess.Popen(
             regen("run", "--headless", "--settings", str(settings)),
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         try:
             wait_for_attempts(attempts, ends + 100, timeout_s=120)
             time.sleep(rng.uniform(0.0, 1.0))
             assert proc.poll() is None, f"run {kill + 1} ended before it was killed"
-            proc.kill()
         finally:
-            proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     final = subprocess.run(
         regen("run", "--headless", "--settings", str(settings)), env=env, capture_output=True, text=True, timeout=300
