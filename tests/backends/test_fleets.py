@@ -245,6 +245,45 @@ async def test_a_backend_that_fails_for_good_closes_its_lane_and_the_gpus_go_on(
     assert {lane["name"]: lane["state"] for lane in job.snapshot()["lanes"]}["openrouter"] == "closed"
 
 
+async def test_the_gpus_lane_follows_their_healthy_queue_and_openrouter_takes_the_rest(
+    fleet_tok: SimTokenizer, paid_sim: OpenRouterSim, fleet_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    # Four requests run at a time on the GPUs; with the healthy band at 2..6 queued, the GPUs' lane
+    # should hold about 4 + 6 in flight, not the 48 allowed, and OpenRouter's lane its own 48.
+    config = fast_config(
+        served_model_name="kimi-k2.5", max_running_requests=4, output_len_min=30, output_len_max=40, time_scale=0.2
+    )
+    gpu_sim = SGLangSim(config, fleet_tok)
+    await gpu_sim.start()
+    try:
+        await gpu_sim.wait_ready(30)
+        data = write_dataset(tmp_path, "A", 400)
+        settings = fleet_settings(gpu_sim.base_url, paid_sim.base_url, [data], concurrency=48, min_concurrency=2)
+        settings.sglang.healthy_queue_min, settings.sglang.healthy_queue_max = 2, 6
+        job = Job(settings)
+        await job.prepare()
+        gpus, paid = job.dispatcher.lane("sglang"), job.dispatcher.lane("openrouter")
+        runner = asyncio.create_task(job.run())
+        while gpus.limit.suggested is None and not runner.done():
+            await asyncio.sleep(0.01)
+        lowered = gpus.limit.current
+        assert lowered < 20, f"the GPUs' ceiling came down to {lowered}"
+        while gpus.in_flight > lowered and not runner.done():
+            await asyncio.sleep(0.01)
+        paid_peak = 0
+        for _ in range(40):
+            assert gpus.in_flight <= gpus.limit.current
+            paid_peak = max(paid_peak, paid.in_flight)
+            await asyncio.sleep(0.02)
+        assert paid.limit.suggested is None and paid_peak > 20, "OpenRouter's lane is not bound by the GPUs' ceiling"
+        assert (await runner).reason is StopReason.DONE
+    finally:
+        await gpu_sim.stop()
+    one_row_per_prompt(data, 400)
+    hints = [e for e in journal(settings.job.run_dir / "events.jsonl") if e["event"] == "concurrency_hint"]
+    assert hints and {e["backend"] for e in hints} == {"sglang"}
+
+
 class Ceilings:
     """A steering hook as the planner's controller would plug in: a ceiling per lane."""
 
