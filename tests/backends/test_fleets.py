@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import os
 import random
@@ -479,3 +480,47 @@ def test_a_single_backend_job_keeps_its_files(tmp_path: Path) -> None:
     job = Job(settings)
     assert [lane.name for lane in job.lanes] == ["openrouter"] and job.dispatcher.main is job.lanes[0]
     assert job.dispatcher.lane_fields(job.lanes[0]) == {}, "events of one backend stay as they were"
+
+
+async def test_the_console_shows_each_backends_share(
+    gpu_sim: SGLangSim, paid_sim: OpenRouterSim, fleet_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    """The console attached to a job on both fleets: dollars for the budget, a line per backend."""
+    from console.app import RegenApp
+    from console.client import SocketSource
+    from console.options import ConsoleOptions
+    from console.widgets.cost import CostPane
+    from engine.control import SOCKET_NAME
+    from engine.headless import run_headless
+
+    gpu_sim.apply_config(gpu_sim.config.model_copy(update={"time_scale": 0.3}))
+    data = write_dataset(tmp_path, "A", 400)
+    job = Job(fleet_settings(gpu_sim.base_url, paid_sim.base_url, [data]))
+    await job.prepare()
+    out = io.StringIO()
+    runner = asyncio.create_task(run_headless(job, out=out, interval_s=0.2))
+    socket = job.run_dir / SOCKET_NAME
+    while not socket.exists():
+        await asyncio.sleep(0.01)
+    app = RegenApp(SocketSource(socket), ConsoleOptions(repaint_interval_s=0), clock=time.time)
+    try:
+        async with app.run_test(size=(160, 60)) as pilot:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 30
+            while not (app.displayed and all(lane["rows"] for lane in app.displayed.get("lanes", [{"rows": 0}]))):
+                assert loop.time() < deadline
+                await pilot.pause(0.05)
+            await pilot.pause(0.2)
+            lines = app.query_one(CostPane)._lines()
+            split = {line.split()[0]: line for line in lines[-2:]}
+            assert set(split) == {"sglang", "openrouter"}, lines
+            assert "GPU-" in split["sglang"] and "$" not in split["sglang"]
+            assert "$" in split["openrouter"] and " rows " in split["openrouter"]
+            assert "$" in lines[0], "the budget's dollars head the pane"
+            job.stop(cancel=True)
+            await runner
+    finally:
+        if not runner.done():
+            job.stop(cancel=True)
+            await runner
+    assert "| split sglang" in out.getvalue()
