@@ -1,7 +1,7 @@
 """The generation job: datasets in, one row per prompt out, never past the budget.
 
-This is the facade that wires the parts (docs/architecture.md): the backend behind its contract
-(engine/backends/), the dispatcher (dispatch.py), settling (settle.py), the results writer
+This is the facade that wires the parts (docs/architecture.md): the backends behind their contract
+(engine/backends/), one lane per backend (lanes.py), the dispatcher (dispatch.py), settling (settle.py), the results writer
 (results.py), the event log (events.py), operator commands (commands.py), the run lock (runlock.py)
 and the input checks (inputs.py). `Job.prepare()` validates every line of every dataset, takes the
 run folder's lock, opens the backend and rebuilds state from earlier runs; `Job.run()` dispatches
