@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 import pytest
 
+from engine.datasets import Dataset
 from engine.job import Job, JobError, StopReason
 from engine.recovery import read_journals
 from engine.settings import (
@@ -39,6 +40,7 @@ from engine.settings import (
 from engine.sim.openrouter.server import OpenRouterSim
 from engine.sim.sglang.server import SGLangSim
 from engine.sim.sglang.tokens import SimTokenizer
+from engine.verify import journal_spend, verify_dataset
 from tests.backends.conftest import _openrouter, _sglang
 from tests.conftest import SIM_KEY, fast_sim_config, read_rows, write_dataset
 from tests.sglang_sim import fast_config
@@ -169,6 +171,10 @@ async def test_one_row_per_prompt_and_the_share_follows_the_gpus(
         "sglang": gpus.ledger.spent,
         "openrouter": paid.ledger.spent,
     }
+    # `regen verify` reads the mixed rows and compares their dollars with the journal's dollars only.
+    report = verify_dataset(Dataset("A", data), journal=journal_spend(settings.job.run_dir / "attempts.jsonl"))
+    assert not report.violations, dict(report.violations)
+    assert report.journal_spend == pytest.approx(float(paid.ledger.spent))
     snap = job.snapshot()
     assert snap["money"]["unit"] == "usd" and snap["rows"] == 700
     split = {lane["name"]: lane for lane in snap["lanes"]}
