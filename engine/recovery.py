@@ -144,7 +144,9 @@ def read_journals(
     without one were written by a single-backend run and belong to `default`.
     """
     state = JournalState(torn_bytes=repair_torn_tail(attempts_path))
-    rid_backend: dict[str, str | None] = {}
+    # The backend of each attempt still open (start without end): its gen record names no backend.
+    # End and reconciled records name theirs; those of older single-backend runs are `default`'s.
+    open_backend: dict[str, str | None] = {}
     repair_torn_tail(events_path)
     starts: dict[str, dict[str, Any]] = {}
     generation: dict[str, str] = {}
@@ -159,13 +161,18 @@ def read_journals(
                 attempts[(rec["ds"], rec["line"])] += 1
                 if backend is not None:
                     owner = rec.get("be") or default
-                    rid_backend[rid] = owner
                     if owner != backend:
+                        open_backend[rid] = owner
                         continue
                 starts[rid] = rec
-            elif backend is not None and (rec.get("be") or rid_backend.get(rid, default)) != backend:
-                continue  # another backend's attempt: its own ledger counts it
-            elif kind == "gen":
+                continue
+            if backend is not None:
+                owner = rec.get("be") or (backend if rid in starts else open_backend.get(rid, default))
+                if owner != backend:
+                    if kind == "end":
+                        open_backend.pop(rid, None)
+                    continue  # another backend's attempt: its own ledger counts it
+            if kind == "gen":
                 generation[rid] = rec["gen"]
             elif kind == "end":
                 start = starts.pop(rid, None)

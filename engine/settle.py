@@ -325,6 +325,7 @@ class Settler:
             {
                 "k": "reconciled",
                 "rid": unsent.rid,
+                "be": self.backend.name,
                 "gen": None,
                 "outcome": unsent.outcome,
                 "cost": "0",
@@ -390,6 +391,7 @@ class Settler:
             {
                 "k": "reconciled",
                 "rid": pending.rid,
+                "be": self.backend.name,
                 "gen": pending.generation_id,
                 "outcome": pending.outcome,
                 "cost": str(billed),
