@@ -203,7 +203,7 @@ def _verify(args: argparse.Namespace, settings: Settings, datasets: list[Dataset
             _print_report(report)
     failed = [r for r in reports if r.failed]
     if args.json:
-        out = {"ok": not failed, "tokenizer": tokenizer.info() if tokenizer else None}
+        out: dict[str, Any] = {"ok": not failed, "tokenizer": tokenizer.info() if tokenizer else None}
         out["datasets"] = [r.to_dict() for r in reports]
         sys.stdout.buffer.write(orjson.dumps(out, option=orjson.OPT_INDENT_2) + b"\n")
         sys.stdout.flush()

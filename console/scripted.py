@@ -24,7 +24,7 @@ from engine.commands import run_command
 from engine.control import PROTOCOL_VERSION
 from engine.jobstate import JobError
 from engine.money import WASTE_CAUSES
-from engine.schema import MoneyView, ProviderView, Quantiles, RouteWindow, Snapshot
+from engine.schema import MoneyView, ProviderView, Quantiles, RouteWindow, Snapshot, WasteView
 from engine.stats import StatusRules, judge, percentile
 
 # Wall-clock time the simulated job started at: fixed, so frames (and screenshots) are reproducible.
@@ -427,7 +427,7 @@ class SimulatedJob:
         useful_tokens = sum(d.output_tokens for d in self.datasets)
         per_row = self.spent / self.rows if self.rows else None
         reserved = round(in_flight * self._reservation(), 6)
-        waste = {cause: {"amount": 0.0, "tokens": 0} for cause in WASTE_CAUSES}
+        waste: dict[str, WasteView] = {cause: {"amount": 0.0, "tokens": 0} for cause in WASTE_CAUSES}
         waste["retries"] = {"amount": round(self.waste_usd, 6), "tokens": self.waste_tokens}
         return {
             "unit": "usd",

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
-from engine.datasets import DIGEST_BYTES, Dataset, DatasetError, ScanReport, discover, scan
+from engine.datasets import Dataset, DatasetError, ScanReport, discover, scan
 from engine.jobstate import DatasetState, JobError
 from engine.money import planning_prompt_tokens
 from engine.recovery import DatasetProgress, Unsettled, read_rows
@@ -85,18 +85,14 @@ def check_rows_match(dataset: Dataset, progress: DatasetProgress, report: ScanRe
     """
     if not progress.done:
         return
-    width = DIGEST_BYTES * 2
     orphans = []
-    for line, sha in progress.done.items():
+    for line, digest in progress.done.items():
         kept = report.digest_of(line)
         if kept is None:
             orphans.append(line)
             continue
-        try:
-            same = bytes.fromhex(sha[:width]) == kept
-        except ValueError:
-            same = False  # a row whose prompt_sha256 is not hex was not written for this prompt
-        if not same:
+        # b"" (a row whose prompt_sha256 is not hex) was not written for this prompt either.
+        if digest != kept:
             raise JobError(
                 f"{dataset.prompts_path}:{line + 1}: prompt changed since its row was written "
                 f"(row in {dataset.results_path.name} has another prompt_sha256); restore the file or "

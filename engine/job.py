@@ -161,9 +161,14 @@ class Job:
         """Each lane's money and history from the journals; records an older single-backend run
         wrote without naming their backend belong to `job.backend`."""
         default = self.settings.job.backend if len(self.lanes) > 1 else self.lanes[0].name
+        # Attempt counts are every backend's: counted once, by the first lane's read.
         return {
             lane.name: read_journals(
-                self.run_dir / ATTEMPTS_FILE, self.run_dir / EVENTS_FILE, backend=lane.name, default=default
+                self.run_dir / ATTEMPTS_FILE,
+                self.run_dir / EVENTS_FILE,
+                backend=lane.name,
+                default=default,
+                count_attempts=lane is self.lanes[0],
             )
             for lane in self.lanes
         }
@@ -201,7 +206,12 @@ class Job:
     def _work_queue(self, scanned: list[Scanned], journal: JournalState) -> WorkQueue:
         invalid = {item.dataset.name: item.report.invalid_lines for item in scanned}
         skip = {name: set(state.progress.done) | invalid[name] for name, state in self.datasets.items()}
-        prior = {key: n for key, n in journal.attempts.items() if key[1] not in skip.get(key[0], ())}
+        # Only prompts still to do need their earlier attempts: drop the rest in place (a copy of a
+        # million entries would double the resume's peak memory).
+        prior = journal.attempts
+        for name, tried in prior.items():
+            for line in skip.get(name, ()):
+                tried.pop(line, None)
         return WorkQueue(
             [(name, iter_prompts(state.dataset, skip[name])) for name, state in self.datasets.items()],
             prior_attempts=prior,

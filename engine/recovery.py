@@ -17,13 +17,13 @@ rows (docs/inputs.md, "Results and journals").
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
+from engine.datasets import DIGEST_BYTES
 from engine.jsonl import CorruptLine, JsonlError, iter_jsonl, repair_torn_tail
 from engine.money import Estimates, SpendBreakdown
 
@@ -36,7 +36,9 @@ class RecoveryError(JsonlError):
 class DatasetProgress:
     """Rows already written for one dataset."""
 
-    done: dict[int, str] = field(default_factory=dict)  # line -> prompt_sha256
+    # line -> the first DIGEST_BYTES of its row's prompt_sha256 (b"" when that is not hex): what
+    # the check against the prompts compares, at a third of the hex string's memory.
+    done: dict[int, bytes] = field(default_factory=dict)
     ok: int = 0
     truncated: int = 0
     output_tokens: int = 0
@@ -65,7 +67,7 @@ class JournalState:
 
     spent: Decimal = Decimal(0)
     estimates: Estimates = field(default_factory=Estimates)
-    attempts: dict[tuple[str, int], int] = field(default_factory=dict)
+    attempts: dict[str, dict[int, int]] = field(default_factory=dict)  # dataset -> line -> attempts
     crashed: list[Unsettled] = field(default_factory=list)  # start without end
     to_reconcile: list[Unsettled] = field(default_factory=list)  # estimated end with a gen id
     # Ends charged at their worst case by a regen that did not yet tell a request that never left
@@ -78,6 +80,16 @@ class JournalState:
     @property
     def estimated(self) -> Decimal:
         return self.estimates.total
+
+
+def prompt_digest(sha256: object) -> bytes:
+    """The part of a prompt's sha256 (hex) that the scan keeps per line; b"" for anything else."""
+    if not isinstance(sha256, str):
+        return b""
+    try:
+        return bytes.fromhex(sha256[: DIGEST_BYTES * 2])
+    except ValueError:
+        return b""
 
 
 def read_rows(results_path: Path, unsettled_lines: Collection[int] = ()) -> DatasetProgress:
@@ -95,7 +107,7 @@ def read_rows(results_path: Path, unsettled_lines: Collection[int] = ()) -> Data
         if line in progress.done:
             progress.duplicates += 1
             continue
-        progress.done[line] = str(row.get("prompt_sha256"))
+        progress.done[line] = prompt_digest(row.get("prompt_sha256"))
         if line in unsettled_lines:
             progress.settling[line] = {
                 "gen": row.get("generation_id"),
@@ -134,14 +146,20 @@ def never_left(message: str) -> bool:
 
 
 def read_journals(
-    attempts_path: Path, events_path: Path, *, backend: str | None = None, default: str | None = None
+    attempts_path: Path,
+    events_path: Path,
+    *,
+    backend: str | None = None,
+    default: str | None = None,
+    count_attempts: bool = True,
 ) -> JournalState:
     """Spend, attempt counts, unsettled attempts and exclusions from the two journals.
 
     With `backend`, money, unsettled attempts and exclusions are those of that backend's attempts
     only (each ledger counts in its own unit); attempt counts per prompt are always every backend's,
-    as they number the prompt's attempts. An attempt's backend is its records' `be`; records
-    without one were written by a single-backend run and belong to `default`.
+    as they number the prompt's attempts (a job reading once per backend counts them once:
+    `count_attempts`). An attempt's backend is its records' `be`; records without one were written
+    by a single-backend run and belong to `default`.
     """
     state = JournalState(torn_bytes=repair_torn_tail(attempts_path))
     # The backend of each attempt still open (start without end): its gen record names no backend.
@@ -152,13 +170,17 @@ def read_journals(
     generation: dict[str, str] = {}
     estimated: dict[str, Unsettled] = {}
     unsent: dict[str, Unsettled] = {}
-    attempts: dict[tuple[str, int], int] = defaultdict(int)
+    attempts: dict[str, dict[int, int]] = {}
     if attempts_path.exists():
         for _, rec in _records(attempts_path, _attempt_problem):
             kind = rec.get("k")
             rid = str(rec.get("rid", ""))
             if kind == "start":
-                attempts[(rec["ds"], rec["line"])] += 1
+                if count_attempts:
+                    tried = attempts.get(rec["ds"])
+                    if tried is None:
+                        tried = attempts[rec["ds"]] = {}
+                    tried[rec["line"]] = tried.get(rec["line"], 0) + 1
                 if backend is not None:
                     owner = rec.get("be") or default
                     if owner != backend:
@@ -176,13 +198,15 @@ def read_journals(
                 generation[rid] = rec["gen"]
             elif kind == "end":
                 start = starts.pop(rid, None)
+                # Only unsettled attempts need their generation id later: keep the map to those.
+                gen_seen = generation.pop(rid, None)
                 cost = Decimal(str(rec.get("cost") or 0))
                 state.spent += cost
                 outcome = str(rec.get("outcome"))
                 tokens = rec.get("ctok") or 0
                 state.breakdown.add(outcome, cost, tokens if isinstance(tokens, int) else 0)
                 if rec.get("est"):
-                    gen = rec.get("gen") or generation.get(rid)
+                    gen = rec.get("gen") or gen_seen
                     state.estimates.add(cost, knowable=bool(gen))
                     if not gen and rec.get("http") is None and never_left(str(rec.get("msg") or "")):
                         ds = rec.get("ds", start["ds"] if start else "")
@@ -208,7 +232,7 @@ def read_journals(
         )
     state.to_reconcile = list(estimated.values())
     state.never_sent = list(unsent.values())
-    state.attempts = dict(attempts)
+    state.attempts = attempts
     if events_path.exists():
         for _, event in _records(events_path, _event_problem):
             name = event.get("event")

@@ -19,7 +19,7 @@ from engine.backends.base import AttemptOutcome, Backend, Disposition, Failure
 from engine.events import EventLog
 from engine.jobstate import DatasetState, JobError, StopReason
 from engine.money import Ledger, SpendBreakdown, to_dollars
-from engine.recovery import JournalState, Unsettled
+from engine.recovery import JournalState, Unsettled, prompt_digest
 from engine.results import ResultsWriter
 from engine.rows import build_row
 from engine.settings import JobSettings
@@ -188,7 +188,7 @@ class Settler:
                 return
         await self.results.commit_row(prompt.dataset, record, row)
         dataset = self.datasets[prompt.dataset]
-        dataset.progress.done[prompt.line] = prompt.sha256
+        dataset.progress.done[prompt.line] = prompt_digest(prompt.sha256)
         dataset.progress.output_tokens += tokens
         if status == "truncated":
             dataset.progress.truncated += 1

@@ -30,7 +30,9 @@ class WorkQueue:
     """Fresh prompts per dataset plus a heap of retries ordered by when they may go."""
 
     sources: list[tuple[str, Iterator[Prompt]]]
-    prior_attempts: dict[tuple[str, int], int] = field(default_factory=dict)
+    # dataset -> line -> attempts made in earlier runs (a dict per dataset: a tuple key per line
+    # cost twice the memory on a resume of a million prompts, BENCHMARKS.md "Soak")
+    prior_attempts: dict[str, dict[int, int]] = field(default_factory=dict)
     _retries: list[tuple[float, int, WorkItem]] = field(default_factory=list)
     _front: list[WorkItem] = field(default_factory=list)
     _seq: Iterator[int] = field(default_factory=itertools.count)
@@ -69,7 +71,8 @@ class WorkQueue:
             if prompt is None:
                 self.sources.pop(0)
                 continue
-            attempts = self.prior_attempts.pop((prompt.dataset, prompt.line), 0)
+            prior = self.prior_attempts.get(prompt.dataset)
+            attempts = prior.pop(prompt.line, 0) if prior else 0
             return WorkItem(prompt, attempts=attempts), None
         if self._retries:
             return None, max(0.0, self._retries[0][0] - now)

@@ -88,15 +88,23 @@ def wait_gone(pid: int, timeout_s: float = 10.0) -> None:
 def kill_at_random_moments(
     settings: Path, env: dict[str, str], rng: random.Random, times: int, low: float, high: float
 ) -> int:
-    """Start the headless job and SIGKILL it after a random delay, `times` times; returns the kills."""
+    """Start the headless job and SIGKILL it a random delay after it sent its first request (a
+    start on a busy machine can take longer than the delay), `times` times; returns the kills."""
     kills = 0
+    attempts = settings.parent / "run" / "attempts.jsonl"
     for _ in range(times):
+        before = attempts.read_bytes().count(b'"k":"start"') if attempts.exists() else 0
         proc = subprocess.Popen(
             regen("run", "--headless", "--settings", str(settings)),
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            if attempts.exists() and attempts.read_bytes().count(b'"k":"start"') > before:
+                break
+            time.sleep(0.02)
         time.sleep(rng.uniform(low, high))
         if proc.poll() is None:
             proc.kill()

@@ -519,7 +519,7 @@ def test_read_journals_names_the_bad_record(tmp_path: Path, record: dict[str, An
         read_journals(attempts, tmp_path / "events.jsonl")
     # A kind it does not know is passed over: journals may grow.
     attempts.write_bytes(orjson.dumps(good) + b"\n" + b'{"k": "hold", "s": 3}\n')
-    assert read_journals(attempts, tmp_path / "events.jsonl").attempts == {("A", 1): 1}
+    assert read_journals(attempts, tmp_path / "events.jsonl").attempts == {"A": {1: 1}}
 
 
 @pytest.mark.parametrize(

@@ -54,6 +54,9 @@ async def test_the_simulator_stopped_and_started_again_holds_then_finishes(
         snap = job.snapshot()
         assert snap["outage_s"] is not None and "OpenRouter unreachable" in str(snap["held_reason"])
         assert "HELD: OpenRouter unreachable" in status_line(snap)
+        # What was launched before the hold began lands (refused) first; each of those journaled
+        # its start before it left, so from here on the journal counts every launch.
+        await wait_for(lambda: job.in_flight <= 1)
         starts_during = sum(1 for r in journal(settings.job.run_dir / "attempts.jsonl") if r["k"] == "start")
         await asyncio.sleep(3.0)
         probes = job.dispatcher.outage.probes if job.dispatcher.outage else 0

@@ -14,6 +14,7 @@ from rich.color import Color
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.segment import Segment
 from rich.style import Style
+from textual.app import RenderResult as WidgetRender
 from textual.renderables._blend_colors import blend_colors
 from textual.widgets import Sparkline
 
@@ -64,7 +65,7 @@ class ZeroBasedBars:
 class ZeroSparkline(Sparkline):
     """Textual's Sparkline widget (its data, CSS and colours) drawn from zero."""
 
-    def render(self) -> RenderResult:  # type: ignore[override]
+    def render(self) -> WidgetRender:
         _, base = self.background_colors
         low = base + (
             self.get_component_styles("sparkline--min-color").color if self.min_color is None else self.min_color

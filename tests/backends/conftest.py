@@ -37,7 +37,7 @@ class BackendCase:
     sections: dict[str, dict[str, Any]] = field(default_factory=dict)  # further settings, by section
     job: dict[str, Any] = field(default_factory=dict)  # the backend's own [job] keys
     # When the SIGKILL test kills a run: after the job has started its requests.
-    kill_after_s: tuple[float, float] = (0.8, 2.0)
+    kill_after_s: tuple[float, float] = (0.3, 1.0)  # after the first request
 
     def settings_file(self, datasets: list[Path], **job: Any) -> Path:
         job = {
@@ -177,8 +177,8 @@ def _sglang(root: Path, model: Path) -> Iterator[BackendCase]:
                 "tokenizer": {"path": str(model), "workers": 1},
             },
             job={"backend": "sglang"},
-            # A run loads the tokenizer (and starts its worker) for seconds before the first request.
-            kill_after_s=(5.5, 9.0),
+            # Counted from the first request sent (the tokenizer loads for seconds before it).
+            kill_after_s=(1.0, 3.0),
         )
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -402,7 +402,7 @@ def test_recovery_puts_each_attempt_on_its_backends_ledger(tmp_path: Path) -> No
     assert [c.rid for c in gpus.crashed] == ["A-2#0"] and not paid.crashed
     assert paid.excluded == {"novita": "operator"} and gpus.excluded == {}
     # Attempts number a prompt's rids whichever backend made them.
-    assert paid.attempts == gpus.attempts == {("A", 0): 2, ("A", 1): 1, ("A", 2): 1}
+    assert paid.attempts == gpus.attempts == {"A": {0: 2, 1: 1, 2: 1}}
     whole = read_journals(attempts, events)
     assert whole.spent == Decimal("7.85"), "without a backend, every record counts (single-backend readers)"
 

@@ -1,0 +1,31 @@
+"""Planning and steering one job over both fleets: the GPU hosts first, OpenRouter for the rest.
+
+Pure code, no I/O: the deadline (deadline.py), the plan (plan.py) and the controller that paces
+OpenRouter to finish by the deadline at the least cost (steer.py). The rules are in docs/fleets.md.
+"""
+
+from engine.fleetplan.deadline import (
+    Deadline,
+    DeadlineError,
+    Duration,
+    TimeOfDay,
+    parse_deadline,
+    resolve_deadline,
+)
+from engine.fleetplan.plan import FleetPlan, Provider, Share, Work, earliest_seconds, fill, plan_fleets
+
+__all__ = [
+    "Deadline",
+    "DeadlineError",
+    "Duration",
+    "FleetPlan",
+    "Provider",
+    "Share",
+    "TimeOfDay",
+    "Work",
+    "earliest_seconds",
+    "fill",
+    "parse_deadline",
+    "plan_fleets",
+    "resolve_deadline",
+]
