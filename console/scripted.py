@@ -158,20 +158,28 @@ class SimulatedJob:
         if self.state in ("STOPPED", "DONE"):
             raise JobError(f"the job has ended ({self.state})")
 
-    def pause(self, origin: str) -> None:
+    def _one_backend(self, backend: str | None) -> None:
+        # The scripted job has one backend; a command naming another is refused as the engine does.
+        if backend is not None and backend != "openrouter":
+            raise JobError(f"no backend {backend!r} in this job (it uses openrouter)")
+
+    def pause(self, origin: str, backend: str | None = None) -> None:
         self._check_live()
+        self._one_backend(backend)
         if self.state == "RUNNING":
             self.state = "PAUSED"
             self.event("pause", source=origin)
 
-    def resume(self, origin: str) -> None:
+    def resume(self, origin: str, backend: str | None = None) -> None:
         self._check_live()
+        self._one_backend(backend)
         if self.state == "PAUSED":
             self.state = "RUNNING"
             self.event("resume", source=origin)
 
-    def exclude(self, name: str, *, origin: str) -> str:
+    def exclude(self, name: str, *, origin: str, backend: str | None = None) -> str:
         self._check_live()
+        self._one_backend(backend)
         slug = self._known(name)
         if slug in self.excluded:
             return f"{slug} is already excluded"
@@ -182,8 +190,9 @@ class SimulatedJob:
         self.event("exclude", provider=slug, source=origin)
         return f"excluded {slug}; {len(remaining)} providers remain"
 
-    def include(self, name: str, *, origin: str) -> str:
+    def include(self, name: str, *, origin: str, backend: str | None = None) -> str:
         self._check_live()
+        self._one_backend(backend)
         slug = self._known(name)
         if slug not in self.excluded:
             return f"{slug} is not excluded"
@@ -197,8 +206,9 @@ class SimulatedJob:
             raise JobError(f"no provider {slug!r} serves this model")
         return slug
 
-    def set_concurrency(self, value: int, origin: str) -> int:
+    def set_concurrency(self, value: int, origin: str, backend: str | None = None) -> int:
         self._check_live()
+        self._one_backend(backend)
         applied = max(1, value)
         self.configured = applied
         self.event("concurrency", value=applied, requested=value, source=origin)

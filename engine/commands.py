@@ -1,7 +1,10 @@
 """Operator commands: one table of name -> handler, for every client (console, `regen stop`, headless).
 
 A handler returns the text shown to the operator, or raises JobError with the refusal. `origin`
-names who asked ("console", "operator", "guard"); it is journaled with the event.
+names who asked ("console", "operator", "guard"); it is journaled with the event. In a job with
+several backends, `pause`, `resume`, `concurrency`, `exclude` and `include` take an optional
+`backend` argument naming one lane (engine/lanes.py); without it they act on the whole job (pause,
+resume, concurrency) or on the lane whose routes can be excluded.
 """
 
 from __future__ import annotations
@@ -16,11 +19,11 @@ from engine.jobstate import JobError
 class Steerable(Protocol):
     """The job as commands see it."""
 
-    def pause(self, origin: str) -> None: ...
-    def resume(self, origin: str) -> None: ...
-    def exclude(self, name: str, *, origin: str) -> str: ...
-    def include(self, name: str, *, origin: str) -> str: ...
-    def set_concurrency(self, value: int, origin: str) -> int: ...
+    def pause(self, origin: str, backend: str | None = None) -> None: ...
+    def resume(self, origin: str, backend: str | None = None) -> None: ...
+    def exclude(self, name: str, *, origin: str, backend: str | None = None) -> str: ...
+    def include(self, name: str, *, origin: str, backend: str | None = None) -> str: ...
+    def set_concurrency(self, value: int, origin: str, backend: str | None = None) -> int: ...
     def set_budget(self, amount: Decimal, origin: str) -> str: ...
     def request_stop(self, *, cancel: bool, origin: str) -> str: ...
     def inspect_hosts(self, host: str | None, origin: str) -> str: ...
@@ -30,14 +33,24 @@ class Steerable(Protocol):
 Handler = Callable[[Steerable, Mapping[str, Any], str], str]
 
 
+def _backend(args: Mapping[str, Any]) -> str | None:
+    """The lane a command names, if any."""
+    name = args.get("backend")
+    return str(name) if name else None
+
+
 def _pause(job: Steerable, args: Mapping[str, Any], origin: str) -> str:
-    job.pause(origin)
+    backend = _backend(args)
+    job.pause(origin, backend)
+    if backend is not None:
+        return f"paused {backend}: no new requests there; those in flight finish, the other backends go on"
     return "paused: no new requests; those in flight finish"
 
 
 def _resume(job: Steerable, args: Mapping[str, Any], origin: str) -> str:
-    job.resume(origin)
-    return "resumed"
+    backend = _backend(args)
+    job.resume(origin, backend)
+    return "resumed" if backend is None else f"resumed {backend}"
 
 
 def _route(args: Mapping[str, Any], command: str) -> str:
@@ -48,11 +61,11 @@ def _route(args: Mapping[str, Any], command: str) -> str:
 
 
 def _exclude(job: Steerable, args: Mapping[str, Any], origin: str) -> str:
-    return job.exclude(_route(args, "exclude"), origin=origin)
+    return job.exclude(_route(args, "exclude"), origin=origin, backend=_backend(args))
 
 
 def _include(job: Steerable, args: Mapping[str, Any], origin: str) -> str:
-    return job.include(_route(args, "include"), origin=origin)
+    return job.include(_route(args, "include"), origin=origin, backend=_backend(args))
 
 
 def _number(args: Mapping[str, Any], command: str) -> Decimal:
@@ -66,7 +79,9 @@ def _number(args: Mapping[str, Any], command: str) -> Decimal:
 
 
 def _concurrency(job: Steerable, args: Mapping[str, Any], origin: str) -> str:
-    return f"concurrency {job.set_concurrency(int(_number(args, 'concurrency')), origin)}"
+    backend = _backend(args)
+    applied = job.set_concurrency(int(_number(args, "concurrency")), origin, backend)
+    return f"concurrency {applied}" if backend is None else f"{backend} concurrency {applied}"
 
 
 def _budget(job: Steerable, args: Mapping[str, Any], origin: str) -> str:

@@ -83,12 +83,50 @@ def status_line(snap: Mapping[str, Any]) -> str:
         state += f" (HELD: {snap.get('held_reason')} for {_clock(snap['outage_s'])})"
     elif snap.get("held_s") is not None:
         state += f" (held {_clock(snap['held_s'])}: {snap.get('held_reason')})"
-    return (
+    line = (
         f"[{_clock(snap['elapsed_s'])}] {state} | {datasets} | "
         f"{_count(rates['output_tokens_per_s'])} tok/s {rates['attempts_per_s']:.1f} req/s | "
         f"in flight {snap['in_flight']}/{limit} | "
         f"{_amount(money['spent'], unit)} spent{estimated} + {_amount(money['reserved'], unit)} reserved{budget} | "
         f"errors {errors} | ETA {_clock(snap['eta_s'])}"
+    )
+    lanes = snap.get("lanes") or []
+    if len(lanes) > 1:
+        line += " | split " + " · ".join(lane_part(lane) for lane in lanes)
+    return line
+
+
+def _lane_limit(lane: Mapping[str, Any]) -> str:
+    conc = lane["concurrency"]
+    limit = conc["effective"]
+    if lane.get("ceiling") is not None:
+        limit = min(limit, lane["ceiling"])
+    return f"{limit}" if limit == conc["configured"] else f"{limit}<{conc['configured']}"
+
+
+def lane_part(lane: Mapping[str, Any]) -> str:
+    """One backend's share for the status line: rows, tokens, money in its unit, in flight."""
+    money = lane["money"]
+    state = "" if lane["state"] == "running" else f" {lane['state'].upper()}"
+    return (
+        f"{lane['name']}{state} {lane['rows']} rows ({lane['rows_share'] * 100:.0f}%) "
+        f"{_count(lane['output_tokens'])} tok {_amount(money['spent'], money['unit'], 4)} "
+        f"in flight {lane['in_flight']}/{_lane_limit(lane)}"
+    )
+
+
+def lane_line(lane: Mapping[str, Any]) -> str:
+    """One backend's share for the summary."""
+    money = lane["money"]
+    unit = money["unit"]
+    spent = _amount(money["spent"], unit, 4)
+    if money["budget"] is not None:
+        spent += f" of {_amount(money['budget'], unit)}"
+    errors = sum(lane["errors"].values())
+    closed = f"; closed: {lane['reason']}" if lane["state"] == "closed" else ""
+    return (
+        f"  {lane['name']}: {lane['rows']} rows ({lane['rows_share'] * 100:.1f}%), "
+        f"{lane['output_tokens']} output tokens, {spent}, {lane['attempts']} attempts, errors {errors}{closed}"
     )
 
 
@@ -121,9 +159,18 @@ def summary_lines(snap: Mapping[str, Any], outcome: Outcome) -> list[str]:
         )
     money = snap["money"]
     unit = money["unit"]
-    lines.append("providers:")
-    # Routes that never served and are kept out are listed by the console, not here.
-    lines.extend(provider_line(p, unit) for p in snap["providers"] if p["requests"] or p["allowed"])
+    lanes = snap.get("lanes") or []
+    if len(lanes) > 1:
+        lines.append("backends:")
+        lines.extend(lane_line(lane) for lane in lanes)
+        for lane in lanes:
+            lines.append(f"providers ({lane['name']}):")
+            lane_unit = lane["money"]["unit"]
+            lines.extend(provider_line(p, lane_unit) for p in lane["providers"] if p["requests"] or p["allowed"])
+    else:
+        lines.append("providers:")
+        # Routes that never served and are kept out are listed by the console, not here.
+        lines.extend(provider_line(p, unit) for p in snap["providers"] if p["requests"] or p["allowed"])
     lines.append(f"money: {money_line(money)}")
     per_m = money["useful_per_m"]
     lines.append(

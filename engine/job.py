@@ -1,7 +1,7 @@
 """The generation job: datasets in, one row per prompt out, never past the budget.
 
-This is the facade that wires the parts (docs/architecture.md): the backend behind its contract
-(engine/backends/), the dispatcher (dispatch.py), settling (settle.py), the results writer
+This is the facade that wires the parts (docs/architecture.md): the backends behind their contract
+(engine/backends/), one lane per backend (lanes.py), the dispatcher (dispatch.py), settling (settle.py), the results writer
 (results.py), the event log (events.py), operator commands (commands.py), the run lock (runlock.py)
 and the input checks (inputs.py). `Job.prepare()` validates every line of every dataset, takes the
 run folder's lock, opens the backend and rebuilds state from earlier runs; `Job.run()` dispatches
@@ -19,17 +19,18 @@ from collections.abc import Collection, Mapping
 from decimal import Decimal
 from typing import Any
 
-from engine.backends import make_backend
-from engine.backends.base import Backend, BackendError, Failure
+from engine.backends import make_backends
+from engine.backends.base import Backend, BackendError
 from engine.commands import run_command
 from engine.datasets import iter_prompts
-from engine.dispatch import Dispatcher
+from engine.dispatch import Dispatcher, LaneSteering
 from engine.events import EVENTS_FILE, EventLog
 from engine.host.errors import HostError
 from engine.host.monitor import HostMonitor
 from engine.inputs import Scanned, load_progress, scan_datasets
 from engine.jobstate import DatasetState, JobError, JobState, Outcome, StopReason
 from engine.jsonl import JsonlError, WriteFailed
+from engine.lanes import Lane, LaneCeilings
 from engine.money import Ledger, to_dollars
 from engine.recovery import JournalState, read_journals
 from engine.results import ATTEMPTS_FILE, ResultsWriter
@@ -41,7 +42,7 @@ from engine.snapshot import SnapshotBuilder
 from engine.stats import JobStats, StatusRules
 from engine.tokenize_pool import TokenizePool
 from engine.tokenizer import TokenizerError, TokenizerSpec
-from engine.workqueue import WorkItem, WorkQueue
+from engine.workqueue import WorkQueue
 
 __all__ = ["Job", "JobError", "JobState", "Outcome", "StopReason"]
 
@@ -68,33 +69,32 @@ class Job:
         # The GPU hosts, polled for the console's host pane (engine/host/monitor.py); made first, as
         # the SGLang backend reaches the hosts' servers over these connections.
         self.hosts = HostMonitor(settings.hosts, sglang=settings.sglang)
-        self.backend = backend if backend is not None else make_backend(settings, self.hosts)
-        budget = to_dollars(settings.job.budget_usd) if self.backend.unit == "usd" else None
-        self.ledger = Ledger(budget, unit=self.backend.unit)
+        backends = [backend] if backend is not None else make_backends(settings, self.hosts)
         self.datasets: dict[str, DatasetState] = {}
-        self.stats = JobStats(settings.stats.window_s)
         self.events = EventLog()
         self.results = ResultsWriter()
         self.lock = RunLock(self.run_dir)
-        self.settler = Settler(
-            settings.job, self.backend, self.ledger, self.stats, self.datasets, self.results, self.events, self
-        )
-        self.dispatcher = Dispatcher(
-            settings.job,
-            self.backend,
-            self.ledger,
-            self.datasets,
-            self.results,
-            self.events,
-            self.settler,
-            self._stop_for,
-        )
+        self.dispatcher = Dispatcher(settings.job, self.datasets, self.results, self.events, self._stop_for)
+        # One lane per backend, in the order of job.backends (engine/lanes.py): its own ledger (the
+        # dollar budget on OpenRouter's, none on GPU time), statistics, settling and in-flight limit.
+        for chosen in backends:
+            budget = to_dollars(settings.job.budget_usd) if chosen.unit == "usd" else None
+            ledger = Ledger(budget, unit=chosen.unit)
+            stats = JobStats(settings.stats.window_s)
+            steering = LaneSteering(self.dispatcher, self)
+            settler = Settler(
+                settings.job, chosen, ledger, stats, self.datasets, self.results, self.events, steering
+            )
+            steering.lane = self.dispatcher.add_lane(chosen, ledger, stats, settler)
+        self.lanes = self.dispatcher.lanes
+        # Today's single-backend names: the main lane (the one holding the budget, else the only one).
+        main = self.dispatcher.main
+        self.backend = main.backend
+        self.ledger = main.ledger
+        self.stats = main.stats
+        self.settler = main.settler
         self._snapshots = SnapshotBuilder(
-            backend=self.backend,
             dispatcher=self.dispatcher,
-            ledger=self.ledger,
-            settler=self.settler,
-            stats=self.stats,
             datasets=self.datasets,
             rules=StatusRules(settings.stats.fail_error_share, settings.stats.slow_factor),
             expected_output_tokens=settings.stats.expected_output_tokens,
@@ -106,9 +106,10 @@ class Job:
     # ----------------------------------------------------------------------------- preparation
 
     async def prepare(self) -> None:
-        """Validate inputs, lock the run folder, open the backend, rebuild earlier progress."""
+        """Validate inputs, lock the run folder, open the backends, rebuild earlier progress."""
         try:
-            self.backend.check()
+            for lane in self.lanes:
+                lane.backend.check()
         except BackendError as exc:
             raise JobError(str(exc)) from None
         scanned = await scan_datasets(self.settings.job, self.only, self.skip_invalid)
@@ -117,17 +118,18 @@ class Job:
         except RunLocked as exc:
             raise JobError(str(exc)) from None
         try:
-            journal = await asyncio.to_thread(
-                read_journals, self.run_dir / ATTEMPTS_FILE, self.run_dir / EVENTS_FILE
-            )
-            self.datasets.update(
-                await load_progress(scanned, journal.crashed, self.settings.job.dataset_token_budget)
-            )
-            await self.backend.open(self, journal.excluded)
-            self.settler.pool = await self._start_tokenizer()
+            journals = await asyncio.to_thread(self._read_journals)
+            crashed = [unsettled for journal in journals.values() for unsettled in journal.crashed]
+            self.datasets.update(await load_progress(scanned, crashed, self.settings.job.dataset_token_budget))
+            for lane in self.lanes:
+                await lane.backend.open(LaneContext(self, lane), journals[lane.name].excluded)
+            pool = await self._start_tokenizer()
+            for lane in self.lanes:
+                lane.settler.pool = pool
         except (JobError, BackendError, TokenizerError, JsonlError) as exc:
             # JsonlError: a results file or journal holds a line regen did not write (RecoveryError).
-            await self.backend.close()
+            for lane in self.lanes:
+                await lane.backend.close()
             await self.hosts.close()
             self.lock.release()
             raise JobError(str(exc)) from None
@@ -139,9 +141,11 @@ class Job:
             self._write_failed,
         )
         self._journal_repairs(scanned)
-        self.settler.restore(journal)
-        self._snapshots.spent_at_start = journal.spent
-        self.dispatcher.queue = self._work_queue(scanned, journal)
+        for lane in self.lanes:
+            lane.settler.restore(journals[lane.name])
+            lane.spent_at_start = journals[lane.name].spent
+        self.dispatcher.queue = self._work_queue(scanned, journals[self.lanes[0].name])
+        split = {"backends": [lane.name for lane in self.lanes]} if len(self.lanes) > 1 else {}
         self.events.event(
             "start",
             pid=os.getpid(),
@@ -150,20 +154,38 @@ class Job:
             spent=str(self.ledger.spent),
             concurrency=self.dispatcher.limit.configured,
             excluded=sorted(self.backend.excluded),
+            **split,
         )
+
+    def _read_journals(self) -> dict[str, JournalState]:
+        """Each lane's money and history from the journals; records an older single-backend run
+        wrote without naming their backend belong to `job.backend`."""
+        default = self.settings.job.backend if len(self.lanes) > 1 else self.lanes[0].name
+        # Attempt counts are every backend's: counted once, by the first lane's read.
+        return {
+            lane.name: read_journals(
+                self.run_dir / ATTEMPTS_FILE,
+                self.run_dir / EVENTS_FILE,
+                backend=lane.name,
+                default=default,
+                count_attempts=lane is self.lanes[0],
+            )
+            for lane in self.lanes
+        }
 
     async def _start_tokenizer(self) -> TokenizePool | None:
         """Worker processes that turn every row's text into the target model's token ids."""
         tokenizer = self.settings.tokenizer
         if tokenizer.path is None:
             return None
-        thinking = self.backend.thinking
-        if tokenizer.thinking != thinking:
-            raise JobError(
-                f"tokenizer.thinking is {str(tokenizer.thinking).lower()} but requests "
-                f"{'ask for' if thinking else 'do not ask for'} reasoning ({self.backend.thinking_setting}): "
-                "the prompt ids would be rendered in the wrong mode"
-            )
+        for lane in self.lanes:
+            thinking = lane.backend.thinking
+            if tokenizer.thinking != thinking:
+                raise JobError(
+                    f"tokenizer.thinking is {str(tokenizer.thinking).lower()} but requests "
+                    f"{'ask for' if thinking else 'do not ask for'} reasoning ({lane.backend.thinking_setting}): "
+                    "the prompt ids would be rendered in the wrong mode"
+                )
         pool = TokenizePool(TokenizerSpec.from_settings(tokenizer), workers=tokenizer.workers)
         await pool.start()
         return pool
@@ -204,9 +226,10 @@ class Job:
         # Everything prepare() built lives for the whole run: keep the collector from rescanning it.
         gc.freeze()
         loop = asyncio.get_running_loop()
-        for work in self.backend.tasks():
-            task = loop.create_task(work)
-            self._background.add(task)
+        for lane in self.lanes:
+            for work in lane.backend.tasks():
+                task = loop.create_task(work)
+                self._background.add(task)
         self.hosts.start()
         try:
             await self.dispatcher.run()
@@ -220,18 +243,28 @@ class Job:
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
-        await self.settler.finish_reconciling(wait=self._stop_mode != "cancel")
+        await asyncio.gather(
+            *(lane.settler.finish_reconciling(wait=self._stop_mode != "cancel") for lane in self.lanes)
+        )
         if self.outcome is not None:
+            split: dict[str, Any] = {}
+            if len(self.lanes) > 1:
+                split["split"] = {
+                    lane.name: {"spent": str(lane.ledger.spent), "unit": lane.ledger.unit, "rows": lane.stats.counters.rows}
+                    for lane in self.lanes
+                }
             self.events.event(
                 "end",
                 reason=self.outcome.reason.value,
                 message=self.outcome.message,
                 spent=str(self.ledger.spent),
-                rows=self.stats.counters.rows,
+                rows=sum(lane.stats.counters.rows for lane in self.lanes),
+                **split,
             )
         await self.results.close()
         await self.events.close()
-        await self.backend.close()
+        for lane in self.lanes:
+            await lane.backend.close()
         # After the backend: its last aborts and its tunnels go over these connections.
         await self.hosts.close()
         if self.settler.pool is not None:
@@ -244,48 +277,84 @@ class Job:
         if self.state in (JobState.STOPPED, JobState.DONE):
             raise JobError(f"the job has ended ({self.state.value})")
 
-    def pause(self, origin: str = "operator") -> None:
+    def pause(self, origin: str = "operator", backend: str | None = None) -> None:
+        """Pause the job, or with `backend` only that lane (the others go on)."""
+        if backend is not None:
+            self._check_live()
+            lane = self._lane(backend)
+            if not lane.paused:
+                lane.paused = True
+                self.events.event("pause", source=origin, backend=lane.name)
+                self.dispatcher.wake()
+            return
         if self.state is JobState.RUNNING:
             self.state = JobState.PAUSED
             self.dispatcher.paused = True
             self.events.event("pause", source=origin)
             self.dispatcher.wake()
 
-    def resume(self, origin: str = "operator") -> None:
+    def resume(self, origin: str = "operator", backend: str | None = None) -> None:
+        if backend is not None:
+            self._check_live()
+            lane = self._lane(backend)
+            if lane.paused:
+                lane.paused = False
+                self.events.event("resume", source=origin, backend=lane.name)
+                self.dispatcher.wake()
+            return
         if self.state is JobState.PAUSED:
             self.state = JobState.RUNNING
             self.dispatcher.paused = False
             self.events.event("resume", source=origin)
             self.dispatcher.wake()
 
-    def exclude(self, name: str, *, origin: str = "operator") -> str:
+    def _lane(self, backend: str) -> Lane:
+        return self.dispatcher.lane(backend.strip().lower())
+
+    def _route_lane(self, backend: str | None) -> Lane:
+        """The lane an exclude or include is for: the one named, else the first whose routes can be
+        excluded (OpenRouter's providers), else the main lane."""
+        if backend is not None:
+            return self._lane(backend)
+        steerable = [lane for lane in self.lanes if lane.backend.supports_exclude]
+        return steerable[0] if steerable else self.dispatcher.main
+
+    def exclude(self, name: str, *, origin: str = "operator", backend: str | None = None) -> str:
         """Stop routing to a route (slug or display name); later requests keep away from it."""
         self._check_live()
-        route = self.backend.route_id(name)
-        if route in self.backend.excluded:
+        lane = self._route_lane(backend)
+        route = lane.backend.route_id(name)
+        if route in lane.backend.excluded:
             return f"{route} is already excluded"
         try:
-            message = self.backend.exclude(route, origin)
+            message = lane.backend.exclude(route, origin)
         except BackendError as exc:
             raise JobError(str(exc)) from None
-        self.events.event("exclude", provider=route, source=origin)
+        self.events.event("exclude", provider=route, source=origin, **self.dispatcher.lane_fields(lane))
         self.dispatcher.wake()
         return message
 
-    def include(self, name: str, *, origin: str = "operator") -> str:
+    def include(self, name: str, *, origin: str = "operator", backend: str | None = None) -> str:
         self._check_live()
-        route = self.backend.route_id(name)
-        if route not in self.backend.excluded:
+        lane = self._route_lane(backend)
+        route = lane.backend.route_id(name)
+        if route not in lane.backend.excluded:
             return f"{route} is not excluded"
-        message = self.backend.include(route)
-        self.events.event("include", provider=route, source=origin)
+        message = lane.backend.include(route)
+        self.events.event("include", provider=route, source=origin, **self.dispatcher.lane_fields(lane))
         self.dispatcher.wake()
         return message
 
-    def set_concurrency(self, value: int, origin: str = "operator") -> int:
+    def set_concurrency(self, value: int, origin: str = "operator", backend: str | None = None) -> int:
+        """The in-flight limit of every lane, or with `backend` of that lane only."""
         self._check_live()
-        applied = self.dispatcher.limit.set_configured(value)
-        self.events.event("concurrency", value=applied, requested=value, source=origin)
+        lanes = self.lanes if backend is None else [self._lane(backend)]
+        applied = 0
+        for lane in lanes:
+            applied = lane.limit.set_configured(value)
+            self.events.event(
+                "concurrency", value=applied, requested=value, source=origin, **self.dispatcher.lane_fields(lane)
+            )
         self.dispatcher.wake()
         return applied
 
@@ -302,6 +371,12 @@ class Job:
         self.events.event("budget", value=str(budget), source=origin)
         self.dispatcher.wake()
         return f"budget ${budget:.2f}"
+
+    def set_lane_ceilings(self, ceilings: LaneCeilings | None) -> None:
+        """Plug in the steering hook (engine/lanes.py `LaneCeilings`): a ceiling per lane, read
+        at every dispatch decision; None takes it out."""
+        self.dispatcher.ceilings = ceilings
+        self.dispatcher.wake()
 
     def inspect_hosts(self, host: str | None, origin: str) -> str:
         try:
@@ -375,35 +450,11 @@ class Job:
     def live(self) -> bool:
         return self.state in (JobState.RUNNING, JobState.PAUSED)
 
-    def suggest_concurrency(self, ceiling: int | None, reason: str) -> None:
-        self.dispatcher.suggest(ceiling, reason)
-
-    def exclude_route(self, route: str, source: str) -> None:
-        self.exclude(route, origin=source)
-
-    def retry(self, item: WorkItem, ready_at: float) -> None:
-        self.dispatcher.retry(item, ready_at)
-
-    def put_back(self, item: WorkItem) -> None:
-        self.dispatcher.put_back(item)
-
-    def hold(self, seconds: float, reason: str) -> None:
-        self.dispatcher.hold(seconds, reason)
-
-    def throttled(self, now: float) -> None:
-        self.dispatcher.throttled(now)
-
-    def succeeded(self, now: float) -> None:
-        self.dispatcher.succeeded(now)
+    def exclude_route(self, route: str, source: str, backend: str | None = None) -> None:
+        self.exclude(route, origin=source, backend=backend)
 
     def wake(self) -> None:
         self.dispatcher.wake()
-
-    def unreachable(self, item: WorkItem, failure: Failure) -> None:
-        self.dispatcher.unreachable(item, failure)
-
-    def reached(self, launched_at: float) -> None:
-        self.dispatcher.reached(launched_at)
 
     # --------------------------------------------------------------------------------- snapshot
 
@@ -424,8 +475,40 @@ class Job:
             "base_url": self.backend.base_url,
             "datasets": list(self.datasets),
             "started_at": self.started_at,
+            "backends": [lane.name for lane in self.lanes],
         }
 
     def snapshot(self) -> Snapshot:
         """A folded view of the job for the console and the headless line."""
         return self._snapshots.build(self.state, self.outcome, self.hosts.view())
+
+
+class LaneContext:
+    """What one lane's backend may ask of the job (engine/backends/base.py `JobContext`): its own
+    budget and its own in-flight ceiling; a failure it cannot get past closes only its lane while
+    another lane is open."""
+
+    def __init__(self, job: Job, lane: Lane) -> None:
+        self.job = job
+        self.lane = lane
+
+    def event(self, name: str, /, **fields: Any) -> None:
+        self.job.events.event(name, **fields)
+
+    def fatal(self, reason: str, message: str) -> None:
+        dispatcher, lane = self.job.dispatcher, self.lane
+        if any(other is not lane and other.closed is None for other in dispatcher.lanes):
+            dispatcher.close_lane(lane, f"{reason}: {message}")
+        else:
+            self.job.fatal(reason, message)
+
+    def budget_left(self) -> Decimal:
+        budget = self.lane.ledger.budget
+        return Decimal(0) if budget is None else budget - self.lane.ledger.spent
+
+    @property
+    def live(self) -> bool:
+        return self.job.live and self.lane.closed is None
+
+    def suggest_concurrency(self, ceiling: int | None, reason: str) -> None:
+        self.job.dispatcher.suggest(ceiling, reason, self.lane)

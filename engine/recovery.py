@@ -117,6 +117,7 @@ def read_rows(results_path: Path, unsettled_lines: Collection[int] = ()) -> Data
                 "status": row.get("status"),
                 "ctok": (row.get("usage") or {}).get("completion_tokens"),
                 "provider": row.get("provider"),
+                "backend": row.get("backend"),
             }
         if row.get("status") == "truncated":
             progress.truncated += 1
@@ -144,9 +145,26 @@ def never_left(message: str) -> bool:
     return message.startswith(_NEVER_LEFT) or message == "connect timed out" or "Connect call failed" in message
 
 
-def read_journals(attempts_path: Path, events_path: Path) -> JournalState:
-    """Spend, attempt counts, unsettled attempts and exclusions from the two journals."""
+def read_journals(
+    attempts_path: Path,
+    events_path: Path,
+    *,
+    backend: str | None = None,
+    default: str | None = None,
+    count_attempts: bool = True,
+) -> JournalState:
+    """Spend, attempt counts, unsettled attempts and exclusions from the two journals.
+
+    With `backend`, money, unsettled attempts and exclusions are those of that backend's attempts
+    only (each ledger counts in its own unit); attempt counts per prompt are always every backend's,
+    as they number the prompt's attempts (a job reading once per backend counts them once:
+    `count_attempts`). An attempt's backend is its records' `be`; records without one were written
+    by a single-backend run and belong to `default`.
+    """
     state = JournalState(torn_bytes=repair_torn_tail(attempts_path))
+    # The backend of each attempt still open (start without end): its gen record names no backend.
+    # End and reconciled records name theirs; those of older single-backend runs are `default`'s.
+    open_backend: dict[str, str | None] = {}
     repair_torn_tail(events_path)
     starts: dict[str, dict[str, Any]] = {}
     generation: dict[str, str] = {}
@@ -158,12 +176,25 @@ def read_journals(attempts_path: Path, events_path: Path) -> JournalState:
             kind = rec.get("k")
             rid = str(rec.get("rid", ""))
             if kind == "start":
+                if count_attempts:
+                    tried = attempts.get(rec["ds"])
+                    if tried is None:
+                        tried = attempts[rec["ds"]] = {}
+                    tried[rec["line"]] = tried.get(rec["line"], 0) + 1
+                if backend is not None:
+                    owner = rec.get("be") or default
+                    if owner != backend:
+                        open_backend[rid] = owner
+                        continue
                 starts[rid] = rec
-                tried = attempts.get(rec["ds"])
-                if tried is None:
-                    tried = attempts[rec["ds"]] = {}
-                tried[rec["line"]] = tried.get(rec["line"], 0) + 1
-            elif kind == "gen":
+                continue
+            if backend is not None:
+                owner = rec.get("be") or (backend if rid in starts else open_backend.get(rid, default))
+                if owner != backend:
+                    if kind == "end":
+                        open_backend.pop(rid, None)
+                    continue  # another backend's attempt: its own ledger counts it
+            if kind == "gen":
                 generation[rid] = rec["gen"]
             elif kind == "end":
                 start = starts.pop(rid, None)
@@ -205,6 +236,8 @@ def read_journals(attempts_path: Path, events_path: Path) -> JournalState:
     if events_path.exists():
         for _, event in _records(events_path, _event_problem):
             name = event.get("event")
+            if backend is not None and name in ("exclude", "include") and event.get("backend", default) != backend:
+                continue
             if name == "exclude":
                 state.excluded[str(event["provider"]).lower()] = str(event.get("source") or "operator")
             elif name == "include":

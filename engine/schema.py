@@ -2,7 +2,8 @@
 
 The engine's builder (engine/snapshot.py) makes these; the console reads them, and its scripted
 job for tests and demos (console/source.py) builds the same types. Money is in the ledger's `unit`
-("usd" for OpenRouter, "gpu_s" for SGLang): no key is named for dollars.
+("usd" for OpenRouter, "gpu_s" for SGLang): no key is named for dollars. A job with several
+backends adds `lanes`, one view per backend.
 
 Version of this shape on the control socket: engine/control.py PROTOCOL_VERSION.
 """
@@ -171,6 +172,29 @@ class RatesView(TypedDict):
     attempts_per_s: float
 
 
+class LaneView(TypedDict):
+    """One backend's share of a job (engine/lanes.py): what it made and spent, in its own unit."""
+
+    name: str
+    title: str
+    unit: str
+    model: str
+    state: str  # running | paused | held | out | closed | budget
+    reason: str | None  # why it is held, out or closed
+    rows: int
+    rows_share: float  # of the job's rows this run
+    output_tokens: int
+    attempts: int
+    errors: dict[str, int]
+    in_flight: int
+    concurrency: ConcurrencyView
+    suggested: int | None  # the backend's own ceiling (SGLang's /metrics), None: no opinion
+    ceiling: int | None  # the steering hook's ceiling, None: flat out
+    rates: RatesView
+    money: MoneyView
+    providers: list[ProviderView]
+
+
 class Snapshot(TypedDict):
     state: str
     outcome: OutcomeView | None
@@ -196,6 +220,10 @@ class Snapshot(TypedDict):
     datasets: list[DatasetView]
     providers: list[ProviderView]
     hosts: list[dict[str, Any]]  # per GPU host: connection, GPUs, disk, last inspect (engine/host/monitor.py)
+    # One entry per backend, in the order of job.backends. The single-backend keys above (backend,
+    # money, concurrency, held, providers, plan) describe the main lane: the one holding the budget,
+    # else the first; rows, attempts, errors, rates and in_flight count the whole job.
+    lanes: NotRequired[list[LaneView]]
     events: NotRequired[list[dict[str, Any]]]  # added per client by the control server
 
 
@@ -209,3 +237,4 @@ class JobInfo(TypedDict):
     base_url: str
     datasets: list[str]
     started_at: float
+    backends: NotRequired[list[str]]  # every backend of the job, in the order of job.backends

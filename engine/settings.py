@@ -199,6 +199,8 @@ class JobSettings(_Section):
 
     backend: Literal["openrouter", "sglang"] = "openrouter"
     """Where responses come from: "openrouter" (pay per token) or "sglang" (your GPUs, [sglang])."""
+    backends: list[Literal["openrouter", "sglang"]] | None = None
+    """Several backends in one job, in order of preference, e.g. ["sglang", "openrouter"]: the GPUs are kept full and OpenRouter takes what they cannot, within budget_usd (docs/architecture.md, "Lanes"). When set it wins over `backend`; empty for one backend."""
     datasets: list[Path] = Field(default_factory=list)
     """Dataset folders, each holding prompts.jsonl."""
     dataset_roots: list[Path] = Field(default_factory=list)
@@ -233,6 +235,22 @@ class JobSettings(_Section):
     """How long writes gather before one fsync (group commit)."""
     reconcile_timeout_s: float = Field(60.0, ge=0, le=86400)
     """How long to look up the cost of requests a crash left unsettled before estimating it."""
+
+    @field_validator("backends")
+    @classmethod
+    def _backends(cls, backends: list[str] | None) -> list[str] | None:
+        if backends is None:
+            return None
+        if not backends:
+            raise ValueError('names no backend: list one or more of "sglang", "openrouter", or leave it out')
+        if len(set(backends)) != len(backends):
+            raise ValueError(f"names a backend twice ({', '.join(backends)}): list each once")
+        return backends
+
+    @property
+    def chosen_backends(self) -> list[str]:
+        """The job's backends in order: `backends` when set, else the one `backend`."""
+        return list(self.backends) if self.backends is not None else [self.backend]
 
 
 class TokenizerSettings(_Section):
@@ -456,18 +474,19 @@ def load_settings(path: Path | None = None) -> Settings:
 
 def backend_problems(settings: Settings) -> list[str]:
     """What the chosen backend needs from other sections, one line per problem (key first)."""
-    if settings.job.backend != "sglang":
+    if "sglang" not in settings.job.chosen_backends:
         return []
+    chosen = 'job.backend is "sglang"' if settings.job.backends is None else 'job.backends includes "sglang"'
     problems = []
     if not settings.sglang.urls and not settings.hosts:
         # With [[hosts]] and no urls, the run reaches each host's server through a tunnel of its own.
         problems.append(
-            'sglang.urls: empty and no [[hosts]], but job.backend is "sglang": set urls to the server\'s URL, '
+            f"sglang.urls: empty and no [[hosts]], but {chosen}: set urls to the server's URL, "
             'e.g. urls = ["http://127.0.0.1:30000"], or add the GPU hosts as [[hosts]] tables'
         )
     if settings.tokenizer.path is None:
         problems.append(
-            'tokenizer.path: empty, but job.backend is "sglang": the prompts\' token ids are rendered '
+            f"tokenizer.path: empty, but {chosen}: the prompts' token ids are rendered "
             "locally, so set it to the model's tokenizer folder"
         )
     return problems

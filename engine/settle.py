@@ -140,6 +140,7 @@ class Settler:
             "line": prompt.line,
             "gen": outcome.handle,
             "provider": outcome.route,
+            "be": self.backend.name,
             **outcome.journal,
             "outcome": result,
             "cost": str(cost),
@@ -217,6 +218,7 @@ class Settler:
                 "line": prompt.line,
                 "gen": flight.handle,
                 "provider": flight.route,
+                "be": self.backend.name,
                 "outcome": "cancelled",
                 "cost": str(flight.reservation),
                 "est": True,
@@ -323,6 +325,7 @@ class Settler:
             {
                 "k": "reconciled",
                 "rid": unsent.rid,
+                "be": self.backend.name,
                 "gen": None,
                 "outcome": unsent.outcome,
                 "cost": "0",
@@ -337,7 +340,12 @@ class Settler:
         later when its handle is known."""
         state = self.datasets.get(crashed.dataset)
         row = state.progress.settling.get(crashed.line) if state is not None else None
-        if row is not None and crashed.generation_id in (None, row["gen"]) and row["cost"] is not None:
+        if (
+            row is not None
+            and row.get("backend") in (None, self.backend.name)
+            and crashed.generation_id in (None, row["gen"])
+            and row["cost"] is not None
+        ):
             cost, estimated, outcome = to_dollars(row["cost"]), row["est"], str(row["status"])
             tokens = row["ctok"] if isinstance(row["ctok"], int) else 0
             handle = row["gen"]
@@ -353,6 +361,7 @@ class Settler:
                 "ds": crashed.dataset,
                 "line": crashed.line,
                 "gen": handle,
+                "be": self.backend.name,
                 "outcome": outcome,
                 "cost": str(cost),
                 "est": estimated,
@@ -382,6 +391,7 @@ class Settler:
             {
                 "k": "reconciled",
                 "rid": pending.rid,
+                "be": self.backend.name,
                 "gen": pending.generation_id,
                 "outcome": pending.outcome,
                 "cost": str(billed),

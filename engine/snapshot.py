@@ -1,21 +1,31 @@
-"""The one builder of the snapshot (engine/schema.py) from the dispatcher, the ledger, the
-statistics and the backend's view."""
+"""The one builder of the snapshot (engine/schema.py) from the dispatcher's lanes (each with its
+backend, ledger, settling and statistics) and the datasets."""
 
 from __future__ import annotations
 
+import math
 import time
+from collections import Counter
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
-from engine.backends.base import Backend
 from engine.dispatch import Dispatcher
 from engine.jobstate import DatasetState, JobState, Outcome
-from engine.money import WASTE_CAUSES, Ledger
+from engine.lanes import Lane
+from engine.money import WASTE_CAUSES
 from engine.planner import DatasetNeed, plan, remaining_output_tokens
-from engine.schema import DatasetView, MoneyView, Snapshot
-from engine.settle import Settler
-from engine.stats import JobStats, StatusRules, route_views
+from engine.schema import (
+    BackendView,
+    DatasetView,
+    LaneView,
+    MoneyView,
+    ProviderView,
+    RatesView,
+    RouteView,
+    Snapshot,
+)
+from engine.stats import StatusRules, route_views
 
 # The planner's answer changes slowly; recomputing it per snapshot would waste the loop's time.
 PLAN_INTERVAL_S = 2.0
@@ -27,26 +37,17 @@ class SnapshotBuilder:
     def __init__(
         self,
         *,
-        backend: Backend,
         dispatcher: Dispatcher,
-        ledger: Ledger,
-        settler: Settler,
-        stats: JobStats,
         datasets: Mapping[str, DatasetState],
         rules: StatusRules,
         expected_output_tokens: int,
         started_mono: float,
     ) -> None:
-        self.backend = backend
         self.dispatcher = dispatcher
-        self.ledger = ledger
-        self.settler = settler
-        self.stats = stats
         self.datasets = datasets
         self.rules = rules
         self.expected_output_tokens = expected_output_tokens
         self.started_mono = started_mono
-        self.spent_at_start = Decimal(0)
         self._plan: dict[str, Any] | None = None
         self._plan_at = float("-inf")
 
@@ -61,16 +62,17 @@ class SnapshotBuilder:
             remaining = max(0, state.remaining)
             output = remaining_output_tokens(remaining, per_prompt, state.progress.output_tokens, state.token_budget)
             needs.append(DatasetNeed(name, remaining, output, int(remaining * state.prompt_tokens_mean)))
-        budget = self.ledger.budget
-        left = None if budget is None else budget - self.ledger.spent
-        self._plan = None if left is None else plan(needs, self.backend.prices(), left)
+        main = self.dispatcher.main
+        budget = main.ledger.budget
+        left = None if budget is None else budget - main.ledger.spent
+        self._plan = None if left is None else plan(needs, main.backend.prices(), left)
         self._plan_at = now
         return self._plan
 
-    def money(self, now: float, remaining: int, rows: int) -> MoneyView:
-        ledger, breakdown = self.ledger, self.settler.breakdown
+    def money(self, lane: Lane, now: float, remaining: int, rows: int) -> MoneyView:
+        ledger, breakdown = lane.ledger, lane.settler.breakdown
         estimates = ledger.estimates
-        spent_here = float(ledger.spent - self.spent_at_start)
+        spent_here = float(ledger.spent - lane.spent_at_start)
         per_row = spent_here / rows if rows else None
         per_m = float(breakdown.useful) / breakdown.useful_tokens * 1e6 if breakdown.useful_tokens else None
         headroom = ledger.headroom
@@ -84,8 +86,8 @@ class SnapshotBuilder:
             "reserved": float(ledger.reserved),
             "budget": None if ledger.budget is None else float(ledger.budget),
             "headroom": None if headroom is None else float(headroom),
-            "blocked": self.dispatcher.budget_blocked,
-            "burn_per_h": self.stats.spend_rate.rate(now, self.started_mono) * 3600,
+            "blocked": lane.budget_blocked,
+            "burn_per_h": lane.stats.spend_rate.rate(now, self.started_mono) * 3600,
             "projected_total": None if per_row is None else float(ledger.spent) + per_row * remaining,
             "useful": float(breakdown.useful),
             "useful_output_tokens": breakdown.useful_tokens,
@@ -97,28 +99,102 @@ class SnapshotBuilder:
             "waste_total": float(sum(breakdown.waste.values(), Decimal(0))),
         }
 
-    def build(self, state: JobState, outcome: Outcome | None, hosts: list[dict[str, Any]]) -> Snapshot:
-        now = time.monotonic()
-        started = self.started_mono
-        elapsed = now - started
-        dispatcher, stats = self.dispatcher, self.stats
-        counters = stats.counters
-        remaining = sum(max(0, s.remaining - s.failed) for s in self.datasets.values() if not s.budget_reached)
-        rows_per_s = stats.rows_rate.rate(now, started)
-        view = self.backend.view()
-        providers = route_views(
-            stats.routes,
-            view["routes"],
+    def _providers(self, lane: Lane, view_routes: list[RouteView], now: float, elapsed: float) -> list[ProviderView]:
+        backend = lane.backend
+        return route_views(
+            lane.stats.routes,
+            view_routes,
             now=now,
             elapsed_s=elapsed,
-            in_flight=dispatcher.in_flight_by_route(),
-            route_id=self.backend.route_id,
-            excluded=self.backend.excluded,
+            in_flight=self.dispatcher.in_flight_by_route(lane),
+            route_id=backend.route_id,
+            excluded=backend.excluded,
             rules=self.rules,
         )
-        held = dispatcher.held_until
-        outage = dispatcher.outage
+
+    def _rates(self, lane: Lane, now: float) -> RatesView:
+        stats, started = lane.stats, self.started_mono
         return {
+            "output_tokens_per_s": stats.tokens_rate.rate(now, started),
+            "rows_per_s": stats.rows_rate.rate(now, started),
+            "attempts_per_s": stats.attempts_rate.rate(now, started),
+        }
+
+    def _lane_view(
+        self,
+        lane: Lane,
+        now: float,
+        elapsed: float,
+        remaining: int,
+        job_rows: int,
+        known: tuple[BackendView, list[ProviderView]] | None,
+    ) -> LaneView:
+        counters = lane.stats.counters
+        view, providers = known if known is not None else (lane.backend.view(), None)
+        held = lane.held_until
+        state, reason = "running", None
+        if lane.closed is not None:
+            state, reason = "closed", lane.closed
+        elif lane.paused:
+            state = "paused"
+        elif lane.outage is not None:
+            state, reason = "out", lane.outage.reason
+        elif held and held > now:
+            state, reason = "held", lane.held_reason
+        elif lane.budget_blocked:
+            state = "budget"
+        ceilings = self.dispatcher.ceilings
+        return {
+            "name": lane.name,
+            "title": lane.backend.title,
+            "unit": lane.ledger.unit,
+            "model": view["model"],
+            "state": state,
+            "reason": reason,
+            "rows": counters.rows,
+            "rows_share": counters.rows / job_rows if job_rows else 0.0,
+            "output_tokens": counters.output_tokens,
+            "attempts": counters.attempts,
+            "errors": dict(counters.errors),
+            "in_flight": lane.in_flight,
+            "concurrency": {"configured": lane.limit.configured, "effective": lane.limit.current},
+            "suggested": lane.limit.suggested,
+            "ceiling": None if ceilings is None else ceilings.lane_ceiling(lane.name),
+            "rates": self._rates(lane, now),
+            "money": self.money(lane, now, remaining, counters.rows),
+            "providers": providers if providers is not None else self._providers(lane, view["routes"], now, elapsed),
+        }
+
+    def build(self, state: JobState, outcome: Outcome | None, hosts: list[dict[str, Any]]) -> Snapshot:
+        now = time.monotonic()
+        elapsed = now - self.started_mono
+        dispatcher = self.dispatcher
+        main = dispatcher.main
+        lanes = dispatcher.lanes
+        remaining = sum(max(0, s.remaining - s.failed) for s in self.datasets.values() if not s.budget_reached)
+        if len(lanes) == 1:
+            counters = main.stats.counters
+            rows, attempts, errors = counters.rows, counters.attempts, dict(counters.errors)
+            rates = self._rates(main, now)
+        else:
+            rows = sum(lane.stats.counters.rows for lane in lanes)
+            attempts = sum(lane.stats.counters.attempts for lane in lanes)
+            total: Counter[str] = Counter()
+            for lane in lanes:
+                total.update(lane.stats.counters.errors)
+            errors = dict(total)
+            each = [self._rates(lane, now) for lane in lanes]
+            rates = {
+                "output_tokens_per_s": math.fsum(r["output_tokens_per_s"] for r in each),
+                "rows_per_s": math.fsum(r["rows_per_s"] for r in each),
+                "attempts_per_s": math.fsum(r["attempts_per_s"] for r in each),
+            }
+        rows_per_s = rates["rows_per_s"]
+        view = main.backend.view()
+        providers = self._providers(main, view["routes"], now, elapsed)
+        held = main.held_until
+        outage = main.outage
+        snapshot: Snapshot = {
             "state": state.value,
             "outcome": None if outcome is None else {"reason": outcome.reason.value, "message": outcome.message},
             "elapsed_s": elapsed,
@@ -132,21 +208,17 @@ class SnapshotBuilder:
             },
             "in_flight": dispatcher.in_flight,
             "held_s": max(0.0, held - now) if held else None,
-            "held_reason": outage.reason if outage is not None else dispatcher.held_reason,
-            "outage_s": dispatcher.outage_s(now),
-            "outage_total_s": dispatcher.outage_total_s + (dispatcher.outage_s(now) or 0.0),
-            "concurrency": {"configured": dispatcher.limit.configured, "effective": dispatcher.limit.current},
-            "rates": {
-                "output_tokens_per_s": stats.tokens_rate.rate(now, started),
-                "rows_per_s": rows_per_s,
-                "attempts_per_s": stats.attempts_rate.rate(now, started),
-            },
-            "money": self.money(now, remaining, counters.rows),
+            "held_reason": outage.reason if outage is not None else main.held_reason,
+            "outage_s": main.outage_s(now),
+            "outage_total_s": main.outage_total_s + (main.outage_s(now) or 0.0),
+            "concurrency": {"configured": main.limit.configured, "effective": main.limit.current},
+            "rates": rates,
+            "money": self.money(main, now, remaining, main.stats.counters.rows),
             "plan": self.plan(now),
-            "errors": dict(counters.errors),
-            "rows": counters.rows,
-            "attempts": counters.attempts,
-            "quarantined": self.settler.quarantined,
+            "errors": errors,
+            "rows": rows,
+            "attempts": attempts,
+            "quarantined": sum(lane.settler.quarantined for lane in lanes),
             "eta_s": remaining / rows_per_s if rows_per_s > 0 else None,
             "excluded": view["excluded"],
             "allowed_precisions": view["allowed_precisions"],
@@ -154,6 +226,11 @@ class SnapshotBuilder:
             "providers": providers,
             "hosts": hosts,
         }
+        snapshot["lanes"] = [
+            self._lane_view(lane, now, elapsed, remaining, rows, (view, providers) if lane is main else None)
+            for lane in lanes
+        ]
+        return snapshot
 
 
 def dataset_view(name: str, s: DatasetState) -> DatasetView:

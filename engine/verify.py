@@ -205,12 +205,23 @@ def _read_messages(fh: Any, offset: int) -> list[dict[str, Any]] | None:
 # Attempt journal (read-only: the job may be writing it)
 
 
+# Backends whose ledger counts something other than dollars (docs/money.md): their attempts' amounts
+# are not part of what the rows' `cost` can be compared with.
+_NOT_DOLLARS = frozenset({"sglang"})
+
+
 def journal_spend(attempts_path: Path) -> dict[str, float]:
-    """Spend per dataset from the attempt journal: settled costs plus reconciliations."""
+    """Dollar spend per dataset from the attempt journal: settled costs plus reconciliations, of the
+    attempts of dollar backends only (a job on both fleets journals GPU-seconds beside dollars)."""
     spend: dict[str, float] = {}
+    owner: dict[str, Any] = {}
     for _, rec in iter_jsonl(attempts_path):
         kind = rec.get("k")
+        if kind == "start" and rec.get("be") is not None:
+            owner[str(rec.get("rid", ""))] = rec.get("be")
         if kind not in ("end", "reconciled"):
+            continue
+        if (rec.get("be") or owner.get(str(rec.get("rid", "")))) in _NOT_DOLLARS:
             continue
         ds = rec.get("ds")
         if not isinstance(ds, str):

@@ -1,5 +1,7 @@
 """The cost pane: spent, reserved, headroom, a budget bar, burn rate, projection and waste, in the
-ledger's unit (dollars, or GPU time for SGLang, which has no budget but servers to show)."""
+ledger's unit (dollars, or GPU time for SGLang, which has no budget but servers to show). A job with
+several backends adds one line per backend: its rows and their share, its spend in its own unit,
+its requests in flight against its limit."""
 
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ class CostPane(TextPane):
         self.border_title = "Cost"
         self.money: dict[str, Any] = {}
         self.credits: dict[str, Any] | None = None
+        self.lanes: list[dict[str, Any]] = []
         self.budget_warn_fraction = 0.8
 
     def show(self, snap: dict[str, Any], burn_per_h: float | None = None) -> None:
@@ -41,6 +44,8 @@ class CostPane(TextPane):
             self.money["burn_per_h"] = burn_per_h
         account = (snap.get("backend") or {}).get("account")
         self.credits = account if isinstance(account, dict) else None
+        lanes = snap.get("lanes")
+        self.lanes = [lane for lane in lanes if isinstance(lane, dict)] if isinstance(lanes, list) else []
         self._paint()
 
     def on_resize(self, event: events.Resize) -> None:
@@ -133,7 +138,24 @@ class CostPane(TextPane):
         ]
         if estimates:
             lines[1:1] = [f"Estimated  {amount(estimated):>10}  {estimates}"]
+        if len(self.lanes) > 1:
+            lines.extend(lane_line(lane) for lane in self.lanes)
         return lines
+
+
+def lane_line(lane: dict[str, Any]) -> str:
+    """One backend's share of the job: rows, spend in its own unit, in flight against its limit."""
+    money = lane.get("money") or {}
+    unit = str(money.get("unit") or "usd")
+    concurrency = lane.get("concurrency") or {}
+    state = str(lane.get("state") or "running")
+    flag = "" if state == "running" else f" [b $budget-warn]{escape(state)}[/]"
+    rows = int(number(lane.get("rows")) or 0)
+    return (
+        f"{escape(str(lane.get('name') or '?')):<10} {rows} rows {fmt.percent(number(lane.get('rows_share')))}"
+        f" · {fmt.amount(number(money.get('spent')), unit)}"
+        f" · {int(number(lane.get('in_flight')) or 0)}/{int(number(concurrency.get('effective')) or 0)}{flag}"
+    )
 
 
 def estimate_words(money: dict[str, Any]) -> str:
