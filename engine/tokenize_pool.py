@@ -31,6 +31,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from engine.lifetime import die_with_parent
 from engine.tokenizer import TargetTokenizer, TokenizeError, TokenizerError, TokenizerSpec
 
 __all__ = ["TokenizePool", "fill_batch"]
@@ -45,8 +46,10 @@ _worker: TargetTokenizer | None = None
 _worker_error: str | None = None
 
 
-def _init_worker(spec: TokenizerSpec, threads: int | None) -> None:
+def _init_worker(spec: TokenizerSpec, threads: int | None, parent: int) -> None:
     global _worker, _worker_error
+    # A worker ends with the job, even one killed by SIGKILL (engine/lifetime.py).
+    die_with_parent(parent)
     if threads is not None:
         # Every worker is already one of several processes; letting each one's native encoder
         # also spread over all cores only makes them fight for the same CPUs.
@@ -216,7 +219,7 @@ class TokenizePool:
             max_workers=self.workers,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_init_worker,
-            initargs=(self.spec, self.threads_per_worker),
+            initargs=(self.spec, self.threads_per_worker, os.getpid()),
         )
         try:
             # One greeting per worker: the executor starts a process for each call it cannot give

@@ -107,10 +107,46 @@ def kill_at_random_moments(
             time.sleep(0.02)
         time.sleep(rng.uniform(low, high))
         if proc.poll() is None:
+            children = children_of(proc.pid)
             proc.kill()
             kills += 1
+            proc.wait()
+            # What the job started (its tokenizer workers) ends with it (engine/lifetime.py).
+            assert_gone(children)
         proc.wait()
     return kills
+
+
+def children_of(pid: int) -> list[int]:
+    """The live processes whose parent is `pid` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            # The name in parentheses may hold spaces: the fields after its last ")" are fixed.
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def assert_gone(pids: list[int], timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = [pid for pid in alive if _alive(pid)]
+        time.sleep(0.05)
+    assert not alive, f"processes the killed job started outlived it: {alive}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"  # a zombie has ended; it waits for init to reap it
 
 
 def wait_for_attempts(journal: Path, ends: int, timeout_s: float = 60.0) -> None:

@@ -10,11 +10,8 @@ policy put every request on one worker; a worker only registers once it answers 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ctypes
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -25,11 +22,12 @@ from typing import Any
 
 import aiohttp
 
+from engine.lifetime import die_with_parent
+
 READY_TIMEOUT_S = 60.0
 STOP_GRACE_S = 10.0  # smg drains for about 5 s after TERM even when idle
 HEALTH_INTERVAL_S = 2
 _TIMEOUT = aiohttp.ClientTimeout(total=10.0, sock_connect=5.0)
-_PR_SET_PDEATHSIG = 1
 
 
 class RouterError(RuntimeError):
@@ -40,13 +38,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _die_with_parent() -> None:
-    # Linux: the router gets SIGTERM when the job that started it ends, even by SIGKILL.
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def router_argv(worker_urls: Sequence[str], port: int, metrics_port: int, request_timeout_s: float) -> list[str]:
@@ -96,7 +87,7 @@ class Router:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, preexec_fn=_die_with_parent
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, preexec_fn=die_with_parent  # SIGTERM when the job ends, even by SIGKILL
             )
             out.write(f"regen: router pid {self.proc.pid}: {' '.join(argv)}\n".encode())
         self.state = "starting"
