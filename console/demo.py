@@ -132,9 +132,21 @@ def run_demo(
     return _demo_headless(folder, speed)
 
 
-def _demo_sglang_headless(folder: Path, speed: float) -> int:
+async def _run_job(settings: Settings) -> int:
+    """The demo's job, headless, on a simulator already up; its exit code."""
     from engine.headless import run_headless
     from engine.job import Job, JobError
+
+    job = Job(settings)
+    try:
+        await job.prepare()
+    except JobError as exc:
+        print(f"regen: {exc}", file=sys.stderr)
+        return 1
+    return (await run_headless(job)).exit_code
+
+
+def _demo_sglang_headless(folder: Path, speed: float) -> int:
     from engine.runtime import run
     from engine.sim.sglang.logs import SimLog
     from engine.sim.sglang.server import SGLangSim
@@ -148,14 +160,7 @@ def _demo_sglang_headless(folder: Path, speed: float) -> int:
         try:
             await sim.wait_ready(30)
             print(f"regen demo: SGLang simulator at {sim.base_url}, results under {folder}/datasets", flush=True)
-            job = Job(demo_sglang_settings(folder, sim.base_url))
-            try:
-                await job.prepare()
-            except JobError as exc:
-                print(f"regen: {exc}", file=sys.stderr)
-                return 1
-            outcome = await run_headless(job)
-            return outcome.exit_code
+            return await _run_job(demo_sglang_settings(folder, sim.base_url))
         finally:
             await sim.stop()
             log.close()
@@ -181,8 +186,6 @@ def _demo_in_console(folder: Path, speed: float, backend: str = "openrouter") ->
 
 
 def _demo_headless(folder: Path, speed: float) -> int:
-    from engine.headless import run_headless
-    from engine.job import Job, JobError
     from engine.runtime import run
     from engine.sim.openrouter.server import OpenRouterSim
 
@@ -193,14 +196,7 @@ def _demo_headless(folder: Path, speed: float) -> int:
         try:
             settings = demo_settings(folder, sim.base_url, config.api_keys[0])  # type: ignore[attr-defined]
             print(f"regen demo: simulator at {sim.base_url}, results under {folder}/datasets", flush=True)
-            job = Job(settings)
-            try:
-                await job.prepare()
-            except JobError as exc:
-                print(f"regen: {exc}", file=sys.stderr)
-                return 1
-            outcome = await run_headless(job)
-            return outcome.exit_code
+            return await _run_job(settings)
         finally:
             await sim.stop()
 
