@@ -40,7 +40,7 @@ for path in (ROOT, ROOT / "bench"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from throughput import machine, revision  # noqa: E402 - the sibling benchmark's helpers
+from throughput import machine, revision, write_md  # noqa: E402 - the sibling benchmark's helpers
 
 from engine.fleetplan import Provider, Work, fill, plan_fleets  # noqa: E402
 from engine.fleetplan.steer import Steering  # noqa: E402
@@ -230,17 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             "",
             *body,
         ])
-        path = ROOT / "BENCHMARKS.md"
-        text = path.read_text()
-        section = f"{MD_START}\n{block}\n{MD_END}"
-        if MD_START in text and MD_END in text:
-            head, rest = text.split(MD_START, 1)
-            text = head + section + rest.split(MD_END, 1)[1]
-        else:
-            text = text.rstrip() + "\n\n" + section + "\n"
-        tmp = path.with_suffix(".md.tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+        write_md(block, MD_START, MD_END)
         print("BENCHMARKS.md updated")
     return 0 if a_ok and b_ok and c_ok else 1
 

@@ -65,6 +65,7 @@ from throughput import (  # noqa: E402 - the sibling benchmark's helpers
     machine,
     revision,
     versions,
+    write_md,
 )
 
 VARIANTS = ("aiohttp", "regen")
@@ -409,15 +410,7 @@ def main(argv: list[str] | None = None) -> int:
             "",
             verdict,
         ])
-        path = ROOT / "BENCHMARKS.md"
-        text = path.read_text()
-        section = f"{MD_START}\n{block}\n{MD_END}"
-        if MD_START in text and MD_END in text:
-            head, rest = text.split(MD_START, 1)
-            text = head + section + rest.split(MD_END, 1)[1]
-        else:
-            text = text.rstrip() + "\n\n" + section + "\n"
-        path.write_text(text)
+        write_md(block, MD_START, MD_END)
         print("BENCHMARKS.md updated")
     return 0
 
@@ -504,15 +497,7 @@ def tunnel_main(args: argparse.Namespace, argv: list[str] | None) -> int:
             "",
             *ratios,
         ])
-        path = ROOT / "BENCHMARKS.md"
-        text = path.read_text()
-        section = f"{MD_TUNNEL_START}\n{block}\n{MD_TUNNEL_END}"
-        if MD_TUNNEL_START in text and MD_TUNNEL_END in text:
-            head, rest = text.split(MD_TUNNEL_START, 1)
-            text = head + section + rest.split(MD_TUNNEL_END, 1)[1]
-        else:
-            text = text.rstrip() + "\n\n## SGLang backend through the SSH tunnel\n\n" + section + "\n"
-        path.write_text(text)
+        write_md(block, MD_TUNNEL_START, MD_TUNNEL_END, heading="SGLang backend through the SSH tunnel")
         print("BENCHMARKS.md updated")
     return 0
 

@@ -565,16 +565,20 @@ def versions() -> str:
     return ", ".join(out)
 
 
-def write_md(block: str) -> None:
+def write_md(block: str, start: str = MD_START, end: str = MD_END, heading: str = "") -> None:
+    """Replace the block between `start` and `end` in BENCHMARKS.md (every benchmark's --write-md),
+    or append it under `heading`; written whole to a temporary file and renamed into place."""
     path = ROOT / "BENCHMARKS.md"
     text = path.read_text() if path.exists() else "# Benchmarks\n\n"
-    section = f"{MD_START}\n{block.rstrip()}\n{MD_END}"
-    if MD_START in text and MD_END in text:
-        head, rest = text.split(MD_START, 1)
-        text = head + section + rest.split(MD_END, 1)[1]
+    section = f"{start}\n{block.rstrip()}\n{end}"
+    if start in text and end in text:
+        head, rest = text.split(start, 1)
+        text = head + section + rest.split(end, 1)[1]
     else:
-        text = text.rstrip() + "\n\n" + section + "\n"
-    path.write_text(text)
+        text = text.rstrip() + "\n\n" + (f"## {heading}\n\n" if heading else "") + section + "\n"
+    tmp = path.with_suffix(".md.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
 
 
 def main(argv: list[str] | None = None) -> int:
