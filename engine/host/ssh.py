@@ -179,7 +179,7 @@ class HostConnection:
                 if again:
                     self.retries += 1
                 try:
-                    return await self._open()
+                    return await self._open(again)
                 except HostError as exc:
                     if not exc.retryable or attempt >= attempts:
                         if again and exc.retryable:
@@ -190,10 +190,11 @@ class HostConnection:
                     self._set("reconnecting", f"{exc}; trying again in {delay:.1f} s")
                     await asyncio.sleep(delay)
 
-    async def _open(self) -> asyncssh.SSHClientConnection:
+    async def _open(self, again: bool = False) -> asyncssh.SSHClientConnection:
         host = self.host
-        # The last failure stays shown while the next try runs.
-        self._set("connecting", self.error)
+        # The last failure stays shown while the next try runs; a host that was up reads
+        # "reconnecting" through every try, not flickering to "connecting" between them.
+        self._set("reconnecting" if again else "connecting", self.error)
         keys, tried, agent = await self._client_keys()
         path = known_hosts_path(host)
         try:
