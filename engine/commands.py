@@ -4,7 +4,8 @@ A handler returns the text shown to the operator, or raises JobError with the re
 names who asked ("console", "operator", "guard"); it is journaled with the event. In a job with
 several backends, `pause`, `resume`, `concurrency`, `exclude` and `include` take an optional
 `backend` argument naming one lane (engine/lanes.py); without it they act on the whole job (pause,
-resume, concurrency) or on the lane whose routes can be excluded.
+resume, concurrency) or on the lane whose routes can be excluded. `deadline` sets or clears the job's
+deadline (docs/fleets.md).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class Steerable(Protocol):
     def include(self, name: str, *, origin: str, backend: str | None = None) -> str: ...
     def set_concurrency(self, value: int, origin: str, backend: str | None = None) -> int: ...
     def set_budget(self, amount: Decimal, origin: str) -> str: ...
+    def set_deadline(self, text: str | None, origin: str) -> str: ...
     def request_stop(self, *, cancel: bool, origin: str) -> str: ...
     def inspect_hosts(self, host: str | None, origin: str) -> str: ...
     def sglang_hosts(self, action: str, host: str | None, origin: str) -> str: ...
@@ -88,6 +90,12 @@ def _budget(job: Steerable, args: Mapping[str, Any], origin: str) -> str:
     return job.set_budget(_number(args, "budget"), origin)
 
 
+def _deadline(job: Steerable, args: Mapping[str, Any], origin: str) -> str:
+    # "12h", "06:30" (docs/fleets.md, "The deadline"); empty or "none" takes the deadline away.
+    text = str(args.get("value") or "").strip()
+    return job.set_deadline(None if text.lower() in ("", "none") else text, origin)
+
+
 def _stop(job: Steerable, args: Mapping[str, Any], origin: str) -> str:
     return job.request_stop(cancel=bool(args.get("cancel")), origin=origin)
 
@@ -112,6 +120,7 @@ COMMANDS: dict[str, Handler] = {
     "include": _include,
     "concurrency": _concurrency,
     "budget": _budget,
+    "deadline": _deadline,
     "stop": _stop,
     "inspect": _inspect,
     "sglang_start": _sglang("start"),

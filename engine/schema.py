@@ -195,6 +195,26 @@ class LaneView(TypedDict):
     providers: list[ProviderView]
 
 
+class FleetView(TypedDict):
+    """The two-fleet plan and the deadline controller (engine/steering.py, docs/fleets.md): present
+    in a job with several backends or a deadline."""
+
+    deadline: str | None  # as set ("12h", "06:30"); None: no deadline
+    deadline_ts: float | None  # its resolved instant, epoch seconds (journaled: a restart keeps it)
+    time_left_s: float | None  # to the deadline; negative once it has passed
+    steered: bool  # OpenRouter's share follows the deadline (a GPU lane, a dollar lane and a deadline)
+    ceiling: int | None  # OpenRouter's in-flight ceiling now; None: no limit
+    reason: str  # the controller's one line: what moved and why, or what does fit
+    plan: dict[str, Any]  # engine/fleetplan/plan.py FleetPlan.to_dict(): the live plan
+    fits: bool  # the plan meets the deadline within the budget
+    eta_s: float | None  # the work left at the pace measured now, both fleets together
+    gpu_tokens_per_s: float  # the GPU fleet's rate the plan uses (smoothed)
+    openrouter_tokens_per_s: float  # OpenRouter's rate measured now
+    request_tokens_per_s: float  # OpenRouter's tokens/s per request in flight (smoothed)
+    aim_tokens_per_s: float | None  # the OpenRouter rate the ceiling aims at; None: flat out
+    projected_usd: float | None  # dollars spent + what the plan still buys; None: no dollar lane
+
+
 class Snapshot(TypedDict):
     state: str
     outcome: OutcomeView | None
@@ -224,6 +244,7 @@ class Snapshot(TypedDict):
     # money, concurrency, held, providers, plan) describe the main lane: the one holding the budget,
     # else the first; rows, attempts, errors, rates and in_flight count the whole job.
     lanes: NotRequired[list[LaneView]]
+    fleet: NotRequired[FleetView]
     events: NotRequired[list[dict[str, Any]]]  # added per client by the control server
 
 
