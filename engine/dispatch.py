@@ -286,8 +286,9 @@ class Dispatcher:
         if item.first_started is None:
             item.first_started = time.time()
         self.datasets[item.prompt.dataset].in_flight += 1
-        lane.in_flight += 1
-        flight = Flight(item, reservation, rid, time.monotonic())
+        launched = time.monotonic()
+        lane.fly(+1, launched)
+        flight = Flight(item, reservation, rid, launched)
         task = asyncio.get_running_loop().create_task(self._attempt(lane, flight))
         self._flights[task] = (lane, flight)
         task.add_done_callback(self._landed)
@@ -300,7 +301,7 @@ class Dispatcher:
         if not flight.released:
             lane.ledger.release(flight.reservation)
             flight.released = True
-        lane.in_flight -= 1
+        lane.fly(-1, time.monotonic())
         self.datasets[flight.item.prompt.dataset].in_flight -= 1
         self._changed.set()
 

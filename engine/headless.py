@@ -7,8 +7,10 @@ re-sent by the next run) and the process exits 130 or 143.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import signal
 import sys
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
@@ -93,7 +95,50 @@ def status_line(snap: Mapping[str, Any]) -> str:
     lanes = snap.get("lanes") or []
     if len(lanes) > 1:
         line += " | split " + " · ".join(lane_part(lane) for lane in lanes)
+    fleet = snap.get("fleet")
+    if fleet is not None and fleet["deadline_ts"] is not None:
+        line += " | " + deadline_part(fleet)
     return line
+
+
+def _at(ts: float) -> str:
+    """A wall-clock instant in local time; the day too when it is not today."""
+    when = dt.datetime.fromtimestamp(ts).astimezone()
+    return f"{when:%H:%M:%S}" if when.date() == dt.date.today() else f"{when:%a %H:%M:%S}"
+
+
+def deadline_part(fleet: Mapping[str, Any]) -> str:
+    """The deadline, the ETA at the pace measured now against it, and whether the plan fits."""
+    left = fleet["time_left_s"]
+    part = f"deadline {_at(fleet['deadline_ts'])}"
+    if left is not None and left < 0:
+        return part + f" passed {_clock(-left)} ago"
+    part += f" in {_clock(left)}"
+    eta = fleet["eta_s"]
+    if eta is not None and left is not None:
+        part += f", ETA {_clock(eta)} ({'on time' if eta <= left else f'{_clock(eta - left)} late'})"
+    return part + ("" if fleet["fits"] else ", CANNOT BE MET")
+
+
+def plan_line(fleet: Mapping[str, Any]) -> str:
+    """The plan over the fleets, said before the start and when it stops (or starts again) fitting."""
+    if fleet["deadline_ts"] is None:
+        return f"plan: {fleet['plan']['reason']}"
+    left = fleet["time_left_s"]
+    return f"deadline {_at(fleet['deadline_ts'])} (in {_clock(max(0.0, left or 0.0))}): {fleet['reason']}"
+
+
+# Events the status lines do not show and an operator reading the log should see when they happen.
+_SAID = {
+    "deadline_unreachable": lambda e: f"deadline: cannot be met now: {e.get('detail') or e.get('reason')}",
+    "deadline_reachable": lambda e: f"deadline: within reach again: {e.get('reason')}",
+    "deadline": lambda e: "deadline cleared" if e.get("at") is None else f"deadline set to {_at(e['at'])} ({e.get('source')})",
+    "lane_closed": lambda e: f"{e.get('backend')}: closed: {e.get('reason')}",
+}
+
+
+def event_lines(events: list[dict[str, Any]]) -> list[str]:
+    return [_SAID[e["event"]](e) for e in events if e.get("event") in _SAID]
 
 
 def _lane_limit(lane: Mapping[str, Any]) -> str:
@@ -183,6 +228,11 @@ def summary_lines(snap: Mapping[str, Any], outcome: Outcome) -> list[str]:
         if w["amount"] or w["tokens"]
     )
     lines.append(f"  waste {_amount(money['waste_total'], unit, 4)}" + (f": {waste}" if waste else ""))
+    fleet = snap.get("fleet")
+    if fleet is not None and fleet["deadline_ts"] is not None:
+        early = fleet["deadline_ts"] - time.time()
+        verdict = f"{_clock(early)} before it" if early >= 0 else f"missed by {_clock(-early)}"
+        lines.append(f"deadline {_at(fleet['deadline_ts'])}: ended {verdict}")
     if snap.get("quarantined"):
         lines.append(f"  quarantined responses: {snap['quarantined']} (see quarantine.jsonl)")
     lines.append(f"{'done' if outcome.reason is StopReason.DONE else 'stopped'}: {outcome.message}")
@@ -246,10 +296,18 @@ async def run_headless(
         control = None
     if on_ready is not None:
         on_ready(job)
+    first = job.snapshot()
+    if "fleet" in first:
+        print(plan_line(first["fleet"]), file=out, flush=True)
+    # The events of prepare() (the plan before the start among them) are said above, not again.
+    cursor, _ = job.events_since(0)
     runner = asyncio.ensure_future(job.run())
     try:
         while not runner.done():
             done, _ = await asyncio.wait({runner}, timeout=interval)
+            cursor, news = job.events_since(cursor)
+            for said in event_lines(news):
+                print(said, file=out, flush=True)
             if not done:
                 print(status_line(job.snapshot()), file=out, flush=True)
         outcome = runner.result()

@@ -40,6 +40,7 @@ from engine.settings import Settings
 from engine.settle import Settler
 from engine.snapshot import SnapshotBuilder
 from engine.stats import JobStats, StatusRules
+from engine.steering import FleetSteering
 from engine.tokenize_pool import TokenizePool
 from engine.tokenizer import TokenizerError, TokenizerSpec
 from engine.workqueue import WorkQueue
@@ -93,12 +94,18 @@ class Job:
         self.ledger = main.ledger
         self.stats = main.stats
         self.settler = main.settler
+        # The deadline controller (engine/steering.py): the live plan over the fleets, and with a GPU
+        # lane, a dollar lane and a deadline, OpenRouter's in-flight ceiling through the lanes' hook.
+        self.fleet = FleetSteering(settings, self.dispatcher, self.datasets, self.events)
+        if self.fleet.paid is not None and self.fleet.gpus:
+            self.dispatcher.ceilings = self.fleet
         self._snapshots = SnapshotBuilder(
             dispatcher=self.dispatcher,
             datasets=self.datasets,
             rules=StatusRules(settings.stats.fail_error_share, settings.stats.slow_factor),
             expected_output_tokens=settings.stats.expected_output_tokens,
             started_mono=self.started_mono,
+            fleet=self.fleet,
         )
         self._stop_mode: str | None = None
         self._background: set[asyncio.Task[None]] = set()
@@ -156,6 +163,12 @@ class Job:
             excluded=sorted(self.backend.excluded),
             **split,
         )
+        first = journals[self.lanes[0].name]
+        self.fleet.restore(first.deadline, first.first_start_ts)
+        if self.fleet.shown:
+            # The plan before the start, from the settings' rates (docs/fleets.md, "In the job").
+            plan = self.fleet.tick().plan
+            self.events.event("fleet_plan", reason=plan.reason, fits=plan.fits, plan=plan.to_dict())
 
     def _read_journals(self) -> dict[str, JournalState]:
         """Each lane's money and history from the journals; records an older single-backend run
@@ -230,6 +243,8 @@ class Job:
             for work in lane.backend.tasks():
                 task = loop.create_task(work)
                 self._background.add(task)
+        steering = loop.create_task(self.fleet.run())
+        self._background.add(steering)
         self.hosts.start()
         try:
             await self.dispatcher.run()
@@ -253,6 +268,9 @@ class Job:
                     lane.name: {"spent": str(lane.ledger.spent), "unit": lane.ledger.unit, "rows": lane.stats.counters.rows}
                     for lane in self.lanes
                 }
+            deadline = self.fleet.deadline_ts
+            if deadline is not None:
+                split["deadline"] = {"at": deadline, "early_s": deadline - time.time()}
             self.events.event(
                 "end",
                 reason=self.outcome.reason.value,
@@ -371,6 +389,11 @@ class Job:
         self.events.event("budget", value=str(budget), source=origin)
         self.dispatcher.wake()
         return f"budget ${budget:.2f}"
+
+    def set_deadline(self, text: str | None, origin: str = "operator") -> str:
+        """A new deadline ("12h" from now, "06:30" next), or None for none: journaled, re-planned at once."""
+        self._check_live()
+        return self.fleet.set_deadline(text, origin)
 
     def set_lane_ceilings(self, ceilings: LaneCeilings | None) -> None:
         """Plug in the steering hook (engine/lanes.py `LaneCeilings`): a ceiling per lane, read

@@ -68,6 +68,20 @@ class Lane:
     in_flight: int = 0
     spent_at_start: Decimal = Decimal(0)
     sent_at: deque[float] = field(default_factory=deque)
+    # In-flight seconds integrated over time (monotonic): tokens per in-flight second is one
+    # request's rate, which the deadline controller multiplies by a ceiling (engine/steering.py).
+    _busy_s: float = 0.0
+    _busy_at: float = 0.0
+
+    def fly(self, change: int, now: float) -> None:
+        """One attempt more (+1) or fewer (-1) in flight at monotonic `now`."""
+        self._busy_s += self.in_flight * (now - self._busy_at)
+        self._busy_at = now
+        self.in_flight += change
+
+    def busy_s(self, now: float) -> float:
+        """In-flight seconds up to monotonic `now`: the sum over time of the attempts in flight."""
+        return self._busy_s + self.in_flight * (now - self._busy_at)
 
     @property
     def name(self) -> str:

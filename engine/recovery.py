@@ -76,6 +76,8 @@ class JournalState:
     excluded: dict[str, str] = field(default_factory=dict)  # route -> who excluded it
     breakdown: SpendBreakdown = field(default_factory=SpendBreakdown)
     torn_bytes: int = 0
+    first_start_ts: float | None = None  # the run's first start (epoch seconds): durations count from it
+    deadline: dict[str, Any] | None = None  # the last `deadline` event: the instant a restart keeps
 
     @property
     def estimated(self) -> Decimal:
@@ -238,7 +240,11 @@ def read_journals(
             name = event.get("event")
             if backend is not None and name in ("exclude", "include") and event.get("backend", default) != backend:
                 continue
-            if name == "exclude":
+            if name == "start" and state.first_start_ts is None and isinstance(event.get("ts"), int | float):
+                state.first_start_ts = float(event["ts"])
+            elif name == "deadline":
+                state.deadline = event
+            elif name == "exclude":
                 state.excluded[str(event["provider"]).lower()] = str(event.get("source") or "operator")
             elif name == "include":
                 state.excluded.pop(str(event["provider"]).lower(), None)
@@ -341,4 +347,6 @@ def _event_problem(event: dict[str, Any]) -> str | None:
         return "not an event record (no event name)"
     if name in ("exclude", "include") and type(event.get("provider")) is not str:
         return f"{name} event without a provider"
+    if name == "deadline" and not (event.get("at") is None or type(event.get("at")) in (int, float)):
+        return "deadline event without an instant (at)"
     return None

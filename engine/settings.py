@@ -23,6 +23,8 @@ from pydantic import (
 from pydantic_core import PydanticUndefinedType
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from engine.deadline import DeadlineError, parse_deadline
+
 DEFAULT_SETTINGS_FILE = Path("settings.toml")
 ENV_PREFIX = "REGEN_"
 KEY_ENV = "OPENROUTER_API_KEY"
@@ -235,6 +237,19 @@ class JobSettings(_Section):
     """How long writes gather before one fsync (group commit)."""
     reconcile_timeout_s: float = Field(60.0, ge=0, le=86400)
     """How long to look up the cost of requests a crash left unsettled before estimating it."""
+    deadline: str | None = None
+    """When the job should be done: a time of day ("06:30", its next occurrence) or a duration from the job's first start ("12h", "1h30m"); empty for none. With both backends OpenRouter's share is paced to finish by then at the least cost (docs/fleets.md). The resolved instant is journaled: a restart keeps it."""
+
+    @field_validator("deadline")
+    @classmethod
+    def _deadline(cls, text: str | None) -> str | None:
+        if text is None or not text.strip():
+            return None
+        try:
+            parse_deadline(text)
+        except DeadlineError as exc:
+            raise ValueError(exc.detail) from None
+        return text.strip()
 
     @field_validator("backends")
     @classmethod
@@ -251,6 +266,23 @@ class JobSettings(_Section):
     def chosen_backends(self) -> list[str]:
         """The job's backends in order: `backends` when set, else the one `backend`."""
         return list(self.backends) if self.backends is not None else [self.backend]
+
+
+class SteeringSettings(_Section):
+    """The deadline controller of a job on both fleets (docs/fleets.md, "Steering")."""
+
+    gpu_tokens_per_s: float | None = Field(None, gt=0)
+    """The GPU fleet's output tokens/s, planned with until the job has measured it; empty: unknown (the plan before the start counts the GPUs as making nothing)."""
+    request_tokens_per_s: float = Field(30.0, gt=0)
+    """One OpenRouter request's output tokens/s (time to the first token included), planned with until measured."""
+    interval_s: float = Field(5.0, gt=0, le=3600)
+    """How often the controller re-plans and sets OpenRouter's in-flight ceiling."""
+    smoothing_s: float = Field(60.0, gt=0, le=86400)
+    """Time constant of the measured rates' moving averages."""
+    margin: float = Field(0.05, ge=0, lt=1)
+    """Share of the time left the target finish sits before the deadline."""
+    deadband: float = Field(0.05, ge=0, le=1)
+    """Relative change a new ceiling must make to be applied (noise is not news)."""
 
 
 class TokenizerSettings(_Section):
@@ -364,6 +396,7 @@ class Settings(BaseSettings):
     sglang: SGLangSettings = Field(default_factory=SGLangSettings)
     """The SGLang backend."""
     job: JobSettings = Field(default_factory=JobSettings)
+    steering: SteeringSettings = Field(default_factory=SteeringSettings)
     """The generation job."""
     stats: StatsSettings = Field(default_factory=StatsSettings)
     """Statistics and planning."""
@@ -444,7 +477,9 @@ def load_settings(path: Path | None = None) -> Settings:
         for err in exc.errors(include_input=False, include_url=False):
             key = _key_path(err["loc"])
             origin = f"environment {_env_name(key)}" if _env_name(key) in env else where
-            problems.append(f"{origin}: {key}: {err['msg']}")
+            # A validator's own message, without pydantic's "Value error, " in front of it.
+            message = err["msg"].removeprefix("Value error, ") if err["type"] == "value_error" else err["msg"]
+            problems.append(f"{origin}: {key}: {message}")
         raise SettingsError(problems) from None
     problems = backend_problems(settings)
     if problems:

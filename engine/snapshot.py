@@ -14,7 +14,7 @@ from engine.dispatch import Dispatcher
 from engine.jobstate import DatasetState, JobState, Outcome
 from engine.lanes import Lane
 from engine.money import WASTE_CAUSES
-from engine.planner import DatasetNeed, plan, remaining_output_tokens
+from engine.planner import plan
 from engine.schema import (
     BackendView,
     DatasetView,
@@ -26,6 +26,7 @@ from engine.schema import (
     Snapshot,
 )
 from engine.stats import StatusRules, route_views
+from engine.steering import FleetSteering, remaining_needs
 
 # The planner's answer changes slowly; recomputing it per snapshot would waste the loop's time.
 PLAN_INTERVAL_S = 2.0
@@ -42,12 +43,14 @@ class SnapshotBuilder:
         rules: StatusRules,
         expected_output_tokens: int,
         started_mono: float,
+        fleet: FleetSteering | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.datasets = datasets
         self.rules = rules
         self.expected_output_tokens = expected_output_tokens
         self.started_mono = started_mono
+        self.fleet = fleet
         self._plan: dict[str, Any] | None = None
         self._plan_at = float("-inf")
 
@@ -55,13 +58,7 @@ class SnapshotBuilder:
         """The budget planner on live figures; recomputed every few seconds, not per snapshot."""
         if now - self._plan_at < PLAN_INTERVAL_S and self._plan is not None:
             return self._plan
-        needs = []
-        for name, state in self.datasets.items():
-            done = state.done
-            per_prompt = state.progress.output_tokens / done if done else float(self.expected_output_tokens)
-            remaining = max(0, state.remaining)
-            output = remaining_output_tokens(remaining, per_prompt, state.progress.output_tokens, state.token_budget)
-            needs.append(DatasetNeed(name, remaining, output, int(remaining * state.prompt_tokens_mean)))
+        needs = remaining_needs(self.datasets, self.expected_output_tokens)
         main = self.dispatcher.main
         budget = main.ledger.budget
         left = None if budget is None else budget - main.ledger.spent
@@ -230,6 +227,9 @@ class SnapshotBuilder:
             self._lane_view(lane, now, elapsed, remaining, rows, (view, providers) if lane is main else None)
             for lane in lanes
         ]
+        fleet = self.fleet
+        if fleet is not None and fleet.shown:
+            snapshot["fleet"] = fleet.view()
         return snapshot
 
 

@@ -343,7 +343,7 @@ HOSTILE_SETTINGS: list[tuple[str, bytes, list[str]]] = [
     (
         "a NUL in a path",
         b'[job]\nrun_dir = "a\\u0000b"\n',
-        ["job.run_dir: Value error, contains a NUL character"],
+        ["job.run_dir: contains a NUL character"],
     ),
     ("invalid UTF-8", b'[job]\nrun_dir = "caf\xe9"\n', ["not valid UTF-8"]),
     ("nested 100,000 deep", b"x = " + b"[" * 100_000 + b"]" * 100_000 + b"\n", ["nested too deep"]),

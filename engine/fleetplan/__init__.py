@@ -1,10 +1,11 @@
 """Planning and steering one job over both fleets: the GPU hosts first, OpenRouter for the rest.
 
-Pure code, no I/O: the deadline (deadline.py), the plan (plan.py) and the controller that paces
-OpenRouter to finish by the deadline at the least cost (steer.py). The rules are in docs/fleets.md.
+Pure code, no I/O: the plan (plan.py) and the controller that paces
+OpenRouter to finish by the deadline at the least cost (steer.py); the deadline itself is a setting's
+type (engine/deadline.py), re-exported here. The rules are in docs/fleets.md.
 """
 
-from engine.fleetplan.deadline import (
+from engine.deadline import (
     Deadline,
     DeadlineError,
     Duration,

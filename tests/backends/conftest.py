@@ -10,16 +10,29 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
-from engine.settings import Settings, load_settings
-from tests.conftest import SIM_KEY
+from engine.settings import (
+    JobSettings,
+    OpenRouterSettings,
+    Settings,
+    SGLangSettings,
+    TokenizerSettings,
+    load_settings,
+)
+from engine.sim.openrouter.server import OpenRouterSim
+from engine.sim.sglang.server import SGLangSim
+from engine.sim.sglang.tokens import SimTokenizer
+from tests.conftest import SIM_KEY, fast_sim_config, read_rows
+from tests.sglang_sim import fast_config
 from tests.test_cli import ENV, free_port, regen
 
 BACKENDS = ["openrouter", "sglang"]
@@ -199,3 +212,72 @@ def backend_case(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Bac
         yield from _sglang(tmp_path, request.getfixturevalue("sglang_model"))
     else:
         yield from _openrouter(tmp_path)
+
+
+# -- both fleets in one job (tests/backends/test_fleets.py, test_steering.py) -----------------------
+
+BOTH = ["sglang", "openrouter"]
+
+
+def journal(path: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()] if path.exists() else []
+
+
+def one_row_per_prompt(folder: Path, expected: int) -> list[dict[str, Any]]:
+    rows = read_rows(folder)
+    lines = Counter(row["line"] for row in rows)
+    assert len(rows) == expected and set(lines) == set(range(expected)), f"{len(rows)} rows for {expected}"
+    assert max(lines.values()) == 1
+    return rows
+
+
+@pytest.fixture(scope="session")
+def fleet_tok(sglang_model: Path) -> SimTokenizer:
+    return SimTokenizer(sglang_model)
+
+
+@pytest.fixture
+async def gpu_sim(fleet_tok: SimTokenizer) -> AsyncIterator[SGLangSim]:
+    """The SGLang simulator in this loop, fast: a GPU fleet that keeps up."""
+    sim = SGLangSim(fast_config(served_model_name="kimi-k2.5"), fleet_tok)
+    await sim.start()
+    try:
+        await sim.wait_ready(30)
+        yield sim
+    finally:
+        await sim.stop()
+
+
+@pytest.fixture
+async def paid_sim() -> AsyncIterator[OpenRouterSim]:
+    """The OpenRouter simulator in this loop, slower than the fast GPUs: about a second an answer."""
+    server = OpenRouterSim(fast_sim_config(time_scale=0.6, min_completion_tokens=10, max_completion_tokens=40))
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+@pytest.fixture
+def fleet_settings(tmp_path: Path, sglang_model: Path) -> Callable[..., Settings]:
+    def build(gpu_url: str, paid_url: str, datasets: list[Path], **job: Any) -> Settings:
+        params: dict[str, Any] = {
+            "backends": BOTH,
+            "datasets": datasets,
+            "run_dir": tmp_path / "run",
+            "concurrency": 16,
+            "backoff_base_s": 0.01,
+            "backoff_max_s": 0.05,
+            "commit_interval_s": 0.001,
+            "reconcile_timeout_s": 5.0,
+            **job,
+        }
+        return Settings(
+            openrouter=OpenRouterSettings(base_url=paid_url, api_key=SIM_KEY, max_tokens=64),
+            sglang=SGLangSettings(urls=[gpu_url], metrics_interval_s=0.05),
+            tokenizer=TokenizerSettings(path=sglang_model, workers=1),
+            job=JobSettings(**params),
+        )
+
+    return build

@@ -17,7 +17,7 @@ import signal
 import subprocess
 import time
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -33,32 +33,16 @@ from engine.settings import (
     OpenRouterSettings,
     Settings,
     SettingsError,
-    SGLangSettings,
-    TokenizerSettings,
     load_settings,
 )
 from engine.sim.openrouter.server import OpenRouterSim
 from engine.sim.sglang.server import SGLangSim
 from engine.sim.sglang.tokens import SimTokenizer
 from engine.verify import journal_spend, verify_dataset
-from tests.backends.conftest import _openrouter, _sglang
-from tests.conftest import SIM_KEY, fast_sim_config, read_rows, write_dataset
+from tests.backends.conftest import BOTH, _openrouter, _sglang, journal, one_row_per_prompt
+from tests.conftest import SIM_KEY, fast_sim_config, write_dataset
 from tests.sglang_sim import fast_config
 from tests.test_cli import ENV, regen, wait_for_attempts
-
-BOTH = ["sglang", "openrouter"]
-
-
-def journal(path: Path) -> list[dict[str, Any]]:
-    return [orjson.loads(line) for line in path.read_bytes().splitlines()] if path.exists() else []
-
-
-def one_row_per_prompt(folder: Path, expected: int) -> list[dict[str, Any]]:
-    rows = read_rows(folder)
-    lines = Counter(row["line"] for row in rows)
-    assert len(rows) == expected and set(lines) == set(range(expected)), f"{len(rows)} rows for {expected}"
-    assert max(lines.values()) == 1
-    return rows
 
 
 def spend_by_backend(attempts: Path) -> dict[str, Decimal]:
@@ -76,58 +60,6 @@ def spend_by_backend(attempts: Path) -> dict[str, Decimal]:
         elif rec["k"] == "reconciled":
             spent[owner[rid]] += Decimal(rec["delta"])
     return dict(spent)
-
-
-@pytest.fixture(scope="session")
-def fleet_tok(sglang_model: Path) -> SimTokenizer:
-    return SimTokenizer(sglang_model)
-
-
-@pytest.fixture
-async def gpu_sim(fleet_tok: SimTokenizer) -> AsyncIterator[SGLangSim]:
-    """The SGLang simulator in this loop, fast: a GPU fleet that keeps up."""
-    sim = SGLangSim(fast_config(served_model_name="kimi-k2.5"), fleet_tok)
-    await sim.start()
-    try:
-        await sim.wait_ready(30)
-        yield sim
-    finally:
-        await sim.stop()
-
-
-@pytest.fixture
-async def paid_sim() -> AsyncIterator[OpenRouterSim]:
-    """The OpenRouter simulator in this loop, slower than the fast GPUs: about a second an answer."""
-    server = OpenRouterSim(fast_sim_config(time_scale=0.6, min_completion_tokens=10, max_completion_tokens=40))
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop()
-
-
-@pytest.fixture
-def fleet_settings(tmp_path: Path, sglang_model: Path) -> Callable[..., Settings]:
-    def build(gpu_url: str, paid_url: str, datasets: list[Path], **job: Any) -> Settings:
-        params: dict[str, Any] = {
-            "backends": BOTH,
-            "datasets": datasets,
-            "run_dir": tmp_path / "run",
-            "concurrency": 16,
-            "backoff_base_s": 0.01,
-            "backoff_max_s": 0.05,
-            "commit_interval_s": 0.001,
-            "reconcile_timeout_s": 5.0,
-            **job,
-        }
-        return Settings(
-            openrouter=OpenRouterSettings(base_url=paid_url, api_key=SIM_KEY, max_tokens=64),
-            sglang=SGLangSettings(urls=[gpu_url], metrics_interval_s=0.05),
-            tokenizer=TokenizerSettings(path=sglang_model, workers=1),
-            job=JobSettings(**params),
-        )
-
-    return build
 
 
 def lane_rows(job: Job) -> dict[str, int]:
@@ -358,9 +290,11 @@ def test_backends_settings_are_checked_with_the_key_named(tmp_path: Path) -> Non
         return load_settings(path)
 
     for body, words in [
-        ("[job]\nbackends = []\n", "job.backends: Value error, names no backend"),
-        ('[job]\nbackends = ["sglang", "sglang"]\n', "job.backends: Value error, names a backend twice"),
+        ("[job]\nbackends = []\n", "job.backends: names no backend"),
+        ('[job]\nbackends = ["sglang", "sglang"]\n', "job.backends: names a backend twice"),
         ('[job]\nbackends = ["vllm"]\n', "job.backends.0: Input should be 'openrouter' or 'sglang'"),
+        ('[job]\ndeadline = "1.5h"\n', "job.deadline: not a time of day or a duration; expected a time of day"),
+        ('[job]\ndeadline = "0m"\n', "job.deadline: a duration must be longer than 0 seconds"),
         ('[job]\nbackends = ["openrouter", "sglang"]\n', 'sglang.urls: empty and no [[hosts]], but job.backends includes "sglang"'),
     ]:
         with pytest.raises(SettingsError) as caught:

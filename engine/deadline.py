@@ -24,10 +24,9 @@ class DeadlineError(ValueError):
     def __init__(self, text: str, why: str) -> None:
         self.text = text
         self.why = why
-        super().__init__(
-            f"{SETTING} = {text!r}: {why}; expected a time of day (06:30, 06:30:00) "
-            "or a duration (12h, 90m, 1h30m, 45s, 2d)"
-        )
+        # Without the setting's name, for the settings layer that prefixes its own.
+        self.detail = f"{why}; expected a time of day (06:30, 06:30:00) or a duration (12h, 90m, 1h30m, 45s, 2d)"
+        super().__init__(f"{SETTING} = {text!r}: {self.detail}")
 
 
 @dataclass(frozen=True, slots=True)
