@@ -18,8 +18,8 @@ The claims (issue 13), on the story's case: 6 datasets of 10M output tokens, a G
 (c) With the budget short of the deadline, the controller spends it by the deadline and never past
     it, and the run ends within 10% of the earliest deadline the plan said fits.
 
-(b) is the controller in a simulated loop on a simulated clock (12 hours in seconds), not yet the
-real job against the two HTTP simulators: that needs the dispatcher to call the controller.
+(b) is the controller in a simulated loop on a simulated clock (12 hours in seconds); the real job
+against the two HTTP simulators, scaled down in time, is bench/fleet_run.py.
 
     .venv/bin/python bench/fleet_plan.py              # about a minute
     .venv/bin/python bench/fleet_plan.py --write-md   # also update BENCHMARKS.md

@@ -175,7 +175,7 @@ class FleetSteering:
             return None, None
         return tokens / span, (tokens / busy if busy > 0 else None)
 
-    def _providers(self, work: Work, request_rate: float) -> tuple[Provider, ...]:
+    def providers(self, work: Work, request_rate: float) -> tuple[Provider, ...]:
         """OpenRouter's allowed providers with the tokens/s each sustains: the lane's flat-out rate
         (its concurrency x one request's rate) shared as OpenRouter has shared the requests so far;
         before any, all on the cheapest, where price-sorted routing sends them."""
@@ -222,7 +222,7 @@ class FleetSteering:
             in_flight=in_flight,
             budget_left=budget_left,
             deadline=self.deadline_ts,
-            providers=self._providers(work, request_rate or self.controller.request_tokens_per_s),
+            providers=self.providers(work, request_rate or self.controller.request_tokens_per_s),
         )
 
     # --------------------------------------------------------------------------------- steering

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from engine.fleetplan import Work
 from engine.headless import run_headless
 from engine.job import Job, JobError, StopReason
 from engine.settings import Settings, StatsSettings, SteeringSettings
@@ -98,6 +99,13 @@ async def test_openrouter_idles_while_the_gpus_make_the_deadline_and_rises_when_
     made = Counter(row["backend"] for row in rows)
     assert made["openrouter"] > 0 and made["sglang"] > 0
     assert paid.ledger.budget is not None and paid.ledger.spent <= paid.ledger.budget
+    # The plan's providers share the lane's flat-out rate as OpenRouter shared the requests.
+    providers = job.fleet.providers(Work(30_000, 1_000, 20_000), 40.0)
+    assert sum(p.tokens_per_s or 0.0 for p in providers) == pytest.approx(16 * 40.0)
+    served = Counter({paid.backend.route_id(name): stats.requests for name, stats in paid.stats.routes.items()})
+    for provider in providers:
+        share = served[paid.backend.route_id(provider.price.route)] / sum(served.values())
+        assert provider.tokens_per_s == pytest.approx(16 * 40.0 * share)
     steers = [e for e in journal(job.run_dir / "events.jsonl") if e["event"] == "steer"]
     assert steers[0]["ceiling"] == 0 and "GPUs alone make the deadline" in steers[0]["reason"]
     assert any(e["ceiling"] > 0 for e in steers[1:]), steers

@@ -1,0 +1,99 @@
+"""The deadline controller's parts that need no simulator: in-flight seconds, the deadline journaled
+and read back, the headless lines (engine/lanes.py, engine/recovery.py, engine/headless.py)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from engine.headless import deadline_part, event_lines, plan_line
+from engine.jsonl import JsonlError
+from engine.lanes import Lane
+from engine.recovery import read_journals
+
+
+def bare_lane() -> Lane:
+    # Only the in-flight bookkeeping is exercised: the parts it does not touch stay unset.
+    return Lane(None, None, None, None, None, None)  # type: ignore[arg-type]
+
+
+def test_in_flight_seconds_integrate_the_count_over_time() -> None:
+    lane = bare_lane()
+    lane.fly(+1, 10.0)
+    lane.fly(+1, 11.0)  # 1 in flight for 1 s
+    assert lane.busy_s(13.0) == pytest.approx(1.0 + 2 * 2.0), "2 in flight for 2 s more"
+    lane.fly(-1, 13.0)
+    lane.fly(-1, 14.0)
+    assert lane.in_flight == 0
+    assert lane.busy_s(100.0) == pytest.approx(1.0 + 4.0 + 1.0), "nothing in flight adds nothing"
+
+
+def write_events(path: Path, events: list[dict[str, Any]]) -> None:
+    path.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in events))
+
+
+def test_the_first_start_and_the_last_deadline_are_read_back(tmp_path: Path) -> None:
+    events = tmp_path / "events.jsonl"
+    write_events(
+        events,
+        [
+            {"ts": 100.0, "event": "start"},
+            {"ts": 100.5, "event": "deadline", "text": "2h", "at": 7300.0, "setting": "2h", "source": "settings"},
+            {"ts": 200.0, "event": "start"},
+            {"ts": 250.0, "event": "deadline", "text": "30m", "at": 2050.0, "setting": "2h", "source": "console"},
+        ],
+    )
+    state = read_journals(tmp_path / "attempts.jsonl", events)
+    assert state.first_start_ts == 100.0
+    assert state.deadline is not None and state.deadline["at"] == 2050.0 and state.deadline["source"] == "console"
+
+
+def test_a_deadline_record_without_an_instant_is_named(tmp_path: Path) -> None:
+    events = tmp_path / "events.jsonl"
+    write_events(events, [{"ts": 1.0, "event": "start"}, {"ts": 2.0, "event": "deadline", "at": "soon"}])
+    with pytest.raises(JsonlError, match=r"events.jsonl:2: deadline event without an instant"):
+        read_journals(tmp_path / "attempts.jsonl", events)
+
+
+def fleet(**over: Any) -> dict[str, Any]:
+    now = time.time()
+    view: dict[str, Any] = {
+        "deadline": "1h",
+        "deadline_ts": now + 3600,
+        "time_left_s": 3600.0,
+        "steered": True,
+        "ceiling": 12,
+        "reason": "on track: OpenRouter 12 in flight, 400 tokens/s for 1.4M tokens by the deadline in 1h00m",
+        "plan": {"reason": "the GPUs make 3.6M tokens of 5.0M tokens by the deadline (1h00m): fits"},
+        "fits": True,
+        "eta_s": 3000.0,
+    }
+    view.update(over)
+    return view
+
+
+def test_the_status_line_says_the_eta_against_the_deadline() -> None:
+    assert deadline_part(fleet()).endswith("in 01:00:00, ETA 00:50:00 (on time)")
+    late = deadline_part(fleet(eta_s=4200.0, fits=False))
+    assert "ETA 01:10:00 (00:10:00 late), CANNOT BE MET" in late
+    assert "passed 00:02:00 ago" in deadline_part(fleet(time_left_s=-120.0))
+
+
+def test_the_plan_line_before_the_start() -> None:
+    assert plan_line(fleet()).endswith("): on track: OpenRouter 12 in flight, 400 tokens/s for 1.4M tokens by the deadline in 1h00m")
+    assert plan_line(fleet(deadline=None, deadline_ts=None)).startswith("plan: the GPUs make 3.6M")
+
+
+def test_deadline_events_are_said_as_they_happen() -> None:
+    lines = event_lines(
+        [
+            {"event": "steer", "ceiling": 3},
+            {"event": "deadline_unreachable", "reason": "plan", "detail": "deadline cannot be met within the budget"},
+            {"event": "deadline", "at": None, "source": "console"},
+        ]
+    )
+    assert lines == ["deadline: cannot be met now: deadline cannot be met within the budget", "deadline cleared"]
