@@ -87,8 +87,10 @@ class Dispatcher:
     def add_lane(self, backend: Backend, ledger: Ledger, stats: JobStats, settler: Settler) -> Lane:
         """A lane for `backend`, after those added before it (the order of `job.backends`)."""
         job = self.job
+        named = [limit for name, limit in job.backend_concurrency.items() if name == backend.name]
+        concurrency = named[0] if named else job.concurrency
         limit = AdaptiveLimit(
-            job.concurrency, minimum=job.min_concurrency, adaptive=job.adaptive_concurrency, ceiling=job.concurrency
+            concurrency, minimum=job.min_concurrency, adaptive=job.adaptive_concurrency, ceiling=concurrency
         )
         caps = [c for c in (job.requests_per_minute, backend.requests_per_minute) if c is not None]
         lane = Lane(backend, ledger, stats, settler, limit, min(caps) if caps else None)

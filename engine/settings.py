@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -211,6 +211,10 @@ class JobSettings(_Section):
     """Where the job keeps its journals, lock and control socket."""
     concurrency: int = Field(2000, ge=1, le=20000)
     """Requests in flight at most."""
+    backend_concurrency: dict[Literal["openrouter", "sglang"], Annotated[int, Field(ge=1, le=20000)]] = Field(
+        default_factory=dict
+    )
+    """In a job with several backends, the in-flight limit of some of them, e.g. { sglang = 256 }; a backend not named here has `concurrency`."""
     adaptive_concurrency: bool = True
     """Back off under a 429/503 storm and climb back to `concurrency` once it passes."""
     min_concurrency: int = Field(8, ge=1)
@@ -545,6 +549,8 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
+        if not value:
+            return "{}"
         return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
     raise TypeError(f"no TOML form for {type(value).__name__}")
 

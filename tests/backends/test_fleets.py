@@ -470,3 +470,17 @@ async def test_the_console_shows_each_backends_share(
             job.stop(cancel=True)
             await runner
     assert "| split sglang" in out.getvalue()
+
+
+def test_each_backend_may_have_its_own_in_flight_limit(fleet_settings: Callable[..., Settings], tmp_path: Path) -> None:
+    settings = fleet_settings("http://127.0.0.1:9", "http://127.0.0.1:9/api/v1", [], concurrency=40, backend_concurrency={"sglang": 6})
+    job = Job(settings)
+    limits = {lane.name: lane.limit.configured for lane in job.lanes}
+    assert limits == {"sglang": 6, "openrouter": 40}, "a backend not named has job.concurrency"
+    path = tmp_path / "bad.toml"
+    path.write_text("[job]\nbackend_concurrency = { vllm = 8 }\n")
+    with pytest.raises(SettingsError, match=r"job.backend_concurrency.vllm"):
+        load_settings(path)
+    path.write_text("[job]\nbackend_concurrency = { sglang = 0 }\n")
+    with pytest.raises(SettingsError, match=r"job.backend_concurrency.sglang: Input should be greater than or equal to 1"):
+        load_settings(path)
