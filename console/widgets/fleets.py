@@ -1,0 +1,186 @@
+"""The fleets pane: a job on both fleets at once (docs/console.md, "Two fleets").
+
+One block per backend in the job's order (its state word, rows and share, output tokens, tok/s,
+money in its own unit, requests in flight against its limit and the deadline controller's ceiling),
+its busiest providers or workers under it, then the plan: the deadline and the time left, the ETA
+against it, whether the plan fits, the projected dollars against the budget, both fleets' rates and
+the controller's one line. GPU hosts stay in the host pane.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any
+
+from textual import events
+from textual.markup import escape
+
+from console import format as fmt
+from console.format import number
+from console.widgets.text import TextPane
+
+# Providers (or workers) shown under each backend: the busiest by requests.
+TOP_ROUTES = 3
+# The controller's line wraps to at most this many lines.
+REASON_LINES = 3
+# A lane's state word and the theme variable it is written in (the word carries the meaning).
+STATE_COLOUR = {
+    "running": "$success",
+    "paused": "$warning",
+    "held": "$warning",
+    "budget": "$budget-over",
+    "out": "$error",
+    "closed": "$error",
+}
+
+
+def shows_fleets(snap: dict[str, Any] | None) -> bool:
+    """Whether a snapshot is of a two-fleet job: several lanes, or the deadline controller's view."""
+    if not snap:
+        return False
+    lanes = snap.get("lanes")
+    return (isinstance(lanes, list) and len(lanes) > 1) or isinstance(snap.get("fleet"), dict)
+
+
+def lanes_of(snap: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The snapshot's lanes, in the job's order."""
+    lanes = (snap or {}).get("lanes")
+    return [lane for lane in lanes if isinstance(lane, dict)] if isinstance(lanes, list) else []
+
+
+def state_word(lane: dict[str, Any]) -> str:
+    """A lane's state as a coloured word, e.g. RUNNING, PAUSED."""
+    state = str(lane.get("state") or "running")
+    return f"[b {STATE_COLOUR.get(state, '$warning')}]{escape(state.upper())}[/]"
+
+
+def lane_lines(lane: dict[str, Any], top: int = TOP_ROUTES) -> list[str]:
+    """One backend: a heading, its output and money, its limit, then its busiest routes."""
+    money = lane.get("money") or {}
+    unit = str(lane.get("unit") or money.get("unit") or "usd")
+    concurrency = lane.get("concurrency") or {}
+    rates = lane.get("rates") or {}
+    name = escape(str(lane.get("name") or "?"))
+    rows = int(number(lane.get("rows")) or 0)
+    heading = f"[b]{name}[/] {state_word(lane)} {fmt.count(rows)} rows {fmt.percent(number(lane.get('rows_share')))}"
+    reason = lane.get("reason")
+    lines = [heading]
+    if reason and str(lane.get("state") or "running") != "running":
+        lines.append(f"  [$warning]{escape(str(reason))}[/]")
+    lines.append(
+        f"  {fmt.count(number(lane.get('output_tokens')))} tok · "
+        f"{fmt.rate(number(rates.get('output_tokens_per_s')))} tok/s · {fmt.amount(number(money.get('spent')), unit)}"
+    )
+    limit = (
+        f"  in flight {int(number(lane.get('in_flight')) or 0)}/{int(number(concurrency.get('effective')) or 0)}"
+    )
+    ceiling = number(lane.get("ceiling"))
+    if ceiling is not None:
+        limit += f" · ceiling {int(ceiling)}"
+    lines.append(limit)
+    lines.extend(route_lines(lane, top))
+    return lines
+
+
+def route_lines(lane: dict[str, Any], top: int = TOP_ROUTES) -> list[str]:
+    """The lane's busiest providers (OpenRouter) or workers (SGLang), by requests."""
+    routes = [r for r in lane.get("providers") or [] if isinstance(r, dict) and number(r.get("requests"))]
+    routes.sort(key=lambda r: (-(number(r.get("requests")) or 0.0), str(r.get("name"))))
+    lines = []
+    for route in routes[:top]:
+        status = str(route.get("status") or "")
+        lines.append(
+            f"  [$text-muted]{escape(status):<4}[/] {escape(str(route.get('name') or route.get('slug'))[:14]):<14}"
+            f" {fmt.count(number(route.get('requests'))):>6} req {fmt.percent(number(route.get('share'))):>4}"
+        )
+    hidden = len(routes) - top
+    if hidden > 0:
+        lines.append(f"  [$text-muted]+{hidden} more[/]")
+    return lines
+
+
+def deadline_line(fleet: dict[str, Any]) -> str:
+    """The deadline as set, its local time, and the time left (or how long ago it passed)."""
+    deadline = fleet.get("deadline")
+    if not deadline:
+        return "[b]Plan[/] no deadline: both fleets flat out"
+    when = number(fleet.get("deadline_ts"))
+    at = "" if when is None else f" ({fmt.wall_time(when)[:5]})"
+    left = number(fleet.get("time_left_s"))
+    if left is not None and left < 0:
+        return f"[b]Plan[/] deadline {escape(str(deadline))}{at} [b $warning]passed {fmt.span(-left)} ago[/]"
+    return f"[b]Plan[/] deadline {escape(str(deadline))}{at} · {fmt.span(left)} left"
+
+
+def plan_lines(fleet: dict[str, Any], money: dict[str, Any], width: int = 40) -> list[str]:
+    """The plan: deadline, ETA against it, fit, projected dollars, both rates, the ceiling, the reason."""
+    has_deadline = bool(fleet.get("deadline"))
+    left = number(fleet.get("time_left_s")) if has_deadline else None
+    eta, late = fmt.against_deadline(number(fleet.get("eta_s")), left)
+    lines = [deadline_line(fleet), f"  [b $warning]{escape(eta)}[/]" if late else f"  {escape(eta)}"]
+    fits = "[b $success]fits[/]" if fleet.get("fits") else "[b $error]does not fit[/]"
+    projected = number(fleet.get("projected_usd"))
+    budget = number(money.get("budget")) if (money.get("unit") or "usd") == "usd" else None
+    spend = f"projected {fmt.money(projected)}"
+    if budget is not None:
+        spend += f" of {fmt.money(budget)}"
+        if projected is not None and projected > budget:
+            spend += f" [b $budget-warn]over by {fmt.money(projected - budget)}[/]"
+    lines.append(f"  {fits} · {spend}")
+    lines.append(
+        f"  GPU {fmt.rate(number(fleet.get('gpu_tokens_per_s')))} tok/s · "
+        f"OpenRouter {fmt.rate(number(fleet.get('openrouter_tokens_per_s')))} tok/s"
+    )
+    ceiling = number(fleet.get("ceiling"))
+    aim = number(fleet.get("aim_tokens_per_s"))
+    lines.append(
+        "  ceiling "
+        + ("none: flat out" if ceiling is None else f"{int(ceiling)} in flight")
+        + ("" if aim is None else f" · aims {fmt.rate(aim)} tok/s")
+    )
+    reason = str(fleet.get("reason") or "")
+    if reason:
+        wrapped = textwrap.wrap(reason, max(20, width - 2))
+        if len(wrapped) > REASON_LINES:
+            wrapped = [*wrapped[: REASON_LINES - 1], textwrap.shorten(" ".join(wrapped[REASON_LINES - 1 :]), max(20, width - 2))]
+        lines.extend(f"  [$text-muted]{escape(part)}[/]" for part in wrapped)
+    return lines
+
+
+def fleet_lines(snap: dict[str, Any], width: int = 40) -> list[str]:
+    """Every line of the pane for a snapshot."""
+    lines: list[str] = []
+    for lane in lanes_of(snap):
+        lines.extend(lane_lines(lane))
+    fleet = snap.get("fleet")
+    if isinstance(fleet, dict):
+        lines.extend(plan_lines(fleet, snap.get("money") or {}, width))
+    return lines or ["waiting for data"]
+
+
+class FleetsPane(TextPane):
+    """Both fleets in one view: per backend, then per provider or worker, then the plan."""
+
+    DEFAULT_CSS = """
+    FleetsPane {
+        padding: 0 1;
+        background: $surface;
+    }
+    """
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.border_title = "Fleets"
+        self.snap: dict[str, Any] = {}
+
+    def show(self, snap: dict[str, Any]) -> None:
+        """Repaint from a snapshot."""
+        self.snap = snap
+        self._paint()
+
+    def on_resize(self, event: events.Resize) -> None:
+        self._paint()
+
+    def _paint(self) -> None:
+        width = self.content_size.width or 40
+        self.show_lines(fleet_lines(self.snap, width) if self.snap else ["waiting for data"])
