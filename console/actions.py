@@ -111,7 +111,7 @@ ACTIONS: tuple[Action, ...] = (
         "backend-pause",
         "pause_backend",
         "P",
-        "Fleet",
+        "Backend",
         "Pause or resume one backend (the others run on)",
         STEER,
         steering=True,

@@ -54,8 +54,9 @@ def state_word(lane: dict[str, Any]) -> str:
     return f"[b {STATE_COLOUR.get(state, '$warning')}]{escape(state.upper())}[/]"
 
 
-def lane_lines(lane: dict[str, Any], top: int = TOP_ROUTES) -> list[str]:
-    """One backend: a heading, its output and money, its limit, then its busiest routes."""
+def lane_lines(lane: dict[str, Any], top: int = TOP_ROUTES, *, compact: bool = False) -> list[str]:
+    """One backend: a heading, its output and money, its limit, then its busiest routes (compact: two
+    lines, no routes)."""
     money = lane.get("money") or {}
     unit = str(lane.get("unit") or money.get("unit") or "usd")
     concurrency = lane.get("concurrency") or {}
@@ -67,17 +68,18 @@ def lane_lines(lane: dict[str, Any], top: int = TOP_ROUTES) -> list[str]:
     lines = [heading]
     if reason and str(lane.get("state") or "running") != "running":
         lines.append(f"  [$warning]{escape(str(reason))}[/]")
-    lines.append(
+    made = (
         f"  {fmt.count(number(lane.get('output_tokens')))} tok · "
         f"{fmt.rate(number(rates.get('output_tokens_per_s')))} tok/s · {fmt.amount(number(money.get('spent')), unit)}"
     )
-    limit = (
-        f"  in flight {int(number(lane.get('in_flight')) or 0)}/{int(number(concurrency.get('effective')) or 0)}"
-    )
+    in_flight = f"{int(number(lane.get('in_flight')) or 0)}/{int(number(concurrency.get('effective')) or 0)}"
     ceiling = number(lane.get("ceiling"))
+    if compact:
+        return [*lines, made + f" · {in_flight}" + ("" if ceiling is None else f" ≤{int(ceiling)}")]
+    limit = f"  in flight {in_flight}"
     if ceiling is not None:
         limit += f" · ceiling {int(ceiling)}"
-    lines.append(limit)
+    lines.extend([made, limit])
     lines.extend(route_lines(lane, top))
     return lines
 
@@ -112,7 +114,9 @@ def deadline_line(fleet: dict[str, Any]) -> str:
     return f"[b]Plan[/] deadline {escape(str(deadline))}{at} · {fmt.span(left)} left"
 
 
-def plan_lines(fleet: dict[str, Any], money: dict[str, Any], width: int = 40) -> list[str]:
+def plan_lines(
+    fleet: dict[str, Any], money: dict[str, Any], width: int = 40, reason_lines: int = REASON_LINES
+) -> list[str]:
     """The plan: deadline, ETA against it, fit, projected dollars, both rates, the ceiling, the reason."""
     has_deadline = bool(fleet.get("deadline"))
     left = number(fleet.get("time_left_s")) if has_deadline else None
@@ -141,20 +145,22 @@ def plan_lines(fleet: dict[str, Any], money: dict[str, Any], width: int = 40) ->
     reason = str(fleet.get("reason") or "")
     if reason:
         wrapped = textwrap.wrap(reason, max(20, width - 2))
-        if len(wrapped) > REASON_LINES:
-            wrapped = [*wrapped[: REASON_LINES - 1], textwrap.shorten(" ".join(wrapped[REASON_LINES - 1 :]), max(20, width - 2))]
+        if len(wrapped) > reason_lines:
+            rest = textwrap.shorten(" ".join(wrapped[reason_lines - 1 :]), max(20, width - 2))
+            wrapped = [*wrapped[: reason_lines - 1], rest]
         lines.extend(f"  [$text-muted]{escape(part)}[/]" for part in wrapped)
     return lines
 
 
-def fleet_lines(snap: dict[str, Any], width: int = 40) -> list[str]:
-    """Every line of the pane for a snapshot."""
+def fleet_lines(snap: dict[str, Any], width: int = 40, *, compact: bool = False) -> list[str]:
+    """Every line of the pane for a snapshot; compact (a narrow terminal's bottom strip) keeps the plan
+    and drops the routes."""
     lines: list[str] = []
     for lane in lanes_of(snap):
-        lines.extend(lane_lines(lane))
+        lines.extend(lane_lines(lane, compact=compact))
     fleet = snap.get("fleet")
     if isinstance(fleet, dict):
-        lines.extend(plan_lines(fleet, snap.get("money") or {}, width))
+        lines.extend(plan_lines(fleet, snap.get("money") or {}, width, 2 if compact else REASON_LINES))
     return lines or ["waiting for data"]
 
 
@@ -183,4 +189,6 @@ class FleetsPane(TextPane):
 
     def _paint(self) -> None:
         width = self.content_size.width or 40
-        self.show_lines(fleet_lines(self.snap, width) if self.snap else ["waiting for data"])
+        # A narrow terminal (the screen's breakpoint class) gives the pane a short strip at the bottom.
+        compact = self.is_mounted and self.screen.has_class("-narrow")
+        self.show_lines(fleet_lines(self.snap, width, compact=compact) if self.snap else ["waiting for data"])
