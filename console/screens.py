@@ -285,7 +285,9 @@ class DeadlineScreen(ModalScreen[str | None]):
     @staticmethod
     def check(text: str) -> str | None:
         """Why `text` is refused (the job's own parser and message), or None when it is a deadline."""
-        if text.lower() in ("", "none"):
+        if not text:
+            return "type a deadline (12h, 90m, 06:30), or none to take it away"
+        if text.lower() == "none":
             return None
         try:
             parse_deadline(text)
@@ -301,7 +303,7 @@ class DeadlineScreen(ModalScreen[str | None]):
         if problem is not None:
             self.query_one("#deadline-error", Label).update(problem)
             return
-        self.dismiss(text or "none")
+        self.dismiss(text)
 
     @on(Button.Pressed, "#cancel")
     def action_cancel(self) -> None:

@@ -130,7 +130,12 @@ def plan_lines(
         spend += f" of {fmt.money(budget)}"
         if projected is not None and projected > budget:
             spend += f" [b $budget-warn]over by {fmt.money(projected - budget)}[/]"
-    lines.append(f"  {fits} · {spend}")
+    # The verdict and the money share a line when they fit in the pane, else the money goes below.
+    plain = len("does not fit" if not fleet.get("fits") else "fits") + len(" · ") + len(spend.split(" [")[0])
+    if plain + 2 <= width:
+        lines.append(f"  {fits} · {spend}")
+    else:
+        lines.extend([f"  {fits}", f"  {spend}"])
     lines.append(
         f"  GPU {fmt.rate(number(fleet.get('gpu_tokens_per_s')))} tok/s · "
         f"OpenRouter {fmt.rate(number(fleet.get('openrouter_tokens_per_s')))} tok/s"
