@@ -128,12 +128,16 @@ def test_the_plan_ahead_of_the_deadline_and_within_the_budget() -> None:
 
 def test_a_late_plan_is_in_the_warning_colour_and_one_that_does_not_fit_in_red() -> None:
     late = fleet(eta_s=3 * 3600 + 72 * 60, fits=False, projected_usd=130.0, ceiling=None, aim_tokens_per_s=None)
-    lines = plan_lines(late, {"unit": "usd", "budget": 100.0})
+    lines = plan_lines(late, {"unit": "usd", "budget": 100.0}, width=200)
     assert lines[1] == "  [b $warning]ETA 4h12m, 42m after the deadline[/]"
     assert lines[2] == (
         "  [b $error]does not fit[/] · projected $130.00 of $100.00 [b $budget-warn]over by $30.00[/]"
     )
     assert lines[4] == "  ceiling none: flat out"
+    # In a pane too narrow for both, the money goes on the next line.
+    narrow = plan_lines(late, {"unit": "usd", "budget": 100.0}, width=40)
+    assert narrow[2] == "  [b $error]does not fit[/]"
+    assert narrow[3] == "  projected $130.00 of $100.00 [b $budget-warn]over by $30.00[/]"
 
 
 def test_without_a_deadline_and_after_it() -> None:
