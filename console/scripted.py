@@ -461,9 +461,10 @@ class SimulatedJob:
         cost = (tokens + wasted_tokens) * provider.usd_per_m_output / 1e6 + attempts * 300 * 0.6e-6
         waste = wasted_tokens * provider.usd_per_m_output / 1e6 + failures * 300 * 0.6e-6
         if provider.gpus:
-            # GPU time, not dollars: the worker's GPUs for as long as it has work (docs/money.md).
-            cost = waste = provider.gpus * dt if provider.in_flight else 0.0
-            waste = 0.0
+            # GPU time, not dollars: the worker's GPUs for as long as it has work (docs/money.md); the
+            # simulation counts no GPU time as waste.
+            cost = provider.gpus * dt if provider.in_flight else 0.0
+            waste, wasted_tokens = 0.0, 0
         provider.requests += attempts
         provider.ok += oks
         provider.output_tokens += tokens
@@ -484,7 +485,7 @@ class SimulatedJob:
             provider.ttfts.append(ttft)
             provider.latencies.append(ttft + tokens_per_row / provider.tokens_per_s * self.random.uniform(0.8, 1.5))
         self.waste_usd += waste
-        self.waste_tokens += wasted_tokens if not provider.gpus else 0
+        self.waste_tokens += wasted_tokens
         return tokens, oks, attempts, cost
 
     def _step_workers(self, dt: float, dispatching: bool) -> tuple[int, int, int, float]:

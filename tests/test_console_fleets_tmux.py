@@ -23,6 +23,13 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+def clear_the_box(tmux: Tmux) -> None:  # noqa: F811
+    """ctrl+u empties the box; wait until it is empty (its placeholder shows) before typing, since
+    Textual runs the binding after the key and letters typed at once could land before it."""
+    tmux.keys("C-u")
+    tmux.wait_for(lambda s: "12h, 90m, 06:30 or none" in s, "the box emptied")
+
+
 def test_both_fleets_in_one_view_and_the_deadline_changed_from_the_keyboard(
     tmp_path: Path,
     tmux: Tmux,  # noqa: F811
@@ -57,13 +64,12 @@ def test_both_fleets_in_one_view_and_the_deadline_changed_from_the_keyboard(
     tmux.keys("d")
     tmux.wait_for(lambda s: "Deadline now: 1h," in s and "Set [enter]" in s, "the deadline box")
     time.sleep(0.5)  # the box takes the keys once it has the focus (after it is drawn)
-    tmux.keys("C-u")
+    clear_the_box(tmux)
     tmux.keys("-l", "1.5h")
     tmux.wait_for(lambda s: "1.5h" in s, "the text typed")
     tmux.keys("Enter")
     tmux.wait_for(lambda s: "not a time of day or a duration" in s, "the refusal")
-    time.sleep(0.5)
-    tmux.keys("C-u")
+    clear_the_box(tmux)
     tmux.keys("-l", "90m")
     tmux.wait_for(lambda s: "  90m" in s, "the text typed")
     tmux.keys("Enter")
