@@ -118,10 +118,11 @@ class RegenApp(App[str]):
             with Vertical(id="left"):
                 yield ProvidersPane(id="providers-pane")
                 yield DatasetsPane(id="datasets-pane")
+                yield FleetsPane(id="fleets-pane")
                 yield EventLog(max_lines=self.options.log_max_lines, id="log-pane")
             with Vertical(id="right"):
                 yield CostPane(id="cost-pane")
-                yield FleetsPane(id="fleets-pane")
+                yield FleetsPane(id="fleets-strip", compact=True)
                 yield ThroughputPane(id="throughput-pane")
                 yield HostPane(id="host-pane")
         yield Static("", id="too-small")
@@ -418,15 +419,16 @@ class RegenApp(App[str]):
         self.providers_pane.show(list(snap.get("providers") or []), self.history)
 
     def _paint_cost(self, snap: dict[str, Any]) -> None:
-        # A job on both fleets shows the fleets pane where the cost pane was (app.tcss, "-fleets").
+        # A job on both fleets shows the fleets pane (app.tcss, "-fleets"): under the datasets when the
+        # terminal is wide, in the bottom strip beside the cost pane when it is narrow and tall.
         fleets = shows_fleets(snap)
         if fleets != self.has_class("-fleets"):
             self.set_class(fleets, "-fleets")
             self.refresh_bindings()
         if fleets:
-            self.query_one(FleetsPane).show(snap)
-        else:
-            self.query_one(CostPane).show(snap, self.history.burn_per_h(snap))
+            for pane in self.query(FleetsPane):
+                pane.show(snap)
+        self.query_one(CostPane).show(snap, self.history.burn_per_h(snap))
 
     def _paint_datasets(self, snap: dict[str, Any]) -> None:
         self.query_one(DatasetsPane).show(snap, self.history)

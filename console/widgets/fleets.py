@@ -13,6 +13,7 @@ import textwrap
 from typing import Any
 
 from textual import events
+from textual.content import Content
 from textual.markup import escape
 
 from console import format as fmt
@@ -23,6 +24,8 @@ from console.widgets.text import TextPane
 TOP_ROUTES = 3
 # The controller's line wraps to at most this many lines.
 REASON_LINES = 3
+# A backend's block is this many cells wide at most: a wide pane puts the backends side by side.
+LANE_COLUMN = 46
 # A lane's state word and the theme variable it is written in (the word carries the meaning).
 STATE_COLOUR = {
     "running": "$success",
@@ -117,11 +120,11 @@ def deadline_line(fleet: dict[str, Any]) -> str:
 def plan_lines(
     fleet: dict[str, Any], money: dict[str, Any], width: int = 40, reason_lines: int = REASON_LINES
 ) -> list[str]:
-    """The plan: deadline, ETA against it, fit, projected dollars, both rates, the ceiling, the reason."""
+    """The plan: deadline, ETA against it, fit, projected dollars, both rates, the ceiling, the reason;
+    the parts share lines as the width allows."""
     has_deadline = bool(fleet.get("deadline"))
     left = number(fleet.get("time_left_s")) if has_deadline else None
     eta, late = fmt.against_deadline(number(fleet.get("eta_s")), left)
-    lines = [deadline_line(fleet), f"  [b $warning]{escape(eta)}[/]" if late else f"  {escape(eta)}"]
     fits = "[b $success]fits[/]" if fleet.get("fits") else "[b $error]does not fit[/]"
     projected = number(fleet.get("projected_usd"))
     budget = number(money.get("budget")) if (money.get("unit") or "usd") == "usd" else None
@@ -130,23 +133,22 @@ def plan_lines(
         spend += f" of {fmt.money(budget)}"
         if projected is not None and projected > budget:
             spend += f" [b $budget-warn]over by {fmt.money(projected - budget)}[/]"
-    # The verdict and the money share a line when they fit in the pane, else the money goes below.
-    plain = len("does not fit" if not fleet.get("fits") else "fits") + len(" · ") + len(spend.split(" [")[0])
-    if plain + 2 <= width:
-        lines.append(f"  {fits} · {spend}")
-    else:
-        lines.extend([f"  {fits}", f"  {spend}"])
-    lines.append(
-        f"  GPU {fmt.rate(number(fleet.get('gpu_tokens_per_s')))} tok/s · "
-        f"OpenRouter {fmt.rate(number(fleet.get('openrouter_tokens_per_s')))} tok/s"
-    )
     ceiling = number(fleet.get("ceiling"))
     aim = number(fleet.get("aim_tokens_per_s"))
-    lines.append(
-        "  ceiling "
-        + ("none: flat out" if ceiling is None else f"{int(ceiling)} in flight")
-        + ("" if aim is None else f" · aims {fmt.rate(aim)} tok/s")
-    )
+    groups = [
+        [f"[b $warning]{escape(eta)}[/]" if late else escape(eta)],
+        [fits, spend],
+        [
+            f"GPU {fmt.rate(number(fleet.get('gpu_tokens_per_s')))} tok/s",
+            f"OpenRouter {fmt.rate(number(fleet.get('openrouter_tokens_per_s')))} tok/s",
+        ],
+        [
+            "ceiling "
+            + ("none: flat out" if ceiling is None else f"{int(ceiling)} in flight")
+            + ("" if aim is None else f" · aims {fmt.rate(aim)} tok/s")
+        ],
+    ]
+    lines = pack(deadline_line(fleet), groups, width)
     reason = str(fleet.get("reason") or "")
     if reason:
         wrapped = textwrap.wrap(reason, max(20, width - 2))
@@ -157,16 +159,49 @@ def plan_lines(
     return lines
 
 
+def pack(head: str, groups: list[list[str]], width: int) -> list[str]:
+    """`head`, then each group's parts joined by " · " on as few lines as `width` allows (later lines
+    indented); a group stays on one line unless it is wider than the pane, then its parts split."""
+
+    def fits(text: str) -> bool:
+        return Content.from_markup(text).cell_length <= width
+
+    lines = [head]
+    for group in groups:
+        whole = " · ".join(group)
+        if fits(f"{lines[-1]} · {whole}"):
+            lines[-1] = f"{lines[-1]} · {whole}"
+        elif fits(f"  {whole}") or len(group) == 1:
+            lines.append(f"  {whole}")
+        else:
+            lines.extend(f"  {part}" for part in group)
+    return lines
+
+
 def fleet_lines(snap: dict[str, Any], width: int = 40, *, compact: bool = False) -> list[str]:
-    """Every line of the pane for a snapshot; compact (a narrow terminal's bottom strip) keeps the plan
-    and drops the routes."""
-    lines: list[str] = []
-    for lane in lanes_of(snap):
-        lines.extend(lane_lines(lane, compact=compact))
+    """Every line of the pane for a snapshot: the backends (side by side when the width allows), then
+    the plan. Compact (a narrow terminal's bottom strip) keeps the plan and drops the routes."""
+    blocks = [lane_lines(lane, compact=compact) for lane in lanes_of(snap)]
+    lines = side_by_side(blocks, width)
     fleet = snap.get("fleet")
     if isinstance(fleet, dict):
         lines.extend(plan_lines(fleet, snap.get("money") or {}, width, 2 if compact else REASON_LINES))
     return lines or ["waiting for data"]
+
+
+def side_by_side(blocks: list[list[str]], width: int) -> list[str]:
+    """Blocks of markup lines in columns of LANE_COLUMN cells, as many to a row as `width` holds."""
+    per_row = max(1, min(len(blocks), width // LANE_COLUMN))
+    if per_row == 1:
+        return [line for block in blocks for line in block]
+    lines: list[str] = []
+    for start in range(0, len(blocks), per_row):
+        group = blocks[start : start + per_row]
+        for row in range(max(len(block) for block in group)):
+            cells = [block[row] if row < len(block) else "" for block in group]
+            padded = [cell + " " * max(1, LANE_COLUMN - Content.from_markup(cell).cell_length) for cell in cells[:-1]]
+            lines.append("".join([*padded, cells[-1]]).rstrip())
+    return lines
 
 
 class FleetsPane(TextPane):
@@ -179,10 +214,12 @@ class FleetsPane(TextPane):
     }
     """
 
-    def __init__(self, *, id: str | None = None) -> None:
+    def __init__(self, *, id: str | None = None, compact: bool = False) -> None:
+        """`compact`: the short form, for a narrow terminal's bottom strip."""
         super().__init__(id=id)
         self.border_title = "Fleets"
         self.snap: dict[str, Any] = {}
+        self.compact = compact
 
     def show(self, snap: dict[str, Any]) -> None:
         """Repaint from a snapshot."""
@@ -194,6 +231,4 @@ class FleetsPane(TextPane):
 
     def _paint(self) -> None:
         width = self.content_size.width or 40
-        # A narrow terminal (the screen's breakpoint class) gives the pane a short strip at the bottom.
-        compact = self.is_mounted and self.screen.has_class("-narrow")
-        self.show_lines(fleet_lines(self.snap, width, compact=compact) if self.snap else ["waiting for data"])
+        self.show_lines(fleet_lines(self.snap, width, compact=self.compact) if self.snap else ["waiting for data"])

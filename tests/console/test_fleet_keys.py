@@ -22,8 +22,8 @@ def fleets_app(options: ConsoleOptions | None = None, deadline: str | None = "1h
     return make_app(ScriptedSource(count=20, job=SimulatedJob(3, fleets=True, deadline=deadline)), options)
 
 
-def pane_text(app: RegenApp) -> str:
-    return str(app.query_one(FleetsPane).render())
+def pane_text(app: RegenApp, pane: str = "#fleets-pane") -> str:
+    return str(app.query_one(pane, FleetsPane).render())
 
 
 def lane_state(app: RegenApp, name: str) -> str:
@@ -36,15 +36,29 @@ def chooser_text(app: RegenApp) -> list[str]:
     return [str(options.get_option_at_index(i).prompt) for i in range(options.option_count)]
 
 
-async def test_the_fleets_pane_takes_the_cost_panes_place_for_two_fleets() -> None:
+async def test_two_fleets_show_the_fleets_pane_beside_the_cost_pane() -> None:
     app = fleets_app()
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         assert app.has_class("-fleets")
-        assert app.query_one(FleetsPane).display and not app.query_one(CostPane).display
+        assert app.query_one("#fleets-pane").display and app.query_one(CostPane).display
+        assert not app.query_one("#fleets-strip").display
         text = pane_text(app)
         assert text.index("sglang RUNNING") < text.index("openrouter RUNNING") < text.index("Plan deadline 1h")
-        assert "GPU-h" in text and "gpu-a:30000" in text and "ceiling" in text
+        assert "GPU-h" in text and "gpu-a:30000" in text and "Fireworks" in text and "ceiling" in text
+        first = text.splitlines()[0]
+        assert first.startswith("sglang RUNNING") and "openrouter RUNNING" in first, "side by side"
+
+
+async def test_a_narrow_tall_terminal_shows_the_compact_fleets_in_the_bottom_strip() -> None:
+    app = fleets_app()
+    async with app.run_test(size=(100, 44)) as pilot:
+        await settle(pilot)
+        assert not app.query_one("#fleets-pane").display and app.query_one("#fleets-strip").display
+        assert not app.query_one("#throughput-pane").display and app.query_one(CostPane).display
+        text = pane_text(app, "#fleets-strip")
+        assert "gpu-a:30000" not in text, "compact: no routes"
+        assert "sglang RUNNING" in text and "· 16/200 ≤16" in text and "Plan deadline 1h" in text
 
 
 async def test_one_backend_keeps_the_cost_pane_and_offers_no_fleet_keys() -> None:
@@ -52,7 +66,8 @@ async def test_one_backend_keeps_the_cost_pane_and_offers_no_fleet_keys() -> Non
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         assert not app.has_class("-fleets")
-        assert app.query_one(CostPane).display and not app.query_one(FleetsPane).display
+        assert app.query_one(CostPane).display
+        assert not any(pane.display for pane in app.query(FleetsPane))
         assert "pause_backend" not in footer_actions(app) and "set_deadline" not in footer_actions(app)
         await pilot.press("P", "d")
         await settle(pilot)

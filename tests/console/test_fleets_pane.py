@@ -117,35 +117,46 @@ def test_the_busiest_routes_first_and_the_rest_counted() -> None:
 
 
 def test_the_plan_ahead_of_the_deadline_and_within_the_budget() -> None:
-    lines = plan_lines(fleet(), {"unit": "usd", "budget": 100.0}, width=200)
+    lines = plan_lines(fleet(), {"unit": "usd", "budget": 100.0}, width=40)
     assert lines[0] == "[b]Plan[/] deadline 12h (03:06) · 3h30m left"
     assert lines[1] == "  ETA 3h10m, 20m before the deadline"
     assert lines[2] == "  [b $success]fits[/] · projected $36.96 of $100.00"
     assert lines[3] == "  GPU 2400 tok/s · OpenRouter 840 tok/s"
     assert lines[4] == "  ceiling 28 in flight · aims 840 tok/s"
-    assert lines[5] == f"  [$text-muted]{fleet()['reason']}[/]"
+    assert lines[5].startswith("  [$text-muted]on track: OpenRouter 28 in flight,")
+
+
+def test_a_wide_pane_puts_the_plan_on_fewer_lines() -> None:
+    lines = plan_lines(fleet(), {"unit": "usd", "budget": 100.0}, width=92)
+    assert lines[0] == "[b]Plan[/] deadline 12h (03:06) · 3h30m left · ETA 3h10m, 20m before the deadline"
+    assert lines[1] == "  [b $success]fits[/] · projected $36.96 of $100.00 · GPU 2400 tok/s · OpenRouter 840 tok/s"
+    assert lines[2] == "  ceiling 28 in flight · aims 840 tok/s"
+    assert lines[3] == f"  [$text-muted]{fleet()['reason']}[/]"
+    assert len(lines) == 4
 
 
 def test_a_late_plan_is_in_the_warning_colour_and_one_that_does_not_fit_in_red() -> None:
     late = fleet(eta_s=3 * 3600 + 72 * 60, fits=False, projected_usd=130.0, ceiling=None, aim_tokens_per_s=None)
-    lines = plan_lines(late, {"unit": "usd", "budget": 100.0}, width=200)
-    assert lines[1] == "  [b $warning]ETA 4h12m, 42m after the deadline[/]"
-    assert lines[2] == (
+    lines = plan_lines(late, {"unit": "usd", "budget": 100.0}, width=120)
+    assert lines[0].endswith(" · [b $warning]ETA 4h12m, 42m after the deadline[/]")
+    assert lines[1].startswith(
         "  [b $error]does not fit[/] · projected $130.00 of $100.00 [b $budget-warn]over by $30.00[/]"
     )
-    assert lines[4] == "  ceiling none: flat out"
+    assert lines[1].endswith(" · GPU 2400 tok/s · OpenRouter 840 tok/s")
+    assert lines[2] == "  ceiling none: flat out"
     # In a pane too narrow for both, the money goes on the next line.
     narrow = plan_lines(late, {"unit": "usd", "budget": 100.0}, width=40)
+    assert narrow[1] == "  [b $warning]ETA 4h12m, 42m after the deadline[/]"
     assert narrow[2] == "  [b $error]does not fit[/]"
     assert narrow[3] == "  projected $130.00 of $100.00 [b $budget-warn]over by $30.00[/]"
 
 
 def test_without_a_deadline_and_after_it() -> None:
-    free = plan_lines(fleet(deadline=None, deadline_ts=None, time_left_s=None), {"unit": "usd", "budget": None})
+    no_deadline = fleet(deadline=None, deadline_ts=None, time_left_s=None)
+    free = plan_lines(no_deadline, {"unit": "usd", "budget": None}, width=40)
     assert free[0] == "[b]Plan[/] no deadline: both fleets flat out"
-    assert free[1] == "  ETA 3h10m"
-    assert free[2] == "  [b $success]fits[/] · projected $36.96"
-    passed = plan_lines(fleet(time_left_s=-125.0), {})
+    assert free[1] == "  ETA 3h10m · [b $success]fits[/] · projected $36.96"
+    passed = plan_lines(fleet(time_left_s=-125.0), {}, width=40)
     assert passed[0] == "[b]Plan[/] deadline 12h (03:06) [b $warning]passed 2m ago[/]"
 
 
