@@ -200,6 +200,8 @@ class SimulatedJob:
         ]
         self.events: list[dict[str, Any]] = []
         self._seq = 0
+        if deadline is not None and not fleets:
+            raise ValueError("a deadline needs both fleets (fleets=True)")
         self.fleets = fleets
         self.workers = [
             _Provider(name, slug, ttft, tps, 0.0, errors, weight, error_class, "int4", gpus=gpus)
@@ -216,7 +218,11 @@ class SimulatedJob:
                 "sglang": _Lane("sglang", "SGLang", "gpu_s"),
                 "openrouter": _Lane("openrouter", "OpenRouter", "usd"),
             }
-            expected_gpu = sum(GPU_CONCURRENCY / len(self.workers) * TOKENS_PER_ROW / (w.ttft_s + TOKENS_PER_ROW / w.tokens_per_s) for w in self.workers)
+            # The controller's settings before there are samples: what the workers make at full load.
+            expected_gpu = sum(
+                GPU_CONCURRENCY / len(self.workers) * TOKENS_PER_ROW / (w.ttft_s + TOKENS_PER_ROW / w.tokens_per_s)
+                for w in self.workers
+            )
             self.steering = Steering(concurrency, gpu_tokens_per_s=expected_gpu, request_tokens_per_s=40.0)
             if deadline is not None:
                 self.set_deadline(deadline, "settings")

@@ -42,14 +42,26 @@ def test_both_fleets_in_one_view_and_the_deadline_changed_from_the_keyboard(
     command = f"{sys.executable} -m console.launch --fleets --deadline 1h --no-mouse"
     # The pane's shell may carry an 80x24 COLUMNS/LINES from whoever started the tmux server; the
     # console must size itself from the window.
-    tmux("new-session", "-d", "-s", "regen", "-x", "140", "-y", "42", f"cd {tmp_path} && env -u COLUMNS -u LINES {env} {command}; sleep 600")
+    tmux(
+        "new-session",
+        "-d",
+        "-s",
+        "regen",
+        "-x",
+        "140",
+        "-y",
+        "42",
+        f"cd {tmp_path} && env -u COLUMNS -u LINES {env} {command}; sleep 600",
+    )
 
     # One view: each backend with its state, its workers or providers, then the plan to the deadline.
     screen = tmux.wait_for(
         lambda s: "Plan deadline 1h" in s and "gpu-a:30000" in s and "ceiling" in s and "GPU-h" in s,
         "the fleets pane",
     )
-    assert screen.index("sglang RUNNING") < screen.index("openrouter RUNNING") < screen.index("Plan deadline 1h")
+    assert (
+        screen.index("sglang RUNNING") < screen.index("openrouter RUNNING") < screen.index("Plan deadline 1h")
+    )
     assert "Fleets" in screen and "ETA " in screen and "projected $" in screen
     assert "P Backend" in screen and "d Deadline" in screen
 
@@ -73,7 +85,9 @@ def test_both_fleets_in_one_view_and_the_deadline_changed_from_the_keyboard(
     tmux.keys("-l", "90m")
     tmux.wait_for(lambda s: "  90m" in s, "the text typed")
     tmux.keys("Enter")
-    screen = tmux.wait_for(lambda s: "Plan deadline 90m" in s and "Set the deadline" not in s, "the new deadline")
+    screen = tmux.wait_for(
+        lambda s: "Plan deadline 90m" in s and "Set the deadline" not in s, "the new deadline"
+    )
     assert "deadline 90m:" in screen  # the job's answer, in the log
 
     tmux.keys("q")

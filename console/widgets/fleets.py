@@ -199,7 +199,10 @@ def side_by_side(blocks: list[list[str]], width: int) -> list[str]:
         group = blocks[start : start + per_row]
         for row in range(max(len(block) for block in group)):
             cells = [block[row] if row < len(block) else "" for block in group]
-            padded = [cell + " " * max(1, LANE_COLUMN - Content.from_markup(cell).cell_length) for cell in cells[:-1]]
+            padded = [
+                cell + " " * max(1, LANE_COLUMN - Content.from_markup(cell).cell_length)
+                for cell in cells[:-1]
+            ]
             lines.append("".join([*padded, cells[-1]]).rstrip())
     return lines
 
@@ -231,4 +234,6 @@ class FleetsPane(TextPane):
 
     def _paint(self) -> None:
         width = self.content_size.width or 40
-        self.show_lines(fleet_lines(self.snap, width, compact=self.compact) if self.snap else ["waiting for data"])
+        self.show_lines(
+            fleet_lines(self.snap, width, compact=self.compact) if self.snap else ["waiting for data"]
+        )

@@ -30,7 +30,9 @@ from tests.backends.test_fleets import fleet_settings, fleet_tok, gpu_sim, paid_
 from tests.conftest import write_dataset
 
 
-async def wait_until(pilot: Pilot[Any], condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+async def wait_until(
+    pilot: Pilot[Any], condition: Callable[[], bool], what: str, timeout: float = 30.0
+) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while not condition():
@@ -62,7 +64,9 @@ async def test_the_fleets_pane_and_p_on_a_real_two_fleet_job(
         async with app.run_test(size=(140, 42)) as pilot:
             await wait_until(
                 pilot,
-                lambda: bool(app.displayed and all(x["rows"] for x in app.displayed.get("lanes", [{"rows": 0}]))),
+                lambda: bool(
+                    app.displayed and all(x["rows"] for x in app.displayed.get("lanes", [{"rows": 0}]))
+                ),
                 "rows from both backends",
             )
             await pilot.pause(0.2)
@@ -85,7 +89,9 @@ async def test_the_fleets_pane_and_p_on_a_real_two_fleet_job(
             # OpenRouter goes on making rows while the GPUs take nothing new.
             rows = lane(app, "openrouter")["rows"]
             await wait_until(pilot, lambda: lane(app, "openrouter")["rows"] > rows, "OpenRouter rows")
-            await wait_until(pilot, lambda: lane(app, "sglang")["in_flight"] == 0, "the GPUs' requests to finish")
+            await wait_until(
+                pilot, lambda: lane(app, "sglang")["in_flight"] == 0, "the GPUs' requests to finish"
+            )
 
             await pilot.press("P")
             await pilot.pause()

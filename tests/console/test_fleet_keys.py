@@ -44,7 +44,9 @@ async def test_two_fleets_show_the_fleets_pane_beside_the_cost_pane() -> None:
         assert app.query_one("#fleets-pane").display and app.query_one(CostPane).display
         assert not app.query_one("#fleets-strip").display
         text = pane_text(app)
-        assert text.index("sglang RUNNING") < text.index("openrouter RUNNING") < text.index("Plan deadline 1h")
+        assert (
+            text.index("sglang RUNNING") < text.index("openrouter RUNNING") < text.index("Plan deadline 1h")
+        )
         assert "GPU-h" in text and "gpu-a:30000" in text and "Fireworks" in text and "ceiling" in text
         first = text.splitlines()[0]
         assert first.startswith("sglang RUNNING") and "openrouter RUNNING" in first, "side by side"

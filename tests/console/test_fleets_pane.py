@@ -65,8 +65,18 @@ def fleet(**fields: Any) -> dict[str, Any]:
 
 
 def test_spans_and_the_eta_against_the_deadline() -> None:
-    assert [fmt.span(s) for s in (None, -1, 45, 20 * 60, 3 * 3600 + 10 * 60, 7200)] == ["-", "-", "45s", "20m", "3h10m", "2h"]
-    assert fmt.against_deadline(3 * 3600 + 600, 3 * 3600 + 1800) == ("ETA 3h10m, 20m before the deadline", False)
+    assert [fmt.span(s) for s in (None, -1, 45, 20 * 60, 3 * 3600 + 10 * 60, 7200)] == [
+        "-",
+        "-",
+        "45s",
+        "20m",
+        "3h10m",
+        "2h",
+    ]
+    assert fmt.against_deadline(3 * 3600 + 600, 3 * 3600 + 1800) == (
+        "ETA 3h10m, 20m before the deadline",
+        False,
+    )
     assert fmt.against_deadline(3600 + 42 * 60, 3600) == ("ETA 1h42m, 42m after the deadline", True)
     assert fmt.against_deadline(600, None) == ("ETA 10m", False)
     assert fmt.against_deadline(None, 600)[1] is False
@@ -103,7 +113,12 @@ def test_a_lane_that_is_not_running_says_why() -> None:
 
 
 def test_the_busiest_routes_first_and_the_rest_counted() -> None:
-    routes = [route("Chutes", 3, 0.05), route("DeepInfra", 40, 0.5), route("Idle", 0, 0.0), route("Novita", 12, 0.2)]
+    routes = [
+        route("Chutes", 3, 0.05),
+        route("DeepInfra", 40, 0.5),
+        route("Idle", 0, 0.0),
+        route("Novita", 12, 0.2),
+    ]
     routes += [route("Fireworks", 25, 0.3, "SLOW")]
     lines = route_lines(lane("openrouter", "usd", providers=routes), top=3)
     names = [line.split("[/]")[1].split()[0] for line in lines[:3]]
@@ -129,14 +144,19 @@ def test_the_plan_ahead_of_the_deadline_and_within_the_budget() -> None:
 def test_a_wide_pane_puts_the_plan_on_fewer_lines() -> None:
     lines = plan_lines(fleet(), {"unit": "usd", "budget": 100.0}, width=92)
     assert lines[0] == "[b]Plan[/] deadline 12h (03:06) · 3h30m left · ETA 3h10m, 20m before the deadline"
-    assert lines[1] == "  [b $success]fits[/] · projected $36.96 of $100.00 · GPU 2400 tok/s · OpenRouter 840 tok/s"
+    assert (
+        lines[1]
+        == "  [b $success]fits[/] · projected $36.96 of $100.00 · GPU 2400 tok/s · OpenRouter 840 tok/s"
+    )
     assert lines[2] == "  ceiling 28 in flight · aims 840 tok/s"
     assert lines[3] == f"  [$text-muted]{fleet()['reason']}[/]"
     assert len(lines) == 4
 
 
 def test_a_late_plan_is_in_the_warning_colour_and_one_that_does_not_fit_in_red() -> None:
-    late = fleet(eta_s=3 * 3600 + 72 * 60, fits=False, projected_usd=130.0, ceiling=None, aim_tokens_per_s=None)
+    late = fleet(
+        eta_s=3 * 3600 + 72 * 60, fits=False, projected_usd=130.0, ceiling=None, aim_tokens_per_s=None
+    )
     lines = plan_lines(late, {"unit": "usd", "budget": 100.0}, width=120)
     assert lines[0].endswith(" · [b $warning]ETA 4h12m, 42m after the deadline[/]")
     assert lines[1].startswith(
@@ -226,7 +246,10 @@ def test_the_scripted_plan_is_the_engines_plan_and_time_left_counts_down() -> No
     assert second["plan"] == plan.to_dict()
     assert second["fits"] is plan.fits
     assert second["projected_usd"] == pytest.approx(job.spent + float(plan.cost))
-    pace = job.lanes["sglang"].rates["output_tokens_per_s"] + job.lanes["openrouter"].rates["output_tokens_per_s"]
+    pace = (
+        job.lanes["sglang"].rates["output_tokens_per_s"]
+        + job.lanes["openrouter"].rates["output_tokens_per_s"]
+    )
     assert second["eta_s"] == pytest.approx(work.output_tokens / pace)
     assert work == Work(work.output_tokens, work.prompts, work.prompts * 300)
 
