@@ -3,8 +3,9 @@ are all made from this registry.
 
 An action has an id (what `[console] keymap` remaps), the Textual action it runs, the keys that
 run it (none for palette-only actions such as stopping the job), the words the footer, the help
-screen and the palette show, its help group, and whether it steers the job (steering actions are
-offered only while the console may steer).
+screen and the palette show, its help group, whether it steers the job (steering actions are
+offered only while the console may steer), and whether it belongs to a job on both fleets (those
+are offered, and listed in help, only when the console shows the fleets pane).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class Action:
     key_display: str | None = None
     palette: str | None = None  # the palette's title; None: not in the palette
     help_line: str | None = None  # one help line for a pair of actions sharing a key (pause/resume)
+    fleets: bool = False  # only for a job with several backends or a deadline (console/widgets/fleets.py)
 
     @property
     def name(self) -> str:
@@ -106,6 +108,28 @@ ACTIONS: tuple[Action, ...] = (
         palette="Set budget…",
     ),
     Action(
+        "backend-pause",
+        "pause_backend",
+        "P",
+        "Backend",
+        "Pause or resume one backend (the others run on)",
+        STEER,
+        steering=True,
+        palette="Pause or resume one backend…",
+        fleets=True,
+    ),
+    Action(
+        "deadline",
+        "set_deadline",
+        "d",
+        "Deadline",
+        "Set the deadline: 12h, 90m, 06:30, or none",
+        STEER,
+        steering=True,
+        palette="Set deadline…",
+        fleets=True,
+    ),
+    Action(
         "stop",
         "stop_job",
         None,
@@ -178,6 +202,7 @@ ACTIONS: tuple[Action, ...] = (
 )
 
 STEERING_ACTIONS = frozenset(a.name for a in ACTIONS if a.steering)
+FLEET_ACTIONS = frozenset(a.name for a in ACTIONS if a.fleets)
 
 
 def bindings() -> list[Binding]:

@@ -24,7 +24,7 @@ from textual.timer import Timer
 from textual.widgets import DataTable, Input, Static
 from textual.worker import Worker, WorkerState
 
-from console.actions import ACTIONS, CONSOLE, GROUP_ORDER, STEERING_ACTIONS, VIEW, bindings
+from console.actions import ACTIONS, CONSOLE, FLEET_ACTIONS, GROUP_ORDER, STEERING_ACTIONS, VIEW, bindings
 from console.commands import RegenCommands
 from console.export import export_snapshot
 from console.format import number
@@ -34,8 +34,10 @@ from console.options import ConsoleOptions
 from console.screens import (
     BudgetScreen,
     ConfirmScreen,
+    DeadlineScreen,
     HelpEntry,
     HelpScreen,
+    LaneScreen,
     ProviderDetailScreen,
     StopScreen,
     exclude_impact,
@@ -44,6 +46,7 @@ from console.source import JobSource
 from console.theming import DEFAULT_THEME, LoadedThemes, load_themes, variable_defaults
 from console.widgets.cost import CostPane
 from console.widgets.datasets import DatasetsPane
+from console.widgets.fleets import FleetsPane, lanes_of, shows_fleets
 from console.widgets.footer import RegenFooter
 from console.widgets.host import HostPane, sglang_stop_text
 from console.widgets.log import EventLog
@@ -115,9 +118,11 @@ class RegenApp(App[str]):
             with Vertical(id="left"):
                 yield ProvidersPane(id="providers-pane")
                 yield DatasetsPane(id="datasets-pane")
+                yield FleetsPane(id="fleets-pane")
                 yield EventLog(max_lines=self.options.log_max_lines, id="log-pane")
             with Vertical(id="right"):
                 yield CostPane(id="cost-pane")
+                yield FleetsPane(id="fleets-strip", compact=True)
                 yield ThroughputPane(id="throughput-pane")
                 yield HostPane(id="host-pane")
         yield Static("", id="too-small")
@@ -414,6 +419,15 @@ class RegenApp(App[str]):
         self.providers_pane.show(list(snap.get("providers") or []), self.history)
 
     def _paint_cost(self, snap: dict[str, Any]) -> None:
+        # A job on both fleets shows the fleets pane (app.tcss, "-fleets"): under the datasets when the
+        # terminal is wide, in the bottom strip beside the cost pane when it is narrow and tall.
+        fleets = shows_fleets(snap)
+        if fleets != self.has_class("-fleets"):
+            self.set_class(fleets, "-fleets")
+            self.refresh_bindings()
+        if fleets:
+            for pane in self.query(FleetsPane):
+                pane.show(snap)
         self.query_one(CostPane).show(snap, self.history.burn_per_h(snap))
 
     def _paint_datasets(self, snap: dict[str, Any]) -> None:
@@ -465,8 +479,15 @@ class RegenApp(App[str]):
         backend = (self.displayed or self.latest or {}).get("backend") or {}
         return bool(backend.get("supports_exclude", True))
 
+    @property
+    def shows_fleets(self) -> bool:
+        """Whether the job runs on several backends or to a deadline: the fleets pane and its keys."""
+        return shows_fleets(self.displayed or self.latest)
+
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in ("toggle_provider", "exclude_provider") and not self.supports_exclude:
+            return False
+        if action in FLEET_ACTIONS and not self.shows_fleets:
             return False
         if action == "pause_job" and self.job_state == "PAUSED":
             return False
@@ -613,6 +634,36 @@ class RegenApp(App[str]):
 
         self.push_screen(BudgetScreen(money), answered)
 
+    def action_pause_backend(self) -> None:
+        """Pause or resume one backend, chosen from the lanes with their states; the others run on."""
+        lanes = lanes_of(self.latest)
+        if not lanes:
+            self.notify("the job has not reported its backends yet", severity="warning")
+            return
+
+        def answered(name: str | None) -> None:
+            if name is None:
+                return
+            # The state when the choice is made, not when the chooser opened.
+            lane = next((x for x in lanes_of(self.latest) if x.get("name") == name), None)
+            if lane is None:
+                self.notify(f"{name} is not in the snapshot", severity="warning")
+            elif lane.get("state") == "paused":
+                self.send("resume", f"resume {name}", backend=name)
+            else:
+                self.send("pause", f"pause {name} (the others run on)", backend=name)
+
+        self.push_screen(LaneScreen(lanes), answered)
+
+    def action_set_deadline(self) -> None:
+        fleet = (self.latest or {}).get("fleet") or {}
+
+        def answered(text: str | None) -> None:
+            if text is not None:
+                self.send("deadline", f"deadline → {text}", value=text)
+
+        self.push_screen(DeadlineScreen(fleet), answered)
+
     def action_stop_job(self) -> None:
         """Stop the job after a typed confirmation: drain or cancel what is in flight."""
         if not self.can_steer:
@@ -727,7 +778,12 @@ class RegenApp(App[str]):
             for b in ProvidersTable.BINDINGS
             if isinstance(b, Binding)
         ]
-        actions = [(a.id, a.keys, a.key_display, a.help_line or a.help, a.group) for a in ACTIONS if a.keys]
+        fleets = self.shows_fleets
+        actions = [
+            (a.id, a.keys, a.key_display, a.help_line or a.help, a.group)
+            for a in ACTIONS
+            if a.keys and (fleets or not a.fleets)
+        ]
         for key_id, default_keys, display, description, group in [*actions, *table_keys]:
             if key_id in seen:
                 continue

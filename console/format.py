@@ -124,3 +124,28 @@ def number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value)
+
+
+def span(seconds: float | None) -> str:
+    """A coarse duration for plans and deadlines: 3h10m, 20m, 45s (or "-")."""
+    if seconds is None or seconds < 0 or seconds != seconds or seconds == float("inf"):
+        return DASH
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m"
+    hours, minutes = divmod(whole // 60, 60)
+    return f"{hours}h{minutes:02d}m" if minutes else f"{hours}h"
+
+
+def against_deadline(eta_s: float | None, time_left_s: float | None) -> tuple[str, bool]:
+    """The ETA beside the deadline: ("ETA 3h10m, 20m before the deadline", False), or ... after it, True."""
+    if eta_s is None:
+        return "ETA -: no rate measured yet", False
+    if time_left_s is None:
+        return f"ETA {span(eta_s)}", False
+    gap = time_left_s - eta_s
+    if gap >= 0:
+        return f"ETA {span(eta_s)}, {span(gap)} before the deadline", False
+    return f"ETA {span(eta_s)}, {span(-gap)} after the deadline", True

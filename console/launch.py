@@ -47,10 +47,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fps", type=int, default=None)
     parser.add_argument("--color-system", default=None)
     parser.add_argument("--theme", default="regen-dark")
+    parser.add_argument("--fleets", action="store_true", help="both fleets: SGLang workers and OpenRouter")
+    parser.add_argument("--deadline", default="1h", help="the deadline of a --fleets job (none: no deadline)")
     args = parser.parse_args(argv)
-    from console.scripted import ScriptedSource
+    from console.scripted import ScriptedSource, SimulatedJob
 
-    source = ScriptedSource(seed=args.seed, count=None, readonly=args.readonly)
+    job = None
+    if args.fleets:
+        job = SimulatedJob(args.seed, fleets=True, deadline=None if args.deadline == "none" else args.deadline)
+    source = ScriptedSource(seed=args.seed, count=None, readonly=args.readonly, job=job)
     return run_console(
         source,
         fps=args.fps,

@@ -1,4 +1,5 @@
-"""Modal screens: confirmations (exclude, budget, stop), help, and a provider's detail."""
+"""Modal screens: confirmations (exclude, budget, deadline, a backend to pause, stop), help, and a
+provider's detail."""
 
 from __future__ import annotations
 
@@ -13,13 +14,16 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
 from textual.markup import escape
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, Static
+from textual.widgets import Button, Input, Label, OptionList, Static
+from textual.widgets.option_list import Option
 
 from console import format as fmt
 from console.format import number
 from console.history import History, provider_status
+from console.widgets.fleets import state_word
 from console.widgets.providers import STATUS_GLYPH, provider_tokens_per_s, slug_of, usd_per_m
 from console.widgets.spark import ZeroSparkline
+from engine.fleetplan import DeadlineError, parse_deadline
 
 MODAL_CSS = """
 {name} {{
@@ -188,6 +192,118 @@ class BudgetScreen(ModalScreen[float | None]):
             self.query_one("#budget-error", Label).update(result)
             return
         self.dismiss(result)
+
+    @on(Button.Pressed, "#cancel")
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class LaneScreen(ModalScreen[str | None]):
+    """Which backend to pause or resume: the job's lanes with their states; the others run on."""
+
+    DEFAULT_CSS = (
+        MODAL_CSS.format(name="LaneScreen")
+        + """
+    LaneScreen OptionList { height: auto; max-height: 10; }
+    """
+    )
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,q", "cancel", "Cancel", id="lane-cancel", tooltip="Leave every backend as it is"),
+    ]
+
+    def __init__(self, lanes: list[dict[str, Any]]) -> None:
+        super().__init__()
+        self.lanes = lanes
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label("Pause or resume one backend", classes="title")
+            yield Static(
+                "Requests in flight on a paused backend finish (they are billed); the other backends go on.",
+                markup=False,
+            )
+            options = []
+            for lane in self.lanes:
+                name = str(lane.get("name") or "?")
+                verb = "resume" if lane.get("state") == "paused" else "pause"
+                in_flight = int(number(lane.get("in_flight")) or 0)
+                options.append(
+                    Option(
+                        Content.from_markup(
+                            f"{escape(name):<12} {state_word(lane)} · {in_flight} in flight  → [b]{verb}[/]"
+                        ),
+                        id=name,
+                    )
+                )
+            yield OptionList(*options, id="lanes")
+            with Horizontal():
+                yield Button(Content("Cancel [esc]"), id="cancel")
+
+    def on_mount(self) -> None:
+        self.query_one(OptionList).focus()
+
+    @on(OptionList.OptionSelected)
+    def _chosen(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(event.option.id)
+
+    @on(Button.Pressed, "#cancel")
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class DeadlineScreen(ModalScreen[str | None]):
+    """A new deadline: a duration (12h, 90m), a time of day (06:30), or none; checked by the job's rules."""
+
+    DEFAULT_CSS = MODAL_CSS.format(name="DeadlineScreen")
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "cancel", "Cancel", id="deadline-cancel", tooltip="Keep the deadline"),
+    ]
+
+    def __init__(self, fleet: dict[str, Any]) -> None:
+        super().__init__()
+        self.current = fleet.get("deadline")
+        self.time_left = number(fleet.get("time_left_s"))
+
+    def compose(self) -> ComposeResult:
+        now = "none" if not self.current else f"{self.current}, {fmt.span(self.time_left)} left"
+        with Vertical():
+            yield Label("Set the deadline", classes="title")
+            yield Static(
+                f"Deadline now: {now}. A duration (12h, 90m, 1h30m), a time of day (06:30, its next "
+                "occurrence), or none. OpenRouter is paced to carry what the GPUs cannot make by then.",
+                markup=False,
+            )
+            yield Input(value=str(self.current or ""), placeholder="12h, 90m, 06:30 or none", id="deadline-value")
+            yield Label("", classes="error", id="deadline-error", markup=False)
+            with Horizontal():
+                yield Button(Content("Cancel [esc]"), id="cancel")
+                yield Button(Content("Set [enter]"), id="set", variant="primary")
+
+    def on_mount(self) -> None:
+        self.query_one(Input).focus()
+
+    @staticmethod
+    def check(text: str) -> str | None:
+        """Why `text` is refused (the job's own parser and message), or None when it is a deadline."""
+        if not text:
+            return "type a deadline (12h, 90m, 06:30), or none to take it away"
+        if text.lower() == "none":
+            return None
+        try:
+            parse_deadline(text)
+        except DeadlineError as exc:
+            return str(exc)
+        return None
+
+    @on(Input.Submitted)
+    @on(Button.Pressed, "#set")
+    def _submit(self) -> None:
+        text = self.query_one(Input).value.strip()
+        problem = self.check(text)
+        if problem is not None:
+            self.query_one("#deadline-error", Label).update(problem)
+            return
+        self.dismiss(text)
 
     @on(Button.Pressed, "#cancel")
     def action_cancel(self) -> None:

@@ -17,14 +17,27 @@ import random
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
 from engine.commands import run_command
 from engine.control import PROTOCOL_VERSION
+from engine.fleetplan import DeadlineError, Provider, Work, parse_deadline, resolve_deadline
+from engine.fleetplan.plan import span
+from engine.fleetplan.steer import Facts, Steer, Steering
 from engine.jobstate import JobError
-from engine.money import WASTE_CAUSES
-from engine.schema import MoneyView, ProviderView, Quantiles, RouteWindow, Snapshot, WasteView
+from engine.money import WASTE_CAUSES, RoutePrice
+from engine.schema import (
+    FleetView,
+    LaneView,
+    MoneyView,
+    ProviderView,
+    Quantiles,
+    RouteWindow,
+    Snapshot,
+    WasteView,
+)
 from engine.stats import StatusRules, judge, percentile
 
 # Wall-clock time the simulated job started at: fixed, so frames (and screenshots) are reproducible.
@@ -45,6 +58,7 @@ class _Provider:
     error_class: str
     precision: str
     kept_out: str | None = None  # why the settings keep it out (it never serves)
+    gpus: int = 0  # an SGLang worker's GPUs: its GPU time is gpus x the seconds it is busy
     requests: int = 0
     ok: int = 0
     output_tokens: int = 0
@@ -84,6 +98,29 @@ class _Dataset:
         return "running" if self.in_flight else "waiting"
 
 
+@dataclass(slots=True)
+class _Lane:
+    """One backend's share of a two-fleet job: what it made, its own pause, its rates."""
+
+    name: str
+    title: str
+    unit: str
+    paused: bool = False
+    rows: int = 0
+    output_tokens: int = 0
+    attempts: int = 0
+    spent: float = 0.0  # in the lane's unit: dollars, or GPU-seconds
+    burn_per_s: float = 0.0
+    errors: Counter[str] = field(default_factory=Counter)
+    rates: dict[str, float] = field(
+        default_factory=lambda: {"output_tokens_per_s": 0.0, "rows_per_s": 0.0, "attempts_per_s": 0.0}
+    )
+
+    @property
+    def state(self) -> str:
+        return "paused" if self.paused else "running"
+
+
 _PRECISION_FLOOR = "precision fp4 below the allowed set (int4 and finer)"
 _PROVIDERS = (
     # name, slug, ttft, tokens/s per stream, $/M output, error rate, routing weight, usual error, precision
@@ -96,6 +133,16 @@ _PROVIDERS = (
 )
 # Endpoints of the catalog that the settings keep out: listed, dimmed, with the reason.
 _KEPT_OUT = (("Baseten", "baseten", 1.80, "nvfp4"), ("AtlasCloud", "atlas-cloud", 1.90, "fp4"))
+# The GPU fleet of a two-fleet job: SGLang workers (name, slug, ttft, tokens/s per stream, error rate,
+# routing weight, usual error, GPUs) and the requests the SGLang lane keeps in flight.
+_WORKERS = (
+    ("gpu-a:30000", "gpu-a:30000", 0.3, 12.0, 0.0, 1.0, "server", 4),
+    ("gpu-b:30000", "gpu-b:30000", 0.3, 11.0, 0.002, 1.0, "server", 4),
+)
+GPU_CONCURRENCY = 64
+TOKENS_PER_ROW = 800.0
+PROMPT_TOKENS = 300
+PROMPT_USD_PER_M = 0.6
 _DATASETS = (("chat", 4000, 650.0, None), ("code", 3000, 900.0, 1_500_000), ("reasoning", 2000, 1400.0, None))
 _ERROR_MESSAGES = {
     "rate_limited": "429 Too Many Requests from upstream",
@@ -112,7 +159,18 @@ def _quantiles(values: Iterable[float]) -> Quantiles:
 class SimulatedJob:
     """A plausible job that evolves deterministically from a seed; commands change it like the real one."""
 
-    def __init__(self, seed: int = 0, *, concurrency: int = 200, budget: float = 50.0, scale: float = 1.0) -> None:
+    def __init__(
+        self,
+        seed: int = 0,
+        *,
+        concurrency: int = 200,
+        budget: float = 50.0,
+        scale: float = 1.0,
+        fleets: bool = False,
+        deadline: str | None = None,
+    ) -> None:
+        """`fleets` adds a GPU fleet (SGLang workers) beside OpenRouter, as `job.backends = ["sglang",
+        "openrouter"]` does, paced by the engine's deadline controller to `deadline` ("1h", "06:30")."""
         self.random = random.Random(seed)
         self.state = "RUNNING"
         self.outcome: dict[str, str] | None = None
@@ -142,6 +200,39 @@ class SimulatedJob:
         ]
         self.events: list[dict[str, Any]] = []
         self._seq = 0
+        if deadline is not None and not fleets:
+            raise ValueError("a deadline needs both fleets (fleets=True)")
+        self.fleets = fleets
+        self.workers = [
+            _Provider(name, slug, ttft, tps, 0.0, errors, weight, error_class, "int4", gpus=gpus)
+            for name, slug, ttft, tps, errors, weight, error_class, gpus in (_WORKERS if fleets else ())
+        ]
+        self.lanes: dict[str, _Lane] = {}
+        self.gpu_configured = GPU_CONCURRENCY
+        self.deadline: str | None = None
+        self.deadline_ts: float | None = None
+        self.steering: Steering | None = None
+        self.steer: Steer | None = None
+        if fleets:
+            self.lanes = {
+                "sglang": _Lane("sglang", "SGLang", "gpu_s"),
+                "openrouter": _Lane("openrouter", "OpenRouter", "usd"),
+            }
+            # The controller's settings before there are samples: what the workers make at full load.
+            expected_gpu = sum(
+                GPU_CONCURRENCY / len(self.workers) * TOKENS_PER_ROW / (w.ttft_s + TOKENS_PER_ROW / w.tokens_per_s)
+                for w in self.workers
+            )
+            self.steering = Steering(concurrency, gpu_tokens_per_s=expected_gpu, request_tokens_per_s=40.0)
+            if deadline is not None:
+                self.set_deadline(deadline, "settings")
+                self.events.clear()
+            self._steer()
+
+    @property
+    def now(self) -> float:
+        """The simulated wall clock (epoch seconds)."""
+        return SIM_EPOCH + self.elapsed_s
 
     # ------------------------------------------------------------------------------ commands
 
@@ -159,13 +250,20 @@ class SimulatedJob:
             raise JobError(f"the job has ended ({self.state})")
 
     def _one_backend(self, backend: str | None) -> None:
-        # The scripted job has one backend; a command naming another is refused as the engine does.
-        if backend is not None and backend != "openrouter":
-            raise JobError(f"no backend {backend!r} in this job (it uses openrouter)")
+        # A command naming a backend the job does not use is refused, as the engine does.
+        names = list(self.lanes) or ["openrouter"]
+        if backend is not None and backend not in names:
+            raise JobError(f"no backend {backend!r} in this job (it uses {', '.join(names)})")
 
     def pause(self, origin: str, backend: str | None = None) -> None:
         self._check_live()
         self._one_backend(backend)
+        if backend is not None and self.lanes:
+            lane = self.lanes[backend]
+            if not lane.paused:
+                lane.paused = True
+                self.event("pause", backend=backend, source=origin)
+            return
         if self.state == "RUNNING":
             self.state = "PAUSED"
             self.event("pause", source=origin)
@@ -173,6 +271,12 @@ class SimulatedJob:
     def resume(self, origin: str, backend: str | None = None) -> None:
         self._check_live()
         self._one_backend(backend)
+        if backend is not None and self.lanes:
+            lane = self.lanes[backend]
+            if lane.paused:
+                lane.paused = False
+                self.event("resume", backend=backend, source=origin)
+            return
         if self.state == "PAUSED":
             self.state = "RUNNING"
             self.event("resume", source=origin)
@@ -224,6 +328,28 @@ class SimulatedJob:
         self.event("budget", value=f"{dollars:.2f}", source=origin)
         return f"budget ${dollars:.2f}"
 
+    def set_deadline(self, text: str | None, origin: str) -> str:
+        """Set or clear the deadline: parsed and resolved by the engine's rules (docs/fleets.md)."""
+        self._check_live()
+        if not self.fleets:
+            raise JobError("this job has one backend: a deadline paces OpenRouter against the GPUs")
+        if text is None:
+            self.deadline, self.deadline_ts = None, None
+            self.event("deadline", value=None, source=origin)
+            self._steer()
+            return "no deadline: both fleets flat out, GPUs first"
+        try:
+            parsed = parse_deadline(text)
+        except DeadlineError as exc:
+            raise JobError(str(exc)) from None
+        now = datetime.fromtimestamp(self.now, UTC)
+        instant = resolve_deadline(parsed, now)
+        self.deadline, self.deadline_ts = text.strip(), instant.timestamp()
+        self.event("deadline", value=self.deadline, ts=self.deadline_ts, source=origin)
+        self._steer()
+        local = instant.astimezone().strftime("%H:%M")
+        return f"deadline {self.deadline}: {local}, {span(self.deadline_ts - self.now)} from now"
+
     def inspect_hosts(self, host: str | None, origin: str) -> str:
         raise JobError("no GPU host configured")
 
@@ -259,6 +385,8 @@ class SimulatedJob:
         self.elapsed_s += dt
         if self.state in ("STOPPED", "DONE"):
             self.rates = dict.fromkeys(self.rates, 0.0)
+            for lane in self.lanes.values():
+                lane.rates = dict.fromkeys(lane.rates, 0.0)
             return
         open_datasets = [d for d in self.datasets if d.open]
         reserve_each = self._reservation()
@@ -268,60 +396,47 @@ class SimulatedJob:
             if not self.budget_blocked:
                 self.event("budget_blocked", spent=f"{self.spent:.2f}", budget=f"{self.budget:.2f}")
             self.budget_blocked = True
+        gpus_dispatching = dispatching and self.fleets and not self.lanes["sglang"].paused
         dispatching = dispatching and not self.budget_blocked
+        if self.fleets and self.lanes["openrouter"].paused:
+            dispatching = False
         allowed = self._serving()
         total_weight = sum(p.weight for p in allowed) or 1.0
+        limit = self.openrouter_limit
         step_tokens = step_rows = step_attempts = 0
         step_spent = 0.0
         for provider in self.providers:
             if provider.kept_out is not None:
                 continue
             if dispatching and provider in allowed:
-                target = round(self.configured * provider.weight / total_weight)
+                target = round(limit * provider.weight / total_weight)
                 headroom = int((self.budget - self.spent) / reserve_each) if self.budget > self.spent else 0
                 provider.in_flight = min(target, max(0, headroom))
             else:
                 provider.in_flight = int(provider.in_flight * 0.4)
-            tokens_per_row = 800.0
-            latency = provider.ttft_s + tokens_per_row / provider.tokens_per_s
-            attempts = self._poisson(provider.in_flight / latency * dt) if provider.in_flight else 0
-            failures = min(attempts, self._poisson(attempts * provider.error_rate))
-            oks = attempts - failures
-            tokens = max(0, round(oks * self.random.gauss(tokens_per_row, 40.0)))
-            wasted_tokens = failures * 120
-            cost = (tokens + wasted_tokens) * provider.usd_per_m_output / 1e6 + attempts * 300 * 0.6e-6
-            waste = wasted_tokens * provider.usd_per_m_output / 1e6 + failures * 300 * 0.6e-6
-            provider.requests += attempts
-            provider.ok += oks
-            provider.output_tokens += tokens
-            provider.spent += cost
-            provider.tokens_rate = 0.7 * provider.tokens_rate + 0.3 * (tokens / dt)
-            if failures:
-                provider.errors[provider.error_class] += failures
-                self.errors[provider.error_class] += failures
-                provider.recent_errors.append(
-                    {
-                        "ts": SIM_EPOCH + self.elapsed_s,
-                        "class": provider.error_class,
-                        "message": _ERROR_MESSAGES[provider.error_class],
-                    }
-                )
-            for _ in range(min(attempts, 12)):
-                ttft = provider.ttft_s * self.random.uniform(0.7, 1.6)
-                provider.ttfts.append(ttft)
-                provider.latencies.append(
-                    ttft + tokens_per_row / provider.tokens_per_s * self.random.uniform(0.8, 1.5)
-                )
-            self.waste_usd += waste
-            self.waste_tokens += wasted_tokens
+            tokens, oks, attempts, cost = self._serve(provider, dt)
             step_tokens += tokens
             step_rows += oks
             step_attempts += attempts
             step_spent += cost
-        self._settle_rows(step_rows, step_tokens)
+        if self.fleets:
+            self._count("openrouter", dt, step_rows, step_tokens, step_attempts, step_spent)
+            gpu_rows, gpu_tokens, gpu_attempts, gpu_seconds = self._step_workers(dt, gpus_dispatching)
+            self._count("sglang", dt, gpu_rows, gpu_tokens, gpu_attempts, gpu_seconds)
+            self._settle_rows(step_rows + gpu_rows, step_tokens + gpu_tokens)
+        else:
+            self._settle_rows(step_rows, step_tokens)
         self.spent += step_spent
         self.attempts += step_attempts
         self.rows += step_rows
+        if self.fleets:
+            self.attempts += gpu_attempts
+            self.rows += gpu_rows
+            step_tokens, step_rows, step_attempts = (
+                step_tokens + gpu_tokens,
+                step_rows + gpu_rows,
+                step_attempts + gpu_attempts,
+            )
         for key, value in (
             ("output_tokens_per_s", step_tokens / dt),
             ("rows_per_s", step_rows / dt),
@@ -329,7 +444,7 @@ class SimulatedJob:
         ):
             self.rates[key] = 0.7 * self.rates[key] + 0.3 * value if self.elapsed_s > dt else value
         self.burn_per_s = 0.7 * self.burn_per_s + 0.3 * (step_spent / dt)
-        in_flight = sum(p.in_flight for p in self.providers)
+        in_flight = sum(p.in_flight for p in self.providers) + sum(w.in_flight for w in self.workers)
         if self.state == "DRAINING" and in_flight == 0:
             self.state = "STOPPED"
             self.event("stopped", reason="operator")
@@ -337,6 +452,112 @@ class SimulatedJob:
             self.state = "DONE"
             self.outcome = {"reason": "done", "message": "every dataset is done"}
             self.event("done")
+        if self.fleets:
+            self._steer()
+
+    def _serve(self, provider: _Provider, dt: float) -> tuple[int, int, int, float]:
+        """One route's requests over `dt`: (output tokens, rows, attempts, dollars)."""
+        tokens_per_row = TOKENS_PER_ROW
+        latency = provider.ttft_s + tokens_per_row / provider.tokens_per_s
+        attempts = self._poisson(provider.in_flight / latency * dt) if provider.in_flight else 0
+        failures = min(attempts, self._poisson(attempts * provider.error_rate))
+        oks = attempts - failures
+        tokens = max(0, round(oks * self.random.gauss(tokens_per_row, 40.0)))
+        wasted_tokens = failures * 120
+        cost = (tokens + wasted_tokens) * provider.usd_per_m_output / 1e6 + attempts * 300 * 0.6e-6
+        waste = wasted_tokens * provider.usd_per_m_output / 1e6 + failures * 300 * 0.6e-6
+        if provider.gpus:
+            # GPU time, not dollars: the worker's GPUs for as long as it has work (docs/money.md); the
+            # simulation counts no GPU time as waste.
+            cost = provider.gpus * dt if provider.in_flight else 0.0
+            waste, wasted_tokens = 0.0, 0
+        provider.requests += attempts
+        provider.ok += oks
+        provider.output_tokens += tokens
+        provider.spent += cost
+        provider.tokens_rate = 0.7 * provider.tokens_rate + 0.3 * (tokens / dt)
+        if failures:
+            provider.errors[provider.error_class] += failures
+            self.errors[provider.error_class] += failures
+            provider.recent_errors.append(
+                {
+                    "ts": SIM_EPOCH + self.elapsed_s,
+                    "class": provider.error_class,
+                    "message": _ERROR_MESSAGES[provider.error_class],
+                }
+            )
+        for _ in range(min(attempts, 12)):
+            ttft = provider.ttft_s * self.random.uniform(0.7, 1.6)
+            provider.ttfts.append(ttft)
+            provider.latencies.append(ttft + tokens_per_row / provider.tokens_per_s * self.random.uniform(0.8, 1.5))
+        self.waste_usd += waste
+        self.waste_tokens += wasted_tokens
+        return tokens, oks, attempts, cost
+
+    def _step_workers(self, dt: float, dispatching: bool) -> tuple[int, int, int, float]:
+        """The GPU fleet over `dt`: (rows, output tokens, attempts, GPU-seconds)."""
+        rows = tokens = attempts = 0
+        gpu_seconds = 0.0
+        total_weight = sum(w.weight for w in self.workers) or 1.0
+        for worker in self.workers:
+            if dispatching:
+                worker.in_flight = round(self.gpu_configured * worker.weight / total_weight)
+            else:
+                worker.in_flight = int(worker.in_flight * 0.4)
+            made, oks, tries, seconds = self._serve(worker, dt)
+            rows, tokens, attempts, gpu_seconds = rows + oks, tokens + made, attempts + tries, gpu_seconds + seconds
+        return rows, tokens, attempts, gpu_seconds
+
+    def _count(self, name: str, dt: float, rows: int, tokens: int, attempts: int, spent: float) -> None:
+        lane = self.lanes[name]
+        lane.rows += rows
+        lane.output_tokens += tokens
+        lane.attempts += attempts
+        lane.spent += spent
+        first = self.elapsed_s <= dt
+        for key, value in (("output_tokens_per_s", tokens / dt), ("rows_per_s", rows / dt), ("attempts_per_s", attempts / dt)):
+            lane.rates[key] = value if first else 0.7 * lane.rates[key] + 0.3 * value
+        lane.burn_per_s = 0.7 * lane.burn_per_s + 0.3 * (spent / dt)
+
+    @property
+    def openrouter_limit(self) -> int:
+        """OpenRouter's in-flight limit: the configured concurrency under the controller's ceiling."""
+        ceiling = None if self.steer is None else self.steer.ceiling
+        return self.configured if ceiling is None else min(self.configured, ceiling)
+
+    def work_left(self) -> Work:
+        """The output tokens (and prompts) the open datasets still need, at the simulated row size."""
+        rows = sum(d.total - d.done for d in self.datasets if d.open)
+        return Work(round(rows * TOKENS_PER_ROW), rows, rows * PROMPT_TOKENS)
+
+    def _steer(self) -> None:
+        """One tick of the engine's deadline controller on what the simulation measured."""
+        assert self.steering is not None
+        lane = self.lanes["openrouter"]
+        in_flight = sum(p.in_flight for p in self.providers)
+        per_request = lane.rates["output_tokens_per_s"] / in_flight if in_flight else None
+        sampled = self.elapsed_s > 0
+        serving = self._serving()
+        total_weight = sum(p.weight for p in serving) or 1.0
+        request_rate = per_request or self.steering.request_tokens_per_s
+        providers = tuple(
+            Provider(
+                RoutePrice(p.slug, Decimal(str(PROMPT_USD_PER_M)) / 1_000_000, Decimal(str(p.usd_per_m_output)) / 1_000_000),
+                self.configured * p.weight / total_weight * request_rate,
+            )
+            for p in serving
+        )
+        facts = Facts(
+            now=self.now,
+            work_left=self.work_left(),
+            gpu_tokens_per_s=self.lanes["sglang"].rates["output_tokens_per_s"] if sampled else None,
+            request_tokens_per_s=per_request,
+            in_flight=in_flight,
+            budget_left=Decimal(str(round(self.budget - self.spent, 6))),
+            deadline=self.deadline_ts,
+            providers=providers,
+        )
+        self.steer = self.steering.update(facts)
 
     def _settle_rows(self, rows: int, tokens: int) -> None:
         open_datasets = [d for d in self.datasets if d.open]
@@ -509,8 +730,105 @@ class SimulatedJob:
             "providers": providers,
             "hosts": [],
         }
+        if self.fleets:
+            snap["in_flight"] = in_flight + sum(w.in_flight for w in self.workers)
+            snap["lanes"] = [self._lane_view(name, providers, snap) for name in self.lanes]
+            snap["fleet"] = self._fleet_view()
         snap["events"], self.events = self.events, []
         return snap
+
+    def _lane_view(self, name: str, providers: list[ProviderView], snap: Snapshot) -> LaneView:
+        """One backend's view; the OpenRouter lane is the main one (it holds the budget)."""
+        lane = self.lanes[name]
+        if name == "openrouter":
+            routes, money = providers, snap["money"]
+            in_flight = sum(p.in_flight for p in self.providers)
+            concurrency = {"configured": self.configured, "effective": self.configured}
+            ceiling = None if self.steer is None else self.steer.ceiling
+            model = snap["model"]
+        else:
+            total = sum(w.requests for w in self.workers)
+            routes = [self._provider_view(w, total) for w in self.workers]
+            judge(routes, RULES)
+            for route in routes:
+                route["prompt_price_per_m"] = route["completion_price_per_m"] = None
+                route["cost_per_m_output"] = route["run"]["cost_per_m_output"] = None
+            money = self._gpu_money(lane)
+            in_flight = sum(w.in_flight for w in self.workers)
+            concurrency = {"configured": self.gpu_configured, "effective": self.gpu_configured}
+            ceiling, model = None, "moonshotai/Kimi-K2.5"
+        return {
+            "name": name,
+            "title": lane.title,
+            "unit": lane.unit,
+            "model": model,
+            "state": lane.state,
+            "reason": None,
+            "rows": lane.rows,
+            "rows_share": lane.rows / self.rows if self.rows else 0.0,
+            "output_tokens": lane.output_tokens,
+            "attempts": lane.attempts,
+            "errors": dict(lane.errors),
+            "in_flight": in_flight,
+            "concurrency": {"configured": concurrency["configured"], "effective": concurrency["effective"]},
+            "suggested": None,
+            "ceiling": ceiling,
+            "rates": {
+                "output_tokens_per_s": lane.rates["output_tokens_per_s"],
+                "rows_per_s": lane.rates["rows_per_s"],
+                "attempts_per_s": lane.rates["attempts_per_s"],
+            },
+            "money": money,
+            "providers": routes,
+        }
+
+    def _gpu_money(self, lane: _Lane) -> MoneyView:
+        """The SGLang lane's ledger: GPU-seconds, no budget."""
+        useful_tokens = lane.output_tokens
+        return {
+            "unit": "gpu_s",
+            "spent": round(lane.spent, 6),
+            "confirmed": round(lane.spent, 6),
+            "estimated": 0.0,
+            "pending": {"amount": 0.0, "requests": 0},
+            "unknowable": {"amount": 0.0, "requests": 0},
+            "reserved": 0.0,
+            "budget": None,
+            "headroom": None,
+            "blocked": False,
+            "burn_per_h": lane.burn_per_s * 3600,
+            "projected_total": None,
+            "useful": round(lane.spent, 6),
+            "useful_output_tokens": useful_tokens,
+            "useful_per_m": lane.spent / useful_tokens * 1e6 if useful_tokens else None,
+            "waste": {cause: {"amount": 0.0, "tokens": 0} for cause in WASTE_CAUSES},
+            "waste_total": 0.0,
+        }
+
+    def _fleet_view(self) -> FleetView:
+        """The plan and the controller's answer, as the engine publishes them (engine/schema.py FleetView)."""
+        assert self.steering is not None and self.steer is not None
+        steer = self.steer
+        work = self.work_left()
+        gpu_rate = self.steering.gpu_tokens_per_s
+        openrouter_rate = self.lanes["openrouter"].rates["output_tokens_per_s"]
+        pace = self.lanes["sglang"].rates["output_tokens_per_s"] + openrouter_rate
+        return {
+            "deadline": self.deadline,
+            "deadline_ts": self.deadline_ts,
+            "time_left_s": None if self.deadline_ts is None else self.deadline_ts - self.now,
+            "steered": self.deadline_ts is not None,
+            "ceiling": steer.ceiling,
+            "reason": steer.reason,
+            "plan": steer.plan.to_dict(),
+            "fits": steer.plan.fits,
+            "eta_s": work.output_tokens / pace if pace > 0 else None,
+            "gpu_tokens_per_s": gpu_rate,
+            "openrouter_tokens_per_s": openrouter_rate,
+            "request_tokens_per_s": self.steering.request_tokens_per_s,
+            "aim_tokens_per_s": steer.openrouter_tokens_per_s,
+            "projected_usd": self.spent + float(steer.plan.cost),
+        }
 
 
 # ------------------------------------------------------------------------------ scripted source
@@ -566,6 +884,8 @@ class ScriptedSource:
             "readonly": readonly,
             "events": [{"ts": SIM_EPOCH, "seq": 0, "event": "start", "datasets": 3}],
         }
+        if hello is None and self.job is not None and self.job.fleets:
+            self.hello["job"]["backends"] = list(self.job.lanes)
 
     async def connect(self) -> dict[str, Any]:
         self.connected = True

@@ -21,5 +21,10 @@ class TextPane(Static):
             return
         self._shown_markup = markup
         # A layout pass only when the height (line count) changes, not on every tick.
-        self.update(Content.from_markup(markup), layout=len(lines) != self._line_count)
+        relayout = len(lines) != self._line_count
+        self.update(Content.from_markup(markup), layout=relayout)
         self._line_count = len(lines)
+        if relayout and self.is_mounted:
+            # A change made while a resize is handled (the first paint came before the first layout)
+            # is not laid out by the pass under way; ask for one after it.
+            self.call_after_refresh(self.refresh, layout=True)

@@ -41,7 +41,7 @@ async def test_help_and_palette_are_made_from_the_registry() -> None:
         help_text = " ".join(e.description for e in app.help_entries())
         first_of_id = {}
         for action in ACTIONS:
-            if action.keys:
+            if action.keys and not action.fleets:  # a one-backend job: the fleets' keys are not listed
                 first_of_id.setdefault(action.id, action)
         for action in first_of_id.values():  # a pair sharing an id and a key has one line
             assert (action.help_line or action.help) in help_text, action.id

@@ -17,7 +17,7 @@ from textual.widgets import Input
 
 from console.history import History
 from console.options import ConsoleOptions
-from console.scripted import SimulatedJob
+from console.scripted import ScriptedSource, SimulatedJob
 from console.theming import load_themes, variable_defaults
 from console.widgets.cost import CostPane
 from console.widgets.datasets import DatasetsPane
@@ -100,6 +100,23 @@ def test_provider_detail(snap_compare: SnapCompare) -> None:
         await pilot.pause()
 
     assert snap_compare(make_app(), terminal_size=(120, 40), run_before=run_before)
+
+
+def two_fleets() -> Any:
+    """The console on a job with both fleets (SGLang workers and OpenRouter) and a 1h deadline."""
+    return make_app(ScriptedSource(count=20, job=SimulatedJob(3, fleets=True, deadline="1h")))
+
+
+def test_console_two_fleets(snap_compare: SnapCompare) -> None:
+    assert snap_compare(two_fleets(), terminal_size=(140, 42), run_before=settled)
+
+
+def test_console_two_fleets_narrow_and_tall(snap_compare: SnapCompare) -> None:
+    assert snap_compare(two_fleets(), terminal_size=(100, 44), run_before=settled)
+
+
+def test_backend_chooser(snap_compare: SnapCompare) -> None:
+    assert snap_compare(two_fleets(), terminal_size=(100, 30), run_before=settled, press=["P"])
 
 
 # ---------------------------------------------------------------------------------- each pane

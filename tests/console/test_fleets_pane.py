@@ -1,0 +1,299 @@
+"""The fleets pane's lines, and the scripted two-fleet job behind the console's tests and demo."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from console import format as fmt
+from console.scripted import SIM_EPOCH, SimulatedJob
+from console.widgets.fleets import fleet_lines, lane_lines, plan_lines, route_lines, shows_fleets
+from engine.fleetplan import Provider, Work, plan_fleets
+from engine.jobstate import JobError
+from engine.money import RoutePrice
+
+
+def route(name: str, requests: int, share: float, status: str = "OK") -> dict[str, Any]:
+    return {"name": name, "slug": name.lower(), "requests": requests, "share": share, "status": status}
+
+
+def lane(name: str, unit: str, **fields: Any) -> dict[str, Any]:
+    view: dict[str, Any] = {
+        "name": name,
+        "unit": unit,
+        "state": "running",
+        "reason": None,
+        "rows": 1200,
+        "rows_share": 0.6,
+        "output_tokens": 2_400_000,
+        "in_flight": 17,
+        "concurrency": {"configured": 200, "effective": 180},
+        "ceiling": None,
+        "rates": {"output_tokens_per_s": 850.0},
+        "money": {"unit": unit, "spent": 7200.0 if unit == "gpu_s" else 12.5},
+        "providers": [],
+    }
+    view.update(fields)
+    return view
+
+
+def fleet(**fields: Any) -> dict[str, Any]:
+    view: dict[str, Any] = {
+        "deadline": "12h",
+        "deadline_ts": SIM_EPOCH + 12 * 3600,
+        "time_left_s": 3 * 3600 + 30 * 60,
+        "steered": True,
+        "ceiling": 28,
+        "reason": "on track: OpenRouter 28 in flight, 840 tokens/s for 12.1M tokens by the deadline in 3h30m",
+        "plan": {},
+        "fits": True,
+        "eta_s": 3 * 3600 + 10 * 60,
+        "gpu_tokens_per_s": 2400.0,
+        "openrouter_tokens_per_s": 840.0,
+        "request_tokens_per_s": 30.0,
+        "aim_tokens_per_s": 840.0,
+        "projected_usd": 36.96,
+    }
+    view.update(fields)
+    return view
+
+
+# ------------------------------------------------------------------------------------- format
+
+
+def test_spans_and_the_eta_against_the_deadline() -> None:
+    assert [fmt.span(s) for s in (None, -1, 45, 20 * 60, 3 * 3600 + 10 * 60, 7200)] == [
+        "-",
+        "-",
+        "45s",
+        "20m",
+        "3h10m",
+        "2h",
+    ]
+    assert fmt.against_deadline(3 * 3600 + 600, 3 * 3600 + 1800) == (
+        "ETA 3h10m, 20m before the deadline",
+        False,
+    )
+    assert fmt.against_deadline(3600 + 42 * 60, 3600) == ("ETA 1h42m, 42m after the deadline", True)
+    assert fmt.against_deadline(600, None) == ("ETA 10m", False)
+    assert fmt.against_deadline(None, 600)[1] is False
+
+
+# ---------------------------------------------------------------------------------- the lanes
+
+
+def test_a_job_shows_the_fleets_with_several_lanes_or_a_fleet_view() -> None:
+    assert not shows_fleets(None) and not shows_fleets({})
+    assert not shows_fleets({"lanes": [lane("openrouter", "usd")]})
+    assert shows_fleets({"lanes": [lane("sglang", "gpu_s"), lane("openrouter", "usd")]})
+    assert shows_fleets({"lanes": [lane("openrouter", "usd")], "fleet": fleet()})
+
+
+def test_a_dollar_lane_shows_dollars_its_limit_and_the_ceiling() -> None:
+    lines = lane_lines(lane("openrouter", "usd", ceiling=28))
+    assert lines[0] == "[b]openrouter[/] [b $success]RUNNING[/] 1200 rows 60%"
+    assert lines[1] == "  2.40M tok · 850 tok/s · $12.50"
+    assert lines[2] == "  in flight 17/180 · ceiling 28"
+
+
+def test_a_gpu_lane_shows_gpu_hours_and_no_ceiling_when_there_is_none() -> None:
+    lines = lane_lines(lane("sglang", "gpu_s", state="paused"))
+    assert "[b $warning]PAUSED[/]" in lines[0]
+    assert lines[1].endswith("· 2.00 GPU-h")
+    assert lines[2] == "  in flight 17/180"
+
+
+def test_a_lane_that_is_not_running_says_why() -> None:
+    lines = lane_lines(lane("sglang", "gpu_s", state="out", reason="gpu-a: connection refused"))
+    assert "[b $error]OUT[/]" in lines[0]
+    assert lines[1] == "  [$warning]gpu-a: connection refused[/]"
+
+
+def test_the_busiest_routes_first_and_the_rest_counted() -> None:
+    routes = [
+        route("Chutes", 3, 0.05),
+        route("DeepInfra", 40, 0.5),
+        route("Idle", 0, 0.0),
+        route("Novita", 12, 0.2),
+    ]
+    routes += [route("Fireworks", 25, 0.3, "SLOW")]
+    lines = route_lines(lane("openrouter", "usd", providers=routes), top=3)
+    names = [line.split("[/]")[1].split()[0] for line in lines[:3]]
+    assert names == ["DeepInfra", "Fireworks", "Novita"]
+    assert "SLOW" in lines[1] and "25 req" in lines[1] and "30%" in lines[1]
+    assert lines[3] == "  [$text-muted]+1 more[/]"  # Chutes; a route without requests is not counted
+    assert len(lines) == 4
+
+
+# ----------------------------------------------------------------------------------- the plan
+
+
+def test_the_plan_ahead_of_the_deadline_and_within_the_budget() -> None:
+    lines = plan_lines(fleet(), {"unit": "usd", "budget": 100.0}, width=40)
+    assert lines[0] == "[b]Plan[/] deadline 12h (03:06) · 3h30m left"
+    assert lines[1] == "  ETA 3h10m, 20m before the deadline"
+    assert lines[2] == "  [b $success]fits[/] · projected $36.96 of $100.00"
+    assert lines[3] == "  GPU 2400 tok/s · OpenRouter 840 tok/s"
+    assert lines[4] == "  ceiling 28 in flight · aims 840 tok/s"
+    assert lines[5].startswith("  [$text-muted]on track: OpenRouter 28 in flight,")
+
+
+def test_a_wide_pane_puts_the_plan_on_fewer_lines() -> None:
+    lines = plan_lines(fleet(), {"unit": "usd", "budget": 100.0}, width=92)
+    assert lines[0] == "[b]Plan[/] deadline 12h (03:06) · 3h30m left · ETA 3h10m, 20m before the deadline"
+    assert (
+        lines[1]
+        == "  [b $success]fits[/] · projected $36.96 of $100.00 · GPU 2400 tok/s · OpenRouter 840 tok/s"
+    )
+    assert lines[2] == "  ceiling 28 in flight · aims 840 tok/s"
+    assert lines[3] == f"  [$text-muted]{fleet()['reason']}[/]"
+    assert len(lines) == 4
+
+
+def test_a_late_plan_is_in_the_warning_colour_and_one_that_does_not_fit_in_red() -> None:
+    late = fleet(
+        eta_s=3 * 3600 + 72 * 60, fits=False, projected_usd=130.0, ceiling=None, aim_tokens_per_s=None
+    )
+    lines = plan_lines(late, {"unit": "usd", "budget": 100.0}, width=120)
+    assert lines[0].endswith(" · [b $warning]ETA 4h12m, 42m after the deadline[/]")
+    assert lines[1].startswith(
+        "  [b $error]does not fit[/] · projected $130.00 of $100.00 [b $budget-warn]over by $30.00[/]"
+    )
+    assert lines[1].endswith(" · GPU 2400 tok/s · OpenRouter 840 tok/s")
+    assert lines[2] == "  ceiling none: flat out"
+    # In a pane too narrow for both, the money goes on the next line.
+    narrow = plan_lines(late, {"unit": "usd", "budget": 100.0}, width=40)
+    assert narrow[1] == "  [b $warning]ETA 4h12m, 42m after the deadline[/]"
+    assert narrow[2] == "  [b $error]does not fit[/]"
+    assert narrow[3] == "  projected $130.00 of $100.00 [b $budget-warn]over by $30.00[/]"
+
+
+def test_without_a_deadline_and_after_it() -> None:
+    no_deadline = fleet(deadline=None, deadline_ts=None, time_left_s=None)
+    free = plan_lines(no_deadline, {"unit": "usd", "budget": None}, width=40)
+    assert free[0] == "[b]Plan[/] no deadline: both fleets flat out"
+    assert free[1] == "  ETA 3h10m · [b $success]fits[/] · projected $36.96"
+    passed = plan_lines(fleet(time_left_s=-125.0), {}, width=40)
+    assert passed[0] == "[b]Plan[/] deadline 12h (03:06) [b $warning]passed 2m ago[/]"
+
+
+def test_the_reason_wraps_to_the_width_and_is_bounded() -> None:
+    long = fleet(reason=" ".join(["word"] * 80))
+    lines = plan_lines(long, {}, width=40)
+    reason = [line for line in lines if line.startswith("  [$text-muted]")]
+    assert len(reason) == 3
+    assert all(len(line) - len("  [$text-muted][/]") <= 38 for line in reason)
+
+
+def test_markup_in_names_is_escaped() -> None:
+    lines = lane_lines(lane("[b]x", "usd", providers=[route("[red]evil", 5, 1.0)]))
+    assert lines[0].startswith("[b]\\[b]x[/]")
+    assert "\\[red]evil" in lines[3]
+
+
+# ------------------------------------------------------------------------------ scripted job
+
+
+def two_fleets(steps: int = 20, deadline: str | None = "1h") -> SimulatedJob:
+    job = SimulatedJob(3, fleets=True, deadline=deadline)
+    for _ in range(steps):
+        job.step(1.0)
+    return job
+
+
+def test_the_scripted_job_runs_both_fleets_in_the_jobs_order() -> None:
+    snap: Any = two_fleets().snapshot()
+    assert [lane["name"] for lane in snap["lanes"]] == ["sglang", "openrouter"]
+    gpu, paid = snap["lanes"]
+    assert gpu["unit"] == gpu["money"]["unit"] == "gpu_s" and gpu["money"]["budget"] is None
+    assert paid["unit"] == "usd" and paid["money"] == snap["money"]
+    assert gpu["rows"] > 0 and paid["rows"] > 0 and gpu["rows"] + paid["rows"] == snap["rows"]
+    assert [w["name"] for w in gpu["providers"]] == ["gpu-a:30000", "gpu-b:30000"]
+    # OpenRouter keeps under the controller's ceiling.
+    assert paid["ceiling"] == snap["fleet"]["ceiling"] is not None
+    assert paid["in_flight"] <= paid["ceiling"] < paid["concurrency"]["configured"]
+    text = "\n".join(fleet_lines(snap))
+    assert text.index("[b]sglang[/]") < text.index("[b]openrouter[/]") < text.index("[b]Plan[/]")
+
+
+def test_the_scripted_plan_is_the_engines_plan_and_time_left_counts_down() -> None:
+    job = two_fleets(10)
+    first: Any = job.snapshot()["fleet"]
+    job.step(1.0)
+    second: Any = job.snapshot()["fleet"]
+    assert first["deadline"] == "1h" and first["deadline_ts"] == SIM_EPOCH + 3600
+    assert first["time_left_s"] == 3600 - 10 and second["time_left_s"] == 3600 - 11
+    # The plan is plan_fleets' on the facts the controller saw (rebuilt here from the job's state).
+    assert job.steering is not None
+    work = job.work_left()
+    serving = job._serving()
+    weight = sum(p.weight for p in serving)
+    request_rate = job.steering.request_tokens_per_s
+    in_flight = sum(p.in_flight for p in job.providers)
+    measured = job.lanes["openrouter"].rates["output_tokens_per_s"] / in_flight if in_flight else request_rate
+    providers = [
+        Provider(
+            RoutePrice(p.slug, Decimal("0.6") / 1_000_000, Decimal(str(p.usd_per_m_output)) / 1_000_000),
+            job.configured * p.weight / weight * measured,
+        )
+        for p in serving
+    ]
+    budget_left = Decimal(str(round(job.budget - job.spent, 6)))
+    plan = plan_fleets(work, 3600 - 11, job.steering.gpu_tokens_per_s, providers, budget_left)
+    assert second["plan"] == plan.to_dict()
+    assert second["fits"] is plan.fits
+    assert second["projected_usd"] == pytest.approx(job.spent + float(plan.cost))
+    pace = (
+        job.lanes["sglang"].rates["output_tokens_per_s"]
+        + job.lanes["openrouter"].rates["output_tokens_per_s"]
+    )
+    assert second["eta_s"] == pytest.approx(work.output_tokens / pace)
+    assert work == Work(work.output_tokens, work.prompts, work.prompts * 300)
+
+
+def test_the_scripted_deadline_takes_durations_times_of_day_and_none() -> None:
+    job = two_fleets(10)
+    assert job.command("deadline", {"value": "90m"}).startswith("deadline 90m: ")
+    assert job.deadline_ts == SIM_EPOCH + 10 + 90 * 60
+    job.command("deadline", {"value": "06:30"})
+    start = dt.datetime.fromtimestamp(SIM_EPOCH + 10, dt.UTC)
+    assert job.deadline_ts is not None and job.deadline_ts > start.timestamp()
+    assert dt.datetime.fromtimestamp(job.deadline_ts).astimezone().strftime("%H:%M") == "06:30"
+    assert job.command("deadline", {"value": "none"}) == "no deadline: both fleets flat out, GPUs first"
+    snap: Any = job.snapshot()
+    assert snap["fleet"]["deadline"] is None and snap["fleet"]["time_left_s"] is None
+    assert snap["fleet"]["ceiling"] is None and snap["fleet"]["reason"].startswith("no deadline")
+    assert [e["value"] for e in snap["events"] if e["event"] == "deadline"] == ["90m", "06:30", None]
+
+
+def test_the_scripted_deadline_refuses_bad_text_with_the_engines_message() -> None:
+    job = two_fleets(2)
+    with pytest.raises(JobError, match=r"job.deadline = '1.5h': not a time of day or a duration; expected"):
+        job.command("deadline", {"value": "1.5h"})
+    with pytest.raises(JobError, match="hours 0-23"):
+        job.command("deadline", {"value": "25:00"})
+    assert job.deadline == "1h"
+    with pytest.raises(JobError, match="one backend"):
+        SimulatedJob(3).command("deadline", {"value": "12h"})
+
+
+def test_pausing_one_backend_leaves_the_other_running() -> None:
+    job = two_fleets(10)
+    assert "paused sglang" in job.command("pause", {"backend": "sglang"})
+    for _ in range(10):
+        job.step(1.0)
+    snap: Any = job.snapshot()
+    gpu, paid = snap["lanes"]
+    assert snap["state"] == "RUNNING" and gpu["state"] == "paused" and paid["state"] == "running"
+    assert gpu["in_flight"] == 0 and paid["in_flight"] > 0
+    rows = gpu["rows"]
+    job.step(1.0)
+    assert job.lanes["sglang"].rows == rows, "a paused backend makes nothing"
+    assert job.command("resume", {"backend": "sglang"}) == "resumed sglang"
+    job.step(1.0)
+    assert job.snapshot()["lanes"][0]["state"] == "running"
+    with pytest.raises(JobError, match="no backend 'vllm'"):
+        job.command("pause", {"backend": "vllm"})
