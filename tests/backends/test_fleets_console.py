@@ -1,6 +1,6 @@
 """The console attached to a real job on both fleets (the SGLang and OpenRouter simulators): the
-fleets pane shows each backend from the job's own snapshot, and P pauses one backend in the job
-while the other runs on."""
+fleets pane shows each backend from the job's own snapshot, P pauses one backend in the job while
+the other runs on, and d sets the job's deadline, which its controller then steers to."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ from typing import Any
 
 import orjson
 from textual.pilot import Pilot
+from textual.widgets import Input
 
 from console.app import RegenApp
 from console.client import SocketSource
 from console.options import ConsoleOptions
-from console.screens import LaneScreen
+from console.screens import DeadlineScreen, LaneScreen
 from console.widgets.cost import CostPane
 from console.widgets.fleets import FleetsPane
 from engine.control import SOCKET_NAME
@@ -26,7 +27,6 @@ from engine.job import Job
 from engine.settings import Settings
 from engine.sim.openrouter.server import OpenRouterSim
 from engine.sim.sglang.server import SGLangSim
-from tests.backends.test_fleets import fleet_settings, fleet_tok, gpu_sim, paid_sim  # noqa: F401  (fixtures)
 from tests.conftest import write_dataset
 
 
@@ -46,9 +46,9 @@ def lane(app: RegenApp, name: str) -> dict[str, Any]:
 
 
 async def test_the_fleets_pane_and_p_on_a_real_two_fleet_job(
-    gpu_sim: SGLangSim,  # noqa: F811
-    paid_sim: OpenRouterSim,  # noqa: F811
-    fleet_settings: Callable[..., Settings],  # noqa: F811
+    gpu_sim: SGLangSim,
+    paid_sim: OpenRouterSim,
+    fleet_settings: Callable[..., Settings],
     tmp_path: Path,
 ) -> None:
     gpu_sim.apply_config(gpu_sim.config.model_copy(update={"time_scale": 0.3}))
@@ -97,6 +97,22 @@ async def test_the_fleets_pane_and_p_on_a_real_two_fleet_job(
             await pilot.pause()
             await pilot.press("enter")
             await wait_until(pilot, lambda: lane(app, "sglang")["state"] == "running", "sglang resumed")
+
+            # d: the job takes the deadline, journals it with the console as its source, and steers.
+            await pilot.press("d")
+            await pilot.pause()
+            assert isinstance(app.screen, DeadlineScreen)
+            app.screen.query_one(Input).value = "2h"
+            await pilot.press("enter")
+            await wait_until(
+                pilot, lambda: (app.displayed or {}).get("fleet", {}).get("deadline") == "2h", "the deadline shown"
+            )
+            fleet = job.snapshot()["fleet"]
+            assert fleet["steered"] and fleet["deadline_ts"] is not None
+            assert abs(fleet["deadline_ts"] - (time.time() + 7200)) < 30, "a duration typed live counts from now"
+            assert "deadline" in str(app.query_one("#fleets-pane", FleetsPane).render())
+            set_live = [e for e in job.events_since(0)[1] if e["event"] == "deadline"]
+            assert set_live and set_live[-1]["source"] == "console" and set_live[-1]["text"] == "2h"
             job.stop(cancel=True)
             await runner
     finally:
