@@ -113,6 +113,26 @@ def test_no_deadline_both_flat_out_gpus_first() -> None:
     assert p.reason.startswith("no deadline: both fleets flat out, GPUs first, done in about 8h20m")
 
 
+@given(
+    st.integers(1, 10**8),
+    st.floats(1.0, 5_000.0),
+    st.lists(st.floats(1.0, 5_000.0), min_size=1, max_size=4),
+)
+def test_without_a_deadline_flat_out_always_carries_the_work(work: int, gpu: float, rates: list[float]) -> None:
+    # Each fleet's share is floored to whole tokens: at the exact flat-out finish they can fall a few
+    # tokens short, which once read as "does not fit" with no deadline to miss.
+    providers = [provider(f"p{i}", str(2 + i / 10), rate) for i, rate in enumerate(rates)]
+    p = plan_fleets(Work(work, work // 100, work // 3), None, gpu, providers, None)
+    assert p.reachable and p.fits and p.gpu_tokens + sum(s.tokens for s in p.shares) == work
+    assert p.horizon_s is not None and p.horizon_s == int(p.horizon_s) and p.horizon_s >= work / (gpu + sum(rates))
+
+
+def test_the_floors_at_the_flat_out_finish_found_by_the_console() -> None:
+    providers = [provider("a", "2.20", 333.3, "0.50"), provider("b", "2.50", 777.7, "0.50")]
+    p = plan_fleets(Work(1_000_003, 1000, 300_000), None, 249.1, providers, Decimal(50))
+    assert p.reachable and p.fits and p.horizon_s == 736.0
+
+
 def test_no_work_nothing_to_do() -> None:
     p = plan_fleets(Work(0), 10.0, 0.0, [], Decimal(0))
     assert p.fits and p.share_by_deadline == 1.0 and p.reason == "nothing left to make"

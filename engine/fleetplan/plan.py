@@ -195,6 +195,12 @@ def whole_tokens(amount: float, most: int | None = None) -> int:
     return int(limit) if amount >= limit else math.floor(amount)
 
 
+def _covers(work: Work, gpu_tokens_per_s: float, providers: Sequence[Provider], seconds: float) -> bool:
+    """Whether both fleets' capacities in `seconds` carry the whole work, money aside."""
+    need = work.output_tokens - gpu_share(work, gpu_tokens_per_s, seconds)
+    return fill(work, need, providers, seconds).tokens == need
+
+
 def _meets(
     work: Work, gpu_tokens_per_s: float, providers: Sequence[Provider], seconds: float, budget: Decimal | None
 ) -> bool:
@@ -253,6 +259,14 @@ def plan_fleets(
     total = work.output_tokens
     alone = (total / gpu if gpu > 0 and math.isfinite(total / gpu) else None) if total > 0 else 0.0
     horizon = flat_out_seconds(work, gpu, providers) if time_left_s is None else max(0.0, time_left_s)
+    if time_left_s is None and horizon is not None:
+        # To the second above, as earliest_s: each fleet's share is floored to whole tokens, so at
+        # the exact flat-out finish they would fall a few tokens short of a plan that must fit.
+        horizon = float(math.ceil(horizon))
+        for _ in range(64):  # a second adds a token per fleet at any rate above 1 token/s
+            if _covers(work, gpu, providers, horizon):
+                break
+            horizon += 1.0
     seconds = 0.0 if horizon is None else horizon
     gpu_tokens = gpu_share(work, gpu, seconds) if horizon is not None else 0
     need = total - gpu_tokens
