@@ -193,8 +193,8 @@ async def test_a_lagging_usage_is_waited_for_and_the_bound_is_still_exact(
     finally:
         await sim.stop()
     bound = events_named(tmp_path / "run", "usage_bound")
-    assert len(bound) == 1 and bound[0]["waited_s"] >= 1.5, "it waited for the usage to hold still"
     assert job.ledger.spent == billed
+    assert len(bound) == 1 and bound[0]["waited_s"] >= 1.5, "it waited for the usage to hold still"
 
 
 async def test_another_user_of_the_key_keeps_the_bound_above_the_bill(
