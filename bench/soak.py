@@ -191,16 +191,16 @@ def main() -> int:
     print(f"money: spent ${state.spent:.4f} (confirmed ${confirmed:.4f}, estimated ${state.estimated:.4f}: "
           f"{state.estimates.pending_count} awaiting their bill, {state.estimates.unknowable_count} cut before an id)")
     if state.usage_base is not None:
-        last = usage_events[-1] if usage_events else None
-        if last is not None and last["event"] == "usage_bound":
-            print(f"       bounded by the key's usage: unknowable ${Decimal(last['unknowable_before']):.4f} -> "
-                  f"${Decimal(last['unknowable_after']):.4f} for {last['count']} requests, after waiting "
-                  f"{last['waited_s']:.1f} s for the usage to settle")
-        elif last is not None:
-            print(f"       not bounded by the key's usage: {last['reason']}")
+        bound = usage_events[-1] if usage_events else None
+        if bound is not None and bound["event"] == "usage_bound":
+            print(f"       bounded by the key's usage: unknowable ${Decimal(bound['unknowable_before']):.4f} -> "
+                  f"${Decimal(bound['unknowable_after']):.4f} for {bound['count']} requests, after waiting "
+                  f"{bound['waited_s']:.1f} s for the usage to settle")
+        elif bound is not None:
+            print(f"       not bounded by the key's usage: {bound['reason']}")
         money_ok = state.spent == billed
         print(f"       the simulator billed ${billed:.4f}; spent == billed: {money_ok} "
-              f"(spent - billed = ${state.spent - billed})")
+              f"(spent - billed = ${state.spent - billed:f})")
     else:
         money_ok = confirmed <= billed <= state.spent
         print("       no key usage base (the first start could not read /key): the worst case stays")
