@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import sys
 from collections.abc import Callable
 from decimal import Decimal
@@ -335,7 +336,8 @@ async def key_failing_front(sim: OpenRouterSim) -> Front:
     app.on_cleanup.append(close_session)
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    await web.TCPSite(runner, "127.0.0.1", port).start()
     return Front(runner, port)
