@@ -48,7 +48,11 @@ def sim_config(**overrides: Any) -> Any:
 
 
 def journal(path: Path) -> list[dict[str, Any]]:
-    return [orjson.loads(line) for line in path.read_bytes().splitlines()] if path.exists() else []
+    """The complete lines of a journal (another process may be in the middle of writing one)."""
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    return [orjson.loads(line) for line in data[: data.rfind(b"\n") + 1].splitlines()]
 
 
 def settings_toml(path: Path, base_url: str, dataset: Path, run_dir: Path, settle_s: float) -> Path:
@@ -74,8 +78,7 @@ async def start_and_kill(settings: Path, run_dir: Path) -> list[dict[str, Any]]:
     while True:
         assert proc.returncode is None, "the job ended before it could be killed"
         assert asyncio.get_running_loop().time() < deadline, "the job never had requests in flight"
-        records = journal(attempts) if attempts.exists() else []
-        ends = {r["rid"] for r in records if r["k"] == "end"}
+        records = journal(attempts)
         if sum(r["k"] == "end" for r in records) >= 10 and len(in_flight_without_id(records)) >= 8:
             break
         await asyncio.sleep(0.02)
