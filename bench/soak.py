@@ -10,8 +10,10 @@ with the same command. When the time is up the job gets SIGINT (it drains) and t
 
 - one row per prompt: no line twice in any raw_responses.jsonl, every row for a line of its dataset;
 - money: what the journals say was spent against what the simulator billed: every attempt whose
-  generation id was journaled is settled at its bill, so confirmed <= billed <= spent, and the gap is
-  only the worst case of attempts killed before any id arrived (flagged as estimated);
+  generation id was journaled is settled at its bill, and the worst case of attempts killed before
+  any id arrived is bounded at the final drain's end by what the key's usage grew by since the run's
+  first start (docs/money.md, "Bounded by the key's usage"), so spent == billed exactly; a run
+  without that base (the first start could not read /key) is held to confirmed <= billed <= spent;
 - memory: each job process's RSS is sampled every second; flat memory is the last minutes' RSS
   against the first minutes' of the longest segment.
 """
@@ -174,6 +176,11 @@ def main() -> int:
         assert all(0 <= line < args.prompts for line in lines), f"{path}: a row for no prompt"
     state = read_journals(OUT / "run" / "attempts.jsonl", OUT / "run" / "events.jsonl")
     confirmed = state.spent - state.estimated
+    usage_events = [
+        e
+        for e in map(orjson.loads, (OUT / "run" / "events.jsonl").read_bytes().splitlines())
+        if e["event"] in ("usage_bound", "usage_unbounded")
+    ]
     longest = max(segments, key=len)
     minute = 60
     first = [r for _, r in longest[minute : 3 * minute]] or [r for _, r in longest[: len(longest) // 3]]
@@ -183,10 +190,24 @@ def main() -> int:
     print(f"rows: {rows:,} of {args.datasets * args.prompts:,} prompts, {duplicates} duplicates")
     print(f"money: spent ${state.spent:.4f} (confirmed ${confirmed:.4f}, estimated ${state.estimated:.4f}: "
           f"{state.estimates.pending_count} awaiting their bill, {state.estimates.unknowable_count} cut before an id)")
-    print(f"       the simulator billed ${billed:.4f}; confirmed <= billed <= spent: {confirmed <= billed <= state.spent}")
+    if state.usage_base is not None:
+        bound = usage_events[-1] if usage_events else None
+        if bound is not None and bound["event"] == "usage_bound":
+            print(f"       bounded by the key's usage: unknowable ${Decimal(bound['unknowable_before']):.4f} -> "
+                  f"${Decimal(bound['unknowable_after']):.4f} for {bound['count']} requests, after waiting "
+                  f"{bound['waited_s']:.1f} s for the usage to settle")
+        elif bound is not None:
+            print(f"       not bounded by the key's usage: {bound['reason']}")
+        money_ok = state.spent == billed
+        print(f"       the simulator billed ${billed:.4f}; spent == billed: {money_ok} "
+              f"(spent - billed = ${state.spent - billed:f})")
+    else:
+        money_ok = confirmed <= billed <= state.spent
+        print("       no key usage base (the first start could not read /key): the worst case stays")
+        print(f"       the simulator billed ${billed:.4f}; confirmed <= billed <= spent: {money_ok}")
     print(f"memory: longest segment {len(longest) / 60:.0f} min, RSS {sum(first) / len(first):.0f} MB early, "
           f"{sum(last) / len(last):.0f} MB late; peak {peak:.0f} MB")
-    ok = duplicates == 0 and confirmed <= billed <= state.spent
+    ok = duplicates == 0 and money_ok
     return 0 if ok else 1
 
 

@@ -55,7 +55,14 @@ def money_line(money: Mapping[str, Any]) -> str:
             f"{_amount(pending['amount'], unit, 4)} estimated for {pending['requests']} requests "
             "until their bill is looked up"
         )
-    if unknowable["requests"]:
+    if unknowable["requests"] and money.get("unknowable_bound") == "key_usage":
+        waited = money.get("unknowable_bound_wait_s")
+        parts.append(
+            f"{_amount(unknowable['amount'], unit, 4)} for {unknowable['requests']} requests cut before their "
+            "generation id arrived, bounded by what the key's usage grew by"
+            + (f" (read once it had settled, after {waited:.1f} s)" if isinstance(waited, int | float) else "")
+        )
+    elif unknowable["requests"]:
         parts.append(
             f"{_amount(unknowable['amount'], unit, 4)} is the worst case of {unknowable['requests']} requests "
             "cut before their generation id arrived (no bill can ever name them, so it stays counted)"

@@ -43,6 +43,7 @@ from engine.stats import JobStats, StatusRules
 from engine.steering import FleetSteering
 from engine.tokenize_pool import TokenizePool
 from engine.tokenizer import TokenizerError, TokenizerSpec
+from engine.usage_bound import UsageBound
 from engine.workqueue import WorkQueue
 
 __all__ = ["Job", "JobError", "JobState", "Outcome", "StopReason"]
@@ -109,6 +110,7 @@ class Job:
         )
         self._stop_mode: str | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self._usage_bounds: list[UsageBound] = []  # the key's usage bound, per lane (engine/usage_bound.py)
 
     # ----------------------------------------------------------------------------- preparation
 
@@ -151,6 +153,10 @@ class Job:
         for lane in self.lanes:
             lane.settler.restore(journals[lane.name])
             lane.spent_at_start = journals[lane.name].spent
+        # Before the start event and any attempt: the first start's base must predate every bill.
+        self._usage_bounds = [UsageBound(lane.settler, self.events, journals[lane.name]) for lane in self.lanes]
+        for bound in self._usage_bounds:
+            await bound.begin()
         self.dispatcher.queue = self._work_queue(scanned, journals[self.lanes[0].name])
         split = {"backends": [lane.name for lane in self.lanes]} if len(self.lanes) > 1 else {}
         self.events.event(
@@ -261,6 +267,9 @@ class Job:
         await asyncio.gather(
             *(lane.settler.finish_reconciling(wait=self._stop_mode != "cancel") for lane in self.lanes)
         )
+        if self._stop_mode != "cancel":  # drained: nothing in flight can still be billed
+            for bound in self._usage_bounds:
+                await bound.end()
         if self.outcome is not None:
             split: dict[str, Any] = {}
             if len(self.lanes) > 1:

@@ -9,8 +9,8 @@ ledger has no budget).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
@@ -84,27 +84,34 @@ class Estimates:
 
     `pending`: attempts whose bill can still be looked up (their handle is known); the estimate errs
     high and is replaced by the billed amount. `unknowable`: attempts cut before any handle arrived
-    (a crash, a cancel before the headers); nobody can say what they cost, so their worst case stays.
+    (a crash, a cancel before the headers); nobody can say what they cost, so their worst case stays,
+    unless the account's own usage bounds it (`Ledger.bound_by_usage`).
     """
 
     pending: Decimal = Decimal(0)
     pending_count: int = 0
     unknowable: Decimal = Decimal(0)
     unknowable_count: int = 0
+    # The unknowable money by its attempts' outcome, so that lowering it lowers the waste it was
+    # counted under (SpendBreakdown) and useful + waste stays equal to spent.
+    unknowable_by: dict[str, Decimal] = field(default_factory=dict)
+    bounded_by: str | None = None  # what bounded the unknowable money ("key_usage"), if anything
+    bound_waited_s: float | None = None  # how long this run's end waited for that figure to settle
 
     @property
     def total(self) -> Decimal:
         return self.pending + self.unknowable
 
-    def add(self, amount: Decimal, *, knowable: bool) -> None:
+    def add(self, amount: Decimal, *, knowable: bool, outcome: str = "lost_at_crash") -> None:
         if knowable:
             self.pending += amount
             self.pending_count += 1
         else:
             self.unknowable += amount
             self.unknowable_count += 1
+            self.unknowable_by[outcome] = self.unknowable_by.get(outcome, Decimal(0)) + amount
 
-    def settle(self, estimate: Decimal, *, knowable: bool = True) -> None:
+    def settle(self, estimate: Decimal, *, knowable: bool = True, outcome: str = "lost_at_crash") -> None:
         """An estimate replaced by the bill (or, for one that never left, by nothing)."""
         if knowable:
             self.pending -= estimate
@@ -112,6 +119,28 @@ class Estimates:
         else:
             self.unknowable -= estimate
             self.unknowable_count -= 1
+            self.unknowable_by[outcome] = self.unknowable_by.get(outcome, Decimal(0)) - estimate
+
+    def cuts_to(self, cap: Decimal) -> dict[str, Decimal]:
+        """How much of the unknowable money to take off, by outcome, to bring it down to `cap`
+        (never up): outcomes in name order, each down to zero before the next, so it is exact."""
+        excess = self.unknowable - max(cap, Decimal(0))
+        cuts: dict[str, Decimal] = {}
+        for outcome in sorted(self.unknowable_by):
+            if excess <= 0:
+                break
+            cut = min(excess, self.unknowable_by[outcome])
+            if cut > 0:
+                cuts[outcome] = cut
+                excess -= cut
+        return cuts
+
+    def lower(self, cuts: Mapping[str, Decimal]) -> None:
+        """Take `cuts` (from `cuts_to`, or read back from the journal) off the unknowable money; the
+        attempts stay counted as unknowable, at less."""
+        for outcome, cut in cuts.items():
+            self.unknowable -= cut
+            self.unknowable_by[outcome] = self.unknowable_by.get(outcome, Decimal(0)) - cut
 
 
 class Ledger:
@@ -133,17 +162,37 @@ class Ledger:
     def release(self, amount: Decimal) -> None:
         self.reserved -= amount
 
-    def charge(self, cost: Decimal, *, estimated: bool = False, knowable: bool = True) -> None:
+    def charge(
+        self, cost: Decimal, *, estimated: bool = False, knowable: bool = True, outcome: str = "lost_at_crash"
+    ) -> None:
         self.spent += cost
         if estimated:
-            self.estimates.add(cost, knowable=knowable)
+            self.estimates.add(cost, knowable=knowable, outcome=outcome)
 
-    def confirm(self, estimate: Decimal, billed: Decimal, *, knowable: bool = True) -> Decimal:
+    def confirm(
+        self, estimate: Decimal, billed: Decimal, *, knowable: bool = True, outcome: str = "lost_at_crash"
+    ) -> Decimal:
         """Replace an estimate with what was billed; returns the correction."""
         delta = billed - estimate
         self.spent += delta
-        self.estimates.settle(estimate, knowable=knowable)
+        self.estimates.settle(estimate, knowable=knowable, outcome=outcome)
         return delta
+
+    def usage_cuts(self, billed_since_base: Decimal) -> dict[str, Decimal]:
+        """What the account's usage allows to take off the unknowable money (docs/money.md,
+        "Bounded by the key's usage"): the job's own bills since the base are at most
+        `billed_since_base`, and the confirmed ones are among them, so the unknowable ones are at
+        most `billed_since_base - confirmed`. Pending estimates are not subtracted: their bills may
+        come out lower, and the bound must stay above the truth whatever they turn out to be."""
+        return self.estimates.cuts_to(billed_since_base - self.confirmed)
+
+    def lower_unknowable(self, cuts: Mapping[str, Decimal], bounded_by: str) -> Decimal:
+        """Apply `usage_cuts`' answer; returns how much spend went down."""
+        self.estimates.lower(cuts)
+        self.estimates.bounded_by = bounded_by
+        cut = sum(cuts.values(), Decimal(0))
+        self.spent -= cut
+        return cut
 
     @property
     def estimated(self) -> Decimal:

@@ -10,6 +10,10 @@ Attempt journal records (one JSON object per line, key `k`):
 A `start` without an `end` was in flight at a crash: its worst case is charged as an estimate at the
 next start, and reconciled through /generation when its generation id is known.
 
+Event journal records recovery reads: `exclude`/`include` (routes), `key_usage_base` (the key's
+usage at the run's first start) and `usage_bound` (unknowable money the key's usage took off, by
+outcome), docs/money.md "Bounded by the key's usage".
+
 A complete line that is not what regen writes (garbage added by hand, another tool's output) stops
 the rebuild with `RecoveryError` naming the file and line: guessing would lose or double money or
 rows (docs/inputs.md, "Results and journals").
@@ -78,6 +82,14 @@ class JournalState:
     torn_bytes: int = 0
     first_start_ts: float | None = None  # the run's first start (epoch seconds): durations count from it
     deadline: dict[str, Any] | None = None  # the last `deadline` event: the instant a restart keeps
+    # The key's usage when the run first started, before any attempt (docs/money.md, "Bounded by
+    # the key's usage"), and the key it is of; None: no base (an older run, /key unreadable then,
+    # or a later start with another key voided it).
+    usage_base: Decimal | None = None
+    usage_account: str | None = None
+    # Whether anything was ever tried or started in this run folder: a base taken later would miss
+    # the bills of what came before it.
+    begun: bool = False
 
     @property
     def estimated(self) -> Decimal:
@@ -178,6 +190,7 @@ def read_journals(
             kind = rec.get("k")
             rid = str(rec.get("rid", ""))
             if kind == "start":
+                state.begun = True
                 if count_attempts:
                     tried = attempts.get(rec["ds"])
                     if tried is None:
@@ -209,7 +222,7 @@ def read_journals(
                 state.breakdown.add(outcome, cost, tokens if isinstance(tokens, int) else 0)
                 if rec.get("est"):
                     gen = rec.get("gen") or gen_seen
-                    state.estimates.add(cost, knowable=bool(gen))
+                    state.estimates.add(cost, knowable=bool(gen), outcome=outcome)
                     if not gen and rec.get("http") is None and never_left(str(rec.get("msg") or "")):
                         ds = rec.get("ds", start["ds"] if start else "")
                         line = rec.get("line", start["line"] if start else -1)
@@ -227,7 +240,7 @@ def read_journals(
                     state.estimates.settle(settled.estimate)
                 repaired = unsent.pop(rid, None) if rec.get("unsent") else None
                 if repaired is not None:
-                    state.estimates.settle(repaired.estimate, knowable=False)
+                    state.estimates.settle(repaired.estimate, knowable=False, outcome=repaired.outcome)
     for rid, start in starts.items():
         state.crashed.append(
             Unsettled(rid, start["ds"], start["line"], generation.get(rid), Decimal(str(start["reserved"])))
@@ -236,19 +249,48 @@ def read_journals(
     state.never_sent = list(unsent.values())
     state.attempts = attempts
     if events_path.exists():
+        started = False  # a start event seen: a base journaled after one is not the first start's
         for _, event in _records(events_path, _event_problem):
             name = event.get("event")
-            if backend is not None and name in ("exclude", "include") and event.get("backend", default) != backend:
+            if name == "start":
+                started = state.begun = True
+            if (
+                backend is not None
+                and name in ("exclude", "include", *_USAGE_EVENTS)
+                and event.get("backend", default) != backend
+            ):
                 continue
             if name == "start" and state.first_start_ts is None and isinstance(event.get("ts"), int | float):
                 state.first_start_ts = float(event["ts"])
             elif name == "deadline":
                 state.deadline = event
+            elif name in _USAGE_EVENTS:
+                _read_usage_event(state, name, event, started)
             elif name == "exclude":
                 state.excluded[str(event["provider"]).lower()] = str(event.get("source") or "operator")
             elif name == "include":
                 state.excluded.pop(str(event["provider"]).lower(), None)
     return state
+
+
+_USAGE_EVENTS = ("key_usage_base", "key_usage_void", "usage_bound")
+
+
+def _read_usage_event(state: JournalState, name: str, event: dict[str, Any], started: bool) -> None:
+    if name == "key_usage_base":
+        if not started:  # only the first start's counts: it was taken before anything was sent
+            state.usage_base = Decimal(str(event["usage"]))
+            state.usage_account = str(event["account"])
+    elif name == "key_usage_void":
+        state.usage_base = state.usage_account = None  # and no later base: it follows a start
+    else:
+        cuts = {str(outcome): Decimal(str(cut)) for outcome, cut in event["cuts"].items()}
+        lowered = sum(cuts.values(), Decimal(0))
+        state.estimates.lower(cuts)
+        state.estimates.bounded_by = "key_usage"
+        state.spent -= lowered
+        for outcome, cut in cuts.items():
+            state.breakdown.add(outcome, -cut)
 
 
 # -- what a line must hold to be read -------------------------------------------------------------
@@ -349,4 +391,10 @@ def _event_problem(event: dict[str, Any]) -> str | None:
         return f"{name} event without a provider"
     if name == "deadline" and not (event.get("at") is None or type(event.get("at")) in (int, float)):
         return "deadline event without an instant (at)"
+    if name == "key_usage_base" and (not _is_money(event.get("usage")) or type(event.get("account")) is not str):
+        return "key_usage_base event without its usage or account"
+    if name == "usage_bound":
+        cuts = event.get("cuts")
+        if type(cuts) is not dict or not all(type(k) is str and _is_money(v) for k, v in cuts.items()):
+            return "usage_bound event without its cuts"
     return None

@@ -129,6 +129,10 @@ class MoneyView(TypedDict):
     estimated: float  # pending + unknowable
     pending: EstimateView  # estimates the bill will still replace
     unknowable: EstimateView  # cut before any handle arrived: the worst case stays counted
+    # "key_usage": the unknowable amount is bounded by the key's usage (docs/money.md), and how
+    # long this run's end waited for that usage to settle (None: read back from an earlier run).
+    unknowable_bound: NotRequired[str]
+    unknowable_bound_wait_s: NotRequired[float | None]
     reserved: float
     budget: float | None  # None: no budget (a GPU-time ledger)
     headroom: float | None

@@ -114,6 +114,13 @@ class OpenRouterSettings(_Section):
     """Send the precision allowlist, check every response's serving provider against it, and quarantine and exclude offenders."""
     key_poll_interval_s: float = Field(30.0, gt=0, le=3600)
     """Seconds between reads of the key's credit (/key) during a run."""
+    usage_settle_s: float = Field(10.0, ge=0, le=3600)
+    """At the end of a run that drained, with requests cut before their generation id arrived: their
+    worst case is bounded by what the key's usage (/key) grew by since the run's first start
+    (docs/money.md). Bills reach /key late, by an amount OpenRouter does not document, so the usage
+    must stay unchanged this many seconds first."""
+    usage_settle_max_s: float = Field(60.0, ge=0, le=86400)
+    """The longest the end of a run waits for the key's usage to settle; past it the worst case stays."""
     connect_timeout_s: float = Field(30.0, gt=0, le=3600)
     """Seconds to open a connection."""
     read_timeout_s: float = Field(300.0, gt=0, le=86400)

@@ -97,10 +97,6 @@ class Settler:
         prompt = item.prompt
         now = time.time()
         cost, estimated = self.backend.charge(outcome, flight.reservation)
-        # The cost replaces the reservation in one step, so spent + reserved never counts it twice.
-        self.ledger.charge(cost, estimated=estimated, knowable=outcome.handle is not None)
-        self.ledger.release(flight.reservation)
-        flight.released = True
         failure = outcome.failure
         status = None
         violation = None
@@ -115,6 +111,10 @@ class Settler:
         tokens = outcome.completion_tokens
         result = "quarantined" if violation else (status if failure is None else failure.error_class)
         assert result is not None
+        # The cost replaces the reservation in one step, so spent + reserved never counts it twice.
+        self.ledger.charge(cost, estimated=estimated, knowable=outcome.handle is not None, outcome=result)
+        self.ledger.release(flight.reservation)
+        flight.released = True
         self.breakdown.add(result, cost, tokens)
         mono = time.monotonic()
         stats = self.stats
@@ -206,7 +206,7 @@ class Settler:
     def cancelled(self, flight: Flight) -> None:
         """An attempt cancelled by a stop: its worst case counts until the backend says otherwise."""
         prompt = flight.item.prompt
-        self.ledger.charge(flight.reservation, estimated=True, knowable=flight.handle is not None)
+        self.ledger.charge(flight.reservation, estimated=True, knowable=flight.handle is not None, outcome="cancelled")
         self.breakdown.add("cancelled", flight.reservation)
         self.ledger.release(flight.reservation)
         flight.released = True
@@ -319,7 +319,7 @@ class Settler:
 
     def _forgive(self, unsent: Unsettled) -> None:
         """An attempt an older regen charged at its worst case although it never left: it cost 0."""
-        delta = self.ledger.confirm(unsent.estimate, Decimal(0), knowable=False)
+        delta = self.ledger.confirm(unsent.estimate, Decimal(0), knowable=False, outcome=unsent.outcome)
         self.breakdown.add(unsent.outcome, delta)
         self.results.journal(
             {
@@ -352,7 +352,7 @@ class Settler:
         else:
             cost, estimated, outcome, tokens = crashed.estimate, True, "lost_at_crash", 0
             handle = crashed.generation_id
-        self.ledger.charge(cost, estimated=estimated, knowable=handle is not None)
+        self.ledger.charge(cost, estimated=estimated, knowable=handle is not None, outcome=outcome)
         self.breakdown.add(outcome, cost, tokens)
         self.results.journal(
             {

@@ -73,7 +73,7 @@ class SnapshotBuilder:
         per_row = spent_here / rows if rows else None
         per_m = float(breakdown.useful) / breakdown.useful_tokens * 1e6 if breakdown.useful_tokens else None
         headroom = ledger.headroom
-        return {
+        view: MoneyView = {
             "unit": ledger.unit,
             "spent": float(ledger.spent),
             "confirmed": float(ledger.confirmed),
@@ -95,6 +95,10 @@ class SnapshotBuilder:
             },
             "waste_total": float(sum(breakdown.waste.values(), Decimal(0))),
         }
+        if estimates.bounded_by is not None:
+            view["unknowable_bound"] = estimates.bounded_by
+            view["unknowable_bound_wait_s"] = estimates.bound_waited_s
+        return view
 
     def _providers(self, lane: Lane, view_routes: list[RouteView], now: float, elapsed: float) -> list[ProviderView]:
         backend = lane.backend

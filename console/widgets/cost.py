@@ -171,7 +171,8 @@ def estimate_words(money: dict[str, Any]) -> str:
     if number(pending.get("requests")):
         parts.append(f"{int(number(pending.get('requests')) or 0)} awaiting their bill")
     if number(unknowable.get("requests")):
-        parts.append(f"{int(number(unknowable.get('requests')) or 0)} cut before an id: worst case kept")
+        kept = "bounded by the key's usage" if money.get("unknowable_bound") == "key_usage" else "worst case kept"
+        parts.append(f"{int(number(unknowable.get('requests')) or 0)} cut before an id: {kept}")
     return "; ".join(parts)
 
 

@@ -94,6 +94,17 @@ class AttemptOutcome:
         return tokens if isinstance(tokens, int) else 0
 
 
+@dataclass(frozen=True, slots=True)
+class AccountUsage:
+    """What the backend's account says it has billed in all, for the money of attempts cut before
+    their handle arrived (docs/money.md, "Bounded by the key's usage")."""
+
+    usage: Decimal | None  # lifetime total, in the ledger's unit; None: it could not be read
+    account: str  # which account (key) the figure is of: a fingerprint, never the secret
+    settled: bool = True  # False: it was still changing when the wait for it ran out
+    waited_s: float = 0.0  # how long the reading waited for the figure to settle
+
+
 class JobContext(Protocol):
     """What a backend's background tasks may ask of the job."""
 
@@ -182,6 +193,10 @@ class Backend(Protocol):
 
     async def reconcile(self, pending: Unsettled) -> Decimal | None:
         """The billed cost of an attempt settled on an estimate, or None when it cannot be known."""
+
+    async def account_usage(self, settle: bool) -> AccountUsage | None:
+        """The account's billed total now; with `settle`, once it has stopped changing (bills reach
+        it late). None when the backend keeps no such figure."""
 
     def view(self) -> BackendView:
         """The backend's part of the snapshot."""

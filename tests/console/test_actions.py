@@ -94,6 +94,8 @@ async def test_cost_pane_says_what_the_estimates_are() -> None:
     words = estimate_words(money)
     assert "2 awaiting their bill" in words and "3 cut before an id: worst case kept" in words
     assert estimate_words({"pending": {"requests": 0}, "unknowable": {"requests": 0}}) == ""
+    bounded = estimate_words({**money, "unknowable_bound": "key_usage"})
+    assert "3 cut before an id: bounded by the key's usage" in bounded
     frame = dict(SimulatedJob(3).snapshot())
     frame["money"] = {**frame["money"], **money}
     app = make_app(ScriptedSource([frame], count=1))

@@ -38,6 +38,47 @@ async def generation_cost(client: OpenRouterClient, generation_id: str, timeout_
         delay = min(delay * 2, 10.0)
 
 
+async def read_usage(client: OpenRouterClient) -> Decimal | None:
+    """The key's lifetime usage in dollars as /key reports it now; None when it cannot be read."""
+    try:
+        status, body = await client.get_json("/key")
+    except Exception:
+        return None
+    if status != 200 or not isinstance(body, dict):
+        return None
+    usage = (body.get("data") or {}).get("usage")
+    if isinstance(usage, int | float) and not isinstance(usage, bool) and usage >= 0:
+        return to_dollars(usage)
+    return None
+
+
+async def settled_usage(
+    client: OpenRouterClient, settle_s: float, max_wait_s: float
+) -> tuple[Decimal | None, bool, float]:
+    """The key's usage once it has not changed for `settle_s`: (usage, settled, seconds waited).
+
+    Bills reach /key late and OpenRouter does not say how late (docs/money.md, "Bounded by the key's
+    usage"), so a reading counts only once it has held still for `settle_s`. Past `max_wait_s` the
+    last reading comes back with `settled` false; usage None: /key could not be read at all.
+    """
+    started = time.monotonic()
+    poll_s = min(1.0, max(0.05, settle_s / 5))
+    last = await read_usage(client)
+    since = time.monotonic()
+    while True:
+        now = time.monotonic()
+        if last is not None and now - since >= settle_s:
+            return last, True, now - started
+        if now - started >= max_wait_s:
+            return last, False, now - started
+        await asyncio.sleep(min(poll_s, max(0.0, started + max_wait_s - now)))
+        reading = await read_usage(client)
+        if reading is None:
+            continue  # a failed read proves nothing either way
+        if reading != last:
+            last, since = reading, time.monotonic()
+
+
 async def read_credits(client: OpenRouterClient) -> dict[str, Any]:
     """The key's limit and usage (/key), and the account balance when the key may read /credits."""
     view: dict[str, Any] = {"checked_at": time.time()}

@@ -7,6 +7,7 @@ docs/openrouter.md has the wire facts this relies on; docs/money.md the reservat
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections import Counter
 from collections.abc import Coroutine, Mapping
@@ -14,6 +15,7 @@ from decimal import Decimal
 from typing import Any
 
 from engine.backends.base import (
+    AccountUsage,
     AttemptOutcome,
     BackendError,
     Disposition,
@@ -23,7 +25,7 @@ from engine.backends.base import (
     OnRoute,
     Usage,
 )
-from engine.backends.openrouter.account import generation_cost, read_credits
+from engine.backends.openrouter.account import generation_cost, read_credits, read_usage, settled_usage
 from engine.backends.openrouter.catalog import (
     CatalogError,
     Endpoint,
@@ -327,6 +329,23 @@ class OpenRouterBackend:
     async def reconcile(self, pending: Unsettled) -> Decimal | None:
         assert pending.generation_id is not None
         return await generation_cost(self.client, pending.generation_id, self.reconcile_timeout_s)
+
+    async def account_usage(self, settle: bool) -> AccountUsage | None:
+        """The key's lifetime usage (/key), for bounding the money of attempts cut before their
+        generation id arrived (docs/money.md, "Bounded by the key's usage")."""
+        if settle:
+            usage, settled, waited = await settled_usage(
+                self.client, self.settings.usage_settle_s, self.settings.usage_settle_max_s
+            )
+        else:
+            usage, settled, waited = await read_usage(self.client), True, 0.0
+        return AccountUsage(usage, self._key_fingerprint(), settled, round(waited, 3))
+
+    def _key_fingerprint(self) -> str:
+        """Which key the usage is of, so a run resumed with another key is not bounded by the first
+        one's figures; a hash prefix, from which the key cannot be recovered."""
+        key = self.settings.api_key.get_secret_value() if self.settings.api_key is not None else ""
+        return hashlib.sha256(key.encode()).hexdigest()[:16]
 
     def tasks(self) -> list[Coroutine[Any, Any, None]]:
         return [self._watch_credits()]

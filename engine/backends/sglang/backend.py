@@ -18,6 +18,7 @@ import aiohttp
 import orjson
 
 from engine.backends.base import (
+    AccountUsage,
     AttemptOutcome,
     BackendError,
     Disposition,
@@ -454,6 +455,9 @@ class SGLangBackend:
 
     async def reconcile(self, pending: Unsettled) -> Decimal | None:
         return None  # GPU time is measured at the attempt; there is no bill to look up
+
+    async def account_usage(self, settle: bool) -> AccountUsage | None:
+        return None  # no account bills GPU time: nothing is ever unknowable here (docs/money.md)
 
     # ------------------------------------------------------------------------------- aborts
 
