@@ -278,7 +278,7 @@ def main() -> int:
             f"OpenRouter simulator time_scale {args.openrouter_time_scale}, {args.concurrency} in flight per lane at most; "
             f"steering every {args.interval_s:g} s, smoothing {args.smoothing_s:g} s.\n\n"
         )
-        write_md(header + text, MD_START, MD_END, heading="## Both fleets, one deadline: the real job")
+        write_md(header + text, MD_START, MD_END, heading="Both fleets, one deadline: the real job")
     return 0 if within and honest else 1
 
 
