@@ -402,7 +402,10 @@ class Job:
     def set_deadline(self, text: str | None, origin: str = "operator") -> str:
         """A new deadline ("12h" from now, "06:30" next), or None for none: journaled, re-planned at once."""
         self._check_live()
-        return self.fleet.set_deadline(text, origin)
+        message = self.fleet.set_deadline(text, origin)
+        # As after every command: a cleared deadline lifts OpenRouter's ceiling without a `steer`.
+        self.dispatcher.wake()
+        return message
 
     def set_lane_ceilings(self, ceilings: LaneCeilings | None) -> None:
         """Plug in the steering hook (engine/lanes.py `LaneCeilings`): a ceiling per lane, read
