@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.throughput import SIM_PROFILE, Sim  # noqa: E402
-from console.widgets.providers import SORTS  # noqa: E402
+from regen.console.widgets.providers import SORTS  # noqa: E402
 
 PROFILE = {
     "time_scale": 1.0,
@@ -76,7 +76,7 @@ def tokens_so_far(work: Path) -> int:
 
 
 def env_with_key() -> dict[str, str]:
-    return {**os.environ, "OPENROUTER_API_KEY": "sk-sim-test", "PYTHONPATH": str(ROOT), "TERM": "tmux-256color"}
+    return {**os.environ, "OPENROUTER_API_KEY": "sk-sim-test", "PYTHONPATH": str(ROOT / "src"), "TERM": "tmux-256color"}
 
 
 def measure_window(work: Path, warmup_s: float, window_s: float, during: Any = None) -> tuple[int, Any]:
@@ -94,7 +94,7 @@ def run_headless(sim: Sim, prompts: int, concurrency: int, warmup_s: float, wind
         write_prompts(work / "data" / "A", prompts)
         settings = write_settings(work, sim.base_url, concurrency)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "console.cli", "run", "--headless", "--settings", str(settings)],
+            [sys.executable, "-m", "regen.cli.main", "run", "--headless", "--settings", str(settings)],
             cwd=ROOT, env=env_with_key(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         try:
@@ -128,7 +128,7 @@ def run_with_console(
         settings = write_settings(work, sim.base_url, concurrency)
         sock = work / "tmux.sock"
         env = " ".join(f"{k}='{v}'" for k, v in env_with_key().items() if k in ("PATH", "PYTHONPATH", "HOME", "OPENROUTER_API_KEY", "TERM"))
-        command = f"cd {ROOT} && env {env} {sys.executable} -m console.cli run --settings {settings}; sleep 600"
+        command = f"cd {ROOT} && env {env} {sys.executable} -m regen.cli.main run --settings {settings}; sleep 600"
         tmux(sock, "new-session", "-d", "-s", "c", "-x", "120", "-y", "40", command)
 
         def presses(window: float) -> dict[str, list[float]]:
@@ -155,7 +155,7 @@ def run_with_console(
         try:
             rate, latencies = measure_window(work, warmup_s, window_s, presses)
         finally:
-            subprocess.run([sys.executable, "-m", "console.cli", "stop", "--cancel", "--settings", str(settings)],
+            subprocess.run([sys.executable, "-m", "regen.cli.main", "stop", "--cancel", "--settings", str(settings)],
                            cwd=ROOT, env=env_with_key(), capture_output=True, timeout=120)
             tmux(sock, "kill-server")
         return rate, latencies

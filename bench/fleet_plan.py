@@ -42,8 +42,8 @@ for path in (ROOT, ROOT / "bench"):
 
 from throughput import machine, revision, write_md  # noqa: E402 - the sibling benchmark's helpers
 
-from engine.fleetplan import Provider, Work, fill, plan_fleets  # noqa: E402
-from engine.fleetplan.steer import Steering  # noqa: E402
+from regen.engine.money.fleetplan import Provider, Work, fill, plan_fleets  # noqa: E402
+from regen.engine.money.fleetplan.steer import Steering  # noqa: E402
 from tests.fleet_sim import Sim, SimProvider  # noqa: E402
 
 MD_START = "<!-- bench:fleet-plan:start -->"

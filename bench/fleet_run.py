@@ -7,7 +7,7 @@ GPUs (`regen sim sglang`, its own process) make `--gpu-tokens-per-s` (nominal: m
 decode rate / time_scale), the work is sized so that they make 72% of it by `--deadline-s`, the
 budget is the story's $100 per 60M tokens of work, and OpenRouter (`regen sim openrouter`, its own
 process, the simulator's catalogue from $2.20/M) carries the rest. The job is the real one, a
-process of its own, with the deadline controller in it (engine/steering.py).
+process of its own, with the deadline controller in it (engine/job/deadline_control.py).
 
 Two runs on fresh simulators and run folders:
 - steered: `job.deadline` set; the claim is that it finishes within 10% of the deadline, never
@@ -44,8 +44,8 @@ for path in (ROOT, ROOT / "bench"):
 
 from throughput import machine, revision, write_md  # noqa: E402 - the sibling benchmark's helpers
 
-from engine.recovery import read_journals  # noqa: E402
-from engine.sim.sglang.tokens import builtin_tokenizer_folder  # noqa: E402
+from regen.engine.run.recovery import read_journals  # noqa: E402
+from regen.sim.sglang.tokens import builtin_tokenizer_folder  # noqa: E402
 
 MD_START = "<!-- bench:fleet-run:start -->"
 MD_END = "<!-- bench:fleet-run:end -->"
@@ -169,8 +169,8 @@ def one_run(name: str, args: argparse.Namespace, deadline_s: float | None, promp
         f"[stats]\nexpected_output_tokens = {sum(TOKENS) // 2}\n"
         "[headless]\nstatus_interval_s = 10.0\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OPENROUTER_API_KEY": KEY}
-    regen = [sys.executable, "-m", "console.cli"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OPENROUTER_API_KEY": KEY}
+    regen = [sys.executable, "-m", "regen.cli.main"]
     gpu = start(
         [*regen, "sim", "sglang", "--port", str(gpu_port), "--config", str(folder / "gpu.json"), "--tokenizer", str(tokenizer)],
         env,

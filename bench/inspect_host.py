@@ -34,9 +34,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.datasets import Dataset, scan  # noqa: E402
-from engine.host.scripts.survey import default_workers, survey  # noqa: E402
-from engine.settings import HostSettings  # noqa: E402
+from regen.engine.config.settings import HostSettings  # noqa: E402
+from regen.engine.data.datasets import Dataset, scan  # noqa: E402
+from regen.engine.host.scripts.survey import default_workers, survey  # noqa: E402
 from tests.host.conftest import write_settings  # noqa: E402
 from tests.host.sshd import make_server  # noqa: E402
 
@@ -199,11 +199,11 @@ def main() -> int:
                 python=args.host_python,
             )
             settings = write_settings(tmp / "settings.toml", [host], tmp / "ws")
-            env = {**os.environ, "PYTHONPATH": str(ROOT)}
+            env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
             regen_cmd = [
                 sys.executable,
                 "-m",
-                "console.cli",
+                "regen.cli.main",
                 "inspect",
                 "--json",
                 "--settings",

@@ -103,8 +103,8 @@ def main() -> int:
         f"concurrency = {args.concurrency}\nbudget_usd = 100000.0\n"
         "[headless]\nstatus_interval_s = 5.0\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OPENROUTER_API_KEY": KEY}
-    regen = [sys.executable, "-m", "console.cli"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OPENROUTER_API_KEY": KEY}
+    regen = [sys.executable, "-m", "regen.cli.main"]
     sim = subprocess.Popen(
         [*regen, "sim", "openrouter", "--port", str(port), "--config", str(sim_config)],
         env=env,

@@ -28,9 +28,9 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.datasets import Dataset, scan
-from engine.inputs import check_rows_match
-from engine.recovery import read_journals, read_rows
+from regen.engine.data.datasets import Dataset, scan
+from regen.engine.run.inputs import check_rows_match
+from regen.engine.run.recovery import read_journals, read_rows
 
 OUT = Path(__file__).resolve().parent / "out" / "restart"
 # About 1 KB a row: a short answer with its reasoning and the row's fixed fields, ids left empty
@@ -48,7 +48,7 @@ def build(rows: int) -> tuple[Path, Path]:
         return folder, run_dir
     folder.mkdir(parents=True, exist_ok=True)
     run_dir.mkdir(parents=True, exist_ok=True)
-    from engine.datasets import validate_line
+    from regen.engine.data.datasets import validate_line
 
     with open(prompts, "wb") as p, open(results, "wb") as r, open(run_dir / "attempts.jsonl", "wb") as j:
         for line in range(rows):
@@ -111,7 +111,7 @@ def wc_lines(path: Path) -> float:
 
 
 def resume(folder: Path, run_dir: Path) -> dict[str, float]:
-    """What Job.prepare() does with the files (engine/inputs.py, engine/recovery.py), phase by phase."""
+    """What Job.prepare() does with the files (engine/run/inputs.py, engine/run/recovery.py), phase by phase."""
     dataset = Dataset(folder.name, folder)
     phases: dict[str, float] = {}
     started = time.perf_counter()
@@ -132,10 +132,10 @@ def resume(folder: Path, run_dir: Path) -> dict[str, float]:
 
 async def resume_job(folder: Path, run_dir: Path) -> float:
     """The real thing: Job.prepare() against the simulator, for the end-to-end figure."""
-    from engine.job import Job
-    from engine.settings import JobSettings, OpenRouterSettings, Settings
-    from engine.sim.openrouter.config import SimConfig
-    from engine.sim.openrouter.server import OpenRouterSim
+    from regen.engine.config.settings import JobSettings, OpenRouterSettings, Settings
+    from regen.engine.job.job import Job
+    from regen.sim.openrouter.config import SimConfig
+    from regen.sim.openrouter.server import OpenRouterSim
 
     sim = OpenRouterSim(SimConfig(api_keys=["sk-bench"]))
     await sim.start()

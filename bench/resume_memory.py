@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.recovery import read_journals, read_rows  # noqa: E402
+from regen.engine.run.recovery import read_journals, read_rows  # noqa: E402
 
 
 def rss_mb() -> int:

@@ -6,7 +6,7 @@ at least 80% of the output throughput (output tokens/s) of a bare aiohttp + orjs
 same `/generate` bodies.
 
 Method, as bench/throughput.py's:
-- the simulator runs as its own process (`python -m engine.sim sglang`, uvloop), pinned to one core
+- the simulator runs as its own process (`python -m regen.sim sglang`, uvloop), pinned to one core
   and the client to the other (the job's tokenizer worker inherits the client's core, so regen's
   whole process tree shares that one core); a fresh simulator serves each run;
 - each variant runs in a fresh interpreter (this file with `--child VARIANT`) on uvloop, over the
@@ -90,7 +90,7 @@ def prompt_messages(i: int) -> list[dict[str, str]]:
 
 def regen_settings(url: str, model: Path, dataset: Path, run_dir: Path, host: dict[str, Any] | None = None) -> Any:
     """The job's settings: straight at `url`, or (with `host`) through a tunnel to that host's port."""
-    from engine.settings import (
+    from regen.engine.config.settings import (
         HostSettings,
         JobSettings,
         OpenRouterSettings,
@@ -110,8 +110,8 @@ def regen_settings(url: str, model: Path, dataset: Path, run_dir: Path, host: di
 
 def bodies(model: Path, n: int) -> list[bytes]:
     """The exact bodies the backend sends (engine/backends/sglang/wire.py), rendered ahead."""
-    from engine.backends.sglang.wire import request_body, sampling_params
-    from engine.tokenizer import TargetTokenizer, TokenizerSpec
+    from regen.engine.backends.sglang.wire import request_body, sampling_params
+    from regen.engine.data.tokenizer import TargetTokenizer, TokenizerSpec
 
     tok = TargetTokenizer(TokenizerSpec(model, template_kwargs={"thinking": True}))
     sampling = sampling_params(MAX_TOKENS, 1.0, 0.95, tok.end_of_turn_id)
@@ -173,7 +173,7 @@ async def run_aiohttp(url: str, model: Path, n: int, w: Window) -> None:
 async def run_regen(url: str, model: Path, n: int, w: Window, workdir: Path, host: dict[str, Any] | None = None) -> None:
     import orjson
 
-    from engine.job import Job
+    from regen.engine.job.job import Job
 
     dataset = workdir / "dataset"
     dataset.mkdir(parents=True)
@@ -187,7 +187,7 @@ async def run_regen(url: str, model: Path, n: int, w: Window, workdir: Path, hos
 
 
 def child(variant: str, url: str, model: Path, n: int, workdir: Path, sim_pid: int, host: Path | None) -> None:
-    from engine.runtime import run
+    from regen.engine.runtime import run
 
     w = Window(sim_pid, None)
 
@@ -221,7 +221,7 @@ def _pin(cpu: int) -> Any:
 
 
 class Sim:
-    """`python -m engine.sim sglang` in its own process, on its own core, serving the model folder."""
+    """`python -m regen.sim sglang` in its own process, on its own core, serving the model folder."""
 
     def __init__(self, workdir: Path, model: Path, profile: dict[str, Any]) -> None:
         config = {
@@ -237,10 +237,10 @@ class Sim:
         path.write_text(json.dumps(config))
         self.log = open(workdir / "sim.log", "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "engine.sim", "sglang", "--port", "0", "--config", str(path),
+            [sys.executable, "-m", "regen.sim", "sglang", "--port", "0", "--config", str(path),
              "--tokenizer", str(model)],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=self.log, text=True, preexec_fn=_pin(SIM_CPU),
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()

@@ -5,7 +5,7 @@ simulator at 512 in flight, so the simulator must deliver the token rate it is c
 CPU to spare. This measures, for a sweep of per-request decode rates (512 x rate = the offered
 aggregate rate), what a bare aiohttp client really receives and how busy the simulator's core is.
 
-Layout of one run: the simulator is its own process (`python -m engine.sim sglang`, on uvloop)
+Layout of one run: the simulator is its own process (`python -m regen.sim sglang`, on uvloop)
 pinned to one core, the client (this process, uvloop) to the other. The client keeps 512 streaming
 /generate requests open for the whole window (a closed loop: each finished stream starts the next),
 and counts output tokens (from each chunk's cumulative completion_tokens) and chunks received in the
@@ -63,9 +63,9 @@ def start_sim(rate: float, tokens: int, tmp: Path, min_step_s: float) -> tuple[s
     path = tmp / "sim.json"
     path.write_text(json.dumps(config))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "engine.sim", "sglang", "--port", "0", "--config", str(path)],
+        [sys.executable, "-m", "regen.sim", "sglang", "--port", "0", "--config", str(path)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()

@@ -4,7 +4,7 @@
     python bench/soak.py --minutes 10          # shorter
 
 `regen run --headless` runs against `regen sim openrouter` (each its own process). The simulator
-draws every fault class of engine/sim/openrouter/config.py (FAULT_CLASSES) at a small rate each;
+draws every fault class of sim/openrouter/config.py (FAULT_CLASSES) at a small rate each;
 the job is killed with SIGKILL at random moments, 2 to 5 minutes apart, and started again at once
 with the same command. When the time is up the job gets SIGINT (it drains) and the soak checks:
 
@@ -39,8 +39,8 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.recovery import read_journals  # noqa: E402
-from engine.sim.openrouter.config import FAULT_CLASSES  # noqa: E402
+from regen.engine.run.recovery import read_journals  # noqa: E402
+from regen.sim.openrouter.config import FAULT_CLASSES  # noqa: E402
 
 OUT = ROOT / "bench" / "out" / "soak"
 KEY = "sk-bench-soak"
@@ -77,7 +77,7 @@ def make_datasets(count: int, prompts: int) -> list[Path]:
 
 def faults(rate: float) -> dict[str, float]:
     """Every fault class at `rate`, but the account-wide limit: each one holds all dispatch for a
-    second at least (engine/dispatch.py), so at the same rate the soak would be held half the time."""
+    second at least (engine/job/dispatch.py), so at the same rate the soak would be held half the time."""
     rates = dict.fromkeys(FAULT_CLASSES, rate)
     rates["http_429_ratelimit_reset"] = rate / 50
     return rates
@@ -121,8 +121,8 @@ def main() -> int:
         f"concurrency = {args.concurrency}\nbudget_usd = 100000.0\nmax_attempts = 50\n"
         "[headless]\nstatus_interval_s = 10.0\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OPENROUTER_API_KEY": KEY}
-    regen = [sys.executable, "-m", "console.cli"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OPENROUTER_API_KEY": KEY}
+    regen = [sys.executable, "-m", "regen.cli.main"]
     sim = subprocess.Popen(
         [*regen, "sim", "openrouter", "--port", str(port), "--config", str(OUT / "sim.json")],
         env=env,

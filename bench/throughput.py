@@ -6,7 +6,7 @@ same run and at the same concurrency, regen's job output throughput (output toke
 `openai` AsyncOpenAI client.
 
 Layout of one run:
-- the simulator runs as its own process (engine/sim/runner.py, on uvloop), pinned to one core and
+- the simulator runs as its own process (sim/runner.py, on uvloop), pinned to one core and
   the client to the other, so they never share a core; a fresh simulator serves each run (its
   ledger grows with every request). Its profile (short TTFT, fast tokens) offers far more load than
   one client core can take at 2000 streams, so the client is the busy side; the simulator's CPU
@@ -91,7 +91,7 @@ def prompt_messages(i: int) -> list[dict[str, str]]:
 
 def static_body() -> dict[str, Any]:
     """The fields regen's client sends with every request (engine/backends/openrouter/client.py)."""
-    from engine.backends.openrouter.client import OpenRouterClient
+    from regen.engine.backends.openrouter.client import OpenRouterClient
 
     client = OpenRouterClient(regen_settings("http://127.0.0.1:1/api/v1", Path("."), Path("."), 1).openrouter,
                               pool_size=1)
@@ -107,7 +107,7 @@ def orjson_loads(data: bytes) -> Any:
 
 
 def regen_settings(base_url: str, dataset: Path, run_dir: Path, concurrency: int) -> Any:
-    from engine.settings import JobSettings, OpenRouterSettings, ProviderSettings, Settings
+    from regen.engine.config.settings import JobSettings, OpenRouterSettings, ProviderSettings, Settings
 
     return Settings(
         openrouter=OpenRouterSettings(
@@ -300,7 +300,7 @@ async def drive(job: Any, w: Any) -> None:
 
 async def run_regen(base_url: str, n: int, concurrency: int, w: Window, workdir: Path) -> None:
     """regen's job as shipped: fresh dataset and run folder, so nothing resumes."""
-    from engine.job import Job
+    from regen.engine.job.job import Job
 
     dataset = workdir / "dataset"
     dataset.mkdir(parents=True)
@@ -321,7 +321,7 @@ def write_prompts(path: Path, n: int) -> None:
 def child(variant: str, base_url: str, n: int, concurrency: int, workdir: Path,
           sim_pid: int | None, profile: Path | None) -> None:
     """One variant in this (fresh) interpreter, on uvloop; prints one JSON line."""
-    from engine.runtime import run
+    from regen.engine.runtime import run
 
     w = Window(sim_pid, profile)
 
@@ -346,8 +346,8 @@ def child(variant: str, base_url: str, n: int, concurrency: int, workdir: Path,
 
 
 def sim_config() -> dict[str, Any]:
-    from engine.sim.openrouter.catalog import default_models
-    from engine.sim.openrouter.config import SimConfig
+    from regen.sim.openrouter.catalog import default_models
+    from regen.sim.openrouter.config import SimConfig
 
     p = SIM_PROFILE
     models = default_models()
@@ -402,19 +402,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-# `regen sim openrouter` (engine/sim/runner.py): uvloop, and engine/runtime.py's rare cyclic GC. The
+# `regen sim openrouter` (sim/runner.py): uvloop, and engine/runtime.py's rare cyclic GC. The
 # simulator keeps every generation for /generation, so with Python's default thresholds its
 # collections grow with the requests served and make the load generator, not the client, the busy side.
 SIM_BOOT = """
 import sys
 from pathlib import Path
-from engine.sim.runner import run_sim
+from regen.sim.runner import run_sim
 sys.exit(run_sim("openrouter", int(sys.argv[1]), "127.0.0.1", Path(sys.argv[2])))
 """
 
 
 class Sim:
-    """The simulator in its own process (engine/sim/runner.py runs it on uvloop)."""
+    """The simulator in its own process (sim/runner.py runs it on uvloop)."""
 
     def __init__(self, workdir: Path) -> None:
         self.port = free_port()

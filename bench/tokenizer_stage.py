@@ -28,11 +28,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.tokenize_pool import TokenizePool
-from engine.tokenizer import THINK_END, TargetTokenizer, TokenizerSpec
+from regen.engine.data.tokenize_pool import TokenizePool
+from regen.engine.data.tokenizer import THINK_END, TargetTokenizer, TokenizerSpec
 from tests.tokenizers_fixture import build_tokenizer, corpus
 
-DEMO = Path(__file__).resolve().parent.parent / "engine" / "demo" / "datasets"
+DEMO = Path(__file__).resolve().parent.parent / "src" / "regen" / "demo" / "datasets"
 
 
 def _words() -> list[str]:
@@ -128,8 +128,8 @@ def bench_pool(args: argparse.Namespace, folder: Path) -> None:
 def bench_verify(args: argparse.Namespace, folder: Path, work: Path) -> None:
     import orjson
 
-    from engine.datasets import Dataset, canonical_sha256
-    from engine.verify import verify_dataset
+    from regen.engine.data.datasets import Dataset, canonical_sha256
+    from regen.engine.data.verify import verify_dataset
 
     spec = TokenizerSpec(folder, template_kwargs={"thinking": True})
     tok = TargetTokenizer(spec)

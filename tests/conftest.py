@@ -9,9 +9,9 @@ from typing import Any
 import orjson
 import pytest
 
-from engine.settings import JobSettings, OpenRouterSettings, Settings
-from engine.sim.openrouter.config import SimConfig
-from engine.sim.openrouter.server import OpenRouterSim
+from regen.engine.config.settings import JobSettings, OpenRouterSettings, Settings
+from regen.sim.openrouter.config import SimConfig
+from regen.sim.openrouter.server import OpenRouterSim
 
 SIM_KEY = "sk-sim-test"
 

@@ -1,4 +1,4 @@
-"""A discrete-time simulation of one job over both fleets, with engine/fleetplan's controller in the loop.
+"""A discrete-time simulation of one job over both fleets, with engine/money/fleetplan's controller in the loop.
 
 Not the real job: a fluid GPU fleet and whole OpenRouter requests on a simulated clock (no sleeping),
 so tests and bench/fleet_plan.py can replay hours in a second. What it models:
@@ -8,7 +8,7 @@ so tests and bench/fleet_plan.py can replay hours in a second. What it models:
   per request); OpenRouter routes a new request to the cheapest provider with room under its
   concurrency cap (its sustainable rate);
 - a request starts only while the in-flight count is under the controller's ceiling and the ledger's
-  gate holds (spent + reserved + its worst case <= budget), as engine/dispatch.py's does;
+  gate holds (spent + reserved + its worst case <= budget), as engine/job/dispatch.py's does;
 - lowering the ceiling cancels nothing: requests above it drain as they finish;
 - the controller is fed every `tick_s` with the rates measured over the last `window_s`.
 """
@@ -22,9 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from engine.fleetplan import Provider, Work
-from engine.fleetplan.steer import Facts, Steering
-from engine.money import PER_MILLION, RoutePrice
+from regen.engine.money.fleetplan import Provider, Work
+from regen.engine.money.fleetplan.steer import Facts, Steering
+from regen.engine.money.ledger import PER_MILLION, RoutePrice
 
 
 @dataclass(frozen=True)

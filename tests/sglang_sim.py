@@ -29,15 +29,15 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from engine.sim.sglang.config import SimSGLangConfig
-from engine.sim.sglang.launch import CONFIG_ENV
-from engine.sim.sglang.logs import SimLog
-from engine.sim.sglang.server import SGLangSim
-from engine.sim.sglang.tokens import SimTokenizer
+from regen.sim.sglang.config import SimSGLangConfig
+from regen.sim.sglang.launch import CONFIG_ENV
+from regen.sim.sglang.logs import SimLog
+from regen.sim.sglang.server import SGLangSim
+from regen.sim.sglang.tokens import SimTokenizer
 from tests.tokenizers_fixture import build_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
-STANDIN = ROOT / "engine" / "sim" / "sglang" / "standin"
+STANDIN = ROOT / "src" / "regen" / "sim" / "sglang" / "standin"
 
 __all__ = [
     "ROOT",
@@ -126,7 +126,7 @@ def standin_env(tmp: Path, config: dict[str, Any] | None = None, **extra: str) -
     start elsewhere on this machine are not on "this host's" GPUs); `config` becomes the
     simulator's config file (REGEN_SGLANG_SIM_CONFIG)."""
     env = {k: v for k, v in os.environ.items() if k != CONFIG_ENV}
-    env["PYTHONPATH"] = os.pathsep.join([str(STANDIN), str(ROOT)])
+    env["PYTHONPATH"] = os.pathsep.join([str(STANDIN), str(ROOT / "src")])
     env["PATH"] = os.pathsep.join([str(STANDIN / "bin"), env.get("PATH", "")])
     env["REGEN_SIM_GPU_SCOPE"] = str(tmp)
     env["PYTHONUNBUFFERED"] = "1"

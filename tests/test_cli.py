@@ -20,13 +20,13 @@ import pytest
 from tests.conftest import read_rows, write_dataset
 
 ROOT = Path(__file__).resolve().parent.parent
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTHONUNBUFFERED": "1"}
 ENV.pop("OPENROUTER_API_KEY", None)
 SECRET = "sk-or-v1-" + "".join(random.Random(5).choices("abcdef0123456789", k=48))
 
 
 def regen(*args: str) -> list[str]:
-    return [sys.executable, "-m", "console.cli", *args]
+    return [sys.executable, "-m", "regen.cli.main", *args]
 
 
 def free_port() -> int:

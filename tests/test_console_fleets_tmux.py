@@ -2,7 +2,7 @@
 while the other runs on, and d changes the deadline.
 
 The job is the console's scripted one (console/scripted.py: the engine's snapshot types, deadline
-parser and steering controller), run as its own process by `python -m console.launch --fleets`.
+parser and steering controller), run as its own process by `python -m regen.console.launch --fleets`.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def test_both_fleets_in_one_view_and_the_deadline_changed_from_the_keyboard(
         for k, v in {**ENV, "TERM": "tmux-256color", "TZ": "UTC"}.items()
         if k in ("PATH", "PYTHONPATH", "HOME", "TERM", "PYTHONUNBUFFERED", "TZ")
     )
-    command = f"{sys.executable} -m console.launch --fleets --deadline 1h --no-mouse"
+    command = f"{sys.executable} -m regen.console.launch --fleets --deadline 1h --no-mouse"
     # The pane's shell may carry an 80x24 COLUMNS/LINES from whoever started the tmux server; the
     # console must size itself from the window.
     tmux(

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from console.client import SocketSource
-from engine.control import SOCKET_NAME, ControlError
-from engine.headless import run_headless
-from engine.job import Job, JobState
-from engine.settings import Settings
-from engine.sim.openrouter.server import OpenRouterSim
+from regen.console.client import SocketSource
+from regen.engine.config.settings import Settings
+from regen.engine.control.headless import run_headless
+from regen.engine.control.server import SOCKET_NAME, ControlError
+from regen.engine.job.job import Job, JobState
+from regen.sim.openrouter.server import OpenRouterSim
 from tests.conftest import read_rows, write_dataset
 from tests.test_cli import ENV, regen, settings_file, sim_process, wait_for_attempts, wait_gone  # noqa: F401  (fixture)
 

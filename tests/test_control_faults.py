@@ -25,13 +25,19 @@ from typing import Any
 import orjson
 import pytest
 
-from console.client import SocketSource
-from engine.control import MAX_LINE, PROTOCOL_VERSION, WRITE_HIGH_WATER, ControlServer, open_control
-from engine.headless import run_headless
-from engine.job import Job, JobError
-from engine.jobstate import StopReason
-from engine.settings import Settings
-from engine.sim.openrouter.server import OpenRouterSim
+from regen.console.client import SocketSource
+from regen.engine.config.settings import Settings
+from regen.engine.control.headless import run_headless
+from regen.engine.control.server import (
+    MAX_LINE,
+    PROTOCOL_VERSION,
+    WRITE_HIGH_WATER,
+    ControlServer,
+    open_control,
+)
+from regen.engine.job.job import Job, JobError
+from regen.engine.run.state import StopReason
+from regen.sim.openrouter.server import OpenRouterSim
 from tests.conftest import read_rows, write_dataset
 
 HELLO = orjson.dumps({"hello": {"protocol": PROTOCOL_VERSION, "readonly": False}}) + b"\n"

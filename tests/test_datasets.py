@@ -13,8 +13,9 @@ from typing import Any
 import orjson
 import pytest
 
-import engine.datasets as ds_mod
-from engine.datasets import (
+import regen.engine.data.datasets as ds_mod
+from regen.demo import make_datasets
+from regen.engine.data.datasets import (
     Dataset,
     DatasetError,
     InvalidLine,
@@ -26,7 +27,6 @@ from engine.datasets import (
     scan,
     validate_line,
 )
-from engine.demo import make_datasets
 
 DEMO = Path(make_datasets.__file__).resolve().parent / "datasets"
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from engine.net.deadlines import Deadlines
+from regen.engine.net.deadlines import Deadlines
 
 
 async def _attempt(deadlines: Deadlines, feed_every: float | None, lasts: float) -> str:

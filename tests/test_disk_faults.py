@@ -17,8 +17,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-import engine.jsonl as jsonl
-from engine.jsonl import JsonlAppender, JsonlError, WriteFailed, iter_jsonl
+import regen.engine.data.jsonl as jsonl
+from regen.engine.data.jsonl import JsonlAppender, JsonlError, WriteFailed, iter_jsonl
 from tests.filesystems import (
     Unmountable,
     emergency_read_only,

@@ -14,17 +14,17 @@ from typing import Any
 
 import pytest
 
-from engine.backends.openrouter.client import (
+from regen.engine.backends.openrouter.client import (
     MAX_FIELD_SIZE,
     MAX_HEADERS,
     AttemptResult,
     OpenRouterClient,
     max_response_bytes,
 )
-from engine.backends.openrouter.errors import ErrorClass
-from engine.settings import OpenRouterSettings
-from engine.sim.openrouter.catalog import default_models
-from engine.sim.openrouter.server import OpenRouterSim
+from regen.engine.backends.openrouter.errors import ErrorClass
+from regen.engine.config.settings import OpenRouterSettings
+from regen.sim.openrouter.catalog import default_models
+from regen.sim.openrouter.server import OpenRouterSim
 from tests.conftest import SIM_KEY, fast_sim_config
 from tests.faultproxy import FaultProxy, ThreadedFaultProxy
 
@@ -162,7 +162,7 @@ async def test_a_megabyte_of_headers_is_refused(
 
 
 async def test_edge_faults_are_off_by_default_and_named() -> None:
-    from engine.sim.openrouter.config import EDGE_FAULTS, FAULT_CLASSES, SimConfig
+    from regen.sim.openrouter.config import EDGE_FAULTS, FAULT_CLASSES, SimConfig
 
     config = SimConfig()
     assert config.faults == {} and config.provider_faults == {}

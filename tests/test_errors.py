@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from engine.backends.openrouter.errors import (
+from regen.engine.backends.openrouter.errors import (
     Disposition,
     ErrorClass,
     classify_error_in_ok_response,

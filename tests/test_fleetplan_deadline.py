@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.fleetplan import DeadlineError, Duration, TimeOfDay, parse_deadline, resolve_deadline
+from regen.engine.money.fleetplan import DeadlineError, Duration, TimeOfDay, parse_deadline, resolve_deadline
 
 UTC = dt.UTC
 PLUS2 = dt.timezone(dt.timedelta(hours=2))

@@ -10,9 +10,9 @@ from fractions import Fraction
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.fleetplan import Provider, Work, earliest_seconds, fill, plan_fleets
-from engine.money import PER_MILLION, RoutePrice
-from engine.planner import DatasetNeed
+from regen.engine.money.fleetplan import Provider, Work, earliest_seconds, fill, plan_fleets
+from regen.engine.money.ledger import PER_MILLION, RoutePrice
+from regen.engine.money.planner import DatasetNeed
 
 HOUR = 3600.0
 STORY = Work(60_000_000, 60_000, 0)  # 6 datasets x 10M output tokens

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.fleetplan import Provider, Work, fill
-from engine.fleetplan.steer import Facts, Steering
-from engine.money import PER_MILLION, RoutePrice
+from regen.engine.money.fleetplan import Provider, Work, fill
+from regen.engine.money.fleetplan.steer import Facts, Steering
+from regen.engine.money.ledger import PER_MILLION, RoutePrice
 from tests.fleet_sim import Sim, SimProvider
 
 CHEAP = Provider(RoutePrice("cheap", Decimal(0), Decimal("2.20") / PER_MILLION), None)

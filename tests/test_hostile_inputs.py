@@ -24,11 +24,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import engine.datasets as datasets
-from engine.datasets import Dataset, Prompt, canonical_sha256, iter_prompts, scan, validate_line
-from engine.jsonl import MAX_LINE_BYTES as JSONL_MAX_LINE
-from engine.jsonl import CorruptLine, iter_jsonl
-from engine.recovery import RecoveryError, read_journals, read_rows
+import regen.engine.data.datasets as datasets
+from regen.engine.data.datasets import Dataset, Prompt, canonical_sha256, iter_prompts, scan, validate_line
+from regen.engine.data.jsonl import MAX_LINE_BYTES as JSONL_MAX_LINE
+from regen.engine.data.jsonl import CorruptLine, iter_jsonl
+from regen.engine.run.recovery import RecoveryError, read_journals, read_rows
 from tests.conftest import read_rows as rows_of
 from tests.conftest import write_dataset
 from tests.test_cli import ENV, free_port, regen, settings_file, sim_process  # noqa: F401  (fixture)

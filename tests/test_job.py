@@ -11,10 +11,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from engine.job import Job, JobError, JobState, StopReason
-from engine.settings import Settings
-from engine.sim.openrouter.config import FAULT_CLASSES
-from engine.sim.openrouter.server import OpenRouterSim
+from regen.engine.config.settings import Settings
+from regen.engine.job.job import Job, JobError, JobState, StopReason
+from regen.sim.openrouter.config import FAULT_CLASSES
+from regen.sim.openrouter.server import OpenRouterSim
 from tests.conftest import read_rows, write_dataset
 
 
@@ -223,7 +223,7 @@ def test_engine_never_imports_textual() -> None:
     import sys
 
     code = (
-        "import sys, engine.job, engine.headless, engine.sim.openrouter.server; "
+        "import sys, regen.engine.job.job, regen.engine.control.headless, regen.sim.openrouter.server; "
         "assert not [m for m in sys.modules if m.split('.')[0] == 'textual']"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

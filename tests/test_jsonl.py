@@ -16,8 +16,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-import engine.jsonl as jsonl
-from engine.jsonl import JsonlAppender, JsonlError, iter_jsonl, repair_torn_tail
+import regen.engine.data.jsonl as jsonl
+from regen.engine.data.jsonl import JsonlAppender, JsonlError, iter_jsonl, repair_torn_tail
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -230,7 +230,7 @@ async def test_cancelled_wait_does_not_break_the_writer(tmp_path: Path) -> None:
 CHILD = textwrap.dedent(
     """
     import asyncio, os, sys
-    from engine.jsonl import JsonlAppender, iter_jsonl
+    from regen.engine.data.jsonl import JsonlAppender, iter_jsonl
 
     def pad(i):
         # Lines of very different sizes, some larger than a page, so kills land mid-write.
@@ -270,7 +270,7 @@ def test_sigkill_at_random_moments_loses_no_acknowledged_line(tmp_path: Path) ->
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     out = tmp_path / "out.jsonl"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     rng = random.Random(20260920)
     total_acked = 0
     for round_no in range(5):

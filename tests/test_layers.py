@@ -18,12 +18,12 @@ def loaded_after(code: str) -> set[str]:
 
 def test_a_headless_openrouter_job_loads_no_console_textual_or_ssh() -> None:
     modules = loaded_after(
-        "from engine.settings import Settings\n"
-        "from engine.job import Job\n"
-        "import engine.headless\n"
+        "from regen.engine.config.settings import Settings\n"
+        "from regen.engine.job.job import Job\n"
+        "import regen.engine.control.headless\n"
         "Job(Settings())"
     )
-    assert "engine.backends.openrouter.backend" in modules
-    for forbidden in ("textual", "console", "asyncssh", "sglang"):
+    assert "regen.engine.backends.openrouter.backend" in modules
+    for forbidden in ("textual", "regen.console", "regen.sim", "asyncssh", "sglang"):
         assert not any(m == forbidden or m.startswith(forbidden + ".") for m in modules), forbidden
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import orjson
 
-from engine.backends.openrouter.backend import FREE_MODEL_REQUESTS_PER_MINUTE
-from engine.headless import status_line
-from engine.job import Job, StopReason
-from engine.settings import Settings
-from engine.sim.openrouter.server import OpenRouterSim
+from regen.engine.backends.openrouter.backend import FREE_MODEL_REQUESTS_PER_MINUTE
+from regen.engine.config.settings import Settings
+from regen.engine.control.headless import status_line
+from regen.engine.job.job import Job, StopReason
+from regen.sim.openrouter.server import OpenRouterSim
 from tests.conftest import read_rows, write_dataset
 
 

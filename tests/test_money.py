@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from engine.backends.openrouter.catalog import (
+from regen.engine.backends.openrouter.catalog import (
     allowed_endpoints,
     exclusion_reason,
     find_endpoint,
     parse_endpoints,
 )
-from engine.concurrency import AdaptiveLimit
-from engine.money import Ledger, PriceCeiling, prompt_token_bound
-from engine.settings import ProviderSettings
+from regen.engine.config.settings import ProviderSettings
+from regen.engine.job.concurrency import AdaptiveLimit
+from regen.engine.money.ledger import Ledger, PriceCeiling, prompt_token_bound
 
 BODY = {
     "data": {
@@ -149,7 +149,7 @@ def test_estimates_are_split_into_pending_bills_and_unknowable_worst_cases() -> 
 
 
 def test_the_summary_says_what_an_estimate_is() -> None:
-    from engine.headless import money_line
+    from regen.engine.control.headless import money_line
 
     money = {
         "unit": "usd",

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import orjson
 
-from engine.headless import status_line
-from engine.job import Job, StopReason
-from engine.recovery import read_journals
-from engine.settings import Settings
-from engine.sim.openrouter.server import OpenRouterSim
+from regen.engine.config.settings import Settings
+from regen.engine.control.headless import status_line
+from regen.engine.job.job import Job, StopReason
+from regen.engine.run.recovery import read_journals
+from regen.sim.openrouter.server import OpenRouterSim
 from tests.conftest import fast_sim_config, read_rows, write_dataset
 from tests.faultproxy import FaultProxy
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from engine.money import PER_MILLION, RoutePrice
-from engine.planner import DatasetNeed, cost_of, max_token_cap, plan, remaining_output_tokens
+from regen.engine.money.ledger import PER_MILLION, RoutePrice
+from regen.engine.money.planner import DatasetNeed, cost_of, max_token_cap, plan, remaining_output_tokens
 
 
 def endpoint(name: str, completion_per_m: str, prompt_per_m: str = "0") -> RoutePrice:

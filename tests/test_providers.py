@@ -12,10 +12,10 @@ from pathlib import Path
 
 import orjson
 
-from engine.job import Job, StopReason
-from engine.recovery import read_journals
-from engine.settings import Settings
-from engine.sim.openrouter.server import OpenRouterSim
+from regen.engine.config.settings import Settings
+from regen.engine.job.job import Job, StopReason
+from regen.engine.run.recovery import read_journals
+from regen.sim.openrouter.server import OpenRouterSim
 from tests.conftest import read_rows, write_dataset
 from tests.test_cli import ENV, kill_at_random_moments, regen, settings_file, sim_process  # noqa: F401  (fixture)
 from tests.test_job import assert_one_row_per_prompt, run_job

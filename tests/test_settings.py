@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.settings import Settings, SettingsError, example_toml, load_settings
+from regen.engine.config.settings import Settings, SettingsError, example_toml, load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_example_file_is_generated_from_the_docstrings() -> None:
     assert (ROOT / "settings.example.toml").read_text() == example_toml(), (
         "settings.example.toml is stale: regenerate it with "
-        "python -c 'from engine.settings import example_toml; print(example_toml(), end=\"\")'"
+        "python -c 'from regen.engine.config.settings import example_toml; print(example_toml(), end=\"\")'"
     )
 
 
@@ -95,11 +95,11 @@ def test_cli_bad_settings_exit_2_one_line_per_problem_no_traceback(tmp_path: Pat
     path = tmp_path / "bad.toml"
     path.write_text("[job]\nconcurrency = 0\nmax_attempts = 0\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "console.cli", "run", "--headless", "--settings", str(path)],
+        [sys.executable, "-m", "regen.cli.main", "run", "--headless", "--settings", str(path)],
         capture_output=True,
         text=True,
         cwd=tmp_path,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "src")},
     )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()

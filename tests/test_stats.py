@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from engine.stats import WINDOW_QUANTILE_SAMPLES, ProviderStats
+from regen.engine.job.stats import WINDOW_QUANTILE_SAMPLES, ProviderStats
 
 
 def test_the_window_counts_every_attempt_however_fast_they_come() -> None:

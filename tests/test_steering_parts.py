@@ -1,5 +1,5 @@
 """The deadline controller's parts that need no simulator: in-flight seconds, the deadline journaled
-and read back, the headless lines (engine/lanes.py, engine/recovery.py, engine/headless.py)."""
+and read back, the headless lines (engine/job/lanes.py, engine/run/recovery.py, engine/control/headless.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from typing import Any
 import orjson
 import pytest
 
-from engine.headless import deadline_part, event_lines, plan_line
-from engine.jsonl import JsonlError
-from engine.lanes import Lane
-from engine.recovery import read_journals
+from regen.engine.control.headless import deadline_part, event_lines, plan_line
+from regen.engine.data.jsonl import JsonlError
+from regen.engine.job.lanes import Lane
+from regen.engine.run.recovery import read_journals
 
 
 def bare_lane() -> Lane:

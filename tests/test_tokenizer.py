@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from engine.tokenize_pool import TokenizePool
-from engine.tokenizer import (
+from regen.engine.data.tokenize_pool import TokenizePool
+from regen.engine.data.tokenizer import (
     THINK,
     THINK_END,
     TargetTokenizer,
@@ -165,7 +165,7 @@ def test_end_of_turn_must_be_special(chatml_dir: Path, chatml: TargetTokenizer) 
 
 
 def test_from_settings(kimi_dir: Path) -> None:
-    from engine.settings import TokenizerSettings
+    from regen.engine.config.settings import TokenizerSettings
 
     settings = TokenizerSettings(path=kimi_dir, name="moonshotai/Kimi-K2.5", chat_template_kwargs={"x": 1})
     tok = TargetTokenizer.from_settings(settings)

@@ -10,10 +10,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from engine.job import Job, JobError, StopReason
-from engine.settings import Settings, TokenizerSettings
-from engine.sim.openrouter.server import OpenRouterSim
-from engine.tokenizer import TargetTokenizer
+from regen.engine.config.settings import Settings, TokenizerSettings
+from regen.engine.data.tokenizer import TargetTokenizer
+from regen.engine.job.job import Job, JobError, StopReason
+from regen.sim.openrouter.server import OpenRouterSim
 from tests.conftest import read_rows, write_dataset
 from tests.test_cli import ENV, regen
 from tests.tokenizers_fixture import build_tokenizer

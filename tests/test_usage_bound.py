@@ -22,12 +22,12 @@ import orjson
 from aiohttp import web
 from pydantic import SecretStr
 
-from engine.headless import money_line
-from engine.job import Job, StopReason
-from engine.money import Ledger
-from engine.recovery import read_journals
-from engine.settings import Settings
-from engine.sim.openrouter.server import OpenRouterSim
+from regen.engine.config.settings import Settings
+from regen.engine.control.headless import money_line
+from regen.engine.job.job import Job, StopReason
+from regen.engine.money.ledger import Ledger
+from regen.engine.run.recovery import read_journals
+from regen.sim.openrouter.server import OpenRouterSim
 from tests.conftest import SIM_KEY, fast_sim_config, write_dataset
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,9 +68,9 @@ def settings_toml(path: Path, base_url: str, dataset: Path, run_dir: Path, settl
 
 async def start_and_kill(settings: Path, run_dir: Path) -> list[dict[str, Any]]:
     """Run the job in its own process and SIGKILL it while requests are in flight before any id."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OPENROUTER_API_KEY": SIM_KEY}
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OPENROUTER_API_KEY": SIM_KEY}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "console.cli", "run", "--headless", "--settings", str(settings),
+        sys.executable, "-m", "regen.cli.main", "run", "--headless", "--settings", str(settings),
         env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
     attempts = run_dir / "attempts.jsonl"

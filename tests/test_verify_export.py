@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from console import data_commands
-from engine.datasets import Dataset
-from engine.export import ExportError, export
-from engine.tokenizer import THINK_END, TargetTokenizer, TokenizerSpec
-from engine.verify import verify_dataset
+from regen.cli import data as data_commands
+from regen.engine.data.datasets import Dataset
+from regen.engine.data.export import ExportError, export
+from regen.engine.data.tokenizer import THINK_END, TargetTokenizer, TokenizerSpec
+from regen.engine.data.verify import verify_dataset
 from tests.tokenizers_fixture import (
     build_tokenizer,
     make_row,

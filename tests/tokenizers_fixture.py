@@ -5,7 +5,7 @@ library and save it the way a model repository ships one: ``tokenizer.json`` plu
 ``tokenizer_config.json`` holding the chat template and the special tokens. ``kimi`` is shaped like
 Kimi K2.5 (docs/data-contract.md §8): its special tokens sit after the learned vocabulary and its template
 reproduces §8.2. ``chatml`` is a plain ChatML model with no thinking, to show nothing is Kimi-only.
-Rows for tests come from ``engine.rows.build_row`` itself, so they carry the job's exact schema.
+Rows for tests come from ``regen.engine.job.rows.build_row`` itself, so they carry the job's exact schema.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine.datasets import Dataset, Prompt, canonical_sha256, iter_prompts
+from regen.engine.data.datasets import Dataset, Prompt, canonical_sha256, iter_prompts
 
 # Kimi K2.5's special tokens and chat format (docs/data-contract.md §8.2): no newlines between turns,
 # no BOS, the default system prompt when the first message is not a system one, earlier assistant
 # turns as <think></think>content, the `thinking` switch at the end. One definition, shared with the
 # SGLang simulator's built-in tokenizer.
-from engine.sim.sglang.tokens import KIMI_SPECIALS, KIMI_SYSTEM, KIMI_TEMPLATE
+from regen.sim.sglang.tokens import KIMI_SPECIALS, KIMI_SYSTEM, KIMI_TEMPLATE
 
 CHATML_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML_TEMPLATE = (
@@ -159,11 +159,11 @@ def make_row(
     tokenizer: Any = None,
     thinking: bool | None = None,
 ) -> dict[str, Any]:
-    """A raw_responses row built by ``engine.rows.build_row``, ids filled by ``tokenizer``."""
-    from engine.backends.base import AttemptOutcome
-    from engine.backends.openrouter.backend import OpenRouterBackend
-    from engine.rows import build_row
-    from engine.settings import Settings
+    """A raw_responses row built by ``regen.engine.job.rows.build_row``, ids filled by ``tokenizer``."""
+    from regen.engine.backends.base import AttemptOutcome
+    from regen.engine.backends.openrouter.backend import OpenRouterBackend
+    from regen.engine.config.settings import Settings
+    from regen.engine.job.rows import build_row
 
     result = AttemptOutcome(
         route="Sim",

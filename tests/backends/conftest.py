@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 import pytest
 
-from engine.settings import (
+from regen.engine.config.settings import (
     JobSettings,
     OpenRouterSettings,
     Settings,
@@ -28,9 +28,9 @@ from engine.settings import (
     TokenizerSettings,
     load_settings,
 )
-from engine.sim.openrouter.server import OpenRouterSim
-from engine.sim.sglang.server import SGLangSim
-from engine.sim.sglang.tokens import SimTokenizer
+from regen.sim.openrouter.server import OpenRouterSim
+from regen.sim.sglang.server import SGLangSim
+from regen.sim.sglang.tokens import SimTokenizer
 from tests.conftest import SIM_KEY, fast_sim_config, read_rows
 from tests.sglang_sim import fast_config
 from tests.test_cli import ENV, free_port, regen

@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from engine.job import Job, JobState, StopReason
+from regen.engine.job.job import Job, JobState, StopReason
 from tests.backends.conftest import BackendCase
 from tests.conftest import read_rows, write_dataset
 from tests.test_cli import kill_at_random_moments, regen
@@ -128,7 +128,7 @@ def test_sigkill_then_resume_loses_and_duplicates_nothing(backend_case: BackendC
     events = journal(tmp_path / "run" / "events.jsonl")
     assert any(e.get("event") == "crash_recovered" for e in events), "a kill caught requests in flight"
     if backend_case.unit == "usd":
-        from engine.recovery import read_journals
+        from regen.engine.run.recovery import read_journals
 
         run_dir = tmp_path / "run"
         state = read_journals(run_dir / "attempts.jsonl", run_dir / "events.jsonl")

@@ -1,6 +1,6 @@
 """One job, both fleets: the SGLang and OpenRouter simulators at once behind one dispatcher.
 
-The GPUs are the first lane, OpenRouter the second (engine/lanes.py): exactly one row per prompt,
+The GPUs are the first lane, OpenRouter the second (engine/job/lanes.py): exactly one row per prompt,
 each row naming the backend that made it; OpenRouter's share follows what the GPUs cannot make;
 its dollar budget holds; a SIGKILL and a resume keep each backend's accounting.
 """
@@ -25,20 +25,20 @@ from typing import Any
 import orjson
 import pytest
 
-from engine.datasets import Dataset
-from engine.job import Job, JobError, StopReason
-from engine.recovery import read_journals
-from engine.settings import (
+from regen.engine.config.settings import (
     JobSettings,
     OpenRouterSettings,
     Settings,
     SettingsError,
     load_settings,
 )
-from engine.sim.openrouter.server import OpenRouterSim
-from engine.sim.sglang.server import SGLangSim
-from engine.sim.sglang.tokens import SimTokenizer
-from engine.verify import journal_spend, verify_dataset
+from regen.engine.data.datasets import Dataset
+from regen.engine.data.verify import journal_spend, verify_dataset
+from regen.engine.job.job import Job, JobError, StopReason
+from regen.engine.run.recovery import read_journals
+from regen.sim.openrouter.server import OpenRouterSim
+from regen.sim.sglang.server import SGLangSim
+from regen.sim.sglang.tokens import SimTokenizer
 from tests.backends.conftest import BOTH, _openrouter, _sglang, journal, one_row_per_prompt
 from tests.conftest import SIM_KEY, fast_sim_config, write_dataset
 from tests.sglang_sim import fast_config
@@ -436,12 +436,12 @@ async def test_the_console_shows_each_backends_share(
     gpu_sim: SGLangSim, paid_sim: OpenRouterSim, fleet_settings: Callable[..., Settings], tmp_path: Path
 ) -> None:
     """The console attached to a job on both fleets: dollars for the budget, a line per backend."""
-    from console.app import RegenApp
-    from console.client import SocketSource
-    from console.options import ConsoleOptions
-    from console.widgets.cost import CostPane
-    from engine.control import SOCKET_NAME
-    from engine.headless import run_headless
+    from regen.console.app import RegenApp
+    from regen.console.client import SocketSource
+    from regen.console.options import ConsoleOptions
+    from regen.console.widgets.cost import CostPane
+    from regen.engine.control.headless import run_headless
+    from regen.engine.control.server import SOCKET_NAME
 
     gpu_sim.apply_config(gpu_sim.config.model_copy(update={"time_scale": 0.3}))
     data = write_dataset(tmp_path, "A", 400)

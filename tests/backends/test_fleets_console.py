@@ -15,18 +15,18 @@ import orjson
 from textual.pilot import Pilot
 from textual.widgets import Input
 
-from console.app import RegenApp
-from console.client import SocketSource
-from console.options import ConsoleOptions
-from console.screens import DeadlineScreen, LaneScreen
-from console.widgets.cost import CostPane
-from console.widgets.fleets import FleetsPane
-from engine.control import SOCKET_NAME
-from engine.headless import run_headless
-from engine.job import Job
-from engine.settings import Settings
-from engine.sim.openrouter.server import OpenRouterSim
-from engine.sim.sglang.server import SGLangSim
+from regen.console.app import RegenApp
+from regen.console.client import SocketSource
+from regen.console.options import ConsoleOptions
+from regen.console.screens import DeadlineScreen, LaneScreen
+from regen.console.widgets.cost import CostPane
+from regen.console.widgets.fleets import FleetsPane
+from regen.engine.config.settings import Settings
+from regen.engine.control.headless import run_headless
+from regen.engine.control.server import SOCKET_NAME
+from regen.engine.job.job import Job
+from regen.sim.openrouter.server import OpenRouterSim
+from regen.sim.sglang.server import SGLangSim
 from tests.conftest import write_dataset
 
 

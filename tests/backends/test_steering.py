@@ -1,4 +1,4 @@
-"""The deadline controller in a real job on both simulators (engine/steering.py, docs/fleets.md).
+"""The deadline controller in a real job on both simulators (engine/job/deadline_control.py, docs/fleets.md).
 
 OpenRouter's in-flight ceiling follows the GPUs: idle while they alone make the deadline, up when
 they are slowed mid-run; a deadline that cannot be met is said before the start and as soon as it
@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
-from engine.fleetplan import Work
-from engine.headless import run_headless
-from engine.job import Job, JobError, StopReason
-from engine.settings import Settings, StatsSettings, SteeringSettings
-from engine.sim.openrouter.server import OpenRouterSim
-from engine.sim.sglang.server import SGLangSim
-from engine.sim.sglang.tokens import SimTokenizer
+from regen.engine.config.settings import Settings, StatsSettings, SteeringSettings
+from regen.engine.control.headless import run_headless
+from regen.engine.job.job import Job, JobError, StopReason
+from regen.engine.money.fleetplan import Work
+from regen.sim.openrouter.server import OpenRouterSim
+from regen.sim.sglang.server import SGLangSim
+from regen.sim.sglang.tokens import SimTokenizer
 from tests.backends.conftest import journal, one_row_per_prompt
 from tests.conftest import fast_sim_config, write_dataset
 from tests.sglang_sim import fast_config

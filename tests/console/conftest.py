@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from textual.pilot import Pilot
 
-from console.app import RegenApp
-from console.options import ConsoleOptions
-from console.scripted import SIM_EPOCH, ScriptedSource
+from regen.console.app import RegenApp
+from regen.console.options import ConsoleOptions
+from regen.console.scripted import SIM_EPOCH, ScriptedSource
 
 # The console's clock in tests: 100 s after the simulated job started, forever.
 FROZEN_NOW = SIM_EPOCH + 100.0

@@ -8,12 +8,12 @@ from rich.color import Color
 from rich.console import Console
 from textual.binding import Binding
 
-from console.actions import ACTIONS, STEERING_ACTIONS, palette_actions
-from console.app import RegenApp
-from console.commands import RegenCommands
-from console.scripted import ScriptedSource, SimulatedJob
-from console.widgets.cost import CostPane, estimate_words
-from console.widgets.spark import ZeroBasedBars
+from regen.console.actions import ACTIONS, STEERING_ACTIONS, palette_actions
+from regen.console.app import RegenApp
+from regen.console.palette import RegenCommands
+from regen.console.scripted import ScriptedSource, SimulatedJob
+from regen.console.widgets.cost import CostPane, estimate_words
+from regen.console.widgets.spark import ZeroBasedBars
 from tests.console.conftest import make_app, settle
 
 SIZE = (140, 40)

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from textual.widgets import Input, OptionList
 
-from console.app import RegenApp
-from console.commands import RegenCommands
-from console.options import ConsoleOptions
-from console.screens import DeadlineScreen, HelpScreen, LaneScreen
-from console.scripted import ScriptedSource, SimulatedJob
-from console.widgets.cost import CostPane
-from console.widgets.fleets import FleetsPane
+from regen.console.app import RegenApp
+from regen.console.options import ConsoleOptions
+from regen.console.palette import RegenCommands
+from regen.console.screens import DeadlineScreen, HelpScreen, LaneScreen
+from regen.console.scripted import ScriptedSource, SimulatedJob
+from regen.console.widgets.cost import CostPane
+from regen.console.widgets.fleets import FleetsPane
 from tests.console.conftest import make_app, scripted, settle
 from tests.console.test_keys import footer_actions, log_text
 

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from console import format as fmt
-from console.scripted import SIM_EPOCH, SimulatedJob
-from console.widgets.fleets import fleet_lines, lane_lines, plan_lines, route_lines, shows_fleets
-from engine.fleetplan import Provider, Work, plan_fleets
-from engine.jobstate import JobError
-from engine.money import RoutePrice
+from regen.console import format as fmt
+from regen.console.scripted import SIM_EPOCH, SimulatedJob
+from regen.console.widgets.fleets import fleet_lines, lane_lines, plan_lines, route_lines, shows_fleets
+from regen.engine.money.fleetplan import Provider, Work, plan_fleets
+from regen.engine.money.ledger import RoutePrice
+from regen.engine.run.state import JobError
 
 
 def route(name: str, requests: int, share: float, status: str = "OK") -> dict[str, Any]:

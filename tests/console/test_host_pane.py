@@ -5,8 +5,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from console.scripted import ScriptedSource, SimulatedJob
-from console.widgets.host import NO_HOST, HostPane, host_lines
+from regen.console.scripted import ScriptedSource, SimulatedJob
+from regen.console.widgets.host import NO_HOST, HostPane, host_lines
 from tests.console.conftest import FROZEN_NOW, make_app, scripted, settle
 
 # What engine/host/monitor.py's view() gives for one host (tests/host checks the real one).

@@ -13,14 +13,14 @@ from textual.command import CommandList, CommandPalette
 from textual.pilot import Pilot
 from textual.widgets import Input
 
-from console.actions import FLEET_ACTIONS
-from console.app import RegenApp
-from console.options import ConsoleOptions
-from console.screens import BudgetScreen, ConfirmScreen, HelpScreen, ProviderDetailScreen, StopScreen
-from console.scripted import ScriptedSource
-from console.widgets.log import EventLog
-from console.widgets.providers import ProvidersTable
-from console.widgets.status import StatusStrip
+from regen.console.actions import FLEET_ACTIONS
+from regen.console.app import RegenApp
+from regen.console.options import ConsoleOptions
+from regen.console.screens import BudgetScreen, ConfirmScreen, HelpScreen, ProviderDetailScreen, StopScreen
+from regen.console.scripted import ScriptedSource
+from regen.console.widgets.log import EventLog
+from regen.console.widgets.providers import ProvidersTable
+from regen.console.widgets.status import StatusStrip
 from tests.console.conftest import cell, make_app, scripted, settle
 
 SIZE = (120, 40)
@@ -398,7 +398,7 @@ async def test_narrow_terminal_drops_secondary_columns_and_tiny_shows_a_message(
 
 
 async def test_snapshots_coalesce() -> None:
-    from console.messages import SnapshotArrived
+    from regen.console.messages import SnapshotArrived
 
     first, second = SnapshotArrived({"state": "RUNNING"}, 1.0), SnapshotArrived({"state": "PAUSED"}, 2.0)
     assert second.can_replace(first)
@@ -445,7 +445,7 @@ async def test_keymap_problems_are_reported_not_fatal() -> None:
 
 
 async def test_the_log_tails_until_scrolled_back_and_counts_what_is_new() -> None:
-    from console.history import LogLine
+    from regen.console.history import LogLine
 
     app = make_app()
     async with app.run_test(size=(80, 24)) as pilot:

@@ -11,20 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from console import format as fmt
-from console.export import export_snapshot
-from console.history import ERROR_LINE_EVERY_S, History, event_line, provider_status
-from console.options import configure_environment
-from console.scripted import ScriptedSource, SimulatedJob
-from console.source import JobSource
-from console.widgets.status import Freshness, StatusStrip
-from engine.control import PROTOCOL_VERSION
-from engine.jobstate import JobError
+from regen.console import format as fmt
+from regen.console.export import export_snapshot
+from regen.console.history import ERROR_LINE_EVERY_S, History, event_line, provider_status
+from regen.console.options import configure_environment
+from regen.console.scripted import ScriptedSource, SimulatedJob
+from regen.console.source import JobSource
+from regen.console.widgets.status import Freshness, StatusStrip
+from regen.engine.control.server import PROTOCOL_VERSION
+from regen.engine.run.state import JobError
 
 
 def test_console_data_modules_do_not_import_textual() -> None:
     code = (
-        "import sys, console.source, console.history, console.options, console.export, console.format; "
+        "import sys, regen.console.source, regen.console.history, regen.console.options, regen.console.export, regen.console.format; "
         "assert not [m for m in sys.modules if m.split('.')[0] == 'textual']"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -191,8 +191,8 @@ def test_the_simulated_job_is_reproducible_and_refuses_like_the_job() -> None:
 
 
 def test_run_console_sets_the_environment_then_runs_without_mouse(monkeypatch: pytest.MonkeyPatch) -> None:
-    from console.app import RegenApp
-    from console.launch import run_console
+    from regen.console.app import RegenApp
+    from regen.console.launch import run_console
 
     monkeypatch.setattr(os, "environ", dict(os.environ))
     runs: list[bool] = []
@@ -207,7 +207,7 @@ def test_run_console_sets_the_environment_then_runs_without_mouse(monkeypatch: p
 
 
 def test_the_socket_client_is_a_job_source() -> None:
-    from console.client import SocketSource
+    from regen.console.client import SocketSource
 
     source = SocketSource(Path("/nonexistent/control.sock"), readonly=True)
     assert isinstance(source, JobSource) and source.readonly

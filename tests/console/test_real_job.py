@@ -11,17 +11,17 @@ from typing import Any
 
 from textual.pilot import Pilot
 
-from console.app import RegenApp
-from console.client import SocketSource
-from console.options import ConsoleOptions
-from console.screens import ConfirmScreen
-from console.widgets.log import EventLog
-from console.widgets.providers import ProvidersTable
-from engine.control import SOCKET_NAME
-from engine.headless import run_headless
-from engine.job import Job, JobState
-from engine.settings import Settings
-from engine.sim.openrouter.server import OpenRouterSim
+from regen.console.app import RegenApp
+from regen.console.client import SocketSource
+from regen.console.options import ConsoleOptions
+from regen.console.screens import ConfirmScreen
+from regen.console.widgets.log import EventLog
+from regen.console.widgets.providers import ProvidersTable
+from regen.engine.config.settings import Settings
+from regen.engine.control.headless import run_headless
+from regen.engine.control.server import SOCKET_NAME
+from regen.engine.job.job import Job, JobState
+from regen.sim.openrouter.server import OpenRouterSim
 from tests.conftest import write_dataset
 
 

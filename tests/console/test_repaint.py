@@ -10,13 +10,13 @@ from textual.pilot import Pilot
 from textual.widgets import Label, Sparkline
 from textual.widgets._footer import FooterKey
 
-from console.app import RegenApp
-from console.widgets.cost import CostPane
-from console.widgets.datasets import DatasetsPane
-from console.widgets.footer import RegenFooter
-from console.widgets.providers import ProvidersPane, ProvidersTable
-from console.widgets.status import StatusStrip
-from console.widgets.throughput import ThroughputPane
+from regen.console.app import RegenApp
+from regen.console.widgets.cost import CostPane
+from regen.console.widgets.datasets import DatasetsPane
+from regen.console.widgets.footer import RegenFooter
+from regen.console.widgets.providers import ProvidersPane, ProvidersTable
+from regen.console.widgets.status import StatusStrip
+from regen.console.widgets.throughput import ThroughputPane
 from tests.console.conftest import cell, make_app, scripted, settle
 
 SIZE = (120, 40)

@@ -15,16 +15,16 @@ from textual.pilot import Pilot
 from textual.widget import Widget
 from textual.widgets import Input
 
-from console.history import History
-from console.options import ConsoleOptions
-from console.scripted import ScriptedSource, SimulatedJob
-from console.theming import load_themes, variable_defaults
-from console.widgets.cost import CostPane
-from console.widgets.datasets import DatasetsPane
-from console.widgets.host import HostPane
-from console.widgets.log import EventLog
-from console.widgets.providers import ProvidersPane
-from console.widgets.throughput import ThroughputPane
+from regen.console.history import History
+from regen.console.options import ConsoleOptions
+from regen.console.scripted import ScriptedSource, SimulatedJob
+from regen.console.theming import load_themes, variable_defaults
+from regen.console.widgets.cost import CostPane
+from regen.console.widgets.datasets import DatasetsPane
+from regen.console.widgets.host import HostPane
+from regen.console.widgets.log import EventLog
+from regen.console.widgets.providers import ProvidersPane
+from regen.console.widgets.throughput import ThroughputPane
 from tests.console.conftest import FROZEN_NOW, make_app, settle
 
 SnapCompare = Callable[..., bool]

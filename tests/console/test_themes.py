@@ -9,8 +9,8 @@ from rich.color import Color as RichColor
 from rich.color import ColorSystem
 from textual.color import Color
 
-from console.options import ConsoleOptions
-from console.theming import (
+from regen.console.options import ConsoleOptions
+from regen.console.theming import (
     DEFAULT_THEME,
     REGEN_VARIABLES,
     ThemeFileError,

@@ -17,11 +17,11 @@ from typing import Any
 import orjson
 import pytest
 
-from engine.settings import HostSettings
+from regen.engine.config.settings import HostSettings
 from tests.host.sshd import SSHD, SshServer, make_server
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTHONUNBUFFERED": "1"}
 # The tests' host runs the interpreter running the tests (it has orjson, as a GPU host with SGLang does).
 HOST_PYTHON = sys.executable
 
@@ -214,7 +214,7 @@ def write_settings(path: Path, hosts: list[HostSettings], workspace: Path, extra
 
 def regen(*args: str, cwd: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "console.cli", *args],
+        [sys.executable, "-m", "regen.cli.main", *args],
         capture_output=True,
         text=True,
         env=ENV,

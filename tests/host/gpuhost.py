@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.sim.sglang.launch import CONFIG_ENV
+from regen.sim.sglang.launch import CONFIG_ENV
 from tests.host.sshd import SshServer, make_server
 from tests.sglang_sim import ROOT, STANDIN, free_port, model_folder
 
@@ -148,7 +148,7 @@ def make_gpu_host(root: Path, *, gpus: int = 8) -> GpuHost:
     server.write_config(
         {
             "PATH": f"{STANDIN / 'bin'}:/usr/local/bin:/usr/bin:/bin",
-            "PYTHONPATH": f"{STANDIN}:{ROOT}",
+            "PYTHONPATH": f"{STANDIN}:{ROOT / 'src'}",
             "REGEN_SIM_GPU_SCOPE": str(root),
             "REGEN_SIM_GPUS": str(gpus),
             "PYTHONUNBUFFERED": "1",

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.host.errors import AuthFailed, HostKeyRefused, HostSetupError, HostUnreachable
-from engine.host.inspect import inspect_host
-from engine.host.ssh import HostConnection
+from regen.engine.host.errors import AuthFailed, HostKeyRefused, HostSetupError, HostUnreachable
+from regen.engine.host.inspect import inspect_host
+from regen.engine.host.ssh import HostConnection
 from tests.host.conftest import HostFactory, regen, write_settings
 from tests.host.sshd import SshServer, free_port, keygen
 

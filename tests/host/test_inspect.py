@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.datasets import Dataset, scan
-from engine.host.inspect import format_report, inspect_host
-from engine.host.ssh import HostConnection
+from regen.engine.data.datasets import Dataset, scan
+from regen.engine.host.inspect import format_report, inspect_host
+from regen.engine.host.ssh import HostConnection
 from tests.host.conftest import B1_BAD, HostFactory, regen, write_settings
 from tests.host.sshd import SshServer, free_port
 
@@ -227,7 +227,7 @@ def test_ssh_baseline_sees_the_same_file(sshd: SshServer, tree: dict[str, Path],
 
 
 def test_the_command_line_is_fixed_and_quoted() -> None:
-    from engine.host.remote import BOOTSTRAP, command_line
+    from regen.engine.host.remote import BOOTSTRAP, command_line
 
     assert command_line("python3") == f"python3 -c '{BOOTSTRAP}'"
     assert command_line("'/opt/py env/bin/python'") == f"'/opt/py env/bin/python' -c '{BOOTSTRAP}'"

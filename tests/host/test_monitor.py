@@ -11,11 +11,11 @@ from typing import Any
 
 import orjson
 
-from console.widgets.host import host_lines
-from engine.host.monitor import HostMonitor
-from engine.job import Job, JobError
-from engine.settings import Settings
-from engine.sim.openrouter.server import OpenRouterSim
+from regen.console.widgets.host import host_lines
+from regen.engine.config.settings import Settings
+from regen.engine.host.monitor import HostMonitor
+from regen.engine.job.job import Job, JobError
+from regen.sim.openrouter.server import OpenRouterSim
 from tests.conftest import write_dataset
 from tests.host.conftest import HostFactory
 from tests.host.sshd import SshServer

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from engine.host.scripts.sglangctl import flag_problems
-from engine.host.scripts.sglanglog import PHASE_NAMES, scan, strip_prefix
-from engine.sim.sglang.startup import CUDA_GRAPH_FAILED_ADVICE
+from regen.engine.host.scripts.sglangctl import flag_problems
+from regen.engine.host.scripts.sglanglog import PHASE_NAMES, scan, strip_prefix
+from regen.sim.sglang.startup import CUDA_GRAPH_FAILED_ADVICE
 
 HEALTHY = """[2026-02-26 16:41:05] server_args=ServerArgs(model_path='/m', tp_size=8)
 [2026-02-26 16:41:05 TP0] Load weight begin. avail mem=139.28 GB
@@ -21,7 +21,7 @@ INFO:     Uvicorn running on http://127.0.0.1:30000 (Press CTRL+C to quit)
 
 def test_a_healthy_start_walks_every_phase_in_order() -> None:
     seen = []
-    from engine.host.scripts.sglanglog import LogState
+    from regen.engine.host.scripts.sglanglog import LogState
 
     state = LogState()
     for line in HEALTHY.splitlines():

@@ -108,7 +108,7 @@ def _start_job(conf: Path, log: Path) -> subprocess.Popen[bytes]:
     out = open(log, "wb")  # noqa: SIM115 - the job's output for its life
     try:
         return subprocess.Popen(
-            [sys.executable, "-m", "console.cli", "run", "--headless", "--settings", str(conf)],
+            [sys.executable, "-m", "regen.cli.main", "run", "--headless", "--settings", str(conf)],
             env=ENV, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
         )
     finally:

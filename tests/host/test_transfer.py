@@ -13,10 +13,10 @@ from pathlib import Path
 
 import orjson
 
-from engine.datasets import discover
-from engine.host.ssh import HostConnection
-from engine.host.transfer import pull, push
-from engine.settings import load_settings
+from regen.engine.config.settings import load_settings
+from regen.engine.data.datasets import discover
+from regen.engine.host.ssh import HostConnection
+from regen.engine.host.transfer import pull, push
 from tests.host.conftest import ENV, HostFactory, regen, write_settings
 from tests.host.sshd import SshServer
 
@@ -124,7 +124,7 @@ def test_an_interrupted_pull_resumes_where_it_stopped(
     settings = write_settings(tmp_path / "settings.toml", [make_host(sshd, own_tree)], ws)
     dest = ws / "datasets" / "big"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "console.cli", "pull", "--settings", str(settings), "big"],
+        [sys.executable, "-m", "regen.cli.main", "pull", "--settings", str(settings), "big"],
         env=ENV,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -13,8 +13,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from engine.host.ssh import HostConnection
-from engine.host.tunnel import Tunnel
+from regen.engine.host.ssh import HostConnection
+from regen.engine.host.tunnel import Tunnel
 from tests.host.conftest import HostFactory
 from tests.host.sshd import SshServer, free_port
 

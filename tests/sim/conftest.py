@@ -1,6 +1,6 @@
 """Fixtures for the simulator's own tests: a real server on loopback and a thin HTTP client.
 
-Only engine.sim is imported from the project: the job's client is tested elsewhere.
+Only regen.sim is imported from the project: the job's client is tested elsewhere.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import aiohttp
 import orjson
 import pytest
 
-from engine.sim.openrouter.config import SimConfig
-from engine.sim.openrouter.server import OpenRouterSim
+from regen.sim.openrouter.config import SimConfig
+from regen.sim.openrouter.server import OpenRouterSim
 
 KEY = "sk-sim-test"
 MGMT = "sk-sim-management"

@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 
-from engine.sim.openrouter.server import OpenRouterSim
+from regen.sim.openrouter.server import OpenRouterSim
 from tests.sim.conftest import MGMT, Api
 
 

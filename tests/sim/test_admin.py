@@ -13,9 +13,9 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
-from engine.sim.configs import patched
-from engine.sim.openrouter.config import SimConfig, SimConfigError, load_sim_config
-from engine.sim.openrouter.server import OpenRouterSim
+from regen.sim.configs import patched
+from regen.sim.openrouter.config import SimConfig, SimConfigError, load_sim_config
+from regen.sim.openrouter.server import OpenRouterSim
 from tests.sim.conftest import KEY, Api
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,9 +103,9 @@ def test_load_sim_config_errors_name_file_and_problem(
 async def test_module_entry_point_serves_until_sigterm(tmp_path: Path) -> None:
     cfg = tmp_path / "sim.json"
     cfg.write_text('{"time_scale": 0.001}')
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "engine.sim", "openrouter", "--port", "0", "--config", str(cfg),
+        sys.executable, "-m", "regen.sim", "openrouter", "--port", "0", "--config", str(cfg),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env, cwd=ROOT,
     )
     try:
@@ -131,7 +131,7 @@ async def test_module_entry_point_bad_config_exits_2(tmp_path: Path) -> None:
     cfg = tmp_path / "bad.toml"
     cfg.write_text("credits = 'lots'\n")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "engine.sim", "--config", str(cfg),
+        sys.executable, "-m", "regen.sim", "--config", str(cfg),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=ROOT,
     )
     _, err = await asyncio.wait_for(proc.communicate(), 20)
@@ -142,6 +142,6 @@ async def test_module_entry_point_bad_config_exits_2(tmp_path: Path) -> None:
 def test_engine_sim_never_imports_textual() -> None:
     import subprocess
 
-    code = ("import sys, engine.sim, engine.sim.runner, engine.sim.openrouter.server; "
+    code = ("import sys, regen.sim, regen.sim.runner, regen.sim.openrouter.server; "
             "assert not any(m.startswith('textual') for m in sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -9,7 +9,7 @@ from decimal import Decimal
 import aiohttp
 import pytest
 
-from engine.sim.openrouter.server import OpenRouterSim, estimate_prompt_tokens
+from regen.sim.openrouter.server import OpenRouterSim, estimate_prompt_tokens
 from tests.sim.conftest import PROMPT, Api, endpoint
 
 FIREWORKS = {"only": ["fireworks"]}

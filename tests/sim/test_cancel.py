@@ -10,7 +10,7 @@ import aiohttp
 import orjson
 import pytest
 
-from engine.sim.openrouter.server import OpenRouterSim
+from regen.sim.openrouter.server import OpenRouterSim
 from tests.sim.conftest import KEY, Api, endpoint
 
 TOKENS = 200

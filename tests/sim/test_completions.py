@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal
 
-from engine.sim.openrouter.server import OpenRouterSim
+from regen.sim.openrouter.server import OpenRouterSim
 from tests.sim.conftest import PROMPT, Api, endpoint
 
 GEN_ID = re.compile(r"^gen-\d{10}-[A-Za-z0-9]{20}$")

@@ -10,8 +10,8 @@ import aiohttp
 import orjson
 import pytest
 
-from engine.sim.openrouter.config import FAULT_CLASSES, HTTP_FAULTS
-from engine.sim.openrouter.server import OpenRouterSim
+from regen.sim.openrouter.config import FAULT_CLASSES, HTTP_FAULTS
+from regen.sim.openrouter.server import OpenRouterSim
 from tests.sim.conftest import KEY, Api, parse_sse
 
 FIREWORKS = {"only": ["fireworks"]}

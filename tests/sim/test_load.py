@@ -11,7 +11,7 @@ import aiohttp
 import orjson
 import pytest
 
-from engine.sim.openrouter.server import OpenRouterSim
+from regen.sim.openrouter.server import OpenRouterSim
 from tests.sim.conftest import KEY, quick
 
 STREAMS = 2000

@@ -9,8 +9,8 @@ import time
 import pytest
 from pydantic import ValidationError
 
-from engine.sim.configs import patched
-from engine.sim.openrouter.server import OpenRouterSim
+from regen.sim.configs import patched
+from regen.sim.openrouter.server import OpenRouterSim
 from tests.sim.conftest import Api
 
 FREE = "moonshotai/kimi-k2.5:free"

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from engine.sim.openrouter.server import OpenRouterSim
+from regen.sim.openrouter.server import OpenRouterSim
 from tests.sim.conftest import Api
 
 NATIVE_OR_BETTER = ["int4", "fp8", "bf16", "unknown"]

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from engine.sim.openrouter.server import OpenRouterSim
+from regen.sim.openrouter.server import OpenRouterSim
 from tests.sim.conftest import Api, StreamReply
 
 WEATHER = {

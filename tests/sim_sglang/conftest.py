@@ -15,8 +15,8 @@ import aiohttp
 import orjson
 import pytest
 
-from engine.sim.sglang.server import SGLangSim
-from engine.sim.sglang.tokens import SimTokenizer
+from regen.sim.sglang.server import SGLangSim
+from regen.sim.sglang.tokens import SimTokenizer
 from tests.sglang_sim import fast_config, model_folder, running_sim
 
 USER = [{"role": "user", "content": "Explain MoE routing in two sentences."}]

@@ -1,4 +1,4 @@
-"""`regen sim sglang` and `python -m engine.sim sglang` as an operator runs them: real processes."""
+"""`regen sim sglang` and `python -m regen.sim sglang` as an operator runs them: real processes."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ import pytest
 
 from tests.sglang_sim import ROOT, model_folder
 
-ENV_EXTRA = {"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+ENV_EXTRA = {"PYTHONPATH": str(ROOT / "src"), "PYTHONUNBUFFERED": "1"}
 QUICK = {"time_scale": 0.01, "output_len_min": 4, "output_len_max": 12}
 
 
 def regen(*args: str) -> list[str]:
-    return [sys.executable, "-m", "console.cli", *args]
+    return [sys.executable, "-m", "regen.cli.main", *args]
 
 
 def env() -> dict[str, str]:
@@ -57,7 +57,7 @@ def test_port_zero_prints_the_url_and_serves(tmp_path: Path, entry: str) -> None
     if entry == "regen":
         argv = regen("sim", "sglang", "--port", "0", "--config", str(config))
     else:
-        argv = [sys.executable, "-m", "engine.sim", "sglang", "--port", "0", "--config", str(config)]
+        argv = [sys.executable, "-m", "regen.sim", "sglang", "--port", "0", "--config", str(config)]
     proc, url = start(argv)
     try:
         ready(url)

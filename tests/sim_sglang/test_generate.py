@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from engine.sim.sglang.tokens import SimTokenizer
+from regen.sim.sglang.tokens import SimTokenizer
 from tests.sglang_sim import fast_config, running_sim
 from tests.sim_sglang.conftest import SGApi
 

@@ -7,8 +7,8 @@ import asyncio
 import aiohttp
 import pytest
 
-from engine.sim.sglang.logs import SimLog
-from engine.sim.sglang.tokens import SimTokenizer
+from regen.sim.sglang.logs import SimLog
+from regen.sim.sglang.tokens import SimTokenizer
 from tests.sglang_sim import fast_config, running_sim
 from tests.sim_sglang.conftest import SGApi
 

@@ -13,7 +13,7 @@ import aiohttp
 import orjson
 import pytest
 
-from engine.sim.sglang.tokens import SimTokenizer
+from regen.sim.sglang.tokens import SimTokenizer
 from tests.sglang_sim import fast_config, running_sim
 
 STREAMS = 512

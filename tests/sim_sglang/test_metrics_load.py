@@ -9,7 +9,7 @@ import aiohttp
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.sim.sglang.tokens import SimTokenizer
+from regen.sim.sglang.tokens import SimTokenizer
 from tests.sglang_sim import fast_config, running_sim
 from tests.sim_sglang.conftest import SGApi
 

@@ -12,12 +12,18 @@ import orjson
 import pytest
 from aiohttp import web
 
-from engine.settings import JobSettings, OpenRouterSettings, Settings, SGLangSettings, TokenizerSettings
-from engine.sim.sglang.config import SimSGLangConfig
-from engine.sim.sglang.logs import SimLog
-from engine.sim.sglang.request import Req
-from engine.sim.sglang.server import SGLangSim
-from engine.sim.sglang.tokens import SimTokenizer
+from regen.engine.config.settings import (
+    JobSettings,
+    OpenRouterSettings,
+    Settings,
+    SGLangSettings,
+    TokenizerSettings,
+)
+from regen.sim.sglang.config import SimSGLangConfig
+from regen.sim.sglang.logs import SimLog
+from regen.sim.sglang.request import Req
+from regen.sim.sglang.server import SGLangSim
+from regen.sim.sglang.tokens import SimTokenizer
 from tests.sglang_sim import fast_config, model_folder
 
 SERVED = "kimi-k2.5"

@@ -9,18 +9,18 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from console import format as fmt
-from console.app import RegenApp
-from console.client import SocketSource
-from console.options import ConsoleOptions
-from console.widgets.cost import CostPane
-from console.widgets.providers import ProvidersPane, ProvidersTable
-from console.widgets.status import StatusStrip
-from engine.control import SOCKET_NAME
-from engine.headless import run_headless
-from engine.job import Job, JobState
-from engine.settings import Settings
-from engine.sim.sglang.tokens import SimTokenizer
+from regen.console import format as fmt
+from regen.console.app import RegenApp
+from regen.console.client import SocketSource
+from regen.console.options import ConsoleOptions
+from regen.console.widgets.cost import CostPane
+from regen.console.widgets.providers import ProvidersPane, ProvidersTable
+from regen.console.widgets.status import StatusStrip
+from regen.engine.config.settings import Settings
+from regen.engine.control.headless import run_headless
+from regen.engine.control.server import SOCKET_NAME
+from regen.engine.job.job import Job, JobState
+from regen.sim.sglang.tokens import SimTokenizer
 from tests.backends.sglang.conftest import recording_sim, slow_config
 from tests.conftest import write_dataset
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import orjson
 
-from engine.job import Job, StopReason
-from engine.settings import Settings
-from engine.sim.sglang.tokens import SimTokenizer
+from regen.engine.config.settings import Settings
+from regen.engine.job.job import Job, StopReason
+from regen.sim.sglang.tokens import SimTokenizer
 from tests.backends.sglang.conftest import RecordingSim, recording_sim, sim_config, slow_config
 from tests.conftest import read_rows, write_dataset
 
@@ -149,8 +149,8 @@ async def test_cancel_of_an_attempt_sends_its_abort_without_holding_up_the_close
     sim: RecordingSim, sglang_settings: Callable[..., Settings], tmp_path: Path
 ) -> None:
     """The backend on its own: a cancelled attempt's abort goes out in the background."""
-    from engine.backends.sglang.backend import SGLangBackend
-    from engine.datasets import Prompt
+    from regen.engine.backends.sglang.backend import SGLangBackend
+    from regen.engine.data.datasets import Prompt
 
     backend = SGLangBackend(sglang_settings([sim.base_url], []))
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import orjson
 
-from engine.job import Job, StopReason
-from engine.settings import Settings
-from engine.sim.sglang.tokens import SimTokenizer
+from regen.engine.config.settings import Settings
+from regen.engine.job.job import Job, StopReason
+from regen.sim.sglang.tokens import SimTokenizer
 from tests.backends.sglang.conftest import recording_sim, sim_config, slow_config
 from tests.conftest import read_rows, write_dataset
 

@@ -10,14 +10,20 @@ import aiohttp
 import orjson
 import pytest
 
-from engine.backends.base import Disposition
-from engine.backends.sglang import errors
-from engine.backends.sglang.load import Health, ServerLoad, next_ceiling, parse_metrics
-from engine.backends.sglang.meter import ShareMeter
-from engine.backends.sglang.wire import StreamTail, finish_type, read_answer, sampling_params, worker_name
-from engine.concurrency import AdaptiveLimit
-from engine.sim.sglang.server import SGLangSim
-from engine.tokenizer import TargetTokenizer, TokenizerSpec
+from regen.engine.backends.base import Disposition
+from regen.engine.backends.sglang import errors
+from regen.engine.backends.sglang.load import Health, ServerLoad, next_ceiling, parse_metrics
+from regen.engine.backends.sglang.meter import ShareMeter
+from regen.engine.backends.sglang.wire import (
+    StreamTail,
+    finish_type,
+    read_answer,
+    sampling_params,
+    worker_name,
+)
+from regen.engine.data.tokenizer import TargetTokenizer, TokenizerSpec
+from regen.engine.job.concurrency import AdaptiveLimit
+from regen.sim.sglang.server import SGLangSim
 from tests.tokenizers_fixture import build_tokenizer
 
 

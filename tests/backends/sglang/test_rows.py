@@ -11,16 +11,16 @@ from pathlib import Path
 import orjson
 import pytest
 
-from engine.backends.base import AttemptOutcome
-from engine.backends.sglang.backend import SGLangBackend
-from engine.backends.sglang.wire import StreamTail
-from engine.datasets import Dataset
-from engine.job import Job, JobError, StopReason
-from engine.settings import Settings
-from engine.sim.sglang.tokens import SimTokenizer
-from engine.tokenize_pool import TokenizePool
-from engine.tokenizer import TargetTokenizer, TokenizerSpec
-from engine.verify import verify_dataset
+from regen.engine.backends.base import AttemptOutcome
+from regen.engine.backends.sglang.backend import SGLangBackend
+from regen.engine.backends.sglang.wire import StreamTail
+from regen.engine.config.settings import Settings
+from regen.engine.data.datasets import Dataset
+from regen.engine.data.tokenize_pool import TokenizePool
+from regen.engine.data.tokenizer import TargetTokenizer, TokenizerSpec
+from regen.engine.data.verify import verify_dataset
+from regen.engine.job.job import Job, JobError, StopReason
+from regen.sim.sglang.tokens import SimTokenizer
 from tests.backends.sglang.conftest import SERVED, RecordingSim, recording_sim, sim_config
 from tests.conftest import read_rows, write_dataset
 
@@ -149,8 +149,8 @@ async def test_a_stop_without_its_id_gets_the_terminator(
 
 
 def backend_worker(backend: SGLangBackend, sim: RecordingSim):  # type: ignore[no-untyped-def]
-    from engine.backends.sglang.backend import Worker
-    from engine.backends.sglang.server import ServerFacts
+    from regen.engine.backends.sglang.backend import Worker
+    from regen.engine.backends.sglang.server import ServerFacts
 
     return Worker(sim.base_url, ServerFacts(), 8)
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.backends import make_backend
-from engine.backends.sglang.backend import SGLangBackend
-from engine.settings import Settings, SettingsError, example_toml, load_settings
+from regen.engine.backends import make_backend
+from regen.engine.backends.sglang.backend import SGLangBackend
+from regen.engine.config.settings import Settings, SettingsError, example_toml, load_settings
 from tests.test_cli import ENV, regen
 
 

@@ -1,8 +1,0 @@
-from __future__ import annotations
-
-import sys
-
-from engine.sim.runner import main
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,203 @@
+"""`regen demo`: the real job against the built-in OpenRouter simulator and the bundled sample.
+
+No key, no host, no money: the simulator runs in the same process on a loopback port, with a few
+providers of different speeds and a light sprinkle of faults, so retries and the budget show.
+`regen demo --backend sglang` rehearses the SGLang path instead: the SGLang simulator with the
+built-in tokenizer (written into the demo folder, so the job renders the prompts' ids itself), the
+same sample, GPU time in place of dollars and the server's own token ids in the rows.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from importlib import resources
+from pathlib import Path
+
+from regen.engine.config.settings import Settings
+
+MARKER = ".regen-demo"
+
+
+def demo_sim_config(speed: float = 1.0) -> object:
+    from regen.sim.openrouter.config import SimConfig
+
+    return SimConfig(
+        min_completion_tokens=40,
+        max_completion_tokens=600,
+        chunk_interval_s=0.05,
+        keepalive_interval_s=1.0,
+        faults={"http_429": 0.02, "http_502": 0.01, "mid_stream_error": 0.005, "cut_mid_stream": 0.005},
+        seed=7,
+        time_scale=1.0 / speed,
+    )
+
+
+def prepare_folder(folder: Path) -> Path:
+    """Lay out a fresh copy of the bundled datasets; refuse to replace a folder that is not ours."""
+    if folder.exists():
+        if not (folder / MARKER).exists():
+            raise SystemExit(f"regen: {folder} exists and is not a regen demo folder; pass --dir elsewhere")
+        shutil.rmtree(folder)
+    datasets = folder / "datasets"
+    datasets.mkdir(parents=True)
+    (folder / MARKER).write_text("scratch folder of `regen demo`; replaced on each run\n")
+    bundled = resources.files("regen.demo") / "datasets"
+    for entry in bundled.iterdir():
+        source = entry / "prompts.jsonl"
+        if source.is_file():
+            target = datasets / entry.name
+            target.mkdir()
+            (target / "prompts.jsonl").write_bytes(source.read_bytes())
+    return datasets
+
+
+def demo_settings(folder: Path, base_url: str, api_key: str) -> Settings:
+    # Plain dicts, so REGEN_ environment variables merge into them key by key.
+    return Settings(
+        openrouter={
+            "base_url": base_url,
+            "api_key": api_key,
+            "max_tokens": 512,
+            # Price-weighted balancing rather than strict price order, so several providers serve.
+            "provider": {"sort": None},
+        },
+        job={
+            "dataset_roots": [folder / "datasets"],
+            "run_dir": folder / "run",
+            "concurrency": 64,
+            "budget_usd": 5.0,
+            "backoff_base_s": 0.5,
+        },
+        headless={"status_interval_s": 2.0},
+    )
+
+
+def demo_sglang_config(speed: float = 1.0) -> object:
+    from regen.sim.sglang.config import SimSGLangConfig
+
+    return SimSGLangConfig(
+        served_model_name="kimi-k2.5",
+        model_path="demo/Kimi-K2.5",
+        tp_size=8,
+        startup_weights_s=0.0,
+        startup_kv_pool_s=0.0,
+        startup_cuda_graph_s=0.0,
+        startup_http_s=0.0,
+        startup_warmup_s=0.0,
+        decode_tokens_per_s=120.0,
+        output_len_min=40,
+        output_len_max=400,
+        child_processes=0,
+        faults={"abort_rate": 0.01},
+        seed=7,
+        time_scale=1.0 / speed,
+    )
+
+
+def demo_sglang_settings(folder: Path, base_url: str) -> Settings:
+    return Settings(
+        openrouter={"max_tokens": 512},
+        sglang={"urls": [base_url], "served_model_name": "kimi-k2.5", "metrics_interval_s": 1.0},
+        tokenizer={"path": folder / "tokenizer", "workers": 1},
+        job={
+            "backend": "sglang",
+            "dataset_roots": [folder / "datasets"],
+            "run_dir": folder / "run",
+            "concurrency": 64,
+            "backoff_base_s": 0.5,
+        },
+        headless={"status_interval_s": 2.0},
+    )
+
+
+def run_demo(
+    folder: Path, *, headless: bool, speed: float = 1.0, prepared: bool = False, backend: str = "openrouter"
+) -> int:
+    """The demo: in the console when there is a terminal (the job runs detached, as with
+    `regen run`), else headless in this process."""
+    if speed <= 0:
+        print("regen: --speed must be positive", file=sys.stderr)
+        return 2
+    if not prepared:
+        prepare_folder(folder)
+        if backend == "sglang":
+            from regen.sim.sglang.tokens import builtin_tokenizer_folder
+
+            builtin_tokenizer_folder(folder / "tokenizer")
+    if not headless and sys.stdout.isatty():
+        return _demo_in_console(folder, speed, backend)
+    if backend == "sglang":
+        return _demo_sglang_headless(folder, speed)
+    return _demo_headless(folder, speed)
+
+
+async def _run_job(settings: Settings) -> int:
+    """The demo's job, headless, on a simulator already up; its exit code."""
+    from regen.engine.control.headless import run_headless
+    from regen.engine.job.job import Job, JobError
+
+    job = Job(settings)
+    try:
+        await job.prepare()
+    except JobError as exc:
+        print(f"regen: {exc}", file=sys.stderr)
+        return 1
+    return (await run_headless(job)).exit_code
+
+
+def _demo_sglang_headless(folder: Path, speed: float) -> int:
+    from regen.engine.runtime import run
+    from regen.sim.sglang.logs import SimLog
+    from regen.sim.sglang.server import SGLangSim
+    from regen.sim.sglang.tokens import SimTokenizer
+
+    async def go() -> int:
+        config = demo_sglang_config(speed)
+        log = open(folder / "sglang-sim.log", "w", encoding="utf-8")  # noqa: SIM115 - closed below
+        sim = SGLangSim(config, SimTokenizer(folder / "tokenizer"), log=SimLog(log))  # type: ignore[arg-type]
+        await sim.start()
+        try:
+            await sim.wait_ready(30)
+            print(f"regen demo: SGLang simulator at {sim.base_url}, results under {folder}/datasets", flush=True)
+            return await _run_job(demo_sglang_settings(folder, sim.base_url))
+        finally:
+            await sim.stop()
+            log.close()
+
+    return run(go())
+
+
+def _demo_in_console(folder: Path, speed: float, backend: str = "openrouter") -> int:
+    from regen.cli.attach import start_detached
+    from regen.console.client import SocketSource
+    from regen.console.launch import run_console
+    from regen.console.options import ConsoleOptions
+    from regen.engine.control.server import SOCKET_NAME
+
+    run_dir = folder / "run"
+    job_args = ["demo", "--headless", "--prepared", "--dir", str(folder.resolve()), "--speed", str(speed),
+                "--backend", backend]
+    code, said = start_detached(run_dir, job_args)
+    if code != 0:
+        print(f"regen: {said or f'the demo job ended at once (exit {code})'}", file=sys.stderr)
+        return code
+    return run_console(SocketSource(run_dir / SOCKET_NAME), options=ConsoleOptions(export_dir=run_dir))
+
+
+def _demo_headless(folder: Path, speed: float) -> int:
+    from regen.engine.runtime import run
+    from regen.sim.openrouter.server import OpenRouterSim
+
+    async def go() -> int:
+        config = demo_sim_config(speed)
+        sim = OpenRouterSim(config)  # type: ignore[arg-type]
+        await sim.start()
+        try:
+            settings = demo_settings(folder, sim.base_url, config.api_keys[0])  # type: ignore[attr-defined]
+            print(f"regen demo: simulator at {sim.base_url}, results under {folder}/datasets", flush=True)
+            return await _run_job(settings)
+        finally:
+            await sim.stop()
+
+    return run(go())

@@ -1,0 +1,173 @@
+"""``regen inspect``, ``regen pull`` and ``regen push``: the command-line side of the GPU hosts.
+
+``add_parsers`` adds the subcommands to regen's parser and ``run`` executes them, returning the
+exit code (None for any other command). Exit codes: 0 when every host answered (bad prompt lines
+are findings), 1 when a host could not be reached, refused its key or a transfer was refused
+(the other hosts are still reported), 2 for bad usage or settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING, Any
+
+from regen.cli.arguments import add_settings_argument
+
+if TYPE_CHECKING:
+    from regen.engine.config.settings import HostSettings, Settings
+    from regen.engine.host.ssh import HostConnection
+
+__all__ = ["add_parsers", "run"]
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+COMMANDS = ("inspect", "pull", "push")
+
+
+class _Usage(Exception):
+    """Bad usage or settings: exit 2."""
+
+
+def add_parsers(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the ``inspect``, ``pull`` and ``push`` subcommands."""
+    inspect = commands.add_parser(
+        "inspect",
+        help="SSH to the GPU hosts: every dataset, every line validated, GPUs, disk, model",
+        description="Validate every line of every dataset under each host's data_root on the host itself, "
+        "and report its GPUs, free disk, model folder and library versions. Exit 0 when every host "
+        "answered (invalid lines are findings), 1 when a host could not be reached.",
+    )
+    add_settings_argument(inspect)
+    inspect.add_argument("--json", action="store_true", help="machine-readable output")
+    inspect.add_argument("--host", metavar="NAME", help="only this host (default: every [[hosts]] table)")
+
+    for name, help_text, description in (
+        (
+            "pull",
+            "datasets and tokenizer files from a GPU host into the workspace",
+            "Copy datasets to <workspace>/datasets/<name>/prompts.jsonl and the model's tokenizer files to "
+            "<workspace>/tokenizer/ over SFTP, verified by sha256; an interrupted pull resumes.",
+        ),
+        (
+            "push",
+            "results back beside their prompts on the GPU host, only ever appending",
+            "Send each <workspace>/datasets/<name>/raw_responses.jsonl to the host beside its prompts.jsonl: "
+            "the missing tail is appended when the host's file is a prefix of the local one; anything else "
+            "is refused. Verified by sha256.",
+        ),
+    ):
+        sub = commands.add_parser(name, help=help_text, description=description)
+        add_settings_argument(sub)
+        sub.add_argument("--host", metavar="NAME", help="the host (needed when there are several)")
+        sub.add_argument("--json", action="store_true", help="machine-readable output")
+        sub.add_argument("datasets", nargs="*", metavar="DATASET", help="dataset names (default: all)")
+
+
+def _fail(message: str, code: int) -> int:
+    for line in message.splitlines() or [message]:
+        print(f"regen: {line}", file=sys.stderr)
+    return code
+
+
+def _hosts(settings: Settings, name: str | None, *, one: bool) -> list[HostSettings]:
+    hosts = settings.hosts
+    if not hosts:
+        raise _Usage("no GPU hosts in the settings: add a [[hosts]] table (see settings.example.toml)")
+    if name is not None:
+        chosen = [h for h in hosts if h.name == name]
+        if not chosen:
+            raise _Usage(f"--host {name}: no such host (hosts: {', '.join(h.name for h in hosts)})")
+        return chosen
+    if one and len(hosts) > 1:
+        raise _Usage(
+            f"several hosts in the settings: choose one with --host ({', '.join(h.name for h in hosts)})"
+        )
+    return list(hosts)
+
+
+def run(args: argparse.Namespace) -> int | None:
+    """Run ``inspect``, ``pull`` or ``push``; None for any other command."""
+    if getattr(args, "command", None) not in COMMANDS:
+        return None
+    from regen.engine.config.settings import SettingsError, load_settings
+    from regen.engine.runtime import run as run_loop
+
+    try:
+        settings = load_settings(args.settings)
+        if args.command == "inspect":
+            return run_loop(_inspect(args, _hosts(settings, args.host, one=False)))
+        host = _hosts(settings, args.host, one=True)[0]
+        return run_loop(_transfer(args, settings, host))
+    except (SettingsError, _Usage) as exc:
+        return _fail(str(exc), EXIT_USAGE)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _say_notices() -> Any:
+    """An on_change callback that prints each new reconnect notice once, as it happens."""
+    said: dict[int, int] = {}
+
+    def on_change(conn: HostConnection) -> None:
+        start = said.get(id(conn), 0)
+        for notice in conn.notices[start:]:
+            print(f"regen: {notice}", file=sys.stderr, flush=True)
+        said[id(conn)] = len(conn.notices)
+
+    return on_change
+
+
+async def _inspect(args: argparse.Namespace, hosts: list[HostSettings]) -> int:
+    import orjson
+
+    from regen.engine.host.inspect import format_report, inspect_hosts
+
+    records = await inspect_hosts(hosts, on_change=_say_notices())
+    if args.json:
+        sys.stdout.buffer.write(orjson.dumps({"hosts": records}, option=orjson.OPT_INDENT_2) + b"\n")
+        sys.stdout.flush()
+    else:
+        print("\n".join(format_report(records)))
+    failed = [r for r in records if not r["ok"]]
+    for r in failed:
+        print(f"regen: {r['error']}", file=sys.stderr)
+    return EXIT_FAILURE if failed else EXIT_OK
+
+
+async def _transfer(args: argparse.Namespace, settings: Settings, host: HostSettings) -> int:
+    import orjson
+
+    from regen.engine.host.errors import HostError
+    from regen.engine.host.ssh import HostConnection
+    from regen.engine.host.transfer import Outcome, pull, push
+
+    def said(outcome: Outcome) -> None:
+        if not args.json:
+            detail = f" ({outcome.detail})" if outcome.detail else ""
+            print(f"{host.name}: {outcome.what}: {outcome.action}{detail}", flush=True)
+
+    conn = HostConnection(host, on_change=_say_notices())
+    try:
+        step = pull if args.command == "pull" else push
+        report = await step(conn, settings.workspace, args.datasets, on_outcome=said)
+    except HostError as exc:
+        if args.json:
+            out = {"host": host.name, "ok": False, "error": str(exc), "files": [], "warnings": []}
+            sys.stdout.buffer.write(orjson.dumps(out, option=orjson.OPT_INDENT_2) + b"\n")
+            sys.stdout.flush()
+        return _fail(str(exc), EXIT_FAILURE)
+    finally:
+        await conn.close()
+    if args.json:
+        sys.stdout.buffer.write(orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2) + b"\n")
+        sys.stdout.flush()
+    for warning in report.warnings:
+        print(f"regen: warning: {warning}", file=sys.stderr)
+    refused = [o for o in report.outcomes if not o.ok]
+    for o in refused:
+        print(f"regen: {host.name}: {o.what}: {o.detail}", file=sys.stderr)
+    if args.command == "pull" and report.ok and not report.warnings and not args.json:
+        print(
+            f"{host.name}: workspace {settings.workspace} ready: a run with no datasets or tokenizer set uses it"
+        )
+    return EXIT_FAILURE if refused else EXIT_OK

@@ -1,0 +1,216 @@
+"""``regen sglang start|status|stop``: SGLang on the GPU hosts, from the command line.
+
+Exit codes: 0 when every chosen host did what was asked (start: ready; status: answered; stop:
+nothing of the server's process group left), 1 when a host did not (the message says which and
+why), 2 for bad usage or settings. docs/sglang.md §12 has the rules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from regen.cli.arguments import add_settings_argument
+
+if TYPE_CHECKING:
+    from regen.engine.config.settings import HostSettings, Settings
+
+__all__ = ["add_parsers", "run"]
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+class _Usage(Exception):
+    """Bad usage or settings: exit 2."""
+
+
+def add_parsers(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    sglang = commands.add_parser(
+        "sglang",
+        help="SGLang on the GPU hosts: preflight, launch, readiness, status, stop",
+        description="Start, watch and stop the SGLang server on each [[hosts]] table's host.",
+    )
+    actions = sglang.add_subparsers(dest="sglang_command", metavar="ACTION", required=True)
+    start = actions.add_parser(
+        "start",
+        help="preflight, launch detached, follow the startup to ready (exit 0 when every host is ready)",
+        description="On each host: refuse with the reason unless the GPUs are free, the port is free, sglang "
+        "imports, every flag regen passes is in launch_server --help and the model folder has its config.json; "
+        "then launch in its own process group and follow the log's phases until the ready line and a 200 from "
+        "/health_generate through an SSH tunnel. A server regen started that is up with the same flags is "
+        "reported, not started again.",
+    )
+    status = actions.add_parser("status", help="process, phase, readiness, version, model, load and GPUs per host")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    stop = actions.add_parser(
+        "stop", help="TERM to the server's process group, a grace period, then KILL; nothing left after"
+    )
+    for sub in (start, status, stop):
+        add_settings_argument(sub)
+        sub.add_argument("--host", metavar="NAME", help="only this host (default: every [[hosts]] table)")
+    start.add_argument("--json", action="store_true", help="machine-readable result after the progress lines")
+
+
+def _fail(message: str, code: int) -> int:
+    for line in message.splitlines() or [message]:
+        print(f"regen: {line}", file=sys.stderr)
+    return code
+
+
+def _hosts(settings: Settings, name: str | None) -> list[HostSettings]:
+    hosts = list(settings.hosts)
+    if not hosts:
+        raise _Usage("no GPU hosts in the settings: add a [[hosts]] table (see settings.example.toml)")
+    if name is not None:
+        hosts = [h for h in hosts if h.name == name]
+        if not hosts:
+            raise _Usage(f"--host {name}: no such host (hosts: {', '.join(h.name for h in settings.hosts)})")
+    missing = [h.name for h in hosts if not h.model_path]
+    if missing:
+        raise _Usage(f"{', '.join(missing)}: model_path is not set in the [[hosts]] table: SGLang needs the model folder")
+    return hosts
+
+
+def run(args: argparse.Namespace) -> int | None:
+    """Run ``regen sglang ...``; None for any other command."""
+    if getattr(args, "command", None) != "sglang":
+        return None
+    from regen.engine.config.settings import SettingsError, load_settings
+    from regen.engine.runtime import run as run_loop
+
+    try:
+        settings = load_settings(args.settings)
+        hosts = _hosts(settings, args.host)
+    except (SettingsError, _Usage) as exc:
+        return _fail(str(exc), EXIT_USAGE)
+    try:
+        if args.sglang_command == "start":
+            return run_loop(_start(args, settings, hosts))
+        if args.sglang_command == "status":
+            return run_loop(_status(args, settings, hosts))
+        return run_loop(_stop(settings, hosts))
+    except KeyboardInterrupt:
+        return 130
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def _say_err(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+async def _each(settings: Settings, hosts: list[HostSettings], work: Any) -> list[Any]:
+    """``work(conn, spec)`` on every host at once, each over its own connection."""
+    from regen.cli.hosts import _say_notices
+    from regen.engine.host.sglang import ServerSpec
+    from regen.engine.host.ssh import HostConnection
+
+    notices = _say_notices()
+
+    async def one(host: HostSettings) -> Any:
+        conn = HostConnection(host, on_change=notices)
+        try:
+            return await work(conn, ServerSpec.of(settings.sglang, host))
+        finally:
+            await conn.close()
+
+    return list(await asyncio.gather(*(one(h) for h in hosts)))
+
+
+async def _start(args: argparse.Namespace, settings: Settings, hosts: list[HostSettings]) -> int:
+    import orjson
+
+    from regen.engine.host.sglang import start_server
+
+    began = time.monotonic()
+    # With --json, stdout holds only the JSON; the progress lines go to stderr.
+    say = _say_err if args.json else _say
+    results = await _each(settings, hosts, lambda conn, spec: start_server(conn, spec, say))
+    if args.json:
+        sys.stdout.buffer.write(orjson.dumps({"hosts": [r.to_dict() for r in results]}, option=orjson.OPT_INDENT_2) + b"\n")
+        sys.stdout.flush()
+    failed = [r for r in results if not r.ok]
+    for r in results:
+        if r.ok:
+            say(r.message)
+    for r in failed:
+        print(f"regen: {r.message}", file=sys.stderr)
+        if r.tail:
+            print(f"regen: {r.host}: the log's last lines ({r.log}):", file=sys.stderr)
+            for line in r.tail:
+                print(f"  {line}", file=sys.stderr)
+    if failed:
+        return EXIT_FAILURE
+    say(f"every host ready ({len(results)}) in {time.monotonic() - began:.1f} s")
+    return EXIT_OK
+
+
+def format_status(record: dict[str, Any]) -> list[str]:
+    """A host's server in a few lines."""
+    name = record["host"]
+    if not record.get("ok"):
+        return [f"{name}: {record.get('error')}"]
+    state = record.get("state")
+    head = f"{name}: {state}"
+    if record.get("pid"):
+        head += f" · pid {record['pid']}"
+    if record.get("phase"):
+        head += f" · phase {record['phase']}"
+    head += f" · port {record['port']}"
+    lines = [head]
+    if record.get("version") or record.get("model_path"):
+        lines.append(
+            f"  sglang {record.get('version') or '?'} · {record.get('served_model_name') or '?'} "
+            f"({record.get('model_path') or '?'})"
+        )
+    if record.get("running") is not None:
+        lines.append(
+            f"  running {record['running']:.0f} · queued {record['queued']:.0f} · "
+            f"{record['gen_throughput']:.0f} tok/s · KV {record['kv_usage']:.0%} · "
+            f"{record['retractions']:.0f} retractions"
+        )
+    elif record.get("metrics_error") and record.get("alive"):
+        lines.append(f"  {record['metrics_error']}")
+    if record.get("failure"):
+        lines.append(f"  failure: {record['failure']}")
+    gpus = record.get("gpus") or []
+    if gpus:
+        busy = sum(1 for g in gpus if g.get("processes"))
+        lines.append(f"  GPUs {len(gpus)} · {busy} with compute processes")
+    elif record.get("gpu_error"):
+        lines.append(f"  GPUs: {record['gpu_error']}")
+    return lines
+
+
+async def _status(args: argparse.Namespace, settings: Settings, hosts: list[HostSettings]) -> int:
+    import orjson
+
+    from regen.engine.host.sglang import server_status
+
+    records = await _each(settings, hosts, server_status)
+    if args.json:
+        sys.stdout.buffer.write(orjson.dumps({"hosts": records}, option=orjson.OPT_INDENT_2) + b"\n")
+        sys.stdout.flush()
+    else:
+        print("\n".join(line for r in records for line in format_status(r)))
+    failed = [r for r in records if not r["ok"]]
+    for r in failed:
+        print(f"regen: {r['error']}", file=sys.stderr)
+    return EXIT_FAILURE if failed else EXIT_OK
+
+
+async def _stop(settings: Settings, hosts: list[HostSettings]) -> int:
+    from regen.engine.host.sglang import stop_server
+
+    records = await _each(settings, hosts, stop_server)
+    for r in records:
+        if r["ok"]:
+            print(r["message"], flush=True)
+        else:
+            print(f"regen: {r['message']}", file=sys.stderr)
+    return EXIT_OK if all(r["ok"] for r in records) else EXIT_FAILURE

@@ -1,0 +1,295 @@
+"""What the console remembers between snapshots: sparkline windows, rates it derives, log lines.
+
+`History.add` runs once per snapshot in the snapshot worker, before coalescing, so no sample and
+no journal event is lost when the UI skips a repaint; the UI reads it only in message handlers.
+Nothing here imports Textual.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from regen.console.format import money, number, percent
+
+STATUSES = ("OK", "SLOW", "FAIL", "EXCL")
+# Error deltas go to the log at most once per this many seconds of job time.
+ERROR_LINE_EVERY_S = 5.0
+
+
+@dataclass(slots=True, frozen=True)
+class LogLine:
+    """One line for the log pane."""
+
+    ts: float
+    level: str  # "info", "warning", "error" or "action"
+    text: str
+
+
+def provider_status(provider: dict[str, Any]) -> str:
+    """OK/SLOW/FAIL/EXCL: the job's word (engine/job/stats.py status_word is the only rule)."""
+    given = provider.get("status")
+    return given.upper() if isinstance(given, str) and given.upper() in STATUSES else "OK"
+
+
+@dataclass(slots=True)
+class _Window:
+    """(job time, value) samples over a bounded window, for rates of cumulative counters."""
+
+    samples: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=61))
+
+    def add(self, elapsed: float, value: float) -> None:
+        self.samples.append((elapsed, value))
+
+    def rate(self) -> float | None:
+        if len(self.samples) < 2:
+            return None
+        (t0, v0), (t1, v1) = self.samples[0], self.samples[-1]
+        return (v1 - v0) / (t1 - t0) if t1 > t0 else None
+
+
+@dataclass(slots=True)
+class ProviderHistory:
+    """One provider's sparkline windows."""
+
+    latency_p50_s: deque[float]
+    output_tokens_per_s: deque[float]
+    tokens: _Window = field(default_factory=_Window)
+
+
+class History:
+    """Sparkline windows (one point per `sample_every_s` of job time) and pending log lines."""
+
+    def __init__(self, points: int = 300, sample_every_s: float = 1.0) -> None:
+        self.points = points
+        self.sample_every_s = sample_every_s
+        self.output_tokens_per_s: deque[float] = deque(maxlen=points)
+        self.requests_per_s: deque[float] = deque(maxlen=points)
+        self.latency_p50_s: deque[float] = deque(maxlen=points)
+        self.providers: dict[str, ProviderHistory] = {}
+        self.datasets: dict[str, _Window] = {}
+        self.spent = _Window()
+        self.statuses: dict[str, str] = {}
+        self.snapshots_seen = 0
+        self._last_sample: float | None = None
+        self._last_state: str | None = None
+        self._budget_blocked = False
+        self._last_seq = float("-inf")
+        self._errors: dict[str, float] = {}
+        self._error_delta: dict[str, float] = {}
+        self._last_error_line: float | None = None
+        self._lines: list[LogLine] = []
+
+    # ------------------------------------------------------------------------------ reading
+
+    def take_lines(self) -> list[LogLine]:
+        """Log lines gathered since the last call."""
+        lines, self._lines = self._lines, []
+        return lines
+
+    def provider_tokens_per_s(self, slug: str) -> float | None:
+        """A provider's output tokens per second over the last minute of job time (derived)."""
+        history = self.providers.get(slug)
+        return None if history is None else history.tokens.rate()
+
+    def burn_per_h(self, snap: dict[str, Any]) -> float | None:
+        """The job's burn rate, else the console's own: spend over the last minute of job time."""
+        given = number((snap.get("money") or {}).get("burn_per_h"))
+        if given is not None:
+            return given
+        rate = self.spent.rate()
+        return None if rate is None else rate * 3600
+
+    def dataset_eta_s(self, dataset: dict[str, Any]) -> float | None:
+        """Seconds until a dataset is done at its rate over the last minute (None when unknown)."""
+        window = self.datasets.get(str(dataset.get("name")))
+        rate = None if window is None else window.rate()
+        total, done = number(dataset.get("total")), number(dataset.get("done"))
+        if rate is None or rate <= 0 or total is None or done is None:
+            return None
+        return max(0.0, total - done) / rate
+
+    # ------------------------------------------------------------------------------ writing
+
+    def add_events(self, events: list[dict[str, Any]]) -> None:
+        """Journal events (operator actions, errors, state changes) become log lines, each once.
+
+        Events carry the journal's sequence number; one already seen (say, in the hello's backlog
+        and again in the first snapshot) is skipped.
+        """
+        for event in events:
+            seq = number(event.get("seq"))
+            if seq is not None:
+                if seq <= self._last_seq:
+                    continue
+                self._last_seq = seq
+            self._lines.append(event_line(event))
+
+    def add(self, snap: dict[str, Any], received_at: float) -> None:
+        """Fold one snapshot in."""
+        self.snapshots_seen += 1
+        elapsed = number(snap.get("elapsed_s")) or 0.0
+        if self._last_sample is not None and elapsed < self._last_sample:
+            self._reset()
+        self.add_events(list(snap.get("events") or []))
+        self._note_state(snap, received_at)
+        self._note_errors(snap, elapsed, received_at)
+        providers = list(snap.get("providers") or [])
+        self._note_statuses(providers, received_at)
+        if self._last_sample is not None and elapsed < self._last_sample + self.sample_every_s:
+            return
+        self._last_sample = elapsed
+        rates = snap.get("rates") or {}
+        self.output_tokens_per_s.append(number(rates.get("output_tokens_per_s")) or 0.0)
+        self.requests_per_s.append(number(rates.get("attempts_per_s")) or 0.0)
+        self.latency_p50_s.append(weighted_latency(providers) or 0.0)
+        for provider in providers:
+            slug = str(provider.get("slug") or provider.get("name"))
+            history = self.providers.get(slug)
+            if history is None:
+                history = self.providers[slug] = ProviderHistory(
+                    deque(maxlen=self.points), deque(maxlen=self.points)
+                )
+            history.tokens.add(elapsed, number(provider.get("output_tokens")) or 0.0)
+            history.latency_p50_s.append(number(provider.get("latency_p50_s")) or 0.0)
+            given = number(provider.get("output_tokens_per_s"))
+            history.output_tokens_per_s.append(given if given is not None else history.tokens.rate() or 0.0)
+        self.spent.add(elapsed, number((snap.get("money") or {}).get("spent")) or 0.0)
+        for dataset in snap.get("datasets") or []:
+            self.datasets.setdefault(str(dataset.get("name")), _Window()).add(
+                elapsed, number(dataset.get("done")) or 0.0
+            )
+
+    def _reset(self) -> None:
+        for window in (self.output_tokens_per_s, self.requests_per_s, self.latency_p50_s):
+            window.clear()
+        self.providers.clear()
+        self.datasets.clear()
+        self.spent = _Window()
+        self._errors.clear()
+        self._error_delta.clear()
+        self._last_sample = None
+        self._last_error_line = None
+
+    def _note_state(self, snap: dict[str, Any], ts: float) -> None:
+        state = str(snap.get("state") or "")
+        if state and state != self._last_state:
+            if self._last_state is not None:
+                level = (
+                    "error"
+                    if state == "STOPPED"
+                    else "warning"
+                    if state in ("PAUSED", "DRAINING")
+                    else "info"
+                )
+                outcome = snap.get("outcome") or {}
+                why = (
+                    f": {outcome['message']}"
+                    if state in ("STOPPED", "DONE") and outcome.get("message")
+                    else ""
+                )
+                self._lines.append(LogLine(ts, level, f"job {self._last_state} → {state}{why}"))
+            self._last_state = state
+        money_ = snap.get("money") or {}
+        if money_.get("blocked") and not self._budget_blocked:
+            self._lines.append(
+                LogLine(
+                    ts,
+                    "warning",
+                    f"budget reached: no new requests (budget {money(number(money_.get('budget')))})",
+                )
+            )
+        self._budget_blocked = bool(money_.get("blocked"))
+
+    def _note_errors(self, snap: dict[str, Any], elapsed: float, ts: float) -> None:
+        errors = snap.get("errors") or {}
+        for name, value in errors.items():
+            now = number(value) or 0.0
+            delta = now - self._errors.get(name, 0.0)
+            if delta > 0:
+                self._error_delta[name] = self._error_delta.get(name, 0.0) + delta
+            self._errors[name] = now
+        due = self._last_error_line is None or elapsed >= self._last_error_line + ERROR_LINE_EVERY_S
+        if self._error_delta and due:
+            text = ", ".join(f"+{n:.0f} {name}" for name, n in sorted(self._error_delta.items()))
+            self._lines.append(LogLine(ts, "warning", f"errors {text}"))
+            self._error_delta.clear()
+            self._last_error_line = elapsed
+
+    def _note_statuses(self, providers: list[dict[str, Any]], ts: float) -> None:
+        for provider in providers:
+            slug = str(provider.get("slug") or provider.get("name"))
+            status = provider_status(provider)
+            before = self.statuses.get(slug)
+            self.statuses[slug] = status
+            if before is not None and before != status and status in ("SLOW", "FAIL"):
+                requests = number(provider.get("requests")) or 0.0
+                failed = sum((provider.get("errors") or {}).values())
+                detail = (
+                    f" ({percent(failed / requests)} of requests failed)"
+                    if requests and status == "FAIL"
+                    else ""
+                )
+                self._lines.append(
+                    LogLine(
+                        ts,
+                        "error" if status == "FAIL" else "warning",
+                        f"{provider.get('name')}: {status}{detail}",
+                    )
+                )
+
+
+def weighted_latency(providers: list[dict[str, Any]]) -> float | None:
+    """Median latency across providers, weighted by their share of requests."""
+    total = weight_sum = 0.0
+    for provider in providers:
+        latency, share = number(provider.get("latency_p50_s")), number(provider.get("share")) or 0.0
+        if latency is not None and share > 0:
+            total += latency * share
+            weight_sum += share
+    return total / weight_sum if weight_sum else None
+
+
+_EVENT_TEXT = {
+    "pause": "paused",
+    "resume": "resumed",
+    "exclude": "excluded {provider}",
+    "include": "included {provider}",
+    "concurrency": "concurrency set to {value}",
+    "budget": "budget set to ${value}",
+    "stop": "stop requested ({mode})",
+    "hold": "platform rate limit: all requests wait {seconds} s ({reason})",
+    "hold_end": "platform rate limit reset: requests go out again",
+}
+_EVENT_LEVEL = {
+    "fatal": "error",
+    "stop": "warning",
+    "exclude": "action",
+    "include": "action",
+    "pause": "action",
+    "resume": "action",
+    "concurrency": "action",
+    "budget": "action",
+    "blocked": "warning",
+    "invalid_line": "warning",
+    "hold": "warning",
+}
+
+
+def event_line(event: dict[str, Any]) -> LogLine:
+    """A journal event as a log line: known events in words, others as key=value pairs."""
+    name = str(event.get("event", "event"))
+    fields = {k: v for k, v in event.items() if k not in ("ts", "seq", "event")}
+    source = fields.pop("source", None)
+    template = _EVENT_TEXT.get(name)
+    try:
+        text = template.format(**fields) if template else ""
+    except (KeyError, IndexError, ValueError):
+        text = ""
+    if not text:
+        text = " ".join([name.replace("_", " "), *(f"{k}={v}" for k, v in fields.items())])
+    if source:
+        text += f" (by {source})"
+    ts = number(event.get("ts")) or 0.0
+    return LogLine(ts, _EVENT_LEVEL.get(name, "info"), text)

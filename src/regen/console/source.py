@@ -1,0 +1,33 @@
+"""Where the console's data comes from: the `JobSource` protocol.
+
+The app only ever talks to a `JobSource`, so it cannot tell a running job behind a Unix socket
+(`regen.console.client.SocketSource`) from the seeded simulation of `regen.console.scripted`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class JobSource(Protocol):
+    """A job the console watches and steers."""
+
+    readonly: bool
+
+    async def connect(self) -> dict[str, Any]:
+        """Greet the job; returns the hello: {"protocol": 1, "job": {...}, "events": [...]}."""
+        ...
+
+    def snapshots(self) -> AsyncIterator[dict[str, Any]]:
+        """Folded snapshots (`Job.snapshot()` plus "events" since the last one); ends when the job goes."""
+        ...
+
+    async def command(self, name: str, **args: Any) -> dict[str, Any]:
+        """Send one command; returns {"ok": bool, "message": str} and never raises for a refusal."""
+        ...
+
+    async def close(self) -> None:
+        """Let go of the job (it keeps running)."""
+        ...

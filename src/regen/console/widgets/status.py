@@ -1,0 +1,209 @@
+"""The header strip: job state, progress, money, burn rate and how fresh the numbers are."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from textual import events
+from textual.content import Content
+from textual.markup import escape
+from textual.widgets import Static
+
+from regen.console import format as fmt
+from regen.console.format import number
+
+STATE_LOOK = {
+    "STARTING": ("…", "$text-muted"),
+    "RUNNING": ("▶", "$success"),
+    "PAUSED": ("‖", "$warning"),
+    "DRAINING": ("↓", "$warning"),
+    "STOPPED": ("■", "$error"),
+    "DONE": ("✓", "$primary"),
+}
+
+
+@dataclass(slots=True)
+class Freshness:
+    """How old the numbers on screen are, and why they may not move."""
+
+    age_s: float | None
+    stale_after_s: float
+    frozen: bool = False
+    readonly: bool = False
+    disconnected: str | None = None
+
+
+def completion(snap: dict[str, Any]) -> float | None:
+    """Fraction of all datasets' prompts done."""
+    datasets = snap.get("datasets") or []
+    total = sum(number(d.get("total")) or 0.0 for d in datasets)
+    done = sum(number(d.get("done")) or 0.0 for d in datasets)
+    return done / total if total else None
+
+
+def budget_used(money: dict[str, Any]) -> float | None:
+    """(spent + reserved) / budget."""
+    budget = number(money.get("budget"))
+    if not budget:
+        return None
+    return ((number(money.get("spent")) or 0.0) + (number(money.get("reserved")) or 0.0)) / budget
+
+
+class StatusStrip(Static):
+    """Two lines at the top; every value carries a word, never a colour alone."""
+
+    DEFAULT_CSS = """
+    StatusStrip {
+        height: 2;
+        padding: 0 1;
+        background: $surface;
+        color: $foreground;
+    }
+    """
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__("connecting to the job…", id=id, markup=False)
+        self.snapshot: dict[str, Any] | None = None
+        self.hello: dict[str, Any] = {}
+        self.budget_warn_fraction = 0.8
+        self.freshness = Freshness(None, 5.0)
+        self.burn_per_h: float | None = None
+        self._markup_shown = ""
+
+    def show(
+        self, snap: dict[str, Any] | None, freshness: Freshness, burn_per_h: float | None = None
+    ) -> None:
+        """Repaint from a snapshot (or the last one, for a freshness tick)."""
+        if snap is not None:
+            self.snapshot = snap
+            self.burn_per_h = burn_per_h
+        self.freshness = freshness
+        markup = self._markup(freshness)
+        if markup != self._markup_shown:
+            self._markup_shown = markup
+            # Two lines, full width: the size never changes, so no layout pass.
+            self.update(Content.from_markup(markup), layout=False)
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.show(None, self.freshness)
+
+    def _markup(self, fresh: Freshness) -> str:
+        snap = self.snapshot
+        job = self.hello.get("job") or {}
+        if snap is None:
+            first = (
+                f"[$error]✗ NOT CONNECTED[/] {escape(fresh.disconnected)}"
+                if fresh.disconnected
+                else "connecting to the job…"
+            )
+            return first + "\n" + self._flags(fresh)
+        state = str(snap.get("state") or "?")
+        glyph, colour = STATE_LOOK.get(state, ("?", "$text-muted"))
+        money = snap.get("money") or {}
+        done = completion(snap)
+        used = budget_used(money)
+        burn = self.burn_per_h if self.burn_per_h is not None else number(money.get("burn_per_h"))
+        spent, reserved, budget = (number(money.get(k)) for k in ("spent", "reserved", "budget"))
+        if money.get("blocked"):
+            money_colour, budget_word = "$budget-over", " BUDGET REACHED"
+        elif used is not None and used >= self.budget_warn_fraction:
+            money_colour, budget_word = "$budget-warn", " near budget"
+        else:
+            money_colour, budget_word = "$foreground", ""
+        rates = snap.get("rates") or {}
+        conc = snap.get("concurrency") or {}
+        in_flight = f"{snap.get('in_flight', '-')}/{conc.get('effective', '-')}"
+        if conc.get("configured") not in (None, conc.get("effective")):
+            in_flight += f"<{conc.get('configured')}"
+        model = escape(str(snap.get("model") or job.get("model") or "?"))
+        elapsed, eta = number(snap.get("elapsed_s")), number(snap.get("eta_s"))
+        state_text = f"[b {colour}]{glyph} {state}[/]"
+        outage = number(snap.get("outage_s"))
+        held = number(snap.get("held_s"))
+        if outage is not None:
+            state_text += f" [b $error]HELD: unreachable {fmt.short_duration(outage)}[/]"
+        elif held is not None:
+            # A platform rate limit: nothing is sent until it resets, though the job is running.
+            state_text += f" [b $warning]HELD {fmt.short_duration(held)}[/]"
+        tokens, requests = (
+            fmt.rate(number(rates.get("output_tokens_per_s"))),
+            fmt.rate(number(rates.get("attempts_per_s"))),
+        )
+        unit = str(money.get("unit") or "usd")
+        if unit == "usd":
+            spend = [
+                f"[{money_colour}]{fmt.money(spent)} spent + {fmt.money(reserved)} reserved of {fmt.money(budget)} "
+                f"({fmt.percent(used)} used){budget_word}[/]  {fmt.money(burn)}/h",
+                f"[{money_colour}]{fmt.money(spent)} + {fmt.money(reserved)} rsv of {fmt.money(budget)} "
+                f"{fmt.percent(used)}{budget_word}[/] {fmt.money(burn)}/h",
+                f"[{money_colour}]{fmt.money(spent)}+{fmt.money(reserved)}/{fmt.money(budget, cents=False)} "
+                f"{fmt.percent(used)}{budget_word}[/] {fmt.money(burn, cents=False)}/h",
+            ]
+        else:
+            # A GPU-time ledger has no budget: what the GPUs have done, and how many are busy.
+            spend = [
+                f"{fmt.amount(spent, unit)} used  {fmt.amount(burn, unit)}/h",
+                f"{fmt.amount(spent, unit)} used {fmt.amount(burn, unit)}/h",
+                f"{fmt.amount_short(spent, unit)} {fmt.amount_short(burn, unit)}/h",
+            ]
+        firsts = [
+            f"{state_text}  {fmt.clock(elapsed)} elapsed  {fmt.percent(done, 1)} done  ETA {fmt.clock(eta)}  │  "
+            f"{spend[0]}  │  {self._age(fresh)}",
+            f"{state_text} {fmt.clock(elapsed)}  {fmt.percent(done, 1)} done  ETA {fmt.clock(eta)} │ "
+            f"{spend[1]} │ {self._age(fresh)}",
+            f"{state_text} {fmt.clock(elapsed)} {fmt.percent(done)} ETA {fmt.short_duration(eta)} │ "
+            f"{spend[2]} │ {self._age(fresh, short=True)}",
+        ]
+        where = " · ".join(
+            part
+            for part in (
+                model,
+                f"pid {job['pid']}" if job.get("pid") else "",
+                escape(str(job["run_dir"])) if job.get("run_dir") else "",
+            )
+            if part
+        )
+        outcome = snap.get("outcome") or {}
+        ended = (
+            f" · {escape(str(outcome['message']))}"
+            if state in ("STOPPED", "DONE") and outcome.get("message")
+            else ""
+        )
+        flags = self._flags(fresh)
+        lead = f"{flags} " if flags else ""
+        seconds = [
+            f"{lead}{where} · in flight {in_flight} · {tokens} tok/s · {requests} req/s · "
+            f"{fmt.count(number(snap.get('rows')))} rows{ended}",
+            f"{lead}{model} · in flight {in_flight} · {tokens} tok/s · {requests} req/s{ended}",
+            f"{lead}{model.split('/')[-1]} · fly {in_flight} · {tokens} tok/s {requests} req/s{ended}",
+        ]
+        return f"{self._fit(firsts)}\n{self._fit(seconds)}"
+
+    def _fit(self, candidates: list[str]) -> str:
+        """The first candidate that fits the strip's width (else the last, which is the shortest)."""
+        width = self.content_size.width or 200
+        for candidate in candidates:
+            if Content.from_markup(candidate).cell_length <= width:
+                return candidate
+        return candidates[-1]
+
+    @staticmethod
+    def _flags(fresh: Freshness) -> str:
+        flags = []
+        if fresh.readonly:
+            flags.append("[reverse $warning] READ-ONLY [/]")
+        if fresh.frozen:
+            flags.append("[reverse $accent] FROZEN [/]")
+        return " ".join(flags)
+
+    def _age(self, fresh: Freshness, *, short: bool = False) -> str:
+        if fresh.disconnected:
+            return f"[b $error]✗ DISCONNECTED[/] ({escape(fresh.disconnected)})"
+        if fresh.age_s is None:
+            return "waiting for data"
+        age = f"{fresh.age_s:.1f} s" if fresh.age_s < 60 else fmt.short_duration(fresh.age_s)
+        text = f"{age} ago" if short else f"updated {age} ago"
+        if fresh.age_s > fresh.stale_after_s:
+            return f"[b $data-stale]{text} (stale)[/]"
+        return text

@@ -1,0 +1,205 @@
+"""The contract between the dispatcher and a generation backend (docs/architecture.md).
+
+The dispatcher knows prompts, one money gate and a `Backend`. A backend knows its wire, its errors
+and its prices: it turns one prompt into one `AttemptOutcome`, and every failure into a `Failure`
+that already says what to do (retry, give up, stop) in the operator's words. The dispatcher never
+reads an HTTP status or a backend's own error class, and no backend touches the queue, the ledger
+or a journal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from enum import StrEnum
+from typing import Any, Protocol, TypedDict
+
+from regen.engine.data.datasets import Prompt
+from regen.engine.money.ledger import RoutePrice
+from regen.engine.run.recovery import Unsettled
+from regen.engine.schema import BackendView
+
+
+class BackendError(RuntimeError):
+    """The backend cannot start or refuses an operator's request; the message is for the operator."""
+
+
+class Disposition(StrEnum):
+    """What the dispatcher does with an attempt that failed."""
+
+    RETRY = "retry"  # back off, try again (counts against the prompt's attempt cap)
+    GIVE_UP = "give_up"  # this prompt fails for this run; others go on
+    FATAL = "fatal"  # stop dispatching: no other prompt can succeed either
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A classified failure: what happened, in the operator's words, and what to do about it."""
+
+    disposition: Disposition
+    error_class: str  # counted per class in the snapshot: "rate_limited", "network", "abort", ...
+    message: str
+    throttle: bool = False  # feeds the adaptive concurrency limit
+    hold_s: float | None = None  # hold every route this long: a limit on the whole account
+    retry_after_s: float | None = None  # the earliest this prompt may go again
+    refused: bool = False  # the request itself was refused: many in a row mean the settings are wrong
+    streak_hint: str | None = None  # what to tell the operator when every request is refused so
+    stop_reason: str = "fatal"  # for FATAL: "fatal", or "credits" when the account cannot pay
+    # The backend itself is unreachable (no connection, its own edge failing), not this prompt:
+    # the attempt does not count against the prompt, and a run of them holds all dispatch (an
+    # outage) until a probe gets through.
+    outage: bool = False
+    sent: bool = True  # False: the request never left, so it cost nothing
+
+
+class Usage(TypedDict):
+    """Token counts as the backend reported them (None where it did not)."""
+
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    reasoning_tokens: int | None
+    cached_tokens: int | None
+
+
+def no_usage() -> Usage:
+    return {"prompt_tokens": None, "completion_tokens": None, "reasoning_tokens": None, "cached_tokens": None}
+
+
+@dataclass(slots=True)
+class AttemptOutcome:
+    """What one attempt produced; `failure` is None only for an answer that may become a row."""
+
+    route: str | None = None  # the provider (OpenRouter) or worker (SGLang) that served it
+    handle: str | None = None  # generation id or rid: what the backend's bill or abort is keyed by
+    served_model: str | None = None
+    finish_reason: str | None = None
+    native_finish_reason: Any = None
+    content: str = ""
+    reasoning: str = ""
+    prompt_ids: list[int] | None = None  # what the server was sent, when the backend sends ids
+    output_ids: list[int] | None = None  # the server's own ids; None: the tokenizer stage fills them
+    terminator_appended: bool = False  # the backend added the end-of-turn id itself (data contract §5.2)
+    usage: Usage = field(default_factory=no_usage)
+    cost: Decimal | None = None  # in the ledger's unit, when the answer carried it
+    is_byok: bool | None = None
+    ttft_s: float | None = None
+    e2e_s: float = 0.0
+    failure: Failure | None = None
+    journal: dict[str, Any] = field(default_factory=dict)  # the backend's fields of the end record
+
+    @property
+    def completion_tokens(self) -> int:
+        tokens = self.usage["completion_tokens"]
+        return tokens if isinstance(tokens, int) else 0
+
+
+@dataclass(frozen=True, slots=True)
+class AccountUsage:
+    """What the backend's account says it has billed in all, for the money of attempts cut before
+    their handle arrived (docs/money.md, "Bounded by the key's usage")."""
+
+    usage: Decimal | None  # lifetime total, in the ledger's unit; None: it could not be read
+    account: str  # which account (key) the figure is of: a fingerprint, never the secret
+    settled: bool = True  # False: it was still changing when the wait for it ran out
+    waited_s: float = 0.0  # how long the reading waited for the figure to settle
+
+
+class JobContext(Protocol):
+    """What a backend's background tasks may ask of the job."""
+
+    def event(self, name: str, /, **fields: Any) -> None: ...
+    def fatal(self, reason: str, message: str) -> None: ...
+    def budget_left(self) -> Decimal: ...
+    @property
+    def live(self) -> bool: ...
+    def suggest_concurrency(self, ceiling: int | None, reason: str) -> None:
+        """The most requests the backend wants in flight now (None: no opinion); the in-flight
+        limit stays at or below it, whatever the operator set, until the backend says otherwise."""
+
+
+OnHandle = Callable[[str | None], None]
+OnRoute = Callable[[str], None]
+
+
+class Backend(Protocol):
+    """A generation backend: one attempt at a time, many at once, nothing else of the job."""
+
+    name: str  # "openrouter" | "sglang": the rows' `backend`
+    unit: str  # the ledger's unit: "usd" | "gpu_s"
+    model: str  # the model the rows name
+    supports_exclude: bool  # the console offers exclude keys only when true
+    thinking: bool  # requests ask the model to reason
+    thinking_setting: str  # the setting that decides `thinking`, for messages
+    title: str  # the backend's name in operators' messages ("OpenRouter")
+    base_url: str  # where requests go, for a console's hello
+    requests_per_minute: int | None  # a cap the backend's platform imposes, None for none
+
+    @property
+    def excluded(self) -> Mapping[str, str]:
+        """Route id -> who excluded it ("operator", "console", "guard", ...)."""
+
+
+    def check(self) -> None:
+        """Settings problems found before any work (a missing key); raises BackendError."""
+
+    async def open(self, context: JobContext, excluded: Mapping[str, str]) -> None:
+        """Connect and check everything a run needs; raises BackendError with the reason.
+
+        `excluded` holds the routes earlier runs excluded, with who excluded them.
+        """
+
+    def reservation(self, prompt: Prompt) -> Decimal:
+        """The most this prompt's attempt can cost, in the ledger's unit."""
+
+    async def attempt(self, prompt: Prompt, rid: str, on_handle: OnHandle, on_route: OnRoute) -> AttemptOutcome:
+        """Run one attempt, without retries; never raises for server or network trouble.
+
+        `on_handle` is called as soon as the handle is known (the job journals it at once), and
+        `on_route` when the serving route is.
+        """
+
+    def charge(self, outcome: AttemptOutcome, reserved: Decimal) -> tuple[Decimal, bool]:
+        """What the attempt cost and whether that is an estimate (then `reconcile` may correct it)."""
+
+    def reject(self, outcome: AttemptOutcome) -> str | None:
+        """Why an otherwise good answer must not become a row (e.g. the precision guard), or None."""
+
+    def route_id(self, name: str) -> str:
+        """The stable id (routing slug) of a route named by a response or an operator."""
+
+    def exclude(self, route: str, source: str) -> str:
+        """Stop routing to `route` (an id from `route_id`); returns the operator's message.
+
+        Raises BackendError when it cannot (the last route allowed)."""
+
+    def include(self, route: str) -> str:
+        """Route to `route` again; returns the operator's message."""
+
+    def prices(self) -> list[RoutePrice]:
+        """Per-token prices of the routes allowed now (empty when the unit is not money)."""
+
+    def row_request(self) -> dict[str, Any]:
+        """The rows' `request` block: the sampling and length settings actually sent."""
+
+    def row_server(self) -> dict[str, Any]:
+        """The rows' `server` block."""
+
+    def describe_fatal(self, failure: Failure) -> str:
+        """The stop message for a FATAL failure, with what the operator can change."""
+
+    def tasks(self) -> list[Coroutine[Any, Any, None]]:
+        """Background work for the whole run (polling the account, watching servers)."""
+
+    async def reconcile(self, pending: Unsettled) -> Decimal | None:
+        """The billed cost of an attempt settled on an estimate, or None when it cannot be known."""
+
+    async def account_usage(self, settle: bool) -> AccountUsage | None:
+        """The account's billed total now; with `settle`, once it has stopped changing (bills reach
+        it late). None when the backend keeps no such figure."""
+
+    def view(self) -> BackendView:
+        """The backend's part of the snapshot."""
+
+    async def close(self) -> None:
+        """Release connections; safe to call twice."""

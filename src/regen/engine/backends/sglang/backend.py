@@ -1,0 +1,605 @@
+"""SGLang behind the backend contract: `/generate` with token ids rendered here, the server's own
+output ids in the rows, GPU time as the ledger's unit, and a concurrency ceiling from `/metrics`.
+
+docs/sglang.md §11 has the facts this relies on (the body, the stream, rids and aborts, failures,
+the load targets); docs/money.md the GPU-time definition; docs/data-contract.md §5.2 the ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Coroutine, Iterator, Mapping
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import orjson
+
+from regen.engine.backends.base import (
+    AccountUsage,
+    AttemptOutcome,
+    BackendError,
+    Disposition,
+    Failure,
+    JobContext,
+    OnHandle,
+    OnRoute,
+)
+from regen.engine.backends.sglang import errors
+from regen.engine.backends.sglang.load import Health, ServerLoad, next_ceiling, parse_metrics
+from regen.engine.backends.sglang.meter import ShareMeter
+from regen.engine.backends.sglang.server import ServerError, ServerFacts, read_facts
+from regen.engine.backends.sglang.wire import (
+    StreamTail,
+    finish_type,
+    read_answer,
+    request_body,
+    sampling_params,
+    usage_of,
+    worker_name,
+)
+from regen.engine.config.settings import Settings, backend_problems
+from regen.engine.data.datasets import Prompt
+from regen.engine.data.tokenizer import TargetTokenizer, TokenizerError, TokenizerSpec
+from regen.engine.money.ledger import RoutePrice
+from regen.engine.net.deadlines import Deadlines
+from regen.engine.run.recovery import Unsettled
+from regen.engine.schema import BackendView, RouteView
+
+if TYPE_CHECKING:
+    from regen.engine.host.fleet import Fleet
+    from regen.engine.host.monitor import HostMonitor
+
+# The router names the worker that served a request in this response header (docs/sglang.md §11.2).
+ROUTED_WORKER_HEADER = "x-smg-routed-worker-id"
+# Aborts still on their way when the backend closes get this long, so a stop never hangs on them.
+ABORT_GRACE_S = 2.0
+_ZERO = Decimal(0)
+# Failures after which the request may still be running on the server.
+_CUT = frozenset({errors.ErrorClass.NETWORK, errors.ErrorClass.STREAM_ERROR})
+
+
+class Worker:
+    """One server URL the backend sends to: its facts, its GPUs' meter, its load, its rids."""
+
+    def __init__(self, url: str, facts: ServerFacts, gpus: int, name: str | None = None) -> None:
+        self.url = url
+        self.name = name or worker_name(url)
+        self.generate_url = url + "/generate"
+        self.abort_url = url + "/abort_request"
+        self.metrics_url = url + "/metrics"
+        self.facts = facts
+        self.meter = ShareMeter(gpus)
+        self.live: set[str] = set()  # rids in flight here
+        self.orphans: set[str] = set()  # rids cut off by the transport: aborted once it answers again
+        self.load: ServerLoad | None = None
+        self.load_at: float | None = None  # wall clock of the last scrape
+        self.retracted_seen: float | None = None
+        self.error: str | None = None  # why the last poll failed
+        self.down = False
+        self.metrics_missing: str | None = None
+        self.abort_missing = False
+
+    def view(self) -> dict[str, Any]:
+        load = self.load
+        return {
+            "url": self.url,
+            "worker": self.name,
+            **self.facts.block(),
+            "gpus": self.meter.gpus,
+            "in_flight": self.meter.in_flight,
+            "gpu_s": round(self.meter.busy_gpu_s(), 3),
+            "running": None if load is None else load.running,
+            "queued": None if load is None else load.queued,
+            "kv_usage": None if load is None else load.kv_usage,
+            "gen_throughput": None if load is None else load.gen_throughput,
+            "retracted_total": None if load is None else load.retracted_total,
+            "generation_tokens_total": None if load is None else load.generation_tokens_total,
+            "checked_at": self.load_at,
+            "down": self.down,
+            "error": self.error or self.metrics_missing,
+        }
+
+
+class SGLangBackend:
+    """Generation through SGLang servers: exact token ids, GPU time, workers as routes."""
+
+    name = "sglang"
+    unit = "gpu_s"
+    supports_exclude = False
+    thinking_setting = "tokenizer.thinking"
+    title = "SGLang"
+    requests_per_minute: int | None = None  # no platform limit: the servers are the operator's
+
+    def __init__(self, settings: Settings, hosts: HostMonitor | None = None) -> None:
+        self.all_settings = settings
+        self.hosts = hosts
+        self.settings = settings.sglang
+        sampling = settings.openrouter  # the sampling settings are the same for both backends
+        self.max_tokens = sampling.max_tokens
+        self.temperature = sampling.temperature
+        self.top_p = sampling.top_p
+        self.thinking = settings.tokenizer.thinking
+        self.configured = settings.job.concurrency
+        self.model = self.settings.served_model_name
+        self.base_url = ", ".join(self.settings.urls)
+        self.excluded: dict[str, str] = {}
+        self.health = Health(
+            self.settings.healthy_queue_min, self.settings.healthy_queue_max, self.settings.healthy_kv_usage_max
+        )
+        self.tokenizer: TargetTokenizer | None = None
+        self.workers: list[Worker] = []
+        # Behind the router (several hosts): where requests go; `workers` are then the hosts behind it,
+        # read directly through their tunnels for load, aborts and the view.
+        self.entry: Worker | None = None
+        self.fleet: Fleet | None = None
+        self._by_url: dict[str, Worker] = {}
+        self.ceiling: int | None = None
+        self.ceiling_reason = ""
+        self.watch_error: str | None = None
+        self._sampling: dict[str, Any] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self._context: JobContext | None = None
+        self._deadlines = Deadlines(self.settings.read_timeout_s, self.settings.request_timeout_s)
+        self._turn = itertools.count()
+        self._aborts: set[asyncio.Task[None]] = set()
+        self._control_timeout = aiohttp.ClientTimeout(
+            total=max(5.0, self.settings.connect_timeout_s), sock_connect=self.settings.connect_timeout_s
+        )
+        self._request = {
+            "thinking": self.thinking,
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "min_p": None,
+            "seed": None,
+            "stream": True,
+        }
+        self._server: dict[str, Any] = {"kind": "sglang", "endpoint": "/generate"}
+
+    # ------------------------------------------------------------------------------ lifecycle
+
+    def check(self) -> None:
+        problems = backend_problems(self.all_settings)
+        if problems:
+            raise BackendError("; ".join(problems))
+
+    async def open(self, context: JobContext, excluded: Mapping[str, str]) -> None:
+        self.check()
+        self._context = context
+        spec = TokenizerSpec.from_settings(self.all_settings.tokenizer)
+        try:
+            self.tokenizer = await asyncio.to_thread(TargetTokenizer, spec)
+        except TokenizerError as exc:
+            raise BackendError(str(exc)) from None
+        self._sampling = sampling_params(
+            self.max_tokens, self.temperature, self.top_p, self.tokenizer.end_of_turn_id
+        )
+        connector = aiohttp.TCPConnector(limit=self.configured + 16, limit_per_host=0, keepalive_timeout=60)
+        # Only the connect limit is aiohttp's; an attempt's idle and total limits are the sweeper's
+        # (engine/net/deadlines.py), which costs one task instead of a timer per request.
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(sock_connect=self.settings.connect_timeout_s),
+            headers={"Content-Type": "application/json"},
+            read_bufsize=2**18,
+        )
+        try:
+            urls, names = await self._server_urls()
+            facts = await asyncio.gather(
+                *(read_facts(self._session, url, self._control_timeout) for url in urls)
+            )
+            self.workers = self._check_servers(urls, facts, names)
+        except (ServerError, BackendError) as exc:
+            await self.close()
+            raise BackendError(str(exc)) from None
+        self._by_url = {w.url: w for w in self.workers}
+        if self.fleet is not None and self.fleet.router is not None:
+            gpus = sum(w.meter.gpus for w in self.workers)
+            self.entry = Worker(self.fleet.entry_url, self.workers[0].facts, gpus, name="router")
+            self.base_url = self.fleet.entry_url
+        first = self.workers[0].facts
+        self.model = first.model_path or first.served_model_name or self.settings.served_model_name
+        self._server = {
+            "kind": "sglang",
+            "version": first.version,
+            "served_model_name": first.served_model_name or self.settings.served_model_name,
+            "weight_version": first.weight_version,
+            "endpoint": "/generate",
+        }
+
+    async def _server_urls(self) -> tuple[list[str], dict[str, str]]:
+        """The servers to talk to: `sglang.urls`, or each [[hosts]] server through a tunnel of its own
+        (and the router in front of them with several hosts), opened here over the job's SSH connections."""
+        if self.settings.urls:
+            return list(self.settings.urls), {}
+        from regen.engine.host.errors import HostError
+        from regen.engine.host.fleet import Fleet
+
+        self.fleet = Fleet(
+            self.settings,
+            self.all_settings.hosts,
+            run_dir=self.all_settings.job.run_dir,
+            monitor=self.hosts,
+            on_reopen=self._reopened,
+            on_event=self._event,
+        )
+        try:
+            await self.fleet.open()
+        except HostError as exc:
+            raise BackendError(str(exc)) from None
+        names = self.fleet.names
+        self.base_url = self.fleet.entry_url
+        return list(names), names
+
+    def _event(self, name: str, /, **fields: Any) -> None:
+        if self._context is not None:
+            self._context.event(name, **fields)
+
+    def _reopened(self, url: str) -> None:
+        """A tunnel carries requests again: ask that server now, which aborts the rids the drop cut off."""
+        worker = self._by_url.get(url)
+        if worker is not None and self._session is not None:
+            task = asyncio.get_running_loop().create_task(self._poll(worker))
+            self._aborts.add(task)
+            task.add_done_callback(self._aborts.discard)
+
+    def _check_servers(self, urls: list[str], facts: list[ServerFacts], names: dict[str, str]) -> list[Worker]:
+        """One model, one version, one weight version behind every URL, or the rows would lie."""
+        wanted = self.settings.served_model_name
+        for url, fact in zip(urls, facts, strict=True):
+            if fact.served_model_name is not None and fact.served_model_name != wanted:
+                raise BackendError(
+                    f"{url} serves {fact.served_model_name!r}, not sglang.served_model_name = {wanted!r}"
+                )
+            context = fact.context_length
+            if context is not None and self.max_tokens >= context:
+                raise BackendError(
+                    f"openrouter.max_tokens ({self.max_tokens}) does not fit {url}'s context length ({context})"
+                )
+        for key in ("version", "weight_version", "model_path"):
+            seen = {getattr(f, key) for f in facts if getattr(f, key) is not None}
+            if len(seen) > 1:
+                where = "sglang.urls" if self.settings.urls else "[[hosts]]"
+                raise BackendError(f"the servers in {where} disagree on {key}: {', '.join(sorted(seen))}")
+        return [
+            Worker(url, fact, fact.gpus or self.settings.tp, names.get(url))
+            for url, fact in zip(urls, facts, strict=True)
+        ]
+
+    async def close(self) -> None:
+        if self._aborts:
+            # Best effort: aborts get a moment to leave, never the power to hold up a stop.
+            await asyncio.wait(list(self._aborts), timeout=ABORT_GRACE_S)
+            for task in list(self._aborts):
+                task.cancel()
+            await asyncio.gather(*self._aborts, return_exceptions=True)
+        await self._deadlines.close()
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+        if self.fleet is not None:
+            fleet, self.fleet = self.fleet, None
+            await fleet.close()
+
+    # -------------------------------------------------------------------------------- routes
+
+    def route_id(self, name: str) -> str:
+        return name.strip()
+
+    def exclude(self, route: str, source: str) -> str:
+        raise BackendError("SGLang has no routes to exclude: every request goes to the servers in sglang.urls")
+
+    def include(self, route: str) -> str:
+        raise BackendError("SGLang has no routes to include: every request goes to the servers in sglang.urls")
+
+    def prices(self) -> list[RoutePrice]:
+        return []
+
+    def _pick(self) -> Worker:
+        if self.entry is not None:
+            return self.entry
+        workers = self.workers
+        if len(workers) == 1:
+            return workers[0]
+        up = [w for w in workers if not w.down] or workers
+        least = min(w.meter.in_flight for w in up)
+        tied = [w for w in up if w.meter.in_flight == least]
+        return tied[next(self._turn) % len(tied)]
+
+    # ------------------------------------------------------------------------------- attempts
+
+    def reservation(self, prompt: Prompt) -> Decimal:
+        # A GPU-time ledger has no budget to hold back from; an attempt cut by a cancel or a
+        # crash is charged this (nothing), docs/money.md.
+        return _ZERO
+
+    async def attempt(self, prompt: Prompt, rid: str, on_handle: OnHandle, on_route: OnRoute) -> AttemptOutcome:
+        tokenizer, session = self.tokenizer, self._session
+        assert tokenizer is not None and session is not None, "the backend is not open"
+        worker = self._pick()
+        outcome = AttemptOutcome(route=worker.name, handle=rid, served_model=self._server.get("served_model_name"))
+        # The rid names the attempt before it leaves: a crash from here on can still abort it.
+        on_handle(rid)
+        on_route(worker.name)
+        try:
+            prompt_ids = tokenizer.render_ids(prompt.request_messages)
+        except Exception as exc:
+            outcome.failure = Failure(
+                Disposition.GIVE_UP,
+                errors.ErrorClass.BAD_PROMPT,
+                f"the chat template cannot render this prompt: {type(exc).__name__}: {exc}"[:300],
+                sent=False,
+            )
+            return outcome
+        outcome.prompt_ids = prompt_ids
+        body = request_body(prompt_ids, self._sampling, rid)
+        deadlines = self._deadlines
+        meter = worker.meter
+        started = time.monotonic()
+        mark = meter.enter(started)
+        worker.live.add(rid)
+        watch = deadlines.watch()
+        # A queued request hears nothing until it runs: the idle limit starts at the first chunk.
+        watch.idle_exempt = True
+        tail = StreamTail()
+        status: int | None = None
+        failure: Failure | None = None
+        served_by: Worker | None = None
+        try:
+            async with session.post(worker.generate_url, data=body) as resp:
+                status = resp.status
+                routed = resp.headers.get(ROUTED_WORKER_HEADER)
+                if routed:
+                    served_by = self._by_url.get(routed.rstrip("/"))
+                    outcome.route = served_by.name if served_by is not None else worker_name(routed)
+                    on_route(outcome.route)
+                if status != 200:
+                    raw = await resp.read()
+                    try:
+                        parsed = orjson.loads(raw) if raw else None
+                    except orjson.JSONDecodeError:
+                        parsed = None
+                    failure = errors.for_status(status, parsed, raw, worker.url)
+                else:
+                    async for block in resp.content.iter_any():
+                        if outcome.ttft_s is None:
+                            outcome.ttft_s = time.monotonic() - started
+                            watch.idle_exempt = False
+                        watch.received += len(block)
+                        tail.feed(block)
+                    tail.finish()
+        except asyncio.CancelledError:
+            if not deadlines.absorb(watch):
+                # A stop with cancel: the server must stop generating it too, without holding us up.
+                self._abort_soon(served_by or worker, rid)
+                raise
+            failure = errors.network(f"{deadlines.reason(watch)} ({worker.url})")
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:  # TimeoutError: the connect limit
+            failure = errors.for_exception(exc, worker.url)
+        finally:
+            deadlines.unwatch(watch)
+            worker.live.discard(rid)
+            gpu_s = meter.leave(mark)
+        outcome.e2e_s = time.monotonic() - started
+        outcome.journal = {"http": status}
+        if failure is None:
+            failure = self._read(outcome, tail, worker, tokenizer)
+        if failure is not None:
+            if failure.outage:
+                worker.down = True  # other URLs take the next attempts until a poll reaches it
+            elif failure.sent and failure.error_class in _CUT:
+                # The server may still be generating what nobody will read: aborted on the server
+                # that had it (behind the router, the one it named) once that server answers again.
+                (served_by or worker).orphans.add(rid)
+        outcome.failure = failure
+        outcome.cost = _ZERO if failure is not None and not failure.sent else Decimal(f"{gpu_s:.6f}")
+        return outcome
+
+    def _read(self, outcome: AttemptOutcome, tail: StreamTail, worker: Worker, tokenizer: TargetTokenizer) -> Failure | None:
+        """The final chunk into the outcome (docs/data-contract.md §5.2), or why it is no answer."""
+        if tail.last is None:
+            return errors.network(f"the stream from {worker.url} ended before any chunk")
+        try:
+            answer = read_answer(tail.last)
+        except ValueError as exc:
+            return errors.network(f"{exc} ({worker.url})")
+        if answer.error is not None:
+            return errors.for_stream_error(answer.error, worker.url)
+        outcome.native_finish_reason = answer.finish
+        outcome.usage = usage_of(answer.meta)
+        kind = finish_type(answer.finish)
+        if kind is None:
+            return errors.network(f"the stream from {worker.url} ended before its final chunk")
+        if kind == "abort":
+            assert isinstance(answer.finish, dict)
+            return errors.for_abort(answer.finish, worker.url)
+        outcome.finish_reason = kind
+        ids = answer.output_ids
+        eot = tokenizer.end_of_turn_id
+        # Every ok row ends with the turn terminator, whether or not the server kept the stop id.
+        if kind == "stop" and (not ids or ids[-1] != eot):
+            ids.append(eot)
+            outcome.terminator_appended = True
+        outcome.output_ids = ids
+        # /generate returns raw text (the matched stop id trimmed); the first </think> splits it.
+        outcome.reasoning, outcome.content = tokenizer.split_text(answer.text)
+        return None
+
+    def charge(self, outcome: AttemptOutcome, reserved: Decimal) -> tuple[Decimal, bool]:
+        """The attempt's share of its server's GPU time (docs/money.md), measured, never estimated."""
+        if outcome.failure is not None and not outcome.failure.sent:
+            return _ZERO, False
+        return (outcome.cost if outcome.cost is not None else _ZERO), False
+
+    def reject(self, outcome: AttemptOutcome) -> str | None:
+        return None
+
+    def describe_fatal(self, failure: Failure) -> str:
+        if failure.error_class == errors.ErrorClass.AUTH:
+            return f"the SGLang server refuses regen's requests ({failure.message}); start it without --api-key"
+        if failure.error_class == errors.ErrorClass.NOT_FOUND:
+            return (
+                f"{failure.message}: sglang.urls must name SGLang servers' native API (or the router), "
+                f"serving {self.settings.served_model_name}"
+            )
+        return f"{failure.error_class}: {failure.message}"
+
+    def row_request(self) -> dict[str, Any]:
+        return self._request
+
+    def row_server(self) -> dict[str, Any]:
+        return self._server
+
+    async def reconcile(self, pending: Unsettled) -> Decimal | None:
+        return None  # GPU time is measured at the attempt; there is no bill to look up
+
+    async def account_usage(self, settle: bool) -> AccountUsage | None:
+        return None  # no account bills GPU time: nothing is ever unknowable here (docs/money.md)
+
+    # ------------------------------------------------------------------------------- aborts
+
+    def _abort_soon(self, worker: Worker, rid: str) -> None:
+        """Send /abort_request for `rid` in the background (best effort)."""
+        if self._session is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._abort(worker, rid))
+        self._aborts.add(task)
+        task.add_done_callback(self._aborts.discard)
+
+    async def _abort(self, worker: Worker, rid: str) -> None:
+        # SGLang aborts every live request whose rid *starts with* the one named (docs/sglang.md §5):
+        # never name a rid that is a prefix of another one in flight here ("B-1#1" of "B-1#10").
+        if any(other != rid and other.startswith(rid) for w in self._every() for other in w.live):
+            worker.orphans.add(rid)
+            return
+        session = self._session
+        if session is None:
+            return
+        try:
+            async with session.post(
+                worker.abort_url, data=orjson.dumps({"rid": rid}), timeout=self._control_timeout
+            ) as resp:
+                await resp.read()
+                if resp.status == 404:
+                    worker.abort_missing = True  # a router that does not pass /abort_request on
+                worker.orphans.discard(rid)
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            worker.orphans.add(rid)  # sent again once the server answers
+
+    def _every(self) -> Iterator[Worker]:
+        if self.entry is not None:
+            yield self.entry
+        yield from self.workers
+
+    # ------------------------------------------------------------------------------- watching
+
+    def tasks(self) -> list[Coroutine[Any, Any, None]]:
+        return [self._watch()] + ([self.fleet.watch()] if self.fleet is not None else [])
+
+    async def _watch(self) -> None:
+        """Scrape every server's /metrics, one round at a time (never two at once), and steer."""
+        while True:
+            try:
+                await self.poll()
+                self._steer()
+            except Exception as exc:  # a surprise in one round must not end the watching
+                self.watch_error = f"{type(exc).__name__}: {exc}"[:200]
+            await asyncio.sleep(self.settings.metrics_interval_s)
+
+    async def poll(self) -> None:
+        await asyncio.gather(*(self._poll(worker) for worker in self.workers))
+
+    async def _poll(self, worker: Worker) -> None:
+        session = self._session
+        if session is None:
+            return
+        try:
+            async with session.get(worker.metrics_url, timeout=self._control_timeout) as resp:
+                text = await resp.text()
+                status = resp.status
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            worker.down = True
+            worker.error = f"{worker.url} unreachable: {type(exc).__name__}: {exc}"[:200]
+            return
+        worker.down = False
+        worker.error = None
+        if status != 200:
+            worker.metrics_missing = (
+                f"no /metrics at {worker.url} (HTTP {status}): start the server with --enable-metrics"
+            )
+        else:
+            worker.metrics_missing = None
+            try:
+                load = parse_metrics(text)
+            except (ValueError, TypeError) as exc:
+                worker.metrics_missing = f"unreadable /metrics at {worker.url}: {exc}"[:200]
+            else:
+                worker.load = load
+                worker.load_at = time.time()
+        if worker.orphans:
+            orphans = list(worker.orphans)
+            worker.orphans.clear()
+            await asyncio.gather(*(self._abort(worker, rid) for rid in orphans))
+
+    def _steer(self) -> None:
+        """Suggest the in-flight ceiling that keeps the servers' queues and KV pools healthy."""
+        context = self._context
+        scraped: list[tuple[ServerLoad, int]] = []
+        for worker in self.workers:
+            load = worker.load
+            if load is None:
+                continue
+            seen = worker.retracted_seen
+            worker.retracted_seen = load.retracted_total
+            scraped.append((load, 0 if seen is None else max(0, int(load.retracted_total - seen))))
+        if context is None or not scraped:
+            return
+        in_flight = sum(w.meter.in_flight for w in self._every())
+        proposed, reason = next_ceiling(scraped, in_flight, self.ceiling, self.configured, self.health)
+        if proposed == self.ceiling:
+            return
+        self.ceiling = proposed
+        self.ceiling_reason = reason
+        context.suggest_concurrency(proposed, reason)
+
+    # --------------------------------------------------------------------------------- view
+
+    def view(self) -> BackendView:
+        routes: list[RouteView] = [
+            {
+                "name": w.name,
+                "slug": w.name,
+                "allowed": True,
+                "kept_out": "down" if w.down else None,
+                "reason": w.error,
+                "prompt_per_m": None,
+                "completion_per_m": None,
+                "precision": None,
+            }
+            for w in self.workers
+        ]
+        return {
+            "name": self.name,
+            "unit": self.unit,
+            "model": self.model,
+            "supports_exclude": self.supports_exclude,
+            "routes": routes,
+            "excluded": [],
+            "allowed_precisions": None,
+            "account": {
+                "kind": "sglang",
+                "servers": [w.view() for w in self.workers],
+                "gpu_s": round(sum(w.meter.busy_gpu_s() for w in self._every()), 3),
+                "router": self.entry.view() if self.entry is not None else None,
+                "fleet": self.fleet.view() if self.fleet is not None else None,
+                "concurrency_ceiling": self.ceiling,
+                "ceiling_reason": self.ceiling_reason,
+                "watch_error": self.watch_error,
+            },
+        }
+
+
+__all__ = ["SGLangBackend"]

@@ -1,0 +1,647 @@
+"""Typed settings: a TOML file, then `REGEN_` environment variables, then `OPENROUTER_API_KEY`.
+
+Every field carries a docstring; `settings.example.toml` is written from them, so the two never
+drift apart (a test checks it).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticUndefinedType
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from regen.engine.money.deadline import DeadlineError, parse_deadline
+
+DEFAULT_SETTINGS_FILE = Path("settings.toml")
+ENV_PREFIX = "REGEN_"
+KEY_ENV = "OPENROUTER_API_KEY"
+
+Quantization = Literal[
+    "int4", "int8", "fp4", "mxfp4", "nvfp4", "fp6", "fp8", "mxfp8", "fp16", "bf16", "fp32", "unknown"
+]
+RowStatus = Literal["ok", "truncated"]
+
+
+class SettingsError(ValueError):
+    """Settings that cannot be used; `problems` holds one line per problem."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+class _Section(BaseModel):
+    # inf and nan are refused: every number here is a real amount (docs/inputs.md, "Settings").
+    model_config = ConfigDict(
+        extra="forbid", use_attribute_docstrings=True, validate_default=True, allow_inf_nan=False
+    )
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _no_nul(cls, value: Any) -> Any:
+        # A NUL cannot be in a path or a header; refused here, it names the key (docs/inputs.md).
+        items = value if isinstance(value, list) else [value]
+        if any(isinstance(v, str | Path) and "\x00" in str(v) for v in items):
+            raise ValueError("contains a NUL character")
+        return value
+
+
+class ProviderSettings(_Section):
+    """The `provider` routing object sent with every request (docs/openrouter.md §2.2)."""
+
+    ignore: list[str] = Field(default_factory=list)
+    """Provider slugs never to route to (e.g. "deepinfra"); the console adds to this at run time."""
+    only: list[str] | None = None
+    """If set, route only to these provider slugs."""
+    order: list[str] | None = None
+    """If set, try these provider slugs first, in this order (disables load balancing)."""
+    quantizations: list[Quantization] | None = None
+    """If set, route only to endpoints serving one of these precisions (e.g. ["int4", "fp8"])."""
+    sort: Literal["price", "throughput", "latency"] | None = "price"
+    """Strict routing order by price, throughput or latency; empty for OpenRouter's balancing."""
+    allow_fallbacks: bool = True
+    """Let OpenRouter fall back to other allowed providers when the first one fails."""
+    require_parameters: bool = False
+    """Route only to endpoints that honour every sampling parameter sent."""
+    data_collection: Literal["allow", "deny"] | None = None
+    """"deny" keeps only providers that neither store nor train on prompts."""
+    max_price: dict[str, float] | None = None
+    """Price ceiling in USD per MILLION tokens, e.g. {prompt = 1, completion = 4}."""
+
+    @field_validator("ignore", "only", "order")
+    @classmethod
+    def _lower(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else [slug.strip().lower() for slug in value]
+
+
+class OpenRouterSettings(_Section):
+    """How requests reach OpenRouter and what they ask for."""
+
+    base_url: str = "https://openrouter.ai/api/v1"
+    """API root; tests and `regen demo` point this at the simulator."""
+    api_key: SecretStr | None = None
+    """The API key. Prefer the OPENROUTER_API_KEY environment variable to writing it here."""
+    model: str = "moonshotai/kimi-k2.5"
+    """The model slug to generate with."""
+    stream: bool = True
+    """Stream responses (an aborted stream stops billing at providers that support it)."""
+    max_tokens: int = Field(16384, ge=1, le=1 << 20)
+    """Output token cap per response; always sent, and the basis of each request's reservation. Also SGLang's max_new_tokens: the sampling settings are the same for both backends."""
+    temperature: float | None = Field(1.0, ge=0, le=2)
+    """Sampling temperature; empty to leave it to the provider (SGLang too)."""
+    top_p: float | None = Field(0.95, gt=0, le=1)
+    """Nucleus sampling; empty to leave it to the provider (SGLang too)."""
+    reasoning: dict[str, Any] | None = Field(default_factory=lambda: {"enabled": True})
+    """The `reasoning` object; never set exclude = true, training needs the reasoning text."""
+    provider: ProviderSettings = Field(default_factory=ProviderSettings)
+    """Routing preferences."""
+    native_precision: Quantization = "int4"
+    """The model's native precision (Kimi K2.5: int4). With provider.quantizations empty, only this precision and finer are allowed."""
+    precision_guard: bool = True
+    """Send the precision allowlist, check every response's serving provider against it, and quarantine and exclude offenders."""
+    key_poll_interval_s: float = Field(30.0, gt=0, le=3600)
+    """Seconds between reads of the key's credit (/key) during a run."""
+    usage_settle_s: float = Field(10.0, ge=0, le=3600)
+    """At the end of a run that drained, with requests cut before their generation id arrived: their
+    worst case is bounded by what the key's usage (/key) grew by since the run's first start
+    (docs/money.md). Bills reach /key late, by an amount OpenRouter does not document, so the usage
+    must stay unchanged this many seconds first."""
+    usage_settle_max_s: float = Field(60.0, ge=0, le=86400)
+    """The longest the end of a run waits for the key's usage to settle; past it the worst case stays."""
+    connect_timeout_s: float = Field(30.0, gt=0, le=3600)
+    """Seconds to open a connection."""
+    read_timeout_s: float = Field(300.0, gt=0, le=86400)
+    """Seconds without a byte (keep-alive comments count) before an attempt is abandoned. Checked once a second (an eighth of the limit when shorter), so it fires at most that late."""
+    request_timeout_s: float = Field(1800.0, gt=0, le=86400)
+    """Seconds for a whole attempt, from sending the request to its last byte."""
+    app_title: str = "regen"
+    """Sent as X-Title for OpenRouter's app attribution."""
+
+
+class SGLangSettings(_Section):
+    """The SGLang backend (job.backend = "sglang"): the servers regen generates with, and how it launches them on the GPU hosts. Sampling comes from [openrouter] (max_tokens, temperature, top_p) and thinking from tokenizer.thinking, so both backends ask for the same thing (docs/sglang.md §11)."""
+
+    urls: list[str] = Field(default_factory=list)
+    """Servers the backend talks to directly, e.g. ["http://127.0.0.1:30000"]: a local server, an open tunnel or the router. Empty with [[hosts]] set: the run reaches each host's server through an SSH tunnel of its own, behind the SGLang router (smg) when there are several hosts."""
+    port: int = Field(30000, ge=1, le=65535)
+    """Port SGLang listens on, on the host's 127.0.0.1; a host's sglang_port overrides it."""
+    served_model_name: str = "kimi-k2.5"
+    """--served-model-name at launch; the backend refuses a server that serves another name."""
+    tp: int = Field(8, ge=1)
+    """--tp at launch: GPUs per server. Also the GPUs a server counts for GPU time when it does not say (docs/money.md)."""
+    launch_args: list[str] = Field(default_factory=list)
+    """Further launch_server flags, e.g. ["--mem-fraction-static", "0.85"]."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment for the server process on the host."""
+    work_dir: str | None = None
+    """Folder on the host for the server's log and pid file; empty for regen-sglang under the remote user's home."""
+    ready_timeout_s: float = Field(2700.0, gt=0)
+    """Seconds a launch may take to be ready (a ~1T-parameter model takes 10 to 30 minutes)."""
+    stop_grace_s: float = Field(30.0, gt=0)
+    """Seconds between TERM to the server's process group and KILL, on regen sglang stop."""
+    connect_timeout_s: float = Field(10.0, gt=0)
+    """Seconds to open a connection to a server."""
+    read_timeout_s: float = Field(600.0, gt=0)
+    """Seconds without a byte, once the first chunk has come, before an attempt is abandoned (a retracted request waits in the queue again). The wait before the first chunk is bounded by request_timeout_s only: a queued request hears nothing until it runs."""
+    request_timeout_s: float = Field(7200.0, gt=0)
+    """Seconds for a whole attempt, from sending the request to its last byte (thinking outputs run to tens of thousands of tokens)."""
+    metrics_interval_s: float = Field(2.0, gt=0)
+    """Seconds between reads of every server's /metrics (queue, running, KV usage, throughput)."""
+    healthy_queue_min: int = Field(100, ge=0)
+    """Concurrency is raised while fewer requests than this wait in the servers' queues (and KV usage is healthy)."""
+    healthy_queue_max: int = Field(2000, ge=1)
+    """Concurrency is lowered while more requests than this wait in the servers' queues."""
+    healthy_kv_usage_max: float = Field(0.95, gt=0, le=1)
+    """Concurrency is lowered to a short queue while a server's KV token usage is at or above this, or while it retracts requests."""
+
+    @field_validator("urls")
+    @classmethod
+    def _urls(cls, urls: list[str]) -> list[str]:
+        cleaned = []
+        for url in urls:
+            url = url.strip().rstrip("/")
+            scheme, _, rest = url.partition("://")
+            if scheme not in ("http", "https") or not rest or "/" in rest:
+                raise ValueError(f"{url!r} is not a server URL like http://127.0.0.1:30000")
+            cleaned.append(url)
+        return cleaned
+
+    @field_validator("launch_args")
+    @classmethod
+    def _launch_args(cls, args: list[str]) -> list[str]:
+        # regen passes these itself (docs/sglang.md §12); argparse takes a unique prefix as the flag.
+        own = ("--model-path", "--model", "--host", "--port", "--tp-size", "--tensor-parallel-size", "--served-model-name")
+        for word in args:
+            name = word.split("=", 1)[0]
+            if name.startswith("--") and len(name) > 2 and any(flag.startswith(name) for flag in own):
+                raise ValueError(
+                    f"{word!r}: regen sets --model-path, --host, --port, --tp and --served-model-name itself "
+                    "(from [[hosts]] model_path, sglang.port or sglang_port, sglang.tp, sglang.served_model_name)"
+                )
+        return args
+
+    @model_validator(mode="after")
+    def _queue_band(self) -> SGLangSettings:
+        if self.healthy_queue_min >= self.healthy_queue_max:
+            raise ValueError(
+                f"healthy_queue_min ({self.healthy_queue_min}) must be below healthy_queue_max "
+                f"({self.healthy_queue_max})"
+            )
+        return self
+
+
+class JobSettings(_Section):
+    """What to generate, how hard to push, and when to stop."""
+
+    backend: Literal["openrouter", "sglang"] = "openrouter"
+    """Where responses come from: "openrouter" (pay per token) or "sglang" (your GPUs, [sglang])."""
+    backends: list[Literal["openrouter", "sglang"]] | None = None
+    """Several backends in one job, in order of preference, e.g. ["sglang", "openrouter"]: the GPUs are kept full and OpenRouter takes what they cannot, within budget_usd (docs/architecture.md, "Lanes"). When set it wins over `backend`; empty for one backend."""
+    datasets: list[Path] = Field(default_factory=list)
+    """Dataset folders, each holding prompts.jsonl."""
+    dataset_roots: list[Path] = Field(default_factory=list)
+    """Folders whose subfolders holding prompts.jsonl are datasets."""
+    run_dir: Path = Path("regen-run")
+    """Where the job keeps its journals, lock and control socket."""
+    concurrency: int = Field(2000, ge=1, le=20000)
+    """Requests in flight at most."""
+    backend_concurrency: dict[Literal["openrouter", "sglang"], Annotated[int, Field(ge=1, le=20000)]] = Field(
+        default_factory=dict
+    )
+    """In a job with several backends, the in-flight limit of some of them, e.g. { sglang = 256 }; a backend not named here has `concurrency`."""
+    adaptive_concurrency: bool = True
+    """Back off under a 429/503 storm and climb back to `concurrency` once it passes."""
+    min_concurrency: int = Field(8, ge=1)
+    """Adaptive backoff never goes below this."""
+    requests_per_minute: int | None = Field(None, ge=1)
+    """Requests sent per minute at most (retries count); empty for no cap. A `:free` model is held to its platform limit of 20 either way."""
+    max_attempts: int = Field(6, ge=1)
+    """Attempts per prompt in one run before it is given up (a later run tries again)."""
+    backoff_base_s: float = Field(1.0, gt=0, le=3600)
+    """First retry delay bound; doubles each attempt, full jitter."""
+    backoff_max_s: float = Field(60.0, gt=0, le=3600)
+    """Largest retry delay bound."""
+    budget_usd: float = Field(100.0, ge=0)
+    """Hard dollar budget: spent + reserved for requests in flight never exceeds it."""
+    dataset_token_budget: int | None = Field(None, ge=1)
+    """Output tokens per dataset after which its dispatch stops; empty for no limit."""
+    finish_reasons: dict[str, RowStatus] = Field(
+        default_factory=lambda: dict[str, RowStatus](stop="ok", length="truncated")
+    )
+    """Finish reasons that finish a prompt, and the row status each one gives."""
+    skip_invalid: bool = False
+    """Skip (and journal) invalid prompt lines instead of refusing to start."""
+    commit_interval_s: float = Field(0.005, ge=0, le=1)
+    """How long writes gather before one fsync (group commit)."""
+    reconcile_timeout_s: float = Field(60.0, ge=0, le=86400)
+    """How long to look up the cost of requests a crash left unsettled before estimating it."""
+    deadline: str | None = None
+    """When the job should be done: a time of day ("06:30", its next occurrence) or a duration from the job's first start ("12h", "1h30m"); empty for none. With both backends OpenRouter's share is paced to finish by then at the least cost (docs/fleets.md). The resolved instant is journaled: a restart keeps it."""
+
+    @field_validator("deadline")
+    @classmethod
+    def _deadline(cls, text: str | None) -> str | None:
+        if text is None or not text.strip():
+            return None
+        try:
+            parse_deadline(text)
+        except DeadlineError as exc:
+            raise ValueError(exc.detail) from None
+        return text.strip()
+
+    @field_validator("backends")
+    @classmethod
+    def _backends(cls, backends: list[str] | None) -> list[str] | None:
+        if backends is None:
+            return None
+        if not backends:
+            raise ValueError('names no backend: list one or more of "sglang", "openrouter", or leave it out')
+        if len(set(backends)) != len(backends):
+            raise ValueError(f"names a backend twice ({', '.join(backends)}): list each once")
+        return backends
+
+    @property
+    def chosen_backends(self) -> list[str]:
+        """The job's backends in order: `backends` when set, else the one `backend`."""
+        return list(self.backends) if self.backends is not None else [self.backend]
+
+
+class SteeringSettings(_Section):
+    """The deadline controller of a job on both fleets (docs/fleets.md, "Steering")."""
+
+    gpu_tokens_per_s: float | None = Field(None, gt=0)
+    """The GPU fleet's output tokens/s, planned with until the job has measured it; empty: unknown (the plan before the start counts the GPUs as making nothing)."""
+    request_tokens_per_s: float = Field(30.0, gt=0)
+    """One OpenRouter request's output tokens/s (time to the first token included), planned with until measured."""
+    interval_s: float = Field(5.0, gt=0, le=3600)
+    """How often the controller re-plans and sets OpenRouter's in-flight ceiling."""
+    smoothing_s: float = Field(60.0, gt=0, le=86400)
+    """Time constant of the measured rates' moving averages."""
+    margin: float = Field(0.05, ge=0, lt=1)
+    """Share of the time left the target finish sits before the deadline."""
+    deadband: float = Field(0.05, ge=0, le=1)
+    """Relative change a new ceiling must make to be applied (noise is not news)."""
+
+
+class TokenizerSettings(_Section):
+    """The target model's tokenizer, which turns finished rows into the token ids drafters train on."""
+
+    path: Path | None = None
+    """Local folder holding the tokenizer files (pulled from the GPU host or downloaded by hand); empty to leave output_ids empty. Required with job.backend = "sglang", which sends the prompts as token ids."""
+    name: str | None = None
+    """Name recorded in every row (e.g. "moonshotai/Kimi-K2.5"); defaults to the folder name."""
+    trust_remote_code: bool = False
+    """Allow the tokenizer's own Python code to run (Kimi's tokenizer needs it); off unless you trust the files."""
+    thinking: bool = True
+    """The chat template's thinking switch (Kimi's `thinking` keyword), matching how responses were generated. With SGLang it is what the prompts ask for."""
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Further keyword arguments for the chat template."""
+    end_of_turn: str = "<|im_end|>"
+    """The end-of-turn token, by name: appended to output_ids of rows the model finished."""
+    workers: int = Field(2, ge=1, le=64)
+    """Processes that tokenize rows beside the job's loop."""
+
+
+class StatsSettings(_Section):
+    """Per-provider statistics and the status words they give."""
+
+    window_s: float = Field(60.0, gt=0)
+    """Sliding window for per-provider rates and percentiles."""
+    fail_error_share: float = Field(0.5, gt=0, le=1)
+    """A provider is FAIL when this share of its recent attempts failed."""
+    slow_factor: float = Field(2.0, gt=1)
+    """A provider is SLOW when its median latency is this many times the typical provider's."""
+    expected_output_tokens: int = Field(2000, ge=1)
+    """Output tokens per prompt the budget planner assumes until finished rows measure it."""
+
+
+class ConsoleSettings(_Section):
+    """The console: looks, keys and pace (flags on the command line win over these)."""
+
+    theme: str = "regen-dark"
+    """Theme to start with: regen-dark, regen-light, regen-contrast, or a name from theme_dirs."""
+    theme_dirs: list[Path] = Field(default_factory=list)
+    """Extra folders of *.toml theme files."""
+    keymap: dict[str, str] = Field(default_factory=dict)
+    """Binding id to comma-separated keys, e.g. { pause = "P", freeze = "F,ctrl+f" }; ? lists the ids."""
+    mouse: bool = True
+    """Mouse reporting; off is kinder to slow SSH links (--no-mouse)."""
+    fps: int | None = Field(None, ge=1)
+    """Screen updates per second at most (--fps); empty for Textual's default."""
+    export_dir: Path | None = None
+    """Where `e` writes snapshot files; empty for the run folder."""
+    stale_after_s: float = Field(5.0, gt=0)
+    """Data older than this shows its age in the warning colour."""
+    repaint_interval_s: float = Field(0.5, ge=0)
+    """Panes repaint at most this often (the newest snapshot wins)."""
+    log_max_lines: int = Field(2000, ge=10)
+    """Lines the log pane keeps."""
+    concurrency_step: float = Field(0.1, gt=0, le=1)
+    """`+` and `-` change the concurrency by this fraction."""
+    budget_warn_fraction: float = Field(0.8, gt=0, le=1)
+    """Spent plus reserved above this fraction of the budget shows in the warning colour."""
+
+
+class HeadlessSettings(_Section):
+    """The status line of `--headless` runs."""
+
+    status_interval_s: float = Field(5.0, gt=0, le=3600)
+    """Seconds between status lines."""
+
+
+class HostSettings(_Section):
+    """A GPU host reached over SSH (docs/gpu-host.md): where its datasets and model live."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    """A short name for the host (letters, digits, . _ -), used by --host and in the console."""
+    address: str = Field(min_length=1)
+    """Host name or IP address to connect to."""
+    port: int = Field(22, ge=1, le=65535)
+    """SSH port."""
+    user: str | None = None
+    """Login name; empty for the local user's name."""
+    key_files: list[Path] = Field(default_factory=list)
+    """Private key files to offer; empty for the SSH agent and the default keys (~/.ssh/id_ed25519, id_ecdsa, id_rsa)."""
+    known_hosts: Path | None = None
+    """The known_hosts file that host keys are verified against; empty for ~/.ssh/known_hosts. Verification cannot be turned off."""
+    data_root: str = Field(min_length=1)
+    """Folder on the host whose subfolders holding prompts.jsonl are datasets (~ is the login's home)."""
+    model_path: str | None = None
+    """The model folder on the host that SGLang loads, holding config.json and the tokenizer files."""
+    python: str = "python3"
+    """The Python interpreter on the host (3.10 or newer) for regen's scripts: a command or path, split as a shell would (quote a path with spaces)."""
+    sglang_port: int | None = Field(None, ge=1, le=65535)
+    """Port of SGLang on this host; empty for sglang.port."""
+    poll_interval_s: float = Field(10.0, gt=0)
+    """Seconds between the console's polls of GPUs and disk (each poll starts when the last one ended)."""
+    connect_timeout_s: float = Field(15.0, gt=0)
+    """Seconds to open the SSH connection and log in."""
+
+
+class Settings(BaseSettings):
+    """All of regen's settings."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="forbid",
+        use_attribute_docstrings=True,
+        validate_default=True,
+    )
+
+    openrouter: OpenRouterSettings = Field(default_factory=OpenRouterSettings)
+    """The OpenRouter backend."""
+    sglang: SGLangSettings = Field(default_factory=SGLangSettings)
+    """The SGLang backend."""
+    job: JobSettings = Field(default_factory=JobSettings)
+    steering: SteeringSettings = Field(default_factory=SteeringSettings)
+    """The generation job."""
+    stats: StatsSettings = Field(default_factory=StatsSettings)
+    """Statistics and planning."""
+    tokenizer: TokenizerSettings = Field(default_factory=TokenizerSettings)
+    """The target model's tokenizer."""
+    console: ConsoleSettings = Field(default_factory=ConsoleSettings)
+    """The console."""
+    headless: HeadlessSettings = Field(default_factory=HeadlessSettings)
+    """Headless output."""
+    hosts: list[HostSettings] = Field(default_factory=list)
+    """GPU hosts over SSH, one [[hosts]] table each (`regen inspect`, `regen pull`, `regen push`)."""
+    workspace: Path = Path("regen-data")
+    """Local folder `regen pull` fills: datasets/<name>/prompts.jsonl and tokenizer/."""
+
+    @field_validator("hosts")
+    @classmethod
+    def _unique_host_names(cls, hosts: list[HostSettings]) -> list[HostSettings]:
+        names = [h.name for h in hosts]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(
+                f"host name {', '.join(map(repr, twice))} is used by more than one [[hosts]] table"
+            )
+        return hosts
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The file's values arrive as init kwargs; the environment must win over them.
+        return (env_settings, init_settings)
+
+
+def _key_path(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(part) for part in loc)
+
+
+def _env_name(key: str) -> str:
+    return ENV_PREFIX + key.replace(".", "__").upper()
+
+
+def load_settings(path: Path | None = None) -> Settings:
+    """Load settings from `path` (or ./settings.toml when present, else defaults) and the environment.
+
+    Raises SettingsError with one line per problem, each naming the key and where it came from.
+    """
+    env = os.environ
+    source = path
+    if source is None and DEFAULT_SETTINGS_FILE.is_file():
+        source = DEFAULT_SETTINGS_FILE
+    data: dict[str, Any] = {}
+    if source is not None:
+        try:
+            with open(source, "rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError:
+            raise SettingsError([f"{source}: settings file not found"]) from None
+        except IsADirectoryError:
+            raise SettingsError([f"{source}: is a folder, not a settings file"]) from None
+        except tomllib.TOMLDecodeError as exc:
+            raise SettingsError([f"{source}: not valid TOML: {exc}"]) from None
+        except UnicodeDecodeError as exc:
+            raise SettingsError([f"{source}: not valid UTF-8 (byte {exc.start})"]) from None
+        except RecursionError:
+            raise SettingsError([f"{source}: not valid TOML: nested too deep"]) from None
+        except OSError as exc:
+            raise SettingsError([f"{source}: cannot read: {exc.strerror}"]) from None
+    where = str(source) if source is not None else "built-in defaults"
+    try:
+        settings = Settings(**data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors(include_input=False, include_url=False):
+            key = _key_path(err["loc"])
+            origin = f"environment {_env_name(key)}" if _env_name(key) in env else where
+            # A validator's own message, without pydantic's "Value error, " in front of it.
+            message = err["msg"].removeprefix("Value error, ") if err["type"] == "value_error" else err["msg"]
+            problems.append(f"{origin}: {key}: {message}")
+        raise SettingsError(problems) from None
+    problems = backend_problems(settings)
+    if problems:
+        raise SettingsError([f"{where}: {problem}" for problem in problems])
+    if settings.openrouter.api_key is None and env.get(KEY_ENV):
+        settings.openrouter.api_key = SecretStr(env[KEY_ENV])
+    base = source.parent if source is not None else Path.cwd()
+    settings.job.datasets = [_resolve(base, p) for p in settings.job.datasets]
+    settings.job.dataset_roots = [_resolve(base, p) for p in settings.job.dataset_roots]
+    settings.job.run_dir = _resolve(base, settings.job.run_dir)
+    if settings.tokenizer.path is not None:
+        settings.tokenizer.path = _resolve(base, settings.tokenizer.path)
+    settings.console.theme_dirs = [_resolve(base, p) for p in settings.console.theme_dirs]
+    if settings.console.export_dir is not None:
+        settings.console.export_dir = _resolve(base, settings.console.export_dir)
+    settings.workspace = _resolve(base, settings.workspace)
+    for host in settings.hosts:
+        host.key_files = [_resolve(base, p) for p in host.key_files]
+        if host.known_hosts is not None:
+            host.known_hosts = _resolve(base, host.known_hosts)
+    # Imported here: the workspace module reads these settings' types.
+    from regen.engine.config.workspace import use_workspace
+
+    use_workspace(settings)
+    return settings
+
+
+def backend_problems(settings: Settings) -> list[str]:
+    """What the chosen backend needs from other sections, one line per problem (key first)."""
+    if "sglang" not in settings.job.chosen_backends:
+        return []
+    chosen = 'job.backend is "sglang"' if settings.job.backends is None else 'job.backends includes "sglang"'
+    problems = []
+    if not settings.sglang.urls and not settings.hosts:
+        # With [[hosts]] and no urls, the run reaches each host's server through a tunnel of its own.
+        problems.append(
+            f"sglang.urls: empty and no [[hosts]], but {chosen}: set urls to the server's URL, "
+            'e.g. urls = ["http://127.0.0.1:30000"], or add the GPU hosts as [[hosts]] tables'
+        )
+    if settings.tokenizer.path is None:
+        problems.append(
+            f"tokenizer.path: empty, but {chosen}: the prompts' token ids are rendered "
+            "locally, so set it to the model's tokenizer folder"
+        )
+    return problems
+
+
+def _resolve(base: Path, path: Path) -> Path:
+    """Relative paths in a settings file are relative to that file, not to the working folder."""
+    path = path.expanduser()
+    return path if path.is_absolute() else (base / path)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, SecretStr):
+        return '""'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, Path | str):
+        return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        if not value:
+            return "{}"
+        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    raise TypeError(f"no TOML form for {type(value).__name__}")
+
+
+def example_toml() -> str:
+    """settings.example.toml: every setting, its docstring as a comment, its default value."""
+    lines = [
+        "# regen settings: every setting with its default. Copy to settings.toml and edit.",
+        "# Environment variables override the file: REGEN_<SECTION>__<KEY>, e.g. REGEN_JOB__CONCURRENCY=500.",
+        "# The API key is best given as OPENROUTER_API_KEY, never committed.",
+        "# Relative paths are relative to the settings file.",
+    ]
+
+    def section(title: str, model: type[BaseModel], defaults: BaseModel) -> None:
+        lines.append("")
+        lines.append(f"[{title}]")
+        doc = (model.__doc__ or "").strip()
+        if doc:
+            lines.append(f"# {doc}")
+        nested = []
+        for name, info in model.model_fields.items():
+            value = getattr(defaults, name)
+            if isinstance(value, BaseModel):
+                nested.append((f"{title}.{name}", type(value), value))
+                continue
+            lines.append("")
+            for doc_line in (info.description or "").splitlines():
+                lines.append(f"# {doc_line}".rstrip())
+            if value is None:
+                lines.append(f"# {name} =")
+            else:
+                lines.append(f"{name} = {_toml_value(value)}")
+        for sub in nested:
+            section(*sub)
+
+    def example_table(title: str, model: type[BaseModel]) -> None:
+        # A list of tables is empty by default, so its keys are shown as a commented example.
+        lines.append("")
+        doc = (model.__doc__ or "").strip()
+        if doc:
+            lines.append(f"# {doc}")
+        lines.append("# One table per host: copy the block and remove the first '# ' of each line.")
+        lines.append(f"# [[{title}]]")
+        for name, info in model.model_fields.items():
+            lines.append("#")
+            for doc_line in (info.description or "").splitlines():
+                lines.append(f"# # {doc_line}".rstrip())
+            examples = _TABLE_EXAMPLES.get(title, {})
+            example = examples[name] if name in examples else info.get_default(call_default_factory=True)
+            if example is None or isinstance(example, PydanticUndefinedType):
+                lines.append(f"# {name} =")
+            else:
+                lines.append(f"# {name} = {_toml_value(example)}")
+
+    defaults = Settings.model_construct()
+    tables = []
+    # Top-level keys must come before the first [section] in TOML.
+    for name, info in Settings.model_fields.items():
+        value = getattr(defaults, name)
+        if isinstance(value, BaseModel | list):
+            continue
+        lines.append("")
+        for doc_line in (info.description or "").splitlines():
+            lines.append(f"# {doc_line}".rstrip())
+        lines.append(f"{name} = {_toml_value(value)}")
+    for name in Settings.model_fields:
+        value = getattr(defaults, name)
+        if isinstance(value, BaseModel):
+            section(name, type(value), value)
+        elif isinstance(value, list):
+            tables.append(name)
+    for name in tables:
+        example_table(name, _LIST_TABLES[name])
+    return "\n".join(lines) + "\n"
+
+
+# The model of each list-of-tables setting, and example values for its commented example.
+_LIST_TABLES: dict[str, type[BaseModel]] = {"hosts": HostSettings}
+_TABLE_EXAMPLES: dict[str, dict[str, Any]] = {
+    "hosts": {
+        "name": "gpu1",
+        "address": "gpu1.example.org",
+        "user": "ubuntu",
+        "data_root": "~/prepared",
+        "model_path": "/models/Kimi-K2.5",
+    }
+}

@@ -1,0 +1,330 @@
+"""`--headless`: the job in the foreground, a status line every few seconds, a summary at the end.
+
+SIGINT and SIGTERM drain gracefully (a second one cancels what is in flight; those prompts are
+re-sent by the next run) and the process exits 130 or 143.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TextIO
+
+from regen.engine.control.server import SOCKET_NAME, ControlServer
+from regen.engine.job.job import Job, Outcome, StopReason
+
+
+def _clock(seconds: float | None) -> str:
+    if seconds is None:
+        return "--:--:--"
+    seconds = int(seconds)
+    return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def _count(n: float) -> str:
+    if n >= 1e6:
+        return f"{n / 1e6:.2f}M"
+    if n >= 1e4:
+        return f"{n / 1e3:.1f}k"
+    return f"{n:.0f}" if n >= 100 or n == int(n) else f"{n:.1f}"
+
+
+def _amount(value: float, unit: str, places: int = 2) -> str:
+    """An amount in the ledger's unit: dollars, or GPU-hours for a GPU-time ledger."""
+    if unit == "usd":
+        return f"${value:.{places}f}"
+    if unit == "gpu_s":
+        return f"{value / 3600:.{places}f} GPU-h"
+    return f"{value:.{places}f} {unit}"
+
+
+def money_line(money: Mapping[str, Any]) -> str:
+    """Spent, split into what was billed and what is still an estimate, and why."""
+    unit = money["unit"]
+    line = f"spent {_amount(money['spent'], unit, 4)}"
+    if money["budget"] is not None:
+        line += f" of {_amount(money['budget'], unit)}"
+    parts = []
+    pending, unknowable = money["pending"], money["unknowable"]
+    if pending["requests"]:
+        parts.append(
+            f"{_amount(pending['amount'], unit, 4)} estimated for {pending['requests']} requests "
+            "until their bill is looked up"
+        )
+    if unknowable["requests"] and money.get("unknowable_bound") == "key_usage":
+        waited = money.get("unknowable_bound_wait_s")
+        parts.append(
+            f"{_amount(unknowable['amount'], unit, 4)} for {unknowable['requests']} requests cut before their "
+            "generation id arrived, bounded by what the key's usage grew by"
+            + (f" (read once it had settled, after {waited:.1f} s)" if isinstance(waited, int | float) else "")
+        )
+    elif unknowable["requests"]:
+        parts.append(
+            f"{_amount(unknowable['amount'], unit, 4)} is the worst case of {unknowable['requests']} requests "
+            "cut before their generation id arrived (no bill can ever name them, so it stays counted)"
+        )
+    if parts:
+        line += f": {_amount(money['confirmed'], unit, 4)} confirmed, " + "; ".join(parts)
+    return line
+
+
+def status_line(snap: Mapping[str, Any]) -> str:
+    """One line: state, per-dataset progress, rates, in flight, money, errors by class, ETA."""
+    datasets = " ".join(f"{d['name']} {d['done']}/{d['total']}" for d in snap["datasets"])
+    rates = snap["rates"]
+    money = snap["money"]
+    conc = snap["concurrency"]
+    limit = (
+        f"{conc['effective']}"
+        if conc["effective"] == conc["configured"]
+        else f"{conc['effective']}<{conc['configured']}"
+    )
+    errors = " ".join(f"{k}:{v}" for k, v in sorted(snap["errors"].items())) or "none"
+    unit = money["unit"]
+    estimated = f" (~{_amount(money['estimated'], unit)} est)" if money["estimated"] > 0.005 else ""
+    budget = "" if money["budget"] is None else f" / {_amount(money['budget'], unit)}"
+    state = snap["state"]
+    if snap.get("outage_s") is not None:
+        state += f" (HELD: {snap.get('held_reason')} for {_clock(snap['outage_s'])})"
+    elif snap.get("held_s") is not None:
+        state += f" (held {_clock(snap['held_s'])}: {snap.get('held_reason')})"
+    line = (
+        f"[{_clock(snap['elapsed_s'])}] {state} | {datasets} | "
+        f"{_count(rates['output_tokens_per_s'])} tok/s {rates['attempts_per_s']:.1f} req/s | "
+        f"in flight {snap['in_flight']}/{limit} | "
+        f"{_amount(money['spent'], unit)} spent{estimated} + {_amount(money['reserved'], unit)} reserved{budget} | "
+        f"errors {errors} | ETA {_clock(snap['eta_s'])}"
+    )
+    lanes = snap.get("lanes") or []
+    if len(lanes) > 1:
+        line += " | split " + " · ".join(lane_part(lane) for lane in lanes)
+    fleet = snap.get("fleet")
+    if fleet is not None and fleet["deadline_ts"] is not None:
+        line += " | " + deadline_part(fleet)
+    return line
+
+
+def _at(ts: float) -> str:
+    """A wall-clock instant in local time; the day too when it is not today."""
+    when = dt.datetime.fromtimestamp(ts).astimezone()
+    return f"{when:%H:%M:%S}" if when.date() == dt.date.today() else f"{when:%a %H:%M:%S}"
+
+
+def deadline_part(fleet: Mapping[str, Any]) -> str:
+    """The deadline, the ETA at the pace measured now against it, and whether the plan fits."""
+    left = fleet["time_left_s"]
+    part = f"deadline {_at(fleet['deadline_ts'])}"
+    if left is not None and left < 0:
+        return part + f" passed {_clock(-left)} ago"
+    part += f" in {_clock(left)}"
+    eta = fleet["eta_s"]
+    if eta is not None and left is not None:
+        part += f", ETA {_clock(eta)} ({'on time' if eta <= left else f'{_clock(eta - left)} late'})"
+    return part + ("" if fleet["fits"] else ", CANNOT BE MET")
+
+
+def plan_line(fleet: Mapping[str, Any]) -> str:
+    """The plan over the fleets, said before the start and when it stops (or starts again) fitting."""
+    if fleet["deadline_ts"] is None:
+        return f"plan: {fleet['plan']['reason']}"
+    left = fleet["time_left_s"]
+    return f"deadline {_at(fleet['deadline_ts'])} (in {_clock(max(0.0, left or 0.0))}): {fleet['reason']}"
+
+
+# Events the status lines do not show and an operator reading the log should see when they happen.
+_SAID = {
+    "deadline_unreachable": lambda e: f"deadline: cannot be met now: {e.get('detail') or e.get('reason')}",
+    "deadline_reachable": lambda e: f"deadline: within reach again: {e.get('reason')}",
+    "deadline": lambda e: "deadline cleared" if e.get("at") is None else f"deadline set to {_at(e['at'])} ({e.get('source')})",
+    "lane_closed": lambda e: f"{e.get('backend')}: closed: {e.get('reason')}",
+}
+
+
+def event_lines(events: list[dict[str, Any]]) -> list[str]:
+    return [_SAID[e["event"]](e) for e in events if e.get("event") in _SAID]
+
+
+def _lane_limit(lane: Mapping[str, Any]) -> str:
+    conc = lane["concurrency"]
+    limit = conc["effective"]
+    if lane.get("ceiling") is not None:
+        limit = min(limit, lane["ceiling"])
+    return f"{limit}" if limit == conc["configured"] else f"{limit}<{conc['configured']}"
+
+
+def lane_part(lane: Mapping[str, Any]) -> str:
+    """One backend's share for the status line: rows, tokens, money in its unit, in flight."""
+    money = lane["money"]
+    state = "" if lane["state"] == "running" else f" {lane['state'].upper()}"
+    return (
+        f"{lane['name']}{state} {lane['rows']} rows ({lane['rows_share'] * 100:.0f}%) "
+        f"{_count(lane['output_tokens'])} tok {_amount(money['spent'], money['unit'], 4)} "
+        f"in flight {lane['in_flight']}/{_lane_limit(lane)}"
+    )
+
+
+def lane_line(lane: Mapping[str, Any]) -> str:
+    """One backend's share for the summary."""
+    money = lane["money"]
+    unit = money["unit"]
+    spent = _amount(money["spent"], unit, 4)
+    if money["budget"] is not None:
+        spent += f" of {_amount(money['budget'], unit)}"
+    errors = sum(lane["errors"].values())
+    closed = f"; closed: {lane['reason']}" if lane["state"] == "closed" else ""
+    return (
+        f"  {lane['name']}: {lane['rows']} rows ({lane['rows_share'] * 100:.1f}%), "
+        f"{lane['output_tokens']} output tokens, {spent}, {lane['attempts']} attempts, errors {errors}{closed}"
+    )
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}s"
+
+
+def _millis(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.1f}ms"
+
+
+def provider_line(p: Mapping[str, Any], unit: str) -> str:
+    errors = sum(p["errors"].values())
+    per_m = "-" if p["cost_per_m_output"] is None else f"{_amount(p['cost_per_m_output'], unit)}/M"
+    return (
+        f"  {p['status']:<4} {p['name']}: {p['requests']} requests ({p['share'] * 100:.0f}%), {p['ok']} rows, "
+        f"latency p50 {_seconds(p['latency_p50_s'])} p95 {_seconds(p['latency_p95_s'])}, "
+        f"TTFT p50 {_seconds(p['ttft_p50_s'])}, TPOT {_millis(p['tpot_s'])}, "
+        f"{_count(p['output_tokens_per_s'])} tok/s, {_amount(p['spent'], unit, 4)} ({per_m}), "
+        f"errors {errors} (429s {p['throttled']})"
+    )
+
+
+def summary_lines(snap: Mapping[str, Any], outcome: Outcome) -> list[str]:
+    lines = ["", "summary:"]
+    for d in snap["datasets"]:
+        lines.append(
+            f"  {d['name']}: {d['done']}/{d['total']} rows ({d['ok']} ok, {d['truncated']} truncated, "
+            f"{d['failed']} failed, {d['invalid']} invalid skipped), {d['output_tokens']} output tokens, {d['state']}"
+        )
+    money = snap["money"]
+    unit = money["unit"]
+    lanes = snap.get("lanes") or []
+    if len(lanes) > 1:
+        lines.append("backends:")
+        lines.extend(lane_line(lane) for lane in lanes)
+        for lane in lanes:
+            lines.append(f"providers ({lane['name']}):")
+            lane_unit = lane["money"]["unit"]
+            lines.extend(provider_line(p, lane_unit) for p in lane["providers"] if p["requests"] or p["allowed"])
+    else:
+        lines.append("providers:")
+        # Routes that never served and are kept out are listed by the console, not here.
+        lines.extend(provider_line(p, unit) for p in snap["providers"] if p["requests"] or p["allowed"])
+    lines.append(f"money: {money_line(money)}")
+    per_m = money["useful_per_m"]
+    lines.append(
+        f"  useful {_amount(money['useful'], unit, 4)} for {money['useful_output_tokens']} output tokens"
+        + (f" ({_amount(per_m, unit)}/M)" if per_m is not None else "")
+    )
+    waste = ", ".join(
+        f"{cause} {_amount(w['amount'], unit, 4)}"
+        for cause, w in money["waste"].items()
+        if w["amount"] or w["tokens"]
+    )
+    lines.append(f"  waste {_amount(money['waste_total'], unit, 4)}" + (f": {waste}" if waste else ""))
+    fleet = snap.get("fleet")
+    if fleet is not None and fleet["deadline_ts"] is not None:
+        early = fleet["deadline_ts"] - time.time()
+        verdict = f"{_clock(early)} before it" if early >= 0 else f"missed by {_clock(-early)}"
+        lines.append(f"deadline {_at(fleet['deadline_ts'])}: ended {verdict}")
+    if snap.get("quarantined"):
+        lines.append(f"  quarantined responses: {snap['quarantined']} (see quarantine.jsonl)")
+    lines.append(f"{'done' if outcome.reason is StopReason.DONE else 'stopped'}: {outcome.message}")
+    return lines
+
+
+async def run_headless(
+    job: Job,
+    *,
+    out: TextIO = sys.stdout,
+    interval_s: float | None = None,
+    on_ready: Callable[[Job], None] | None = None,
+) -> Outcome:
+    """Run a prepared job to its end, printing status lines; installs SIGINT/SIGTERM handlers."""
+    interval = job.settings.headless.status_interval_s if interval_s is None else interval_s
+    loop = asyncio.get_running_loop()
+    signals_seen: list[int] = []
+
+    def on_signal(signum: int) -> None:
+        signals_seen.append(signum)
+        reason = StopReason.SIGINT if signum == signal.SIGINT else StopReason.SIGTERM
+        name = signal.Signals(signum).name
+        if len(signals_seen) == 1:
+            print(
+                f"{name}: draining {job.snapshot()['in_flight']} requests in flight (again to cancel them)",
+                file=out,
+                flush=True,
+            )
+            job.stop(reason=reason, message=f"interrupted by {name}; in-flight requests drained")
+        else:
+            print(
+                f"{name}: cancelling requests in flight; they are re-sent on the next run",
+                file=out,
+                flush=True,
+            )
+            job.stop(cancel=True, reason=reason)
+
+    installed = []
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(signum, on_signal, signum)
+            installed.append(signum)
+        except (NotImplementedError, RuntimeError):
+            pass
+    server = ControlServer(
+        job.run_dir / SOCKET_NAME,
+        snapshot=job.snapshot,
+        events_since=job.events_since,
+        job_info=job.info(),
+        handle=job.handle_command,
+    )
+    control: ControlServer | None = server
+    try:
+        await server.start()
+    except OSError as exc:
+        print(
+            f"regen: warning: no control socket at {server.path} ({exc}); consoles cannot attach",
+            file=out,
+            flush=True,
+        )
+        control = None
+    if on_ready is not None:
+        on_ready(job)
+    first = job.snapshot()
+    if "fleet" in first:
+        print(plan_line(first["fleet"]), file=out, flush=True)
+    # The events of prepare() (the plan before the start among them) are said above, not again.
+    cursor, _ = job.events_since(0)
+    runner = asyncio.ensure_future(job.run())
+    try:
+        while not runner.done():
+            done, _ = await asyncio.wait({runner}, timeout=interval)
+            cursor, news = job.events_since(cursor)
+            for said in event_lines(news):
+                print(said, file=out, flush=True)
+            if not done:
+                print(status_line(job.snapshot()), file=out, flush=True)
+        outcome = runner.result()
+    finally:
+        for signum in installed:
+            loop.remove_signal_handler(signum)
+        if control is not None:
+            await control.push_now()
+            await control.close()
+    print(status_line(job.snapshot()), file=out, flush=True)
+    for line in summary_lines(job.snapshot(), outcome):
+        print(line, file=out, flush=True)
+    return outcome

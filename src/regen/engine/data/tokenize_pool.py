@@ -1,0 +1,374 @@
+"""Token ids for finished rows, computed in worker processes beside the job's asyncio loop.
+
+Rendering a chat template and encoding thousands of tokens takes milliseconds of CPU per row; done
+on the job's loop it would stall every stream in flight. ``TokenizePool`` hands rows to a
+``ProcessPoolExecutor`` whose workers each load the tokenizer once. Rows that arrive close together
+(within ``max_delay_s``, up to ``max_batch``) travel as one call, so the per-call cost of pickling
+and process hand-off is paid once per batch, and a fast tokenizer encodes the whole batch in one
+native call. While every worker is busy, rows gather into bigger batches instead of queueing one
+call each, so the pool's throughput rises with the load.
+
+Use::
+
+    pool = TokenizePool(TokenizerSpec.from_settings(settings.tokenizer), workers=settings.tokenizer.workers)
+    await pool.start()             # loads the tokenizer in every worker; TokenizerError if it cannot
+    row = await pool.fill(row, prompt.messages)
+    await pool.close()
+
+Workers are started with ``spawn`` (the job has threads that ``fork`` would copy mid-flight), so,
+as with any spawn pool, a script that starts one must keep its top level behind
+``if __name__ == "__main__":``; the ``regen`` entry point does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+from array import array
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from regen.engine.data.tokenizer import TargetTokenizer, TokenizeError, TokenizerError, TokenizerSpec
+from regen.engine.lifetime import die_with_parent
+
+__all__ = ["TokenizePool", "fill_batch"]
+
+# Token ids fit in 32 bits; an array of them pickles as one memcpy instead of an object per id.
+_ID_TYPE = "I"
+
+# ---------------------------------------------------------------------------------------------
+# Worker side (module level so the spawned processes can import it)
+
+_worker: TargetTokenizer | None = None
+_worker_error: str | None = None
+
+
+def _init_worker(spec: TokenizerSpec, threads: int | None, parent: int) -> None:
+    global _worker, _worker_error
+    # A worker ends with the job, even one killed by SIGKILL (engine/lifetime.py).
+    die_with_parent(parent)
+    if threads is not None:
+        # Every worker is already one of several processes; letting each one's native encoder
+        # also spread over all cores only makes them fight for the same CPUs.
+        os.environ["RAYON_NUM_THREADS"] = str(threads)
+        os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads > 1 else "false"
+    try:
+        _worker = TargetTokenizer(spec)
+    except TokenizerError as exc:
+        # Raising here would break the whole pool with an anonymous error; keep the message for
+        # the first call to report instead.
+        _worker_error = str(exc)
+    except Exception as exc:
+        _worker_error = f"{spec.path}: cannot load the tokenizer: {type(exc).__name__}: {exc}"
+
+
+def _hello() -> tuple[int, str | None, dict[str, Any] | None]:
+    if _worker is None:
+        return os.getpid(), _worker_error or "tokenizer not loaded", None
+    return os.getpid(), None, _worker.info()
+
+
+def _ids(values: Sequence[int]) -> bytes:
+    return array(_ID_TYPE, values).tobytes()
+
+
+def _unids(data: bytes) -> list[int]:
+    a = array(_ID_TYPE)
+    a.frombytes(data)
+    return a.tolist()
+
+
+# A row's work is ("openrouter", messages, reasoning, content, finish_reason)
+#        or ("sglang", messages, output_ids bytes, finish_reason, None).
+# A result is ("ok", prompt_ids bytes, output_ids bytes, terminator_appended, reasoning, content)
+#           or ("error", message, None, None, None, None).
+RowWork = tuple[str, Any, Any, Any, Any]
+Result = tuple[str, Any, Any, Any, Any, Any]
+
+
+def fill_batch(tok: TargetTokenizer, jobs: Sequence[RowWork]) -> list[Result]:
+    """Token ids for a batch of rows, one native encode call for all their texts."""
+    results: list[Result | None] = [None] * len(jobs)
+    texts: list[str] = []
+    # (job index, prompt text index, output text index or -1, output ids, appended, reasoning, content)
+    plan: list[tuple[int, int, int, list[int] | None, bool, str | None, str | None]] = []
+    sglang_bodies: list[tuple[int, list[int], bool]] = []
+    for i, job in enumerate(jobs):
+        kind, messages = job[0], job[1]
+        try:
+            prompt_text = tok.render(messages)
+            if kind == "sglang":
+                server_ids = _unids(job[2])
+                appended = tok.terminate(server_ids, job[3])
+                body = server_ids[:-1] if job[3] == "stop" else server_ids
+                sglang_bodies.append((len(plan), body, appended))
+                texts.append(prompt_text)
+                plan.append((i, len(texts) - 1, -1, server_ids, appended, None, None))
+            else:
+                text_out, append = tok.openrouter_text(job[2], job[3], job[4])
+                texts.append(prompt_text)
+                texts.append(text_out)
+                plan.append((i, len(texts) - 2, len(texts) - 1, None, append, None, None))
+        except Exception as exc:
+            results[i] = ("error", f"{type(exc).__name__}: {exc}", None, None, None, None)
+
+    if sglang_bodies:
+        decoded = tok.decode_batch([body for _, body, _ in sglang_bodies])
+        for (p, _, _), text in zip(sglang_bodies, decoded, strict=True):
+            split_reasoning, split_content = tok.split_text(text)
+            i, pt, ot, kept, appended, _, _ = plan[p]
+            plan[p] = (i, pt, ot, kept, appended, split_reasoning, split_content)
+
+    encoded: list[list[int] | Exception]
+    try:
+        encoded = list(tok.encode_batch(texts))
+    except Exception:
+        # One bad text must not fail its neighbours: fall back to encoding each on its own.
+        encoded = []
+        for text in texts:
+            try:
+                encoded.append(tok.encode(text))
+            except Exception as exc:
+                encoded.append(exc)
+
+    eot = tok.end_of_turn_id
+    for i, pt, ot, ids, appended, reasoning, content in plan:
+        prompt_ids = encoded[pt]
+        out = ids if ot < 0 else encoded[ot]
+        if isinstance(prompt_ids, Exception) or isinstance(out, Exception):
+            bad = prompt_ids if isinstance(prompt_ids, Exception) else out
+            results[i] = ("error", f"{type(bad).__name__}: {bad}", None, None, None, None)
+            continue
+        assert out is not None
+        if ot >= 0 and appended:
+            out = [*out, eot]
+        results[i] = ("ok", _ids(prompt_ids), _ids(out), appended, reasoning, content)
+    return [r if r is not None else ("error", "not tokenized", None, None, None, None) for r in results]
+
+
+def _fill(jobs: list[RowWork]) -> list[Result]:
+    if _worker is None:
+        raise TokenizerError(_worker_error or "tokenizer not loaded")
+    return fill_batch(_worker, jobs)
+
+
+# ---------------------------------------------------------------------------------------------
+# The job's side
+
+
+class TokenizePool:
+    """Fills rows' token ids in ``workers`` processes without blocking the event loop."""
+
+    def __init__(
+        self,
+        spec: TokenizerSpec,
+        workers: int = 2,
+        *,
+        max_batch: int = 64,
+        max_delay_s: float = 0.005,
+        threads_per_worker: int | None = 1,
+    ) -> None:
+        if workers < 1:
+            raise ValueError("workers must be at least 1")
+        self.spec = spec
+        self.workers = workers
+        self.max_batch = max_batch
+        self.max_delay_s = max_delay_s
+        self.threads_per_worker = threads_per_worker
+        # Two batches per worker keep each one busy while the next is pickled and sent.
+        self._max_in_flight = 2 * workers
+        self._executor: ProcessPoolExecutor | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pending: list[tuple[RowWork, asyncio.Future[Result]]] = []
+        self._in_flight: set[asyncio.Future[list[Result]]] = set()
+        self._rows_in_flight = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._closed = False
+        self._info: dict[str, Any] | None = None
+        self.rows_filled = 0
+        self.batches = 0
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """The ``tokenizer`` block every filled row gets (after ``start``)."""
+        if self._info is None:
+            raise TokenizeError("tokenize pool not started")
+        return self._info
+
+    @property
+    def thinking(self) -> bool:
+        """The template's thinking switch the rows are rendered with."""
+        return bool(self.info["template_kwargs"].get("thinking", False))
+
+    @property
+    def pending(self) -> int:
+        """Rows waiting for a worker or being tokenized; for the job's snapshot."""
+        return len(self._pending) + self._rows_in_flight
+
+    async def start(self) -> None:
+        """Start the workers and load the tokenizer in each; raises ``TokenizerError`` if it fails."""
+        if self._executor is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        # spawn, not fork: the job process has threads (writers, executors) that fork would copy
+        # in whatever state they are in.
+        self._executor = ProcessPoolExecutor(
+            max_workers=self.workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_init_worker,
+            initargs=(self.spec, self.threads_per_worker, os.getpid()),
+        )
+        try:
+            # One greeting per worker: the executor starts a process for each call it cannot give
+            # to an idle one, so these start all of them and surface a load failure now.
+            hellos = await asyncio.gather(
+                *(self._loop.run_in_executor(self._executor, _hello) for _ in range(self.workers))
+            )
+        except BrokenProcessPool as exc:
+            await self._shutdown()
+            raise TokenizerError(f"{self.spec.path}: tokenizer worker died while loading: {exc}") from None
+        errors = [err for _, err, _ in hellos if err]
+        if errors:
+            await self._shutdown()
+            raise TokenizerError(errors[0])
+        self._info = hellos[0][2]
+
+    async def fill(self, row: dict[str, Any], messages: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """Set the row's ids, counts, ``output_ids_source``, ``terminator_appended`` and tokenizer block.
+
+        OpenRouter rows are retokenized from ``reasoning``/``content`` (docs/data-contract.md §5.3); SGLang
+        rows keep the server's ``output_ids`` (terminated per §5.2) and get ``reasoning`` and
+        ``content`` from them. The prompt is rendered from ``messages``. A row the SGLang backend
+        made already holds all of that (the ids it sent and got, the server's text) and only gets
+        its tokenizer block. Returns ``row``.
+        """
+        if self._closed or self._executor is None or self._loop is None:
+            raise TokenizeError("tokenize pool is not running")
+        backend = row.get("backend")
+        finish = row.get("finish_reason")
+        request = row.get("request")
+        asked = request.get("thinking") if isinstance(request, dict) else None
+        if isinstance(asked, bool) and asked != self.thinking:
+            # The prompt would be rendered for one mode while the model answered in the other.
+            raise TokenizeError(
+                f"{row.get('id', '?')}: the request had thinking={asked} but the tokenizer's template "
+                f"renders thinking={self.thinking}; make tokenizer.thinking match the backend"
+            )
+        if backend == "sglang" and row.get("output_ids_source") == "server" and row.get("prompt_ids"):
+            # The backend sent these prompt ids, kept the server's output ids (terminated per
+            # docs/data-contract.md §5.2) and split the server's text: nothing is re-rendered or
+            # re-encoded, so there is nothing for a worker to do.
+            row["num_prompt_tokens"] = len(row["prompt_ids"])
+            row["num_output_tokens"] = len(row.get("output_ids") or [])
+            row["tokenizer"] = dict(self.info)
+            self.rows_filled += 1
+            return row
+        msgs = [dict(m) for m in messages]
+        job: RowWork
+        if backend == "sglang":
+            job = ("sglang", msgs, _ids(row.get("output_ids") or []), finish, None)
+        else:
+            job = ("openrouter", msgs, row.get("reasoning") or "", row.get("content") or "", finish)
+        fut: asyncio.Future[Result] = self._loop.create_future()
+        self._pending.append((job, fut))
+        if len(self._pending) >= self.max_batch:
+            self._flush()
+        elif self._timer is None:
+            self._timer = self._loop.call_later(self.max_delay_s, self._on_timer)
+        status, a, b, appended, reasoning, content = await fut
+        if status != "ok":
+            raise TokenizeError(f"{row.get('id', '?')}: cannot tokenize: {a}")
+        prompt_ids = _unids(a)
+        output_ids = _unids(b)
+        row["prompt_ids"] = prompt_ids
+        row["output_ids"] = output_ids
+        row["output_ids_source"] = "server" if backend == "sglang" else "retokenized"
+        row["terminator_appended"] = bool(appended)
+        row["num_prompt_tokens"] = len(prompt_ids)
+        row["num_output_tokens"] = len(output_ids)
+        if backend == "sglang":
+            row["reasoning"] = reasoning
+            row["content"] = content
+        row["tokenizer"] = dict(self.info)
+        self.rows_filled += 1
+        return row
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._flush()
+
+    def _flush(self, force: bool = False) -> None:
+        assert self._executor is not None and self._loop is not None
+        while self._pending and (force or len(self._in_flight) < self._max_in_flight):
+            batch = self._pending[: self.max_batch]
+            del self._pending[: self.max_batch]
+            jobs = [job for job, _ in batch]
+            try:
+                cf = self._executor.submit(_fill, jobs)
+            except (BrokenProcessPool, RuntimeError) as exc:
+                self._fail(batch, TokenizeError(f"tokenizer workers unavailable: {exc}"))
+                continue
+            afut = asyncio.wrap_future(cf, loop=self._loop)
+            self._in_flight.add(afut)
+            self._rows_in_flight += len(batch)
+            self.batches += 1
+            afut.add_done_callback(lambda f, batch=batch: self._done(batch, f))  # type: ignore[misc]
+        if self._pending and self._timer is None and len(self._in_flight) < self._max_in_flight:
+            self._timer = self._loop.call_later(self.max_delay_s, self._on_timer)
+
+    def _done(
+        self, batch: list[tuple[RowWork, asyncio.Future[Result]]], afut: asyncio.Future[list[Result]]
+    ) -> None:
+        self._in_flight.discard(afut)
+        self._rows_in_flight -= len(batch)
+        if afut.cancelled():
+            self._fail(batch, TokenizeError("tokenizing was cancelled"))
+        elif (exc := afut.exception()) is not None:
+            if isinstance(exc, BrokenProcessPool):
+                exc = TokenizeError(f"a tokenizer worker died: {exc}")
+            elif not isinstance(exc, TokenizeError | TokenizerError):
+                exc = TokenizeError(f"{type(exc).__name__}: {exc}")
+            self._fail(batch, exc)
+        else:
+            for (_, fut), result in zip(batch, afut.result(), strict=True):
+                if not fut.done():
+                    fut.set_result(result)
+        # A worker just freed up: rows that gathered meanwhile go now, as one batch.
+        if self._pending and not self._closed:
+            self._flush()
+
+    @staticmethod
+    def _fail(batch: list[tuple[RowWork, asyncio.Future[Result]]], exc: BaseException) -> None:
+        for _, fut in batch:
+            if not fut.done():
+                fut.set_exception(exc)
+
+    async def close(self) -> None:
+        """Finish the rows already handed in, then stop the workers."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._executor is not None and self._pending:
+            self._flush(force=True)
+        if self._in_flight:
+            await asyncio.gather(*self._in_flight, return_exceptions=True)
+        await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            # shutdown(wait=True) joins processes; off the loop so streams keep flowing meanwhile.
+            await asyncio.to_thread(executor.shutdown, True, cancel_futures=True)
+
+    async def __aenter__(self) -> TokenizePool:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,289 @@
+"""The deadline controller in the job: measures the lanes, feeds engine/money/fleetplan's `Steering`, and
+answers the dispatcher's ceiling hook (engine/job/lanes.py `LaneCeilings`) for OpenRouter's lane.
+
+The rules it follows are in docs/fleets.md ("Steering" and "In the job"): the deadline's instant is
+resolved once and journaled (a restart keeps it), the plan is made before the start from the settings'
+rates and re-made every `steering.interval_s` from measured ones, OpenRouter's share is steered only in
+a job with a GPU lane, a dollar lane and a deadline, and a plan that stops fitting is said at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from regen.engine.config.settings import Settings
+from regen.engine.job.dispatch import Dispatcher
+from regen.engine.job.lanes import Lane
+from regen.engine.money.deadline import parse_deadline, resolve_deadline
+from regen.engine.money.fleetplan.plan import Provider, Work, by_price, span
+from regen.engine.money.fleetplan.steer import Facts, Steer, Steering
+from regen.engine.money.planner import DatasetNeed, remaining_output_tokens
+from regen.engine.run.events import EventLog
+from regen.engine.run.state import DatasetState, JobError
+from regen.engine.schema import FleetView
+
+DOLLARS = "usd"  # the unit of the lane whose share is bought (OpenRouter's)
+MIN_SPAN_S = 1.0  # a rate measured over less is noise (requests land in bursts)
+
+
+def remaining_needs(datasets: Mapping[str, DatasetState], expected_output_tokens: int) -> list[DatasetNeed]:
+    """The work left per dataset: prompts not yet made (in flight included), the output tokens they
+    should need at the mean measured so far (the setting before any row), the prompt tokens billed."""
+    needs = []
+    for name, state in datasets.items():
+        done = state.done
+        per_prompt = state.progress.output_tokens / done if done else float(expected_output_tokens)
+        remaining = max(0, state.remaining)
+        output = remaining_output_tokens(remaining, per_prompt, state.progress.output_tokens, state.token_budget)
+        needs.append(DatasetNeed(name, remaining, output, int(remaining * state.prompt_tokens_mean)))
+    return needs
+
+
+@dataclass(slots=True)
+class _Mark:
+    """A lane's totals at the last tick: what the next tick's rates are measured from."""
+
+    at: float  # monotonic
+    tokens: int
+    busy_s: float
+
+
+class FleetSteering:
+    """OpenRouter's in-flight ceiling from the GPUs' measured pace and the deadline; the live plan."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        dispatcher: Dispatcher,
+        datasets: Mapping[str, DatasetState],
+        events: EventLog,
+    ) -> None:
+        self.settings = settings
+        self.dispatcher = dispatcher
+        self.datasets = datasets
+        self.events = events
+        lanes = dispatcher.lanes
+        self.paid: Lane | None = next((lane for lane in lanes if lane.ledger.unit == DOLLARS), None)
+        self.gpus: list[Lane] = [lane for lane in lanes if lane.ledger.unit != DOLLARS]
+        tuning = settings.steering
+        self.interval_s = tuning.interval_s
+        self.controller = Steering(
+            self.paid.limit.configured if self.paid is not None else 0,
+            gpu_tokens_per_s=tuning.gpu_tokens_per_s,
+            request_tokens_per_s=tuning.request_tokens_per_s,
+            smoothing_s=tuning.smoothing_s,
+            margin=tuning.margin,
+            deadband=tuning.deadband,
+        )
+        self.deadline_text: str | None = None
+        self.deadline_ts: float | None = None
+        self.last: Steer | None = None
+        self._fits: bool | None = None
+        self._marks: dict[str, _Mark] = {}
+        self._openrouter_rate = 0.0
+
+    # ----------------------------------------------------------------------------- the deadline
+
+    @property
+    def shown(self) -> bool:
+        """Whether the snapshot carries the fleet view: several lanes or a deadline."""
+        return len(self.dispatcher.lanes) > 1 or self.deadline_ts is not None
+
+    @property
+    def steered(self) -> bool:
+        """Whether OpenRouter's share follows the deadline: GPUs to lean on, dollars to save, a deadline."""
+        return self.paid is not None and bool(self.gpus) and self.deadline_ts is not None
+
+    def restore(self, journaled: Mapping[str, Any] | None, first_start: float | None) -> None:
+        """The deadline at this start (docs/fleets.md, "In the job"): the journaled instant while the
+        setting is what it was when journaled, else the setting resolved from the run's first start."""
+        setting = self.settings.job.deadline
+        if journaled is not None and journaled.get("setting") == setting:
+            at = journaled.get("at")
+            self.deadline_text = journaled.get("text") if at is not None else None
+            self.deadline_ts = float(at) if at is not None else None
+            return
+        if setting is None and journaled is None:
+            return
+        start = dt.datetime.fromtimestamp(first_start if first_start is not None else time.time()).astimezone()
+        self._set(setting, None if setting is None else resolve_deadline(parse_deadline(setting), start), "settings")
+
+    def set_deadline(self, text: str | None, origin: str) -> str:
+        """A deadline typed by the operator: a duration from now, or a time of day's next occurrence."""
+        if text is None:
+            if self.deadline_ts is None:
+                return "no deadline is set"
+            self._set(None, None, origin)
+            self.tick()
+            return "deadline cleared: both fleets flat out, GPUs first"
+        try:
+            deadline = parse_deadline(text)
+        except ValueError as exc:
+            raise JobError(str(exc)) from None
+        at = resolve_deadline(deadline, dt.datetime.now().astimezone())
+        self._set(text.strip(), at, origin)
+        steer = self.tick()
+        return f"deadline {at:%a %H:%M:%S} ({span(max(0.0, at.timestamp() - time.time()))} from now): {steer.reason}"
+
+    def _set(self, text: str | None, at: dt.datetime | None, source: str) -> None:
+        self.deadline_text = text
+        self.deadline_ts = None if at is None else at.timestamp()
+        self.events.event(
+            "deadline",
+            text=text,
+            at=self.deadline_ts,
+            local=None if at is None else at.isoformat(timespec="seconds"),
+            setting=self.settings.job.deadline,
+            source=source,
+        )
+        self._fits = None  # a new deadline is judged afresh
+
+    # --------------------------------------------------------------------------- the ceiling hook
+
+    def lane_ceiling(self, lane: str) -> int | None:
+        paid = self.paid
+        if paid is None or lane != paid.name or not self.steered:
+            return None
+        return self.controller.ceiling
+
+    # -------------------------------------------------------------------------------- measuring
+
+    def _pace(self, lanes: list[Lane], now: float) -> tuple[float | None, float | None]:
+        """Output tokens/s of `lanes` since the last tick (None before any token or any span), and
+        tokens per in-flight second over it: one request's rate, what a ceiling multiplies."""
+        tokens = span = busy = 0.0
+        measured = False
+        for lane in lanes:
+            made, flown = lane.stats.counters.output_tokens, lane.busy_s(now)
+            mark = self._marks.get(lane.name)
+            if mark is not None and now - mark.at < MIN_SPAN_S:
+                continue  # too short to measure: the next tick measures from the older mark
+            self._marks[lane.name] = _Mark(now, made, flown)
+            if mark is None:
+                continue
+            span = max(span, now - mark.at)
+            tokens += made - mark.tokens
+            busy += flown - mark.busy_s
+            measured = measured or made > 0
+        if not measured or span <= 0:
+            return None, None
+        return tokens / span, (tokens / busy if busy > 0 else None)
+
+    def providers(self, work: Work, request_rate: float) -> tuple[Provider, ...]:
+        """OpenRouter's allowed providers with the tokens/s each sustains: the lane's flat-out rate
+        (its concurrency x one request's rate) shared as OpenRouter has shared the requests so far;
+        before any, all on the cheapest, where price-sorted routing sends them."""
+        paid = self.paid
+        if paid is None or paid.closed is not None:
+            return ()
+        prices = paid.backend.prices()
+        if not prices:
+            return ()
+        flat_out = paid.limit.configured * request_rate
+        route_id = paid.backend.route_id
+        served: dict[str, int] = {}
+        for name, stats in paid.stats.routes.items():
+            served[route_id(name)] = served.get(route_id(name), 0) + stats.requests
+        counts = [served.get(route_id(price.route), 0) for price in prices]
+        total = sum(counts)
+        if total == 0:
+            cheapest = by_price(work, [Provider(price) for price in prices])[0].price.route
+            counts = [1 if price.route == cheapest else 0 for price in prices]
+            total = 1
+        return tuple(Provider(price, flat_out * count / total) for price, count in zip(prices, counts, strict=True))
+
+    def facts(self, now_mono: float | None = None) -> Facts:
+        now_mono = time.monotonic() if now_mono is None else now_mono
+        work = Work.of(remaining_needs(self.datasets, self.settings.stats.expected_output_tokens))
+        gpu_rate, _ = self._pace(self.gpus, now_mono)
+        paid = self.paid
+        request_rate: float | None = None
+        in_flight = 0
+        budget_left: Decimal | None = None
+        if paid is not None:
+            rate, request_rate = self._pace([paid], now_mono)
+            if rate is not None:
+                self._openrouter_rate = rate
+            in_flight = paid.in_flight
+            if paid.ledger.budget is not None:
+                budget_left = paid.ledger.budget - paid.ledger.spent
+            self.controller.max_in_flight = paid.limit.configured
+        return Facts(
+            now=time.time(),
+            work_left=work,
+            gpu_tokens_per_s=gpu_rate,
+            request_tokens_per_s=request_rate,
+            in_flight=in_flight,
+            budget_left=budget_left,
+            deadline=self.deadline_ts,
+            providers=self.providers(work, request_rate or self.controller.request_tokens_per_s),
+        )
+
+    # --------------------------------------------------------------------------------- steering
+
+    def tick(self, now_mono: float | None = None) -> Steer:
+        """Re-plan from what was measured since the last tick; journal what changed."""
+        before = self.controller.ceiling
+        steer = self.controller.update(self.facts(now_mono))
+        self.last = steer
+        if self.steered and steer.ceiling != before:
+            self.events.event("steer", ceiling=steer.ceiling, reason=steer.reason)
+            if before is not None and (steer.ceiling is None or steer.ceiling > before):
+                self.dispatcher.wake()
+        self._judge(steer)
+        return steer
+
+    def _judge(self, steer: Steer) -> None:
+        """Say once when the deadline stops (or starts again) being within reach."""
+        if self.deadline_ts is None:
+            self._fits = None
+            return
+        fits = steer.plan.fits
+        if fits == self._fits:
+            return
+        if not fits:
+            self.events.event("deadline_unreachable", reason=steer.plan.reason, detail=steer.reason)
+        elif self._fits is not None:
+            self.events.event("deadline_reachable", reason=steer.plan.reason)
+        self._fits = fits
+
+    async def run(self) -> None:
+        """Tick every `steering.interval_s` while the job runs (cancelled with the job's tasks)."""
+        while True:
+            await asyncio.sleep(self.interval_s)
+            self.tick()
+
+    # ------------------------------------------------------------------------------------- view
+
+    def view(self) -> FleetView:
+        steer = self.last if self.last is not None else self.tick()
+        plan = steer.plan
+        now = time.time()
+        left = None if self.deadline_ts is None else self.deadline_ts - now
+        work = plan.output_tokens
+        pace = self.controller.gpu_tokens_per_s + self._openrouter_rate if self._marks else 0.0
+        paid = self.paid
+        projected = None if paid is None else float(paid.ledger.spent + plan.cost)
+        return {
+            "deadline": self.deadline_text,
+            "deadline_ts": self.deadline_ts,
+            "time_left_s": left,
+            "steered": self.steered,
+            "ceiling": self.lane_ceiling(paid.name) if paid is not None else None,
+            "reason": steer.reason if self.steered else plan.reason,
+            "plan": plan.to_dict(),
+            "fits": plan.fits,
+            "eta_s": work / pace if pace > 0 else (0.0 if work <= 0 else None),
+            "gpu_tokens_per_s": self.controller.gpu_tokens_per_s,
+            "openrouter_tokens_per_s": self._openrouter_rate,
+            "request_tokens_per_s": self.controller.request_tokens_per_s,
+            "aim_tokens_per_s": steer.openrouter_tokens_per_s,
+            "projected_usd": projected,
+        }
+

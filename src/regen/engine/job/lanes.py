@@ -1,0 +1,91 @@
+"""Lanes: one per backend of a job, each with its own ledger, in-flight limit, holds and outage.
+
+One work queue and one dispatcher serve every lane (docs/architecture.md, "Lanes"). A prompt taken
+from the queue goes to the first lane, in the order of `job.backends`, that has room: under its
+in-flight limit (and under the steering hook's ceiling), not paused, not closed, not held, not out,
+under its request-rate cap, and whose money gate fits the prompt's reservation. A prompt is in flight
+on one lane at a time; a retry goes back to the queue and may land on another lane.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Protocol
+
+from regen.engine.backends.base import Backend
+from regen.engine.job.concurrency import AdaptiveLimit
+from regen.engine.job.settle import Settler
+from regen.engine.job.stats import JobStats
+from regen.engine.job.workqueue import WorkItem
+from regen.engine.money.ledger import Ledger
+
+
+class LaneCeilings(Protocol):
+    """The steering hook: a ceiling on a lane's in-flight limit, set from outside the dispatcher.
+
+    `lane_ceiling(name)` is read at every dispatch decision, so it must be cheap (a dict lookup).
+    It answers None for "flat out" (the lane's own limit applies), or the most attempts that lane
+    may have in flight now; 0 sends nothing new there. The dispatcher obeys the lower of the lane's
+    own limit and this ceiling. When an answer may have risen, call `Job.wake()` so the dispatcher
+    looks again.
+    """
+
+    def lane_ceiling(self, lane: str) -> int | None: ...
+
+
+@dataclass(slots=True)
+class Outage:
+    """A lane's backend unreachable: that lane's dispatch held, one probe at a time, backed off."""
+
+    began: float  # monotonic
+    reason: str
+    probe_interval_s: float
+    next_probe_at: float = 0.0
+    probe: WorkItem | None = None  # the attempt in flight that probes, if any
+    probes: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class Lane:
+    """One backend's share of the dispatcher: what it may take now and what it has spent."""
+
+    backend: Backend
+    ledger: Ledger
+    stats: JobStats
+    settler: Settler
+    limit: AdaptiveLimit
+    requests_per_minute: int | None
+    paused: bool = False
+    closed: str | None = None  # why this lane takes nothing more (its backend failed for good)
+    budget_blocked: bool = False
+    held_until: float = 0.0  # monotonic; 0 when not held
+    held_reason: str | None = None
+    outage: Outage | None = None
+    outage_total_s: float = 0.0
+    unreachable_streak: int = 0
+    in_flight: int = 0
+    spent_at_start: Decimal = Decimal(0)
+    sent_at: deque[float] = field(default_factory=deque)
+    # In-flight seconds integrated over time (monotonic): tokens per in-flight second is one
+    # request's rate, which the deadline controller multiplies by a ceiling (engine/job/deadline_control.py).
+    _busy_s: float = 0.0
+    _busy_at: float = 0.0
+
+    def fly(self, change: int, now: float) -> None:
+        """One attempt more (+1) or fewer (-1) in flight at monotonic `now`."""
+        self._busy_s += self.in_flight * (now - self._busy_at)
+        self._busy_at = now
+        self.in_flight += change
+
+    def busy_s(self, now: float) -> float:
+        """In-flight seconds up to monotonic `now`: the sum over time of the attempts in flight."""
+        return self._busy_s + self.in_flight * (now - self._busy_at)
+
+    @property
+    def name(self) -> str:
+        return self.backend.name
+
+    def outage_s(self, now: float) -> float | None:
+        return None if self.outage is None else now - self.outage.began

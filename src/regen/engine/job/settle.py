@@ -1,0 +1,412 @@
+"""Settling an attempt: its outcome into the ledger, the statistics and the journal, then a row, a
+retry, a give-up, a stop or a quarantine.
+
+Also the attempts nobody settled: those a crash left in flight (settled at the next start from their
+row when it was written, else at their worst case) and the estimates the backend can still correct
+(docs/money.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Protocol
+
+from regen.engine.backends.base import AttemptOutcome, Backend, Disposition, Failure
+from regen.engine.config.settings import JobSettings
+from regen.engine.data.tokenize_pool import TokenizePool
+from regen.engine.data.tokenizer import TokenizeError
+from regen.engine.job.rows import build_row
+from regen.engine.job.stats import JobStats, ProviderStats
+from regen.engine.job.workqueue import WorkItem
+from regen.engine.money.ledger import Ledger, SpendBreakdown, to_dollars
+from regen.engine.run.events import EventLog
+from regen.engine.run.recovery import JournalState, Unsettled, prompt_digest
+from regen.engine.run.results import ResultsWriter
+from regen.engine.run.state import DatasetState, JobError, StopReason
+
+# After this many refusals in a row with no row at all, the settings are wrong, not the prompts.
+REFUSAL_STREAK_FATAL = 20
+# Seconds the end of a run waits for pending cost lookups.
+RECONCILE_GRACE_S = 5.0
+
+
+@dataclass(slots=True)
+class Flight:
+    """One attempt in flight."""
+
+    item: WorkItem
+    reservation: Decimal
+    rid: str
+    launched_at: float = 0.0  # monotonic
+    route: str | None = None
+    handle: str | None = None
+    released: bool = False
+
+
+class Steering(Protocol):
+    """What settling asks of the dispatcher and the job."""
+
+    def retry(self, item: WorkItem, ready_at: float) -> None: ...
+    def put_back(self, item: WorkItem) -> None: ...
+    def hold(self, seconds: float, reason: str) -> None: ...
+    def throttled(self, now: float) -> None: ...
+    def succeeded(self, now: float) -> None: ...
+    def fatal(self, reason: StopReason, message: str) -> None: ...
+    def exclude_route(self, route: str, source: str) -> None: ...  # raises JobError when it cannot
+    def wake(self) -> None: ...  # something the budget gate reads has changed
+    def unreachable(self, item: WorkItem, failure: Failure) -> None: ...  # an outage failure
+    def reached(self, launched_at: float) -> None: ...  # the backend answered an attempt sent then
+
+
+class Settler:
+    """Turns outcomes into money, statistics, journal records and rows."""
+
+    def __init__(
+        self,
+        job: JobSettings,
+        backend: Backend,
+        ledger: Ledger,
+        stats: JobStats,
+        datasets: dict[str, DatasetState],
+        results: ResultsWriter,
+        events: EventLog,
+        steering: Steering,
+    ) -> None:
+        self.job = job
+        self.backend = backend
+        self.ledger = ledger
+        self.stats = stats
+        self.datasets = datasets
+        self.results = results
+        self.events = events
+        self.steering = steering
+        self.breakdown = SpendBreakdown()
+        self.pool: TokenizePool | None = None
+        self.quarantined = 0
+        self._random = random.Random()
+        self._reconciling: set[asyncio.Task[None]] = set()
+
+    # ------------------------------------------------------------------------------- settling
+
+    async def settle(self, flight: Flight, outcome: AttemptOutcome) -> None:
+        item = flight.item
+        prompt = item.prompt
+        now = time.time()
+        cost, estimated = self.backend.charge(outcome, flight.reservation)
+        failure = outcome.failure
+        status = None
+        violation = None
+        if failure is None:
+            status = self.job.finish_reasons.get(str(outcome.finish_reason))
+            if status is None:
+                failure = Failure(
+                    Disposition.RETRY, "finish", f"finish_reason {outcome.finish_reason} not accepted"
+                )
+            else:
+                violation = self.backend.reject(outcome)
+        tokens = outcome.completion_tokens
+        result = "quarantined" if violation else (status if failure is None else failure.error_class)
+        assert result is not None
+        # The cost replaces the reservation in one step, so spent + reserved never counts it twice.
+        self.ledger.charge(cost, estimated=estimated, knowable=outcome.handle is not None, outcome=result)
+        self.ledger.release(flight.reservation)
+        flight.released = True
+        self.breakdown.add(result, cost, tokens)
+        mono = time.monotonic()
+        stats = self.stats
+        stats.spend_rate.add(float(cost), mono)
+        stats.counters.attempts += 1
+        stats.attempts_rate.add(1, mono)
+        route = stats.route(outcome.route)
+        if route is not None:
+            route.record(
+                ok=failure is None and violation is None,
+                e2e=outcome.e2e_s,
+                ttft=outcome.ttft_s,
+                tokens=tokens,
+                cost=cost,
+                error=None if failure is None else failure.error_class,
+                message="" if failure is None else failure.message,
+                now=mono,
+            )
+        record: dict[str, Any] = {
+            "k": "end",
+            "rid": flight.rid,
+            "ds": prompt.dataset,
+            "line": prompt.line,
+            "gen": outcome.handle,
+            "provider": outcome.route,
+            "be": self.backend.name,
+            **outcome.journal,
+            "outcome": result,
+            "cost": str(cost),
+            "est": estimated,
+            "ptok": outcome.usage["prompt_tokens"],
+            "ctok": outcome.usage["completion_tokens"],
+            "e2e": round(outcome.e2e_s, 4),
+            "ttft": None if outcome.ttft_s is None else round(outcome.ttft_s, 4),
+            "ts": now,
+        }
+        if estimated and outcome.handle:
+            self.reconcile_later(
+                Unsettled(flight.rid, prompt.dataset, prompt.line, outcome.handle, cost, result, outcome.route)
+            )
+        if failure is not None:
+            record["msg"] = failure.message[:300]
+            if not failure.sent:
+                record["sent"] = False
+            self.results.journal(record)
+            self._failed(item, failure, route, flight.launched_at)
+            return
+        assert status is not None
+        row = build_row(
+            prompt,
+            outcome,
+            status,
+            self.backend,
+            cost=float(cost),
+            cost_estimated=estimated,
+            started_at=item.first_started or now,
+            attempts=item.attempts,
+            now=now,
+        )
+        if violation is not None:
+            record["msg"] = violation
+            await self.results.journal(record)
+            await self._quarantine(item, row, violation, outcome.route)
+            return
+        if self.pool is not None:
+            try:
+                row = await self.pool.fill(row, prompt.request_messages)
+            except TokenizeError as exc:
+                await self.results.journal(record)
+                self.steering.fatal(StopReason.FATAL, f"tokenizing failed: {exc}")
+                return
+        await self.results.commit_row(prompt.dataset, record, row)
+        dataset = self.datasets[prompt.dataset]
+        dataset.progress.done[prompt.line] = prompt_digest(prompt.sha256)
+        dataset.progress.output_tokens += tokens
+        if status == "truncated":
+            dataset.progress.truncated += 1
+        else:
+            dataset.progress.ok += 1
+        counters = stats.counters
+        counters.rows += 1
+        counters.output_tokens += tokens
+        counters.refusal_streak = 0
+        stats.tokens_rate.add(tokens, mono)
+        stats.rows_rate.add(1, mono)
+        self.steering.reached(flight.launched_at)
+        self.steering.succeeded(mono)
+
+    def cancelled(self, flight: Flight) -> None:
+        """An attempt cancelled by a stop: its worst case counts until the backend says otherwise."""
+        prompt = flight.item.prompt
+        self.ledger.charge(flight.reservation, estimated=True, knowable=flight.handle is not None, outcome="cancelled")
+        self.breakdown.add("cancelled", flight.reservation)
+        self.ledger.release(flight.reservation)
+        flight.released = True
+        self.results.journal(
+            {
+                "k": "end",
+                "rid": flight.rid,
+                "ds": prompt.dataset,
+                "line": prompt.line,
+                "gen": flight.handle,
+                "provider": flight.route,
+                "be": self.backend.name,
+                "outcome": "cancelled",
+                "cost": str(flight.reservation),
+                "est": True,
+                "ts": time.time(),
+            }
+        )
+
+    async def _quarantine(self, item: WorkItem, row: dict[str, Any], why: str, route: str | None) -> None:
+        """An answer the backend rejects after the fact: kept apart, never a training row."""
+        self.quarantined += 1
+        await self.results.quarantine({**row, "quarantine_reason": why})
+        self.events.event("quarantine", prompt=item.prompt.id, provider=route, reason=why)
+        if route:
+            route_id = self.backend.route_id(route)
+            if route_id not in self.backend.excluded:
+                try:
+                    self.steering.exclude_route(route_id, "guard")
+                except JobError as exc:
+                    self.steering.fatal(StopReason.FATAL, f"precision guard: {why}; {exc}")
+        self.steering.retry(item, time.monotonic())
+
+    def _failed(
+        self, item: WorkItem, failure: Failure, route: ProviderStats | None, launched_at: float
+    ) -> None:
+        counters = self.stats.counters
+        counters.errors[failure.error_class] += 1
+        item.last_error = failure.message
+        self.events.remember(
+            {
+                "ts": time.time(),
+                "event": "error",
+                "class": failure.error_class,
+                "provider": route.name if route else None,
+                "message": failure.message[:200],
+                "prompt": item.prompt.id,
+            }
+        )
+        if failure.outage:
+            # Not this prompt's fault: its attempt is given back, and the dispatcher decides
+            # whether the backend is down (docs/faults.md, outages).
+            item.run_attempts -= 1
+            self.steering.unreachable(item, failure)
+            return
+        self.steering.reached(launched_at)
+        if failure.hold_s is not None:
+            self.steering.hold(failure.hold_s, failure.message[:200])
+        elif failure.throttle:
+            self.steering.throttled(time.monotonic())
+        if failure.refused:
+            counters.refusal_streak += 1
+            if counters.refusal_streak >= REFUSAL_STREAK_FATAL and counters.rows == 0:
+                why = failure.streak_hint or "every request is refused"
+                self.steering.fatal(StopReason.FATAL, f"{why}: {failure.message}")
+                return
+        if failure.disposition is Disposition.FATAL:
+            self.steering.fatal(StopReason(failure.stop_reason), self.backend.describe_fatal(failure))
+            self.steering.put_back(item)
+            return
+        if failure.disposition is Disposition.GIVE_UP or item.run_attempts >= self.job.max_attempts:
+            self._give_up(item, failure)
+            return
+        bound = min(self.job.backoff_max_s, self.job.backoff_base_s * 2 ** (item.run_attempts - 1))
+        delay = self._random.uniform(0, bound)
+        if failure.retry_after_s is not None:
+            delay = max(delay, failure.retry_after_s)
+        self.steering.retry(item, time.monotonic() + delay)
+
+    def _give_up(self, item: WorkItem, failure: Failure) -> None:
+        self.datasets[item.prompt.dataset].failed += 1
+        self.results.journal(
+            {
+                "k": "gave_up",
+                "ds": item.prompt.dataset,
+                "line": item.prompt.line,
+                "attempts": item.run_attempts,
+                "why": failure.message[:300],
+                "ts": time.time(),
+            }
+        )
+
+    # ---------------------------------------------------------------------- earlier runs' money
+
+    def restore(self, journal: JournalState) -> None:
+        """Money as the journals left it; then settle what a crash left in flight."""
+        self.breakdown = journal.breakdown
+        self.ledger.spent = journal.spent
+        self.ledger.estimates = journal.estimates
+        for crashed in journal.crashed:
+            self._settle_crashed(crashed)
+        if journal.crashed:
+            self.events.event("crash_recovered", attempts=len(journal.crashed))
+        for pending in journal.to_reconcile:
+            self.reconcile_later(pending)
+        for unsent in journal.never_sent:
+            self._forgive(unsent)
+        if journal.never_sent:
+            self.events.event("repaired", file="attempts.jsonl", never_sent=len(journal.never_sent))
+
+    def _forgive(self, unsent: Unsettled) -> None:
+        """An attempt an older regen charged at its worst case although it never left: it cost 0."""
+        delta = self.ledger.confirm(unsent.estimate, Decimal(0), knowable=False, outcome=unsent.outcome)
+        self.breakdown.add(unsent.outcome, delta)
+        self.results.journal(
+            {
+                "k": "reconciled",
+                "rid": unsent.rid,
+                "be": self.backend.name,
+                "gen": None,
+                "outcome": unsent.outcome,
+                "cost": "0",
+                "delta": str(delta),
+                "unsent": True,
+                "ts": time.time(),
+            }
+        )
+
+    def _settle_crashed(self, crashed: Unsettled) -> None:
+        """Settled by its row when that was written, else charged at its worst case now and looked up
+        later when its handle is known."""
+        state = self.datasets.get(crashed.dataset)
+        row = state.progress.settling.get(crashed.line) if state is not None else None
+        if (
+            row is not None
+            and row.get("backend") in (None, self.backend.name)
+            and crashed.generation_id in (None, row["gen"])
+            and row["cost"] is not None
+        ):
+            cost, estimated, outcome = to_dollars(row["cost"]), row["est"], str(row["status"])
+            tokens = row["ctok"] if isinstance(row["ctok"], int) else 0
+            handle = row["gen"]
+        else:
+            cost, estimated, outcome, tokens = crashed.estimate, True, "lost_at_crash", 0
+            handle = crashed.generation_id
+        self.ledger.charge(cost, estimated=estimated, knowable=handle is not None, outcome=outcome)
+        self.breakdown.add(outcome, cost, tokens)
+        self.results.journal(
+            {
+                "k": "end",
+                "rid": crashed.rid,
+                "ds": crashed.dataset,
+                "line": crashed.line,
+                "gen": handle,
+                "be": self.backend.name,
+                "outcome": outcome,
+                "cost": str(cost),
+                "est": estimated,
+                "ctok": tokens,
+                "ts": time.time(),
+            }
+        )
+        if estimated and handle:
+            self.reconcile_later(Unsettled(crashed.rid, crashed.dataset, crashed.line, handle, cost, outcome))
+
+    def reconcile_later(self, pending: Unsettled) -> None:
+        task = asyncio.get_running_loop().create_task(self._reconcile(pending))
+        self._reconciling.add(task)
+        task.add_done_callback(self._reconciling.discard)
+
+    async def _reconcile(self, pending: Unsettled) -> None:
+        """Replace an estimate with what the backend billed for that attempt."""
+        billed = await self.backend.reconcile(pending)
+        if billed is None:
+            return
+        delta = self.ledger.confirm(pending.estimate, billed)
+        self.breakdown.add(pending.outcome, delta)
+        route = self.stats.routes.get(pending.provider) if pending.provider else None
+        if route is not None:
+            route.adjust_cost(delta)
+        self.results.journal(
+            {
+                "k": "reconciled",
+                "rid": pending.rid,
+                "be": self.backend.name,
+                "gen": pending.generation_id,
+                "outcome": pending.outcome,
+                "cost": str(billed),
+                "delta": str(delta),
+                "ts": time.time(),
+            }
+        )
+        self.steering.wake()
+
+    async def finish_reconciling(self, wait: bool) -> None:
+        """Give cost lookups a short grace so the summary is exact; what is left stays estimated in
+        the journal and is looked up again by the next start."""
+        if self._reconciling and wait:
+            await asyncio.wait(list(self._reconciling), timeout=RECONCILE_GRACE_S)
+        for task in list(self._reconciling):
+            task.cancel()
+        if self._reconciling:
+            await asyncio.gather(*self._reconciling, return_exceptions=True)

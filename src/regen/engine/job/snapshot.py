@@ -1,0 +1,253 @@
+"""The one builder of the snapshot (engine/schema.py) from the dispatcher's lanes (each with its
+backend, ledger, settling and statistics) and the datasets."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any
+
+from regen.engine.job.deadline_control import FleetSteering, remaining_needs
+from regen.engine.job.dispatch import Dispatcher
+from regen.engine.job.lanes import Lane
+from regen.engine.job.stats import StatusRules, route_views
+from regen.engine.money.ledger import WASTE_CAUSES
+from regen.engine.money.planner import plan
+from regen.engine.run.state import DatasetState, JobState, Outcome
+from regen.engine.schema import (
+    BackendView,
+    DatasetView,
+    LaneView,
+    MoneyView,
+    ProviderView,
+    RatesView,
+    RouteView,
+    Snapshot,
+)
+
+# The planner's answer changes slowly; recomputing it per snapshot would waste the loop's time.
+PLAN_INTERVAL_S = 2.0
+
+
+class SnapshotBuilder:
+    """Folds the job's parts into a Snapshot; keeps the plan between a few snapshots."""
+
+    def __init__(
+        self,
+        *,
+        dispatcher: Dispatcher,
+        datasets: Mapping[str, DatasetState],
+        rules: StatusRules,
+        expected_output_tokens: int,
+        started_mono: float,
+        fleet: FleetSteering | None = None,
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.datasets = datasets
+        self.rules = rules
+        self.expected_output_tokens = expected_output_tokens
+        self.started_mono = started_mono
+        self.fleet = fleet
+        self._plan: dict[str, Any] | None = None
+        self._plan_at = float("-inf")
+
+    def plan(self, now: float) -> dict[str, Any] | None:
+        """The budget planner on live figures; recomputed every few seconds, not per snapshot."""
+        if now - self._plan_at < PLAN_INTERVAL_S and self._plan is not None:
+            return self._plan
+        needs = remaining_needs(self.datasets, self.expected_output_tokens)
+        main = self.dispatcher.main
+        budget = main.ledger.budget
+        left = None if budget is None else budget - main.ledger.spent
+        self._plan = None if left is None else plan(needs, main.backend.prices(), left)
+        self._plan_at = now
+        return self._plan
+
+    def money(self, lane: Lane, now: float, remaining: int, rows: int) -> MoneyView:
+        ledger, breakdown = lane.ledger, lane.settler.breakdown
+        estimates = ledger.estimates
+        spent_here = float(ledger.spent - lane.spent_at_start)
+        per_row = spent_here / rows if rows else None
+        per_m = float(breakdown.useful) / breakdown.useful_tokens * 1e6 if breakdown.useful_tokens else None
+        headroom = ledger.headroom
+        view: MoneyView = {
+            "unit": ledger.unit,
+            "spent": float(ledger.spent),
+            "confirmed": float(ledger.confirmed),
+            "estimated": float(ledger.estimated),
+            "pending": {"amount": float(estimates.pending), "requests": estimates.pending_count},
+            "unknowable": {"amount": float(estimates.unknowable), "requests": estimates.unknowable_count},
+            "reserved": float(ledger.reserved),
+            "budget": None if ledger.budget is None else float(ledger.budget),
+            "headroom": None if headroom is None else float(headroom),
+            "blocked": lane.budget_blocked,
+            "burn_per_h": lane.stats.spend_rate.rate(now, self.started_mono) * 3600,
+            "projected_total": None if per_row is None else float(ledger.spent) + per_row * remaining,
+            "useful": float(breakdown.useful),
+            "useful_output_tokens": breakdown.useful_tokens,
+            "useful_per_m": per_m,
+            "waste": {
+                cause: {"amount": float(breakdown.waste[cause]), "tokens": breakdown.waste_tokens[cause]}
+                for cause in WASTE_CAUSES
+            },
+            "waste_total": float(sum(breakdown.waste.values(), Decimal(0))),
+        }
+        if estimates.bounded_by is not None:
+            view["unknowable_bound"] = estimates.bounded_by
+            view["unknowable_bound_wait_s"] = estimates.bound_waited_s
+        return view
+
+    def _providers(self, lane: Lane, view_routes: list[RouteView], now: float, elapsed: float) -> list[ProviderView]:
+        backend = lane.backend
+        return route_views(
+            lane.stats.routes,
+            view_routes,
+            now=now,
+            elapsed_s=elapsed,
+            in_flight=self.dispatcher.in_flight_by_route(lane),
+            route_id=backend.route_id,
+            excluded=backend.excluded,
+            rules=self.rules,
+        )
+
+    def _rates(self, lane: Lane, now: float) -> RatesView:
+        stats, started = lane.stats, self.started_mono
+        return {
+            "output_tokens_per_s": stats.tokens_rate.rate(now, started),
+            "rows_per_s": stats.rows_rate.rate(now, started),
+            "attempts_per_s": stats.attempts_rate.rate(now, started),
+        }
+
+    def _lane_view(
+        self,
+        lane: Lane,
+        now: float,
+        elapsed: float,
+        remaining: int,
+        job_rows: int,
+        known: tuple[BackendView, list[ProviderView]] | None,
+    ) -> LaneView:
+        counters = lane.stats.counters
+        view, providers = known if known is not None else (lane.backend.view(), None)
+        held = lane.held_until
+        state, reason = "running", None
+        if lane.closed is not None:
+            state, reason = "closed", lane.closed
+        elif lane.paused:
+            state = "paused"
+        elif lane.outage is not None:
+            state, reason = "out", lane.outage.reason
+        elif held and held > now:
+            state, reason = "held", lane.held_reason
+        elif lane.budget_blocked:
+            state = "budget"
+        ceilings = self.dispatcher.ceilings
+        return {
+            "name": lane.name,
+            "title": lane.backend.title,
+            "unit": lane.ledger.unit,
+            "model": view["model"],
+            "state": state,
+            "reason": reason,
+            "rows": counters.rows,
+            "rows_share": counters.rows / job_rows if job_rows else 0.0,
+            "output_tokens": counters.output_tokens,
+            "attempts": counters.attempts,
+            "errors": dict(counters.errors),
+            "in_flight": lane.in_flight,
+            "concurrency": {"configured": lane.limit.configured, "effective": lane.limit.current},
+            "suggested": lane.limit.suggested,
+            "ceiling": None if ceilings is None else ceilings.lane_ceiling(lane.name),
+            "rates": self._rates(lane, now),
+            "money": self.money(lane, now, remaining, counters.rows),
+            "providers": providers if providers is not None else self._providers(lane, view["routes"], now, elapsed),
+        }
+
+    def build(self, state: JobState, outcome: Outcome | None, hosts: list[dict[str, Any]]) -> Snapshot:
+        now = time.monotonic()
+        elapsed = now - self.started_mono
+        dispatcher = self.dispatcher
+        main = dispatcher.main
+        lanes = dispatcher.lanes
+        remaining = sum(max(0, s.remaining - s.failed) for s in self.datasets.values() if not s.budget_reached)
+        if len(lanes) == 1:
+            counters = main.stats.counters
+            rows, attempts, errors = counters.rows, counters.attempts, dict(counters.errors)
+            rates = self._rates(main, now)
+        else:
+            rows = sum(lane.stats.counters.rows for lane in lanes)
+            attempts = sum(lane.stats.counters.attempts for lane in lanes)
+            total: Counter[str] = Counter()
+            for lane in lanes:
+                total.update(lane.stats.counters.errors)
+            errors = dict(total)
+            each = [self._rates(lane, now) for lane in lanes]
+            rates = {
+                "output_tokens_per_s": math.fsum(r["output_tokens_per_s"] for r in each),
+                "rows_per_s": math.fsum(r["rows_per_s"] for r in each),
+                "attempts_per_s": math.fsum(r["attempts_per_s"] for r in each),
+            }
+        rows_per_s = rates["rows_per_s"]
+        view = main.backend.view()
+        providers = self._providers(main, view["routes"], now, elapsed)
+        held = main.held_until
+        outage = main.outage
+        snapshot: Snapshot = {
+            "state": state.value,
+            "outcome": None if outcome is None else {"reason": outcome.reason.value, "message": outcome.message},
+            "elapsed_s": elapsed,
+            "model": view["model"],
+            "backend": {
+                "name": view["name"],
+                "unit": view["unit"],
+                "model": view["model"],
+                "supports_exclude": view["supports_exclude"],
+                "account": view["account"],
+            },
+            "in_flight": dispatcher.in_flight,
+            "held_s": max(0.0, held - now) if held else None,
+            "held_reason": outage.reason if outage is not None else main.held_reason,
+            "outage_s": main.outage_s(now),
+            "outage_total_s": main.outage_total_s + (main.outage_s(now) or 0.0),
+            "concurrency": {"configured": main.limit.configured, "effective": main.limit.current},
+            "rates": rates,
+            "money": self.money(main, now, remaining, main.stats.counters.rows),
+            "plan": self.plan(now),
+            "errors": errors,
+            "rows": rows,
+            "attempts": attempts,
+            "quarantined": sum(lane.settler.quarantined for lane in lanes),
+            "eta_s": remaining / rows_per_s if rows_per_s > 0 else None,
+            "excluded": view["excluded"],
+            "allowed_precisions": view["allowed_precisions"],
+            "datasets": [dataset_view(name, s) for name, s in self.datasets.items()],
+            "providers": providers,
+            "hosts": hosts,
+        }
+        snapshot["lanes"] = [
+            self._lane_view(lane, now, elapsed, remaining, rows, (view, providers) if lane is main else None)
+            for lane in lanes
+        ]
+        fleet = self.fleet
+        if fleet is not None and fleet.shown:
+            snapshot["fleet"] = fleet.view()
+        return snapshot
+
+
+def dataset_view(name: str, s: DatasetState) -> DatasetView:
+    return {
+        "name": name,
+        "total": s.total - s.invalid,
+        "done": s.done,
+        "ok": s.progress.ok,
+        "truncated": s.progress.truncated,
+        "failed": s.failed,
+        "invalid": s.invalid,
+        "in_flight": s.in_flight,
+        "output_tokens": s.progress.output_tokens,
+        "token_budget": s.token_budget,
+        "state": s.state,
+    }

@@ -1,0 +1,184 @@
+"""Steering OpenRouter's share so the job finishes by the deadline at the least cost, not flat out.
+
+The dispatcher calls `Steering.update` every few seconds with what it measured; the answer is
+OpenRouter's in-flight ceiling and a one-line reason. The control law, its margin and its smoothing
+are in docs/fleets.md ("Steering").
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from decimal import Decimal
+
+from regen.engine.money.fleetplan.plan import FleetPlan, Provider, Work, plan_fleets, span, tokens, usd
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """What the dispatcher measured, on one clock (seconds; the deadline on the same clock)."""
+
+    now: float
+    # The work at the start less what each backend has made since; tokens in flight count as left.
+    work_left: Work
+    gpu_tokens_per_s: float | None  # the GPU fleet's tokens/s over a recent window; None: no sample yet
+    request_tokens_per_s: float | None  # OpenRouter's output tokens/s per request in flight; None: no sample
+    in_flight: int  # OpenRouter requests in flight now
+    # Dollars left: budget - spent (settled). Not less the reservations: the tokens in flight are in
+    # work_left, so their cost is planned from this; the ledger's gate still holds their worst case.
+    budget_left: Decimal | None  # None: no budget
+    deadline: float | None  # the resolved deadline; None: no deadline
+    providers: tuple[Provider, ...] = ()  # the allowed providers, prices and sustainable rates
+
+
+@dataclass(frozen=True, slots=True)
+class Steer:
+    """The controller's answer for one tick."""
+
+    ceiling: int | None  # OpenRouter's in-flight ceiling; 0: idle; None: no limit (flat out)
+    reason: str  # one line for the operator
+    plan: FleetPlan  # the live plan to the deadline, at the smoothed rates: what the operator sees
+    aim: FleetPlan  # the plan the ceiling follows: to the target finish, a margin before the deadline
+    openrouter_tokens_per_s: float | None  # the rate the ceiling aims at; None: flat out
+
+
+class Steering:
+    """OpenRouter's in-flight ceiling from measured rates: deterministic, fed one tick at a time."""
+
+    def __init__(
+        self,
+        max_in_flight: int,
+        *,
+        gpu_tokens_per_s: float | None = None,
+        request_tokens_per_s: float = 30.0,
+        smoothing_s: float = 60.0,
+        margin: float = 0.05,
+        deadband: float = 0.05,
+    ) -> None:
+        """`gpu_tokens_per_s` and `request_tokens_per_s` are the settings used until there are samples;
+        `smoothing_s` the time constant of the rate averages, `margin` the share of the time left the
+        target finish sits before the deadline, `deadband` the relative change a new ceiling must make."""
+        if max_in_flight < 0 or request_tokens_per_s <= 0 or smoothing_s <= 0:
+            raise ValueError("max_in_flight >= 0, request_tokens_per_s > 0 and smoothing_s > 0")
+        if not 0 <= margin < 1 or deadband < 0:
+            raise ValueError("0 <= margin < 1 and deadband >= 0")
+        self.max_in_flight = max_in_flight
+        self.smoothing_s = smoothing_s
+        self.margin = margin
+        self.deadband = deadband
+        self._gpu: float | None = gpu_tokens_per_s
+        self._gpu_sampled = False
+        self._request = request_tokens_per_s
+        self._request_sampled = False
+        self._last_now: float | None = None
+        self.ceiling: int | None = None
+        self.last: Steer | None = None
+
+    @property
+    def gpu_tokens_per_s(self) -> float:
+        """The smoothed GPU rate the controller plans with."""
+        return self._gpu or 0.0
+
+    @property
+    def request_tokens_per_s(self) -> float:
+        """The smoothed per-request OpenRouter rate the controller plans with."""
+        return self._request
+
+    def _smooth(self, facts: Facts) -> None:
+        step = 0.0 if self._last_now is None else max(0.0, facts.now - self._last_now)
+        self._last_now = facts.now
+        weight = 1.0 - math.exp(-step / self.smoothing_s)
+        if facts.gpu_tokens_per_s is not None:
+            sample = max(0.0, facts.gpu_tokens_per_s)
+            if not self._gpu_sampled or self._gpu is None:
+                self._gpu, self._gpu_sampled = sample, True
+            else:
+                self._gpu += weight * (sample - self._gpu)
+        # A per-request rate means something only with requests in flight to measure it on.
+        if facts.request_tokens_per_s is not None and facts.request_tokens_per_s > 0 and facts.in_flight > 0:
+            sample = facts.request_tokens_per_s
+            if not self._request_sampled:
+                self._request, self._request_sampled = sample, True
+            else:
+                self._request += weight * (sample - self._request)
+
+    def update(self, facts: Facts) -> Steer:
+        """The ceiling for the next few seconds, per docs/fleets.md ("Steering")."""
+        self._smooth(facts)
+        steer = self._decide(facts)
+        self.ceiling = steer.ceiling
+        self.last = steer
+        return steer
+
+    def _decide(self, facts: Facts) -> Steer:
+        work, gpu, providers = facts.work_left, self.gpu_tokens_per_s, facts.providers
+        if facts.deadline is None:
+            live = plan_fleets(work, None, gpu, providers, facts.budget_left)
+            return Steer(None, "no deadline: both fleets flat out, GPUs first", live, live, None)
+        time_left = facts.deadline - facts.now
+        if work.output_tokens <= 0:
+            live = plan_fleets(work, max(0.0, time_left), gpu, providers, facts.budget_left)
+            return Steer(0, "nothing left to make: OpenRouter idle", live, live, 0.0)
+        if time_left <= 0:
+            live = plan_fleets(work, 0.0, gpu, providers, facts.budget_left)
+            return Steer(
+                self.max_in_flight,
+                f"deadline passed: OpenRouter flat out ({self.max_in_flight} in flight) within the budget",
+                live,
+                live,
+                None,
+            )
+        shown = plan_fleets(work, time_left, gpu, providers, facts.budget_left)
+        # Aim a little before the deadline; the lead shrinks with the time left, so the run lands on it.
+        # When the money or the rates leave no room for the lead, aim at the deadline itself.
+        aim_s = time_left * (1.0 - self.margin)
+        aim = plan_fleets(work, aim_s, gpu, providers, facts.budget_left)
+        if not aim.fits and shown.fits:
+            aim, aim_s = shown, time_left
+        if aim.openrouter_tokens <= 0:
+            return Steer(0, self._moved(0, "GPUs alone make the deadline: OpenRouter idle"), shown, aim, 0.0)
+        if not aim.reachable:
+            note = f"deadline cannot be met at OpenRouter's rates: flat out; {_out(shown)}"
+            return Steer(self.max_in_flight, self._moved(self.max_in_flight, note), shown, aim, None)
+        # Over the budget, what the budget buys is spread to the deadline: the most work done by then.
+        carry = aim.openrouter_tokens if aim.affordable else aim.tokens_by_deadline - aim.gpu_tokens
+        rate = carry / aim_s
+        wanted = min(self.max_in_flight, math.ceil(rate / self.request_tokens_per_s))
+        ceiling = self._damped(wanted)
+        detail = f"{rate:,.0f} tokens/s for {tokens(carry)} by the deadline in {span(time_left)}"
+        if aim.affordable:
+            note = self._moved(ceiling, detail, direction=True)
+        else:
+            spend = aim.budget_left if aim.budget_left is not None else Decimal(0)
+            note = self._moved(
+                ceiling,
+                f"deadline cannot be met within the budget: OpenRouter spends the {usd(spend)} left, "
+                f"{detail}; {_out(shown)}",
+            )
+        return Steer(ceiling, note, shown, aim, rate)
+
+    def _damped(self, wanted: int) -> int:
+        """The new ceiling, unless it is within the deadband of the current one (noise, not news)."""
+        current = self.ceiling
+        if current is None or wanted == 0 or current == 0:
+            return wanted
+        if abs(wanted - current) < self.deadband * current:
+            return current
+        return wanted
+
+    def _moved(self, ceiling: int, note: str, direction: bool = False) -> str:
+        current = self.ceiling
+        if direction:
+            if current is None or current == ceiling:
+                return f"on track: OpenRouter {ceiling} in flight, {note}"
+            side = "GPUs ahead" if ceiling < current else "GPUs behind"
+            return f"{side}: OpenRouter {current} -> {ceiling} in flight, {note}"
+        if current is None or current == ceiling:
+            return f"{note} ({ceiling} in flight)"
+        return f"{note} (OpenRouter {current} -> {ceiling} in flight)"
+
+
+def _out(live: FleetPlan) -> str:
+    if live.earliest_s is None:
+        return f"{live.share_by_deadline:.0%} of the work by the deadline; no deadline fits the budget"
+    return f"{live.share_by_deadline:.0%} of the work by the deadline, all of it in {span(live.earliest_s)}"

@@ -1,0 +1,106 @@
+"""The run's inputs: datasets found and every line checked, and the rows earlier runs wrote.
+
+Every line of every selected dataset is validated before the first request (docs/data-contract.md
+§1). A row whose prompt changed under it means the input file was edited: the job stops rather
+than guess which of the two is right.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+
+from regen.engine.config.settings import JobSettings
+from regen.engine.data.datasets import Dataset, DatasetError, ScanReport, discover, scan
+from regen.engine.money.ledger import planning_prompt_tokens
+from regen.engine.run.recovery import DatasetProgress, Unsettled, read_rows
+from regen.engine.run.state import DatasetState, JobError
+
+# Invalid lines listed per dataset before "and N more".
+SHOWN_INVALID = 20
+
+
+@dataclass(frozen=True, slots=True)
+class Scanned:
+    dataset: Dataset
+    report: ScanReport
+
+
+async def scan_datasets(job: JobSettings, only: Collection[str] | None, skip_invalid: bool) -> list[Scanned]:
+    """The datasets the settings select, each scanned whole; JobError names every bad line."""
+    if not job.datasets and not job.dataset_roots:
+        raise JobError("no datasets: set job.datasets or job.dataset_roots in the settings file")
+    try:
+        found = discover(job.datasets, job.dataset_roots, only)
+    except DatasetError as exc:
+        raise JobError(str(exc)) from None
+    if not found:
+        raise JobError("the dataset roots hold no dataset (no subfolder with prompts.jsonl)")
+    scanned = []
+    problems = []
+    for dataset in found:
+        report = await asyncio.to_thread(scan, dataset, keep_digests=True)
+        scanned.append(Scanned(dataset, report))
+        for bad in report.invalid[:SHOWN_INVALID]:
+            problems.append(f"{dataset.prompts_path}:{bad.line + 1}: {bad.reason}")
+        if len(report.invalid) > SHOWN_INVALID:
+            problems.append(
+                f"{dataset.prompts_path}: and {len(report.invalid) - SHOWN_INVALID} more invalid lines"
+            )
+    if problems and not skip_invalid:
+        raise JobError("invalid prompt lines (fix them or pass --skip-invalid):\n" + "\n".join(problems))
+    return scanned
+
+
+async def load_progress(
+    scanned: Iterable[Scanned], crashed: Iterable[Unsettled], token_budget: int | None
+) -> dict[str, DatasetState]:
+    """Each dataset's live state, from its rows; rows of attempts a crash left open are kept to settle them."""
+    crashed_lines: dict[str, set[int]] = {}
+    for attempt in crashed:
+        crashed_lines.setdefault(attempt.dataset, set()).add(attempt.line)
+    states = {}
+    for item in scanned:
+        dataset, report = item.dataset, item.report
+        progress = await asyncio.to_thread(
+            read_rows, dataset.results_path, crashed_lines.get(dataset.name, set())
+        )
+        await asyncio.to_thread(check_rows_match, dataset, progress, report)
+        states[dataset.name] = DatasetState(
+            dataset,
+            report.total,
+            len(report.invalid),
+            progress,
+            token_budget=token_budget,
+            prompt_tokens_mean=planning_prompt_tokens(report.content_chars),
+        )
+    return states
+
+
+def check_rows_match(dataset: Dataset, progress: DatasetProgress, report: ScanReport) -> None:
+    """Every row names a valid line whose prompt is still the one it was written for.
+
+    Compared against the digests the scan kept (scan(keep_digests=True)): no second pass over the file.
+    """
+    if not progress.done:
+        return
+    orphans = []
+    for line, digest in progress.done.items():
+        kept = report.digest_of(line)
+        if kept is None:
+            orphans.append(line)
+            continue
+        # b"" (a row whose prompt_sha256 is not hex) was not written for this prompt either.
+        if digest != kept:
+            raise JobError(
+                f"{dataset.prompts_path}:{line + 1}: prompt changed since its row was written "
+                f"(row in {dataset.results_path.name} has another prompt_sha256); restore the file or "
+                "move the results away"
+            )
+    if orphans:
+        orphans.sort()
+        raise JobError(
+            f"{dataset.results_path}: {len(orphans)} rows name lines that are not valid prompts "
+            f"in {dataset.prompts_path.name} (first: line {orphans[0] + 1})"
+        )

@@ -1,0 +1,117 @@
+"""What /model_info, /server_info and /v1/models say (docs/sglang.md, "Health and information")."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from regen.sim.sglang.server import SGLangSim
+
+__all__ = ["model_card", "model_info", "server_info"]
+
+
+def model_info(sim: SGLangSim, legacy: bool = False) -> dict[str, Any]:
+    cfg = sim.config
+    info: dict[str, Any] = {
+        "model_path": cfg.model_path,
+        "tokenizer_path": cfg.tokenizer_path or cfg.model_path,
+        "is_generation": True,
+        "preferred_sampling_params": None,
+        "weight_version": cfg.weight_version,
+        "has_image_understanding": False,
+        "has_audio_understanding": False,
+    }
+    if legacy:
+        return info
+    return {
+        "model_path": cfg.model_path,
+        "served_model_name": cfg.served_name,
+        "tokenizer_path": cfg.tokenizer_path or cfg.model_path,
+        "is_generation": True,
+        "preferred_sampling_params": None,
+        "weight_version": cfg.weight_version,
+        "load_format": "auto",
+        "reasoning_parser": cfg.reasoning_parser,
+        "tool_call_parser": cfg.tool_call_parser,
+        "disaggregation_mode": "null",
+        "has_image_understanding": False,
+        "has_audio_understanding": False,
+        "model_type": cfg.model_type,
+        "architectures": cfg.architectures,
+    }
+
+
+def server_info(sim: SGLangSim) -> dict[str, Any]:
+    cfg = sim.config
+    sched = sim.scheduler
+    args: dict[str, Any] = {
+        "model_path": cfg.model_path,
+        "tokenizer_path": cfg.tokenizer_path or cfg.model_path,
+        "tokenizer_mode": "auto",
+        "skip_tokenizer_init": False,
+        "load_format": "auto",
+        "trust_remote_code": cfg.trust_remote_code,
+        "context_length": cfg.context_length,
+        "is_embedding": False,
+        "host": sim.host,
+        "port": sim.port,
+        "api_key": None,  # never echoed: the key would leak to anyone who can read this
+        "served_model_name": cfg.served_name,
+        "mem_fraction_static": cfg.mem_fraction_static,
+        "max_running_requests": cfg.max_running_requests,
+        "max_total_tokens": cfg.max_total_tokens,
+        "chunked_prefill_size": cfg.chunked_prefill_size,
+        "max_prefill_tokens": cfg.max_prefill_tokens,
+        "schedule_policy": "fcfs",
+        "schedule_conservativeness": cfg.schedule_conservativeness,
+        "kv_cache_dtype": cfg.kv_cache_dtype,
+        "tp_size": cfg.tp_size,
+        "dp_size": cfg.dp_size,
+        "stream_interval": cfg.stream_interval,
+        "random_seed": cfg.seed,
+        "watchdog_timeout": cfg.watchdog_timeout,
+        "log_level": "info",
+        "enable_metrics": cfg.enable_metrics,
+        "decode_log_interval": cfg.decode_log_interval,
+        "enable_cache_report": cfg.enable_cache_report,
+        "reasoning_parser": cfg.reasoning_parser,
+        "tool_call_parser": cfg.tool_call_parser,
+        "skip_server_warmup": cfg.skip_server_warmup,
+        "weight_version": cfg.weight_version,
+    }
+    kv_gb = round(cfg.max_total_tokens * 34_000 / 1e9, 2)
+    return {
+        **args,
+        "max_total_num_tokens": cfg.max_total_tokens,
+        "max_req_input_len": sim.context_len - 1,
+        "startup_time": sim.stats.startup_phases.get("e2e"),
+        "internal_states": [
+            {
+                "last_gen_throughput": sim.stats.gen_throughput,
+                "memory_usage": {
+                    "weight": 73.58,
+                    "kvcache": kv_gb,
+                    "token_capacity": cfg.max_total_tokens,
+                    "graph": 1.91,
+                },
+                "effective_max_running_requests_per_dp": cfg.max_running_requests,
+                "num_running_reqs": len(sched.running),
+                "num_waiting_reqs": len(sched.waiting),
+            }
+        ],
+        "version": cfg.version,
+        "frontend": "python",
+    }
+
+
+
+def model_card(sim: SGLangSim) -> dict[str, Any]:
+    name = sim.config.served_name
+    return {
+        "id": name,
+        "object": "model",
+        "created": int(sim.stats.started_wall),
+        "owned_by": "sglang",
+        "root": name,
+        "max_model_len": sim.context_len,
+    }

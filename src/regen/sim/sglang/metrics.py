@@ -1,0 +1,124 @@
+"""/metrics: Prometheus text with SGLang's metric names and labels (docs/sglang.md, "Metrics").
+
+Rendered by prometheus-client from the live counters at scrape time, so every scrape is
+consistent with /_sim/state at that moment. Scheduler series carry the scheduler's labels
+(model_name, engine_type, tp_rank, pp_rank, moe_ep_rank); the front end's token and request
+counters and latency histograms carry model_name and engine_type only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+if TYPE_CHECKING:
+    from regen.sim.sglang.server import SGLangSim
+    from regen.sim.sglang.stats import Histogram
+
+__all__ = ["CONTENT_TYPE", "render"]
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+_SCHED = ["model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank"]
+_TOK = ["model_name", "engine_type"]
+
+
+class _Collector:
+    def __init__(self, sim: SGLangSim) -> None:
+        self.sim = sim
+
+    def collect(self) -> Iterator[Metric]:
+        sim = self.sim
+        cfg = sim.config
+        sched = sim.scheduler
+        stats = sim.stats
+        name = cfg.served_name
+        slabels = [name, "unified", "0", "0", "0"]
+        tlabels = [name, "unified"]
+        total = cfg.max_total_tokens
+
+        def gauge(metric: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(metric, doc, labels=_SCHED)
+            g.add_metric(slabels, float(value))
+            return g
+
+        yield gauge("sglang:num_running_reqs", "The number of running requests.", len(sched.running))
+        yield gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", len(sched.waiting))
+        yield gauge("sglang:num_used_tokens", "The number of used tokens.", sched.kv_used)
+        yield gauge("sglang:token_usage", "The token usage.", sched.kv_used / total)
+        yield gauge("sglang:kv_used_tokens", "The number of KV cache tokens in use.", sched.kv_used)
+        yield gauge("sglang:kv_available_tokens", "The number of free KV cache tokens.", total - sched.kv_used)
+        yield gauge("sglang:max_total_num_tokens", "The size of the KV token pool.", total)
+        yield gauge("sglang:context_len", "The context length.", sim.context_len)
+        yield gauge("sglang:gen_throughput", "The generation throughput (token/s).", stats.gen_throughput)
+        yield gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", sched.cache.hit_rate())
+        yield gauge("sglang:num_retracted_reqs", "The number of retracted requests.", stats.last_retracted)
+        yield gauge("sglang:num_paused_reqs", "The number of paused requests.", 0)
+        yield gauge(
+            "sglang:utilization",
+            "The share of the running-request capacity in use.",
+            len(sched.running) / cfg.max_running_requests,
+        )
+        yield gauge("sglang:spec_accept_length", "The average speculative acceptance length.", 0.0)
+        yield gauge("sglang:spec_accept_rate", "The speculative acceptance rate.", 0.0)
+
+        retracted = CounterMetricFamily(
+            "sglang:num_retracted_requests", "The number of retracted requests.", labels=_SCHED
+        )
+        retracted.add_metric(slabels, float(stats.retracted_total))
+        yield retracted
+        yield self._hist("sglang:queue_time_seconds", "Time spent in the waiting queue.", stats.queue, _SCHED,
+                         slabels)
+
+        for metric, doc, value in (
+            ("sglang:prompt_tokens", "Number of prefill tokens processed.", stats.prompt_tokens),
+            ("sglang:generation_tokens", "Number of generation tokens processed.", stats.generation_tokens),
+            ("sglang:cached_tokens", "Number of cached prompt tokens.", stats.cached_tokens),
+            ("sglang:num_requests", "Number of requests processed.", stats.requests),
+            ("sglang:num_aborted_requests", "Number of requests aborted.", stats.aborted),
+        ):
+            c = CounterMetricFamily(metric, doc, labels=_TOK)
+            c.add_metric(tlabels, float(value))
+            yield c
+        yield self._hist("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                         stats.ttft, _TOK, tlabels)
+        yield self._hist("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                         stats.itl, _TOK, tlabels)
+        yield self._hist("sglang:e2e_request_latency_seconds",
+                         "Histogram of End-to-end request latency in seconds", stats.e2e, _TOK, tlabels)
+        yield self._hist("sglang:request_time_per_output_token_seconds",
+                         "Histogram of time per output token in seconds.", stats.tpot, _TOK, tlabels)
+
+        phases = GaugeMetricFamily(
+            "sglang:startup_time_seconds", "Engine startup duration by phase in seconds.",
+            labels=[*_TOK, "phase"],
+        )
+        for phase, seconds in stats.startup_phases.items():
+            phases.add_metric([*tlabels, phase], seconds)
+        yield phases
+        load = GaugeMetricFamily(
+            "sglang:weight_load_duration_seconds", "Time spent loading the weights.", labels=_TOK
+        )
+        load.add_metric(tlabels, stats.startup_phases.get("load_weight", 0.0))
+        yield load
+
+    @staticmethod
+    def _hist(
+        metric: str, doc: str, h: Histogram, labels: list[str], values: list[str]
+    ) -> HistogramMetricFamily:
+        fam = HistogramMetricFamily(metric, doc, labels=labels)
+        fam.add_metric(values, buckets=h.cumulative(), sum_value=h.total)
+        return fam
+
+
+def render(sim: SGLangSim) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(sim))
+    return generate_latest(registry)

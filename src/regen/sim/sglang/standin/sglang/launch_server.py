@@ -1,0 +1,22 @@
+"""Stand-in for `python -m sglang.launch_server`: SGLang's flags, the simulator behind them.
+
+Runs with the standard library plus regen's own packages; when `engine` is not importable (regen not
+installed in this Python), the repository this file lives in is put on the path.
+"""
+
+import sys
+from pathlib import Path
+
+
+def _engine_importable() -> None:
+    try:
+        import regen.sim.sglang.launch  # noqa: F401
+    except ImportError:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[5]))
+
+
+if __name__ == "__main__":
+    _engine_importable()
+    from regen.sim.sglang.launch import main
+
+    sys.exit(main())
