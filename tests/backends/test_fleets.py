@@ -33,9 +33,9 @@ from regen.engine.config.settings import (
     load_settings,
 )
 from regen.engine.data.datasets import Dataset
-from regen.engine.data.verify import journal_spend, verify_dataset
+from regen.engine.data.verify import verify_dataset
 from regen.engine.job.job import Job, JobError, StopReason
-from regen.engine.run.recovery import read_journals
+from regen.engine.run.recovery import journal_spend, read_journals
 from regen.sim.openrouter.server import OpenRouterSim
 from regen.sim.sglang.server import SGLangSim
 from regen.sim.sglang.tokens import SimTokenizer

@@ -11,7 +11,6 @@ The rules are docs/data-contract.md §4; each violation names the dataset, the r
 
 from __future__ import annotations
 
-import math
 import re
 from array import array
 from collections import Counter
@@ -27,7 +26,7 @@ from regen.engine.data.datasets import PROMPTS_FILE, RESULTS_FILE, Dataset, vali
 from regen.engine.data.jsonl import JsonlError, iter_jsonl
 from regen.engine.data.tokenizer import THINK, THINK_END, TargetTokenizer
 
-__all__ = ["RULES", "DatasetReport", "Violation", "journal_spend", "verify_dataset"]
+__all__ = ["RULES", "DatasetReport", "Violation", "verify_dataset"]
 
 # Rule name -> what it means; the names are what reports and tests refer to.
 RULES = {
@@ -199,51 +198,6 @@ def _read_messages(fh: Any, offset: int) -> list[dict[str, Any]] | None:
     fh.seek(offset)
     prompt = validate_line(fh.readline())
     return None if isinstance(prompt, str) else prompt.messages
-
-
-# ---------------------------------------------------------------------------------------------
-# Attempt journal (read-only: the job may be writing it)
-
-
-# Backends whose ledger counts something other than dollars (docs/money.md): their attempts' amounts
-# are not part of what the rows' `cost` can be compared with.
-_NOT_DOLLARS = frozenset({"sglang"})
-
-
-def journal_spend(attempts_path: Path) -> dict[str, float]:
-    """Dollar spend per dataset from the attempt journal: settled costs plus reconciliations, of the
-    attempts of dollar backends only (a job on both fleets journals GPU-seconds beside dollars)."""
-    spend: dict[str, float] = {}
-    owner: dict[str, Any] = {}
-    for _, rec in iter_jsonl(attempts_path):
-        kind = rec.get("k")
-        if kind == "start" and rec.get("be") is not None:
-            owner[str(rec.get("rid", ""))] = rec.get("be")
-        if kind not in ("end", "reconciled"):
-            continue
-        if (rec.get("be") or owner.get(str(rec.get("rid", "")))) in _NOT_DOLLARS:
-            continue
-        ds = rec.get("ds")
-        if not isinstance(ds, str):
-            # A request id is f"{dataset}-{line:08d}#{attempt}" (docs/data-contract.md §2).
-            rid = str(rec.get("rid", ""))
-            ds = rid.split("#", 1)[0][:-9]
-        value = rec.get("cost") if kind == "end" else rec.get("delta")
-        amount = _dollars(value)
-        if amount is not None:
-            spend[ds] = spend.get(ds, 0.0) + amount
-    return spend
-
-
-def _dollars(value: Any) -> float | None:
-    # The job writes amounts as decimal strings (exact); older journals and tests hold numbers.
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        return None
-    try:
-        amount = float(value)
-    except ValueError:
-        return None
-    return amount if math.isfinite(amount) else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -533,7 +487,7 @@ def verify_dataset(
     *,
     require_ids: bool = False,
     check_prompts: bool = False,
-    journal: dict[str, float] | None = None,
+    journal: dict[str, float] | None = None,  # dollars per dataset (engine/run/recovery.py `journal_spend`)
     examples_per_rule: int = 5,
 ) -> DatasetReport:
     """Check ``dataset``'s rows against its prompts and docs/data-contract.md §4; nothing is written."""
