@@ -115,17 +115,44 @@ class Settler:
         mono = time.monotonic()
         route = self._account(flight, outcome, cost, estimated, result, failure, violation, mono)
         record = self._record(flight, outcome, cost, estimated, result, failure, violation, now)
+        item = flight.item
         if estimated and outcome.handle:
-            prompt = flight.item.prompt
             self.reconcile_later(
-                Unsettled(flight.rid, prompt.dataset, prompt.line, outcome.handle, cost, result, outcome.route)
+                Unsettled(flight.rid, item.prompt.dataset, item.prompt.line, outcome.handle, cost, result, outcome.route)
             )
         if failure is not None:
             self.results.journal(record)
-            self._failed(flight.item, failure, route, flight.launched_at)
+            self._failed(item, failure, route, flight.launched_at)
             return
         assert status is not None
-        await self._deliver(flight, outcome, record, status, cost, estimated, violation, now, mono)
+        # Delivered here, not in an awaited helper: that would make one more coroutine per attempt.
+        prompt = item.prompt
+        row = build_row(
+            prompt,
+            outcome,
+            status,
+            self.backend,
+            cost=float(cost),
+            cost_estimated=estimated,
+            started_at=item.first_started or now,
+            attempts=item.attempts,
+            now=now,
+        )
+        if violation is not None:
+            await self.results.journal(record)
+            await self._quarantine(item, row, violation, outcome.route)
+            return
+        if self.pool is not None:
+            try:
+                row = await self.pool.fill(row, prompt.request_messages)
+            except TokenizeError as exc:
+                await self.results.journal(record)
+                self.steering.fatal(StopReason.FATAL, f"tokenizing failed: {exc}")
+                return
+        await self.results.commit_row(prompt.dataset, record, row)
+        self._progress(prompt, status, outcome.completion_tokens, mono)
+        self.steering.reached(flight.launched_at)
+        self.steering.succeeded(mono)
 
     def _account(
         self,
@@ -196,49 +223,6 @@ class Settler:
             msg=violation if failure is None else failure.message[:300],
             sent=failure is None or failure.sent,
         )
-
-    async def _deliver(
-        self,
-        flight: Flight,
-        outcome: AttemptOutcome,
-        record: EndRecord,
-        status: str,
-        cost: Decimal,
-        estimated: bool,
-        violation: str | None,
-        now: float,
-        mono: float,
-    ) -> None:
-        """An accepted answer: its row (token ids filled) committed with its end record, or its
-        quarantine."""
-        item = flight.item
-        prompt = item.prompt
-        row = build_row(
-            prompt,
-            outcome,
-            status,
-            self.backend,
-            cost=float(cost),
-            cost_estimated=estimated,
-            started_at=item.first_started or now,
-            attempts=item.attempts,
-            now=now,
-        )
-        if violation is not None:
-            await self.results.journal(record)
-            await self._quarantine(item, row, violation, outcome.route)
-            return
-        if self.pool is not None:
-            try:
-                row = await self.pool.fill(row, prompt.request_messages)
-            except TokenizeError as exc:
-                await self.results.journal(record)
-                self.steering.fatal(StopReason.FATAL, f"tokenizing failed: {exc}")
-                return
-        await self.results.commit_row(prompt.dataset, record, row)
-        self._progress(prompt, status, outcome.completion_tokens, mono)
-        self.steering.reached(flight.launched_at)
-        self.steering.succeeded(mono)
 
     def _progress(self, prompt: Prompt, status: str, tokens: int, mono: float) -> None:
         """A row written: its dataset's progress and the job's counters."""

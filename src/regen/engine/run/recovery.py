@@ -246,17 +246,9 @@ class _AttemptReplay:
             "reconciled": on(read_reconciled, self.reconciled),
         }
 
-    def _mine(self, rid: str, be: str | None, *, ending: bool = False) -> bool:
-        """Whether a gen, end or reconciled record is of this reader's backend (always, without one)."""
-        backend = self.backend
-        if backend is None:
-            return True
-        owner = be or (backend if rid in self.starts else self.open_backend.get(rid, self.default))
-        if owner == backend:
-            return True
-        if ending:
-            self.open_backend.pop(rid, None)
-        return False  # another backend's attempt: its own ledger counts it
+    def _owner(self, rid: str, be: str | None) -> str | None:
+        """The backend of a gen, end or reconciled record: its own `be`, else its start's."""
+        return be or (self.backend if rid in self.starts else self.open_backend.get(rid, self.default))
 
     def start(self, rec: StartRecord) -> None:
         self.state.begun = True
@@ -274,12 +266,14 @@ class _AttemptReplay:
         self.starts[rid] = rec
 
     def gen(self, rec: GenRecord) -> None:
-        if self._mine(rec["rid"], None):
-            self.generation[rec["rid"]] = rec["gen"]
+        rid = rec["rid"]
+        if self.backend is None or self._owner(rid, None) == self.backend:
+            self.generation[rid] = rec["gen"]
 
     def end(self, rec: EndRecord) -> None:
         rid = rec["rid"]
-        if not self._mine(rid, rec.get("be"), ending=True):
+        if self.backend is not None and self._owner(rid, rec.get("be")) != self.backend:
+            self.open_backend.pop(rid, None)  # another backend's attempt: its own ledger counts it
             return
         state = self.state
         start = self.starts.pop(rid, None)
@@ -309,7 +303,7 @@ class _AttemptReplay:
 
     def reconciled(self, rec: ReconciledRecord) -> None:
         rid = rec["rid"]
-        if not self._mine(rid, rec.get("be")):
+        if self.backend is not None and self._owner(rid, rec.get("be")) != self.backend:
             return
         state = self.state
         delta = Decimal(str(rec.get("delta") or 0))
