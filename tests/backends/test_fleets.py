@@ -25,13 +25,8 @@ from typing import Any
 import orjson
 import pytest
 
-from regen.engine.config.settings import (
-    JobSettings,
-    OpenRouterSettings,
-    Settings,
-    SettingsError,
-    load_settings,
-)
+from regen.engine.config.loading import SettingsError, load_settings
+from regen.engine.config.settings import JobSettings, OpenRouterSettings, Settings
 from regen.engine.data.datasets import Dataset
 from regen.engine.data.verify import journal_spend, verify_dataset
 from regen.engine.job.job import Job, JobError, StopReason

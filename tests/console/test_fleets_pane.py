@@ -11,6 +11,7 @@ import pytest
 from regen.console import format as fmt
 from regen.console.scripted import SIM_EPOCH, SimulatedJob
 from regen.console.widgets.fleets import fleet_lines, lane_lines, plan_lines, route_lines, shows_fleets
+from regen.engine.durations import duration
 from regen.engine.money.fleetplan import Provider, Work, plan_fleets
 from regen.engine.money.ledger import RoutePrice
 from regen.engine.run.state import JobError
@@ -65,7 +66,7 @@ def fleet(**fields: Any) -> dict[str, Any]:
 
 
 def test_spans_and_the_eta_against_the_deadline() -> None:
-    assert [fmt.span(s) for s in (None, -1, 45, 20 * 60, 3 * 3600 + 10 * 60, 7200)] == [
+    assert [duration(s, "coarse") for s in (None, -1, 45, 20 * 60, 3 * 3600 + 10 * 60, 7200)] == [
         "-",
         "-",
         "45s",

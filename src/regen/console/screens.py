@@ -23,6 +23,7 @@ from regen.console.history import History, provider_status
 from regen.console.widgets.fleets import state_word
 from regen.console.widgets.providers import STATUS_GLYPH, provider_tokens_per_s, slug_of, usd_per_m
 from regen.console.widgets.spark import ZeroSparkline
+from regen.engine.durations import duration
 from regen.engine.money.fleetplan import DeadlineError, parse_deadline
 
 MODAL_CSS = """
@@ -265,7 +266,7 @@ class DeadlineScreen(ModalScreen[str | None]):
         self.time_left = number(fleet.get("time_left_s"))
 
     def compose(self) -> ComposeResult:
-        now = "none" if not self.current else f"{self.current}, {fmt.span(self.time_left)} left"
+        now = "none" if not self.current else f"{self.current}, {duration(self.time_left, 'coarse')} left"
         with Vertical():
             yield Label("Set the deadline", classes="title")
             yield Static(

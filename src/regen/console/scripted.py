@@ -22,10 +22,10 @@ from decimal import Decimal
 from typing import Any
 
 from regen.engine.control.server import PROTOCOL_VERSION
+from regen.engine.durations import duration
 from regen.engine.job.commands import run_command
 from regen.engine.job.stats import StatusRules, judge, percentile
 from regen.engine.money.fleetplan import DeadlineError, Provider, Work, parse_deadline, resolve_deadline
-from regen.engine.money.fleetplan.plan import span
 from regen.engine.money.fleetplan.steer import Facts, Steer, Steering
 from regen.engine.money.ledger import WASTE_CAUSES, RoutePrice
 from regen.engine.run.state import JobError
@@ -348,7 +348,7 @@ class SimulatedJob:
         self.event("deadline", value=self.deadline, ts=self.deadline_ts, source=origin)
         self._steer()
         local = instant.astimezone().strftime("%H:%M")
-        return f"deadline {self.deadline}: {local}, {span(self.deadline_ts - self.now)} from now"
+        return f"deadline {self.deadline}: {local}, {duration(self.deadline_ts - self.now, 'fine')} from now"
 
     def inspect_hosts(self, host: str | None, origin: str) -> str:
         raise JobError("no GPU host configured")

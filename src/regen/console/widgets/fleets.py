@@ -19,6 +19,7 @@ from textual.markup import escape
 from regen.console import format as fmt
 from regen.console.format import number
 from regen.console.widgets.text import TextPane
+from regen.engine.durations import duration
 
 # Providers (or workers) shown under each backend: the busiest by requests.
 TOP_ROUTES = 3
@@ -113,8 +114,8 @@ def deadline_line(fleet: dict[str, Any]) -> str:
     at = "" if when is None else f" ({fmt.wall_time(when)[:5]})"
     left = number(fleet.get("time_left_s"))
     if left is not None and left < 0:
-        return f"[b]Plan[/] deadline {escape(str(deadline))}{at} [b $warning]passed {fmt.span(-left)} ago[/]"
-    return f"[b]Plan[/] deadline {escape(str(deadline))}{at} · {fmt.span(left)} left"
+        return f"[b]Plan[/] deadline {escape(str(deadline))}{at} [b $warning]passed {duration(-left, 'coarse')} ago[/]"
+    return f"[b]Plan[/] deadline {escape(str(deadline))}{at} · {duration(left, 'coarse')} left"
 
 
 def plan_lines(

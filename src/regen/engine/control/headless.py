@@ -15,14 +15,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
 from regen.engine.control.server import SOCKET_NAME, ControlServer
+from regen.engine.durations import duration
 from regen.engine.job.job import Job, Outcome, StopReason
-
-
-def _clock(seconds: float | None) -> str:
-    if seconds is None:
-        return "--:--:--"
-    seconds = int(seconds)
-    return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
 def _count(n: float) -> str:
@@ -89,15 +83,15 @@ def status_line(snap: Mapping[str, Any]) -> str:
     budget = "" if money["budget"] is None else f" / {_amount(money['budget'], unit)}"
     state = snap["state"]
     if snap.get("outage_s") is not None:
-        state += f" (HELD: {snap.get('held_reason')} for {_clock(snap['outage_s'])})"
+        state += f" (HELD: {snap.get('held_reason')} for {duration(snap['outage_s'], 'clock')})"
     elif snap.get("held_s") is not None:
-        state += f" (held {_clock(snap['held_s'])}: {snap.get('held_reason')})"
+        state += f" (held {duration(snap['held_s'], 'clock')}: {snap.get('held_reason')})"
     line = (
-        f"[{_clock(snap['elapsed_s'])}] {state} | {datasets} | "
+        f"[{duration(snap['elapsed_s'], 'clock')}] {state} | {datasets} | "
         f"{_count(rates['output_tokens_per_s'])} tok/s {rates['attempts_per_s']:.1f} req/s | "
         f"in flight {snap['in_flight']}/{limit} | "
         f"{_amount(money['spent'], unit)} spent{estimated} + {_amount(money['reserved'], unit)} reserved{budget} | "
-        f"errors {errors} | ETA {_clock(snap['eta_s'])}"
+        f"errors {errors} | ETA {duration(snap['eta_s'], 'clock')}"
     )
     lanes = snap.get("lanes") or []
     if len(lanes) > 1:
@@ -119,11 +113,12 @@ def deadline_part(fleet: Mapping[str, Any]) -> str:
     left = fleet["time_left_s"]
     part = f"deadline {_at(fleet['deadline_ts'])}"
     if left is not None and left < 0:
-        return part + f" passed {_clock(-left)} ago"
-    part += f" in {_clock(left)}"
+        return part + f" passed {duration(-left, 'clock')} ago"
+    part += f" in {duration(left, 'clock')}"
     eta = fleet["eta_s"]
     if eta is not None and left is not None:
-        part += f", ETA {_clock(eta)} ({'on time' if eta <= left else f'{_clock(eta - left)} late'})"
+        verdict = "on time" if eta <= left else f"{duration(eta - left, 'clock')} late"
+        part += f", ETA {duration(eta, 'clock')} ({verdict})"
     return part + ("" if fleet["fits"] else ", CANNOT BE MET")
 
 
@@ -132,7 +127,7 @@ def plan_line(fleet: Mapping[str, Any]) -> str:
     if fleet["deadline_ts"] is None:
         return f"plan: {fleet['plan']['reason']}"
     left = fleet["time_left_s"]
-    return f"deadline {_at(fleet['deadline_ts'])} (in {_clock(max(0.0, left or 0.0))}): {fleet['reason']}"
+    return f"deadline {_at(fleet['deadline_ts'])} (in {duration(max(0.0, left or 0.0), 'clock')}): {fleet['reason']}"
 
 
 # Events the status lines do not show and an operator reading the log should see when they happen.
@@ -238,7 +233,7 @@ def summary_lines(snap: Mapping[str, Any], outcome: Outcome) -> list[str]:
     fleet = snap.get("fleet")
     if fleet is not None and fleet["deadline_ts"] is not None:
         early = fleet["deadline_ts"] - time.time()
-        verdict = f"{_clock(early)} before it" if early >= 0 else f"missed by {_clock(-early)}"
+        verdict = f"{duration(early, 'clock')} before it" if early >= 0 else f"missed by {duration(-early, 'clock')}"
         lines.append(f"deadline {_at(fleet['deadline_ts'])}: ended {verdict}")
     if snap.get("quarantined"):
         lines.append(f"  quarantined responses: {snap['quarantined']} (see quarantine.jsonl)")

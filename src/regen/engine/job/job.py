@@ -22,8 +22,8 @@ from typing import Any
 from regen.engine.backends import make_backends
 from regen.engine.backends.base import Backend, BackendError
 from regen.engine.config.settings import Settings
-from regen.engine.data.datasets import iter_prompts
 from regen.engine.data.jsonl import JsonlError, WriteFailed
+from regen.engine.data.scan import iter_prompts
 from regen.engine.data.tokenize_pool import TokenizePool
 from regen.engine.data.tokenizer import TokenizerError, TokenizerSpec
 from regen.engine.host.errors import HostError
