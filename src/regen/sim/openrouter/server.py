@@ -2,7 +2,7 @@
 
 One process, one event loop. Each request is served by its own aiohttp handler task; a stream wakes
 every `chunk_interval_s` and flushes all tokens produced since its last flush in one write, so cost
-scales with chunks, never with tokens. Money truth lives in `ledger`; `requests` keeps a bounded
+scales with chunks, never with tokens. Money truth lives in `billing` (the simulated account's billing book); `requests` keeps a bounded
 summary of every chat request for tests to assert on.
 """
 
@@ -26,9 +26,9 @@ from pydantic import ValidationError
 from regen.sim.configs import patched
 from regen.sim.openrouter import edges, refusals
 from regen.sim.openrouter import faults as fault_bodies
+from regen.sim.openrouter.billing import BillingBook, GenerationRecord, ProviderAttempt
 from regen.sim.openrouter.catalog import Pricing, SimEndpoint, SimModel
 from regen.sim.openrouter.config import HTTP_FAULTS, SimConfig
-from regen.sim.openrouter.ledger import GenerationRecord, Ledger, ProviderAttempt
 from regen.sim.openrouter.limits import Hold, Limits, Refusal, preflight_estimate
 from regen.sim.openrouter.plan import Plan, make_plan, rand_id
 from regen.sim.openrouter.routing import (
@@ -83,7 +83,7 @@ class OpenRouterSim:
 
     def __init__(self, config: SimConfig | None = None) -> None:
         self.config: SimConfig = config if config is not None else SimConfig()
-        self.ledger = Ledger(lambda: self.config)
+        self.billing = BillingBook(lambda: self.config)
         self.limits = Limits(lambda: self.config)
         self.requests: deque[dict[str, Any]] = deque(maxlen=self.config.requests_maxlen)
         self.in_flight = 0
@@ -154,7 +154,7 @@ class OpenRouterSim:
 
     def state(self) -> dict[str, Any]:
         return {
-            "ledger": self.ledger.summary(),
+            "ledger": self.billing.summary(),
             "counters": {
                 "in_flight": self.in_flight,
                 "peak_in_flight": self.peak_in_flight,
@@ -509,7 +509,7 @@ class OpenRouterSim:
         """The account-level gates, in order: a negative balance refuses everything (free models
         too, §6.5 item 3), then the free-model counts, the pre-flight estimate and, for paid
         non-BYOK requests, the in-flight budget, whose hold the caller must settle or release."""
-        if self.ledger.balance < 0:
+        if self.billing.balance < 0:
             summary["error"] = "negative_balance"
             return _json(402, refusals.negative_balance(self.config.user_id), self._headers()), None
         if free:
@@ -524,7 +524,7 @@ class OpenRouterSim:
             # The in-flight budget covers neither free models nor BYOK requests (§6.5 item 2).
             return None, None
         wanted, prompt_cost, per_token = preflight_estimate(model, ep, prompt_tokens, max_tokens)
-        refusal, hold = self.limits.admit_budget(prompt_cost + wanted * per_token, self.ledger.balance)
+        refusal, hold = self.limits.admit_budget(prompt_cost + wanted * per_token, self.billing.balance)
         if refusal is not None:
             return self._refuse(refusal, summary), None
         return None, hold
@@ -560,7 +560,7 @@ class OpenRouterSim:
         self, model: SimModel, ep: SimEndpoint, prompt_tokens: int, max_tokens: int | None
     ) -> web.Response | None:
         """Refuse what the balance or key limit cannot cover at worst case (§6.5 item 1)."""
-        remaining, source = self.ledger.affordable()
+        remaining, source = self.billing.affordable()
         wanted, prompt_cost, per_token = preflight_estimate(model, ep, prompt_tokens, max_tokens)
         if prompt_cost + wanted * per_token <= remaining:
             return None
@@ -657,7 +657,7 @@ class OpenRouterSim:
                 upstream_id="chatcmpl-" + plan.gen_id[-20:].lower(),
             ),
         ]
-        self.ledger.record(
+        self.billing.record(
             GenerationRecord(
                 id=plan.gen_id,
                 request_id=plan.request_id,
@@ -1156,7 +1156,7 @@ class OpenRouterSim:
 
     def _account_figures(self) -> tuple[float, float | None]:
         """(usage, limit_remaining) as /key and /credits report them: `account_staleness_s` old."""
-        used = self.ledger.usage_as_of(time.time() - self.config.account_staleness_s)
+        used = self.billing.usage_as_of(time.time() - self.config.account_staleness_s)
         limit = self.config.key_limit
         if limit is None:
             return float(used), None
@@ -1181,7 +1181,7 @@ class OpenRouterSim:
         headers["cache-control"] = "private, no-store"
         if not gen_id:
             return _json(400, {"error": {"code": 400, "message": "Missing required parameter: id"}}, headers)
-        rec = self.ledger.get(gen_id)
+        rec = self.billing.get(gen_id)
         if rec is None or time.time() < rec.completed_at + self.config.generation_lookup_delay_s:
             # Eventual consistency: unknown until a while after completion (§8 Lag).
             return _json(404, {"error": {"message": f"Generation {gen_id} not found", "code": 404}}, headers)
@@ -1235,9 +1235,9 @@ class OpenRouterSim:
         """Every billed generation (id, provider, cost): what a test compares a client's ledger with."""
         records = [
             {"id": rec.id, "provider": rec.provider_name, "cost": rec.cost, "cancelled": rec.cancelled}
-            for rec in self.ledger.records
+            for rec in self.billing.records
         ]
-        return _json(200, {"billed_total": str(self.ledger.billed_total), "records": records}, {})
+        return _json(200, {"billed_total": str(self.billing.billed_total), "records": records}, {})
 
     async def _config_get(self, request: web.Request) -> web.StreamResponse:
         return _json(200, self.config.model_dump(), {})
