@@ -9,7 +9,8 @@ from decimal import Decimal
 import aiohttp
 import pytest
 
-from regen.sim.openrouter.server import OpenRouterSim, estimate_prompt_tokens
+from regen.sim.openrouter.chat import estimate_prompt_tokens
+from regen.sim.openrouter.server import OpenRouterSim
 from tests.sim.conftest import PROMPT, Api, endpoint
 
 FIREWORKS = {"only": ["fireworks"]}
