@@ -9,12 +9,12 @@ from typing import Any
 
 from aiohttp import web
 
-from regen.sim.openrouter.state import SimState
+from regen.sim.openrouter.state import OpenRouterState
 from regen.sim.openrouter.views import generation_body
 from regen.sim.openrouter.wire import authorize, cf_headers, error_response, json_response
 
 
-async def key(sim: SimState, request: web.Request) -> web.StreamResponse:
+async def key(sim: OpenRouterState, request: web.Request) -> web.StreamResponse:
     auth = authorize(sim.config, request)
     if isinstance(auth, web.Response):
         return auth
@@ -57,7 +57,7 @@ async def key(sim: SimState, request: web.Request) -> web.StreamResponse:
     return json_response(200, {"data": data}, cf_headers())
 
 
-def account_figures(sim: SimState) -> tuple[float, float | None]:
+def account_figures(sim: OpenRouterState) -> tuple[float, float | None]:
     """(usage, limit_remaining) as /key and /credits report them: `account_staleness_s` old."""
     used = sim.billing.usage_as_of(time.time() - sim.config.account_staleness_s)
     limit = sim.config.key_limit
@@ -66,7 +66,7 @@ def account_figures(sim: SimState) -> tuple[float, float | None]:
     return float(used), float(Decimal(repr(limit)) - used)
 
 
-async def credits(sim: SimState, request: web.Request) -> web.StreamResponse:
+async def credits(sim: OpenRouterState, request: web.Request) -> web.StreamResponse:
     auth = authorize(sim.config, request)
     if isinstance(auth, web.Response):
         return auth
@@ -77,7 +77,7 @@ async def credits(sim: SimState, request: web.Request) -> web.StreamResponse:
     return json_response(200, {"data": data}, cf_headers())
 
 
-async def generation(sim: SimState, request: web.Request) -> web.StreamResponse:
+async def generation(sim: OpenRouterState, request: web.Request) -> web.StreamResponse:
     auth = authorize(sim.config, request)
     if isinstance(auth, web.Response):
         return auth
@@ -85,9 +85,13 @@ async def generation(sim: SimState, request: web.Request) -> web.StreamResponse:
     headers = cf_headers()
     headers["cache-control"] = "private, no-store"
     if not gen_id:
-        return json_response(400, {"error": {"code": 400, "message": "Missing required parameter: id"}}, headers)
+        return json_response(
+            400, {"error": {"code": 400, "message": "Missing required parameter: id"}}, headers
+        )
     rec = sim.billing.get(gen_id)
     if rec is None or time.time() < rec.completed_at + sim.config.generation_lookup_delay_s:
         # Eventual consistency: unknown until a while after completion (§8 Lag).
-        return json_response(404, {"error": {"message": f"Generation {gen_id} not found", "code": 404}}, headers)
+        return json_response(
+            404, {"error": {"message": f"Generation {gen_id} not found", "code": 404}}, headers
+        )
     return json_response(200, {"data": generation_body(rec, request.headers.get("User-Agent"))}, headers)

@@ -8,15 +8,15 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from regen.sim.configs import patched
-from regen.sim.openrouter.state import SimState
+from regen.sim.openrouter.state import OpenRouterState
 from regen.sim.openrouter.wire import json_response
 
 
-async def state(sim: SimState, request: web.Request) -> web.StreamResponse:
+async def state(sim: OpenRouterState, request: web.Request) -> web.StreamResponse:
     return json_response(200, sim.state(), {})
 
 
-async def bills(sim: SimState, request: web.Request) -> web.StreamResponse:
+async def bills(sim: OpenRouterState, request: web.Request) -> web.StreamResponse:
     """/_sim/ledger: every billed generation (id, provider, cost), what a test compares a client's
     ledger with."""
     records = [
@@ -26,11 +26,11 @@ async def bills(sim: SimState, request: web.Request) -> web.StreamResponse:
     return json_response(200, {"billed_total": str(sim.billing.billed_total), "records": records}, {})
 
 
-async def config_get(sim: SimState, request: web.Request) -> web.StreamResponse:
+async def config_get(sim: OpenRouterState, request: web.Request) -> web.StreamResponse:
     return json_response(200, sim.config.model_dump(), {})
 
 
-async def config_post(sim: SimState, request: web.Request) -> web.StreamResponse:
+async def config_post(sim: OpenRouterState, request: web.Request) -> web.StreamResponse:
     try:
         patch = orjson.loads(await request.read())
     except orjson.JSONDecodeError:

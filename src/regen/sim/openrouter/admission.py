@@ -11,12 +11,12 @@ from aiohttp import web
 from regen.sim.openrouter import refusals
 from regen.sim.openrouter.catalog import SimEndpoint, SimModel
 from regen.sim.openrouter.limits import Hold, Refusal, preflight_estimate
-from regen.sim.openrouter.state import SimState
+from regen.sim.openrouter.state import OpenRouterState
 from regen.sim.openrouter.wire import cf_headers, json_response
 
 
 def admit(
-    sim: SimState,
+    sim: OpenRouterState,
     summary: dict[str, Any],
     model: SimModel,
     ep: SimEndpoint,
@@ -57,7 +57,7 @@ def _refuse(refusal: Refusal, summary: dict[str, Any]) -> web.Response:
 
 
 def _preflight(
-    sim: SimState, model: SimModel, ep: SimEndpoint, prompt_tokens: int, max_tokens: int | None
+    sim: OpenRouterState, model: SimModel, ep: SimEndpoint, prompt_tokens: int, max_tokens: int | None
 ) -> web.Response | None:
     """Refuse what the balance or key limit cannot cover at worst case (§6.5 item 1)."""
     remaining, source = sim.billing.affordable()

@@ -8,7 +8,7 @@ from typing import Any
 from regen.sim.openrouter import edges
 from regen.sim.openrouter.config import SimConfig
 from regen.sim.openrouter.plan import Plan
-from regen.sim.openrouter.state import SimState
+from regen.sim.openrouter.state import OpenRouterState
 from regen.sim.openrouter.stream import ChunkBuilder, usage_object
 from regen.sim.openrouter.text import CONTENT_CYCLE, REASONING_CYCLE, degenerate, span
 from regen.sim.openrouter.tools import deltas
@@ -24,7 +24,7 @@ def content_text(plan: Plan, start: int, end: int) -> str:
     return span(CONTENT_CYCLE, plan.off_content, start, end)
 
 
-def token_events(sim: SimState, plan: Plan, cb: ChunkBuilder, a: int, b: int) -> bytes:
+def token_events(sim: OpenRouterState, plan: Plan, cb: ChunkBuilder, a: int, b: int) -> bytes:
     """Events for tokens [a, b): one reasoning and one content event, or with tokens_per_event
     set, one event per aligned run of that many tokens (so timing never changes the count)."""
     r = plan.reasoning_tokens

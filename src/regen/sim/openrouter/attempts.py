@@ -22,7 +22,7 @@ from regen.sim.openrouter.plan import make_plan, rand_id
 from regen.sim.openrouter.routing import Prefs
 from regen.sim.openrouter.serve_json import serve_json
 from regen.sim.openrouter.serve_stream import serve_stream
-from regen.sim.openrouter.state import SimState
+from regen.sim.openrouter.state import OpenRouterState
 from regen.sim.openrouter.views import endpoint_id
 from regen.sim.openrouter.wire import cf_headers, json_response, wants_metadata
 
@@ -44,7 +44,7 @@ class Routed:
 
 
 async def serve_candidates(
-    sim: SimState, request: web.Request, summary: dict[str, Any], routed: Routed, hold: Hold | None
+    sim: OpenRouterState, request: web.Request, summary: dict[str, Any], routed: Routed, hold: Hold | None
 ) -> web.StreamResponse:
     """Draw faults, then try the candidate endpoints in order until one serves (§2.3 step 5)."""
     primary_model, primary = routed.candidates[0]
@@ -62,7 +62,7 @@ async def serve_candidates(
 
 
 async def _try_endpoints(
-    sim: SimState,
+    sim: OpenRouterState,
     request: web.Request,
     summary: dict[str, Any],
     routed: Routed,
@@ -123,7 +123,7 @@ class _Served:
 
 
 async def _serve(
-    sim: SimState,
+    sim: OpenRouterState,
     request: web.Request,
     summary: dict[str, Any],
     routed: Routed,
@@ -173,18 +173,25 @@ def _failed_attempt(model: SimModel, ep: SimEndpoint, status: int) -> ProviderAt
 
 
 def _upstream_rate_limited(
-    sim: SimState, model: SimModel, ep: SimEndpoint, gen_id: str, summary: dict[str, Any], wait: float | None
+    sim: OpenRouterState,
+    model: SimModel,
+    ep: SimEndpoint,
+    gen_id: str,
+    summary: dict[str, Any],
+    wait: float | None,
 ) -> web.Response:
     cfg = sim.config
     summary["error"] = _BUCKET_EMPTY
     headers = cf_headers(gen_id)
     if wait is not None and cfg.provider_rate_retry_after:
         headers["Retry-After"] = str(max(1, math.ceil(wait)))
-    return json_response(429, refusals.upstream_rate_limited(ep.provider_name, model.id, cfg.user_id), headers)
+    return json_response(
+        429, refusals.upstream_rate_limited(ep.provider_name, model.id, cfg.user_id), headers
+    )
 
 
 def _fault_response(
-    sim: SimState,
+    sim: OpenRouterState,
     fault: str,
     model: SimModel,
     ep: SimEndpoint,
@@ -211,7 +218,7 @@ def _fault_response(
     return json_response(status, body, headers)
 
 
-def _reset(sim: SimState, request: web.Request, summary: dict[str, Any], fault: str) -> web.Response:
+def _reset(sim: OpenRouterState, request: web.Request, summary: dict[str, Any], fault: str) -> web.Response:
     """The connection reset before any header (the client sees no status at all)."""
     sim.faults_injected[fault] += 1
     summary["error"] = fault

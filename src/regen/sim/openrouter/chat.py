@@ -21,7 +21,7 @@ from regen.sim.openrouter.routing import (
     order_endpoints,
     parse_prefs,
 )
-from regen.sim.openrouter.state import SimState
+from regen.sim.openrouter.state import OpenRouterState
 from regen.sim.openrouter.wire import authorize, cf_headers, error_response, json_response
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
@@ -42,7 +42,7 @@ def estimate_prompt_tokens(messages: list[Any]) -> int:
     return n // 4 + 4 * len(messages)
 
 
-async def chat_completions(sim: SimState, request: web.Request) -> web.StreamResponse:
+async def chat_completions(sim: OpenRouterState, request: web.Request) -> web.StreamResponse:
     """Count the request and keep its summary in `sim.requests` while it is answered."""
     sim.total_requests += 1
     sim.in_flight += 1
@@ -70,7 +70,7 @@ async def chat_completions(sim: SimState, request: web.Request) -> web.StreamRes
         sim.in_flight -= 1
 
 
-async def _answer(sim: SimState, request: web.Request, summary: dict[str, Any]) -> web.StreamResponse:
+async def _answer(sim: OpenRouterState, request: web.Request, summary: dict[str, Any]) -> web.StreamResponse:
     cfg = sim.config
     auth = authorize(cfg, request)
     if isinstance(auth, web.Response):
@@ -157,7 +157,7 @@ def validate(body: dict[str, Any]) -> str | None:
 
 
 def _resolve(
-    sim: SimState, requested: str, body: dict[str, Any], summary: dict[str, Any]
+    sim: OpenRouterState, requested: str, body: dict[str, Any], summary: dict[str, Any]
 ) -> list[tuple[SimModel, str | None]] | web.Response:
     """Each model the request names (`model`, then `models`) with its variant; or the 400 of the
     first unknown one."""
@@ -183,7 +183,7 @@ def _resolve(
 
 
 def _route(
-    sim: SimState,
+    sim: OpenRouterState,
     cfg: SimConfig,
     resolved: list[tuple[SimModel, str | None]],
     routed: Routed,

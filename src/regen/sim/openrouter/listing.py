@@ -8,12 +8,12 @@ from typing import Any
 from aiohttp import web
 
 from regen.sim.openrouter.lookup import find_model, model_endpoints
-from regen.sim.openrouter.state import SimState
+from regen.sim.openrouter.state import OpenRouterState
 from regen.sim.openrouter.views import endpoint_entry, model_entry
 from regen.sim.openrouter.wire import cf_headers, error_response, json_response
 
 
-async def models(sim: SimState, request: web.Request) -> web.StreamResponse:
+async def models(sim: OpenRouterState, request: web.Request) -> web.StreamResponse:
     all_models = sim.config.models
     total = len(all_models)
     q = request.query
@@ -33,7 +33,7 @@ async def models(sim: SimState, request: web.Request) -> web.StreamResponse:
     return json_response(200, {"data": data, "links": links, "total_count": total}, cf_headers())
 
 
-async def endpoints(sim: SimState, request: web.Request) -> web.StreamResponse:
+async def endpoints(sim: OpenRouterState, request: web.Request) -> web.StreamResponse:
     model_id = f"{request.match_info['author']}/{request.match_info['slug']}"
     model, variant = find_model(sim.config, model_id)
     if model is None:

@@ -24,14 +24,14 @@ from regen.sim.openrouter.answer import (
 )
 from regen.sim.openrouter.plan import Plan
 from regen.sim.openrouter.settle import bill, bill_cancel
-from regen.sim.openrouter.state import SimState
+from regen.sim.openrouter.state import OpenRouterState
 from regen.sim.openrouter.stream import reasoning_details
 from regen.sim.openrouter.text import REASONING_CYCLE, span
 from regen.sim.openrouter.tools import message_calls
 from regen.sim.openrouter.wire import cf_headers, json_response
 
 
-async def serve_json(sim: SimState, request: web.Request, plan: Plan) -> web.StreamResponse:
+async def serve_json(sim: OpenRouterState, request: web.Request, plan: Plan) -> web.StreamResponse:
     fault = plan.fault
     if fault == "endless_body":
         return await _endless_json(sim, request, plan)
@@ -47,7 +47,9 @@ async def serve_json(sim: SimState, request: web.Request, plan: Plan) -> web.Str
     headers.update(edge_headers(sim.config, plan))
     if fault == "error_body_200":
         bill(sim, plan, 0, 0, None, None, cancelled=False, first_token_at=first_at)
-        return json_response(200, fault_bodies.error_body_200(plan.ep.provider_name, sim.config.user_id), headers)
+        return json_response(
+            200, fault_bodies.error_body_200(plan.ep.provider_name, sim.config.user_id), headers
+        )
     out = _completion(sim, plan, produced, first_at)
     if fault == "trickle":
         return await _trickle(sim, request, orjson.dumps(out), headers, "application/json")
@@ -56,7 +58,7 @@ async def serve_json(sim: SimState, request: web.Request, plan: Plan) -> web.Str
     return await _cut(sim, request, orjson.dumps(out), headers)
 
 
-def _completion(sim: SimState, plan: Plan, produced: int, first_at: float) -> dict[str, Any]:
+def _completion(sim: OpenRouterState, plan: Plan, produced: int, first_at: float) -> dict[str, Any]:
     """Bill the generation and return its chat.completion body (an error choice for a fault that
     errors part-way)."""
     fault = plan.fault
@@ -119,7 +121,9 @@ def _message(plan: Plan, reasoning_tokens: int, content_tokens: int) -> dict[str
     return message
 
 
-async def _cut(sim: SimState, request: web.Request, data: bytes, headers: dict[str, str]) -> web.StreamResponse:
+async def _cut(
+    sim: OpenRouterState, request: web.Request, data: bytes, headers: dict[str, str]
+) -> web.StreamResponse:
     """Cut part-way: a Content-Length the body never reaches, then the connection closes."""
     headers["Content-Type"] = "application/json"
     resp = web.StreamResponse(status=200, headers=headers)
@@ -132,7 +136,7 @@ async def _cut(sim: SimState, request: web.Request, data: bytes, headers: dict[s
     return resp
 
 
-async def _endless_json(sim: SimState, request: web.Request, plan: Plan) -> web.StreamResponse:
+async def _endless_json(sim: OpenRouterState, request: web.Request, plan: Plan) -> web.StreamResponse:
     """A chat.completion whose content string never closes (chunked, no length)."""
     first_at = plan.started + plan.ttft
     if plan.ttft > 0:
@@ -153,7 +157,7 @@ async def _endless_json(sim: SimState, request: web.Request, plan: Plan) -> web.
 
 
 async def _trickle(
-    sim: SimState, request: web.Request, data: bytes, headers: dict[str, str], content_type: str
+    sim: OpenRouterState, request: web.Request, data: bytes, headers: dict[str, str], content_type: str
 ) -> web.StreamResponse:
     headers["Content-Type"] = content_type
     resp = web.StreamResponse(status=200, headers=headers)

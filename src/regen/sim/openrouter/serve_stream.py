@@ -25,7 +25,7 @@ from regen.sim.openrouter.answer import (
 )
 from regen.sim.openrouter.plan import Plan
 from regen.sim.openrouter.settle import bill, bill_cancel
-from regen.sim.openrouter.state import SimState
+from regen.sim.openrouter.state import OpenRouterState
 from regen.sim.openrouter.stream import DONE, KEEPALIVE, ChunkBuilder
 from regen.sim.openrouter.wire import cf_headers
 
@@ -45,7 +45,7 @@ def check_client(request: web.Request) -> None:
 
 
 async def serve_stream(
-    sim: SimState, request: web.Request, plan: Plan, summary: dict[str, Any]
+    sim: OpenRouterState, request: web.Request, plan: Plan, summary: dict[str, Any]
 ) -> web.StreamResponse:
     headers = cf_headers(plan.gen_id)
     headers.update(edge_headers(sim.config, plan))
@@ -81,7 +81,7 @@ async def serve_stream(
 
 
 async def _whole_fault(
-    sim: SimState,
+    sim: OpenRouterState,
     request: web.Request,
     resp: web.StreamResponse,
     plan: Plan,
@@ -112,7 +112,7 @@ async def _whole_fault(
 
 
 async def _wait_first_token(
-    sim: SimState, request: web.Request, resp: web.StreamResponse, first_at: float
+    sim: OpenRouterState, request: web.Request, resp: web.StreamResponse, first_at: float
 ) -> None:
     loop = asyncio.get_running_loop()
     keepalive = max(sim.config.keepalive_interval_s, 0.01)
@@ -135,7 +135,7 @@ def _produced(plan: Plan, now: float, first_at: float) -> int:
 
 
 async def _pump(
-    sim: SimState,
+    sim: OpenRouterState,
     request: web.Request,
     resp: web.StreamResponse,
     plan: Plan,
@@ -171,7 +171,7 @@ async def _pump(
 
 
 async def _finish_stream(
-    sim: SimState,
+    sim: OpenRouterState,
     request: web.Request,
     resp: web.StreamResponse,
     plan: Plan,
@@ -190,7 +190,7 @@ async def _finish_stream(
     return resp
 
 
-def _stream_tail(sim: SimState, plan: Plan, cb: ChunkBuilder, first_at: float) -> bytes:
+def _stream_tail(sim: OpenRouterState, plan: Plan, cb: ChunkBuilder, first_at: float) -> bytes:
     """Bill the generation and return the events that end its stream (finish, usage, [DONE])."""
     if plan.fault in ("mid_stream_error", "error_choice_200"):
         return _error_tail(sim, plan, cb, first_at)
@@ -222,7 +222,7 @@ def _stream_tail(sim: SimState, plan: Plan, cb: ChunkBuilder, first_at: float) -
     return b"".join(tail)
 
 
-def _error_tail(sim: SimState, plan: Plan, cb: ChunkBuilder, first_at: float) -> bytes:
+def _error_tail(sim: OpenRouterState, plan: Plan, cb: ChunkBuilder, first_at: float) -> bytes:
     """A stream that errors part-way: billed for what was produced, then the error event (in the
     choice, or on its own with [DONE] only when `done_after_error`)."""
     produced = plan.stop_at

@@ -19,10 +19,10 @@ from aiohttp import web
 
 from regen.sim.openrouter import account, admin, chat, listing
 from regen.sim.openrouter.config import SimConfig
-from regen.sim.openrouter.state import SimState
+from regen.sim.openrouter.state import OpenRouterState
 
 
-class OpenRouterSim(SimState):
+class OpenRouterSim(OpenRouterState):
     """The simulator. `config` may be replaced or mutated at any time; it is read per request."""
 
     def __init__(self, config: SimConfig | None = None) -> None:

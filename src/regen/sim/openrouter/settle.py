@@ -8,13 +8,13 @@ import time
 
 from regen.sim.openrouter.billing import GenerationRecord, ProviderAttempt
 from regen.sim.openrouter.plan import Plan
-from regen.sim.openrouter.state import SimState
+from regen.sim.openrouter.state import OpenRouterState
 from regen.sim.openrouter.stream import costs
 from regen.sim.openrouter.views import endpoint_id
 
 
 def bill(
-    sim: SimState,
+    sim: OpenRouterState,
     plan: Plan,
     completion: int,
     reasoning: int,
@@ -77,7 +77,7 @@ def bill(
     return cost, prompt_cost, completion_cost
 
 
-def bill_cancel(sim: SimState, plan: Plan, produced: int, first_token_at: float | None) -> None:
+def bill_cancel(sim: OpenRouterState, plan: Plan, produced: int, first_token_at: float | None) -> None:
     """§1.4: cancellation stops billing only at providers that support it."""
     if plan.ep.supports_cancellation:
         bill(

@@ -17,7 +17,7 @@ from regen.sim.openrouter.config import SimConfig
 from regen.sim.openrouter.limits import Limits
 
 
-class SimState:
+class OpenRouterState:
     """`config` may be replaced or mutated at any time; it is read per request."""
 
     def __init__(self, config: SimConfig | None = None) -> None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from regen.sim.sglang.state import SimState
+from regen.sim.sglang.state import SGLangState
 from regen.sim.sglang.wire import json_response, read_json_body, validation_error
 
 __all__ = ["abort_request", "continue_generation", "flush_cache", "pause_generation", "slow_down"]
 
 
-async def abort_request(sim: SimState, request: web.Request) -> web.StreamResponse:
+async def abort_request(sim: SGLangState, request: web.Request) -> web.StreamResponse:
     body = await read_json_body(request)
     if not isinstance(body, dict):
         return validation_error("Input should be a valid dictionary or object")
@@ -25,7 +25,7 @@ async def abort_request(sim: SimState, request: web.Request) -> web.StreamRespon
     return web.Response(status=200)
 
 
-async def flush_cache(sim: SimState, request: web.Request) -> web.StreamResponse:
+async def flush_cache(sim: SGLangState, request: web.Request) -> web.StreamResponse:
     sched = sim.scheduler
     ok = not sched.waiting and not sched.running
     if ok:
@@ -43,20 +43,20 @@ async def flush_cache(sim: SimState, request: web.Request) -> web.StreamResponse
     )
 
 
-async def pause_generation(sim: SimState, request: web.Request) -> web.StreamResponse:
+async def pause_generation(sim: SGLangState, request: web.Request) -> web.StreamResponse:
     sim.scheduler.paused = True
     sim.log.scheduler("Paused generation in place")
     return json_response({"message": "Generation paused successfully.", "status": "ok"})
 
 
-async def continue_generation(sim: SimState, request: web.Request) -> web.StreamResponse:
+async def continue_generation(sim: SGLangState, request: web.Request) -> web.StreamResponse:
     sim.scheduler.paused = False
     sim.scheduler.wake()
     sim.log.scheduler("Generation continued")
     return json_response({"message": "Generation continued successfully.", "status": "ok"})
 
 
-async def slow_down(sim: SimState, request: web.Request) -> web.StreamResponse:
+async def slow_down(sim: SGLangState, request: web.Request) -> web.StreamResponse:
     body = await read_json_body(request)
     value = body.get("forward_sleep_time") if isinstance(body, dict) else None
     if value is not None and (not isinstance(value, int | float) or isinstance(value, bool) or value < 0):

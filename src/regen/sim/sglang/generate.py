@@ -12,7 +12,7 @@ import orjson
 from aiohttp import web
 
 from regen.sim.sglang.request import Req
-from regen.sim.sglang.state import SimState
+from regen.sim.sglang.state import SGLangState
 from regen.sim.sglang.wire import (
     GenerateError,
     Parsed,
@@ -25,7 +25,7 @@ from regen.sim.sglang.wire import (
 __all__ = ["generate", "out_dict", "sweep_clients"]
 
 
-async def generate(sim: SimState, request: web.Request) -> web.StreamResponse:
+async def generate(sim: SGLangState, request: web.Request) -> web.StreamResponse:
     sim.http_requests += 1
     sim.in_flight += 1
     sim.peak_in_flight = max(sim.peak_in_flight, sim.in_flight)
@@ -35,17 +35,21 @@ async def generate(sim: SimState, request: web.Request) -> web.StreamResponse:
         sim.in_flight -= 1
 
 
-async def _generate(sim: SimState, request: web.Request) -> web.StreamResponse:
+async def _generate(sim: SGLangState, request: web.Request) -> web.StreamResponse:
     parsed = await _read(sim, request)
     if isinstance(parsed, web.Response):
         return parsed
-    prompt_ids = parsed.prompt_ids if parsed.prompt_ids is not None else sim.tokenizer.encode(parsed.text or "")
+    prompt_ids = (
+        parsed.prompt_ids if parsed.prompt_ids is not None else sim.tokenizer.encode(parsed.text or "")
+    )
     refused = _check_fits(sim, len(prompt_ids), parsed.sampling.max_new_tokens)
     if refused is not None:
         return refused
     if parsed.rid in sim.scheduler.live:
         return error_400(f"Duplicate request ID detected: {parsed.rid}")
-    req = sim.new_req(parsed.rid, prompt_ids, parsed.sampling, stream=parsed.stream, log_metrics=parsed.log_metrics)
+    req = sim.new_req(
+        parsed.rid, prompt_ids, parsed.sampling, stream=parsed.stream, log_metrics=parsed.log_metrics
+    )
     if _draw_fault(sim, req) == "http_503":
         return http_error(503, "Service Unavailable")
     sim.clients[req] = request.transport
@@ -59,7 +63,7 @@ async def _generate(sim: SimState, request: web.Request) -> web.StreamResponse:
         sim.clients.pop(req, None)
 
 
-async def _read(sim: SimState, request: web.Request) -> Parsed | web.Response:
+async def _read(sim: SGLangState, request: web.Request) -> Parsed | web.Response:
     """The request's body, parsed and checked (wire.parse_generate), or the error that refuses it."""
     try:
         body = orjson.loads(await request.read())
@@ -72,7 +76,7 @@ async def _read(sim: SimState, request: web.Request) -> Parsed | web.Response:
         return exc.response
 
 
-def _check_fits(sim: SimState, n: int, max_new: int) -> web.Response | None:
+def _check_fits(sim: SGLangState, n: int, max_new: int) -> web.Response | None:
     """The 400 of a prompt, or a prompt and its completion, longer than the context."""
     ctx = sim.context_len
     if n >= ctx:
@@ -87,7 +91,7 @@ def _check_fits(sim: SimState, n: int, max_new: int) -> web.Response | None:
     return None
 
 
-def _draw_fault(sim: SimState, req: Req) -> str | None:
+def _draw_fault(sim: SGLangState, req: Req) -> str | None:
     f = sim.config.faults
     for name, rate in (("http_503", f.http_503_rate), ("abort", f.abort_rate), ("drop", f.drop_rate)):
         if rate > 0 and sim.rng.random() < rate:
@@ -103,7 +107,7 @@ def _draw_fault(sim: SimState, req: Req) -> str | None:
     return None
 
 
-def out_dict(sim: SimState, req: Req, *, final: bool, prompt_ids: bool = False) -> dict[str, Any]:
+def out_dict(sim: SGLangState, req: Req, *, final: bool, prompt_ids: bool = False) -> dict[str, Any]:
     """One response object: the whole text and ids so far (SGLang streams cumulatively)."""
     cfg = sim.config
     if req.before_prefill:
@@ -139,7 +143,7 @@ def out_dict(sim: SimState, req: Req, *, final: bool, prompt_ids: bool = False) 
     return out
 
 
-async def _wait(sim: SimState, request: web.Request, req: Req, prompt_ids: bool) -> web.StreamResponse:
+async def _wait(sim: SGLangState, request: web.Request, req: Req, prompt_ids: bool) -> web.StreamResponse:
     while req.finish is None:
         req.event.clear()
         await req.event.wait()
@@ -151,7 +155,7 @@ async def _wait(sim: SimState, request: web.Request, req: Req, prompt_ids: bool)
     return web.Response(status=200, body=body, content_type="application/json")
 
 
-async def _stream(sim: SimState, request: web.Request, req: Req, prompt_ids: bool) -> web.StreamResponse:
+async def _stream(sim: SGLangState, request: web.Request, req: Req, prompt_ids: bool) -> web.StreamResponse:
     resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream"})
     interval = max(1, sim.config.stream_interval)
     sent = 0
@@ -179,7 +183,7 @@ async def _stream(sim: SimState, request: web.Request, req: Req, prompt_ids: boo
     return resp
 
 
-async def sweep_clients(sim: SimState) -> None:
+async def sweep_clients(sim: SGLangState) -> None:
     """Abort requests whose client has gone, as SGLang's disconnect checks do."""
     while True:
         await asyncio.sleep(0.25)

@@ -11,12 +11,12 @@ import time
 from aiohttp import web
 
 from regen.sim.sglang.request import Sampling
-from regen.sim.sglang.state import SimState
+from regen.sim.sglang.state import SGLangState
 
 __all__ = ["health", "ready"]
 
 
-async def health(sim: SimState, request: web.Request) -> web.StreamResponse:
+async def health(sim: SGLangState, request: web.Request) -> web.StreamResponse:
     if sim.shutting_down:
         sim.log.main("Health check request received during shutdown. Returning 503.")
         return web.Response(status=503)
@@ -53,5 +53,5 @@ async def health(sim: SimState, request: web.Request) -> web.StreamResponse:
         sched.abort_req(probe)
 
 
-async def ready(sim: SimState, request: web.Request) -> web.StreamResponse:
+async def ready(sim: SGLangState, request: web.Request) -> web.StreamResponse:
     return web.Response(status=200 if sim.phase in ("warmup", "ready") else 503)

@@ -7,7 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
-from regen.sim.sglang.state import SimState
+from regen.sim.sglang.state import SGLangState
 from regen.sim.sglang.wire import json_response, not_found
 
 __all__ = [
@@ -23,7 +23,7 @@ __all__ = [
 ]
 
 
-def model_info(sim: SimState, legacy: bool = False) -> dict[str, Any]:
+def model_info(sim: SGLangState, legacy: bool = False) -> dict[str, Any]:
     cfg = sim.config
     info: dict[str, Any] = {
         "model_path": cfg.model_path,
@@ -54,7 +54,7 @@ def model_info(sim: SimState, legacy: bool = False) -> dict[str, Any]:
     }
 
 
-def server_info(sim: SimState) -> dict[str, Any]:
+def server_info(sim: SGLangState) -> dict[str, Any]:
     cfg = sim.config
     sched = sim.scheduler
     args: dict[str, Any] = {
@@ -117,7 +117,7 @@ def server_info(sim: SimState) -> dict[str, Any]:
     }
 
 
-def model_card(sim: SimState) -> dict[str, Any]:
+def model_card(sim: SGLangState) -> dict[str, Any]:
     name = sim.config.served_name
     return {
         "id": name,
@@ -130,32 +130,32 @@ def model_card(sim: SimState) -> dict[str, Any]:
 
 
 # --- the routes ------------------------------------------------------------------------------------
-def _deprecated(sim: SimState, old: str, new: str) -> None:
+def _deprecated(sim: SGLangState, old: str, new: str) -> None:
     sim.log.main(
         f"The endpoint {old} is deprecated and will be removed in a future version. Please use {new} instead."
     )
 
 
-async def model_info_route(sim: SimState, request: web.Request) -> web.StreamResponse:
+async def model_info_route(sim: SGLangState, request: web.Request) -> web.StreamResponse:
     if sim.config.info_paths == "legacy":
         return await not_found(request)
     return json_response(model_info(sim))
 
 
-async def get_model_info_route(sim: SimState, request: web.Request) -> web.StreamResponse:
+async def get_model_info_route(sim: SGLangState, request: web.Request) -> web.StreamResponse:
     legacy = sim.config.info_paths == "legacy"
     if not legacy:
         _deprecated(sim, "/get_model_info", "/model_info")
     return json_response(model_info(sim, legacy=legacy))
 
 
-async def server_info_route(sim: SimState, request: web.Request) -> web.StreamResponse:
+async def server_info_route(sim: SGLangState, request: web.Request) -> web.StreamResponse:
     if sim.config.info_paths == "legacy":
         return await not_found(request)
     return json_response(server_info(sim))
 
 
-async def get_server_info_route(sim: SimState, request: web.Request) -> web.StreamResponse:
+async def get_server_info_route(sim: SGLangState, request: web.Request) -> web.StreamResponse:
     info = server_info(sim)
     if sim.config.info_paths == "legacy":
         info.pop("frontend", None)
@@ -164,11 +164,11 @@ async def get_server_info_route(sim: SimState, request: web.Request) -> web.Stre
     return json_response(info)
 
 
-async def models_route(sim: SimState, request: web.Request) -> web.StreamResponse:
+async def models_route(sim: SGLangState, request: web.Request) -> web.StreamResponse:
     return json_response({"object": "list", "data": [model_card(sim)]})
 
 
-async def model_card_route(sim: SimState, request: web.Request) -> web.StreamResponse:
+async def model_card_route(sim: SGLangState, request: web.Request) -> web.StreamResponse:
     model = request.match_info["model"]
     if model != sim.config.served_name:
         return json_response(

@@ -19,7 +19,7 @@ from prometheus_client.core import (
     Metric,
 )
 
-from regen.sim.sglang.state import SimState
+from regen.sim.sglang.state import SGLangState
 from regen.sim.sglang.stats import Histogram
 from regen.sim.sglang.wire import not_found
 
@@ -31,7 +31,7 @@ _TOK = ["model_name", "engine_type"]
 
 
 class _Collector:
-    def __init__(self, sim: SimState) -> None:
+    def __init__(self, sim: SGLangState) -> None:
         self.sim = sim
 
     def collect(self) -> Iterator[Metric]:
@@ -118,13 +118,13 @@ class _Collector:
         return fam
 
 
-def render(sim: SimState) -> bytes:
+def render(sim: SGLangState) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Collector(sim))
     return generate_latest(registry)
 
 
-async def metrics(sim: SimState, request: web.Request) -> web.StreamResponse:
+async def metrics(sim: SGLangState, request: web.Request) -> web.StreamResponse:
     """GET /metrics, when the server runs with --enable-metrics."""
     if not sim.config.enable_metrics:
         return await not_found(request)

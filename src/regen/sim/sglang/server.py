@@ -24,7 +24,7 @@ from regen.sim.sglang import admin, control, generate, health, info, metrics
 from regen.sim.sglang.config import SimSGLangConfig
 from regen.sim.sglang.logs import SimLog
 from regen.sim.sglang.startup import run_startup
-from regen.sim.sglang.state import EXIT_KILLED, SIGQUIT_LINE, SimState
+from regen.sim.sglang.state import EXIT_KILLED, SIGQUIT_LINE, SGLangState
 from regen.sim.sglang.tokens import SimTokenizer
 from regen.sim.sglang.wire import json_response, not_found
 
@@ -33,7 +33,7 @@ __all__ = ["SGLangSim"]
 _OPEN_PATHS = ("/health", "/ready", "/metrics", "/_sim/")
 
 
-class SGLangSim(SimState):
+class SGLangSim(SGLangState):
     """The simulated server. `config` may be replaced at any time (apply_config); it is read live."""
 
     def __init__(

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 
 from regen.sim.sglang.config import SimSGLangConfig
 from regen.sim.sglang.request import Sampling
-from regen.sim.sglang.state import EXIT_KILLED, SIGQUIT_LINE, SimState
+from regen.sim.sglang.state import EXIT_KILLED, SIGQUIT_LINE, SGLangState
 
 __all__ = ["CUDA_GRAPH_FAILED_ADVICE", "run_startup"]
 
@@ -54,20 +54,20 @@ def _scheduler_failure(error: str, frames: list[tuple[str, int, str, str]]) -> s
     return "Scheduler hit an exception: " + _traceback(base + frames, error)
 
 
-async def _sleep(sim: SimState, seconds: float) -> float:
+async def _sleep(sim: SGLangState, seconds: float) -> float:
     duration = seconds * sim.config.time_scale
     await asyncio.sleep(duration)
     return duration
 
 
-async def _fail(sim: SimState, scheduler_lines: list[str]) -> None:
+async def _fail(sim: SGLangState, scheduler_lines: list[str]) -> None:
     for line in scheduler_lines:
         sim.log.scheduler(line)
     sim.phase = "failed"
     await sim.crash(EXIT_KILLED, [SIGQUIT_LINE])
 
 
-async def run_startup(sim: SimState, listen: Callable[[], Awaitable[None]]) -> None:
+async def run_startup(sim: SGLangState, listen: Callable[[], Awaitable[None]]) -> None:
     """SGLang's startup phases in order, with the config as it was when they began; a phase that
     fails has ended the server (`sim.crashed`), and the sequence with it. `listen` starts the HTTP
     server accepting connections."""
@@ -93,7 +93,7 @@ async def run_startup(sim: SimState, listen: Callable[[], Awaitable[None]]) -> N
     sim.log.main("The server is fired up and ready to roll!")
 
 
-def _announce(sim: SimState, cfg: SimSGLangConfig) -> None:
+def _announce(sim: SGLangState, cfg: SimSGLangConfig) -> None:
     log = sim.log
     log.main(
         f"server_args=ServerArgs(model_path='{cfg.model_path}', tokenizer_path='{cfg.tokenizer_path or cfg.model_path}', "
@@ -107,7 +107,7 @@ def _announce(sim: SimState, cfg: SimSGLangConfig) -> None:
     log.scheduler("Init torch distributed ends. elapsed=0.27 s, mem usage=0.09 GB")
 
 
-async def _load_weights(sim: SimState, cfg: SimSGLangConfig) -> float | None:
+async def _load_weights(sim: SGLangState, cfg: SimSGLangConfig) -> float | None:
     """The weights phase; returns the GPU memory left after it (GB), None if it failed."""
     log = sim.log
     sim.phase = "weights"
@@ -130,7 +130,7 @@ async def _load_weights(sim: SimState, cfg: SimSGLangConfig) -> float | None:
     return avail
 
 
-async def _allocate_kv_pool(sim: SimState, cfg: SimSGLangConfig, avail: float) -> float | None:
+async def _allocate_kv_pool(sim: SGLangState, cfg: SimSGLangConfig, avail: float) -> float | None:
     """The KV pool phase; returns the GPU memory left after it (GB), None if it failed."""
     log = sim.log
     sim.phase = "kv_pool"
@@ -154,7 +154,7 @@ async def _allocate_kv_pool(sim: SimState, cfg: SimSGLangConfig, avail: float) -
     return avail
 
 
-async def _capture_cuda_graphs(sim: SimState, cfg: SimSGLangConfig, avail: float) -> bool:
+async def _capture_cuda_graphs(sim: SGLangState, cfg: SimSGLangConfig, avail: float) -> bool:
     """The CUDA graph phase, then the scheduler's summary line; False if it failed."""
     log = sim.log
     sim.phase = "cuda_graph"
@@ -190,7 +190,7 @@ async def _capture_cuda_graphs(sim: SimState, cfg: SimSGLangConfig, avail: float
     return True
 
 
-async def _start_http(sim: SimState, cfg: SimSGLangConfig, listen: Callable[[], Awaitable[None]]) -> bool:
+async def _start_http(sim: SGLangState, cfg: SimSGLangConfig, listen: Callable[[], Awaitable[None]]) -> bool:
     """Uvicorn comes up and listens; False if the port could not be had (the server exits 1)."""
     log = sim.log
     sim.phase = "http"
@@ -216,7 +216,7 @@ async def _start_http(sim: SimState, cfg: SimSGLangConfig, listen: Callable[[], 
     return True
 
 
-async def _warm_up(sim: SimState, cfg: SimSGLangConfig) -> bool:
+async def _warm_up(sim: SGLangState, cfg: SimSGLangConfig) -> bool:
     """The warmup request through the scheduler, unless skipped; False if it failed."""
     log = sim.log
     sim.phase = "warmup"

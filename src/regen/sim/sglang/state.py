@@ -27,7 +27,7 @@ from regen.sim.sglang.scheduler import Scheduler
 from regen.sim.sglang.stats import Stats
 from regen.sim.sglang.tokens import SimTokenizer
 
-__all__ = ["EXIT_KILLED", "SIGQUIT_LINE", "SimState"]
+__all__ = ["EXIT_KILLED", "SIGQUIT_LINE", "SGLangState"]
 
 _DEFAULT_CONTEXT = 131072
 # The exit status of a process SGLang ends with kill_process_tree: SIGKILL.
@@ -36,7 +36,7 @@ EXIT_KILLED = -9
 SIGQUIT_LINE = "Received sigquit from a child process. It usually means the child failed."
 
 
-class SimState:
+class SGLangState:
     """`config` may be replaced at any time (apply_config); it is read live. `on_watchdog` is what
     the server does when the scheduler's watchdog fires."""
 
