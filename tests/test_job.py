@@ -51,7 +51,7 @@ async def test_every_prompt_gets_one_row_and_spend_matches_the_bill(
     assert row["status"] in ("ok", "truncated") and row["provider"] and row["served_model"]
     assert row["generation_id"].startswith("gen-") and row["content"] and isinstance(row["reasoning"], str)
     assert row["cost"] > 0 and row["cost_estimated"] is False
-    assert job.ledger.spent == sim.ledger.billed_total, "spent is the exact sum of usage.cost"
+    assert job.ledger.spent == sim.billing.billed_total, "spent is the exact sum of usage.cost"
     assert job.ledger.reserved == 0
 
 
@@ -154,7 +154,7 @@ async def test_stop_with_cancel_then_resume_completes_without_duplicates(
     # Cancelled requests with a generation id were looked up in /generation; those cancelled
     # before their headers keep their worst case, flagged: the ledger never reads below the bill.
     known = again.ledger.spent - again.ledger.estimated
-    assert known <= sim.ledger.billed_total <= again.ledger.spent
+    assert known <= sim.billing.billed_total <= again.ledger.spent
 
 
 async def test_a_changed_prompt_stops_the_resume(
@@ -275,7 +275,7 @@ async def test_every_fault_class_ends_with_one_row_per_prompt(
             if job.ledger.estimated == 0:
                 break
             await asyncio.sleep(0.05)
-    assert job.ledger.spent >= sim.ledger.billed_total or job.ledger.estimated > 0
+    assert job.ledger.spent >= sim.billing.billed_total or job.ledger.estimated > 0
 
 
 async def test_non_streaming_mode(
@@ -386,8 +386,8 @@ async def test_budget_with_2000_in_flight_never_overshoots_the_bill(
     assert outcome.reason is StopReason.BUDGET, outcome
     assert peak >= 1500, f"only {peak} in flight"
     assert server.peak_in_flight >= 1500
-    assert server.ledger.billed_total <= Decimal(str(budget)), "the simulator's own ledger"
-    assert job.ledger.spent == server.ledger.billed_total
+    assert server.billing.billed_total <= Decimal(str(budget)), "the simulator's own ledger"
+    assert job.ledger.spent == server.billing.billed_total
     rows = read_rows(a)
     assert len(rows) == len({r["line"] for r in rows})
 

@@ -123,4 +123,4 @@ async def test_in_flight_budget_402s_slow_the_job_down_and_lose_nothing(
     assert len(read_rows(a)) == 60
     assert job.stats.counters.errors["in_flight_budget"] > 0, "the hold was reached"
     assert job.dispatcher.limit.backoffs > 0, "a storm of in-flight 402s lowers the concurrency"
-    assert job.ledger.spent == sim.ledger.billed_total
+    assert job.ledger.spent == sim.billing.billed_total

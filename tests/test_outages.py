@@ -82,7 +82,7 @@ async def test_the_simulator_stopped_and_started_again_holds_then_finishes(
     # Spend: what the simulator billed, exactly; only attempts cut without any generation id may
     # stay at their worst case, flagged, and they are never below what they cost.
     unknowable = job.ledger.estimates.unknowable
-    assert job.ledger.spent - unknowable <= sim.ledger.billed_total <= job.ledger.spent
+    assert job.ledger.spent - unknowable <= sim.billing.billed_total <= job.ledger.spent
     assert job.ledger.estimates.pending == 0
 
 
@@ -112,7 +112,7 @@ async def test_connections_refused_cost_nothing_and_resume_at_full_concurrency(
     assert outcome.reason is StopReason.DONE
     assert len(read_rows(a)) == 200
     unknowable = job.ledger.estimates.unknowable
-    assert job.ledger.spent - unknowable <= sim.ledger.billed_total <= job.ledger.spent
+    assert job.ledger.spent - unknowable <= sim.billing.billed_total <= job.ledger.spent
 
 
 async def test_an_older_journal_that_charged_refused_connections_is_repaired(
@@ -143,9 +143,9 @@ async def test_an_older_journal_that_charged_refused_connections_is_repaired(
     outcome = await job.run()
     assert outcome.reason is StopReason.DONE and len(read_rows(a)) == 5
     after = read_journals(run_dir / "attempts.jsonl", run_dir / "events.jsonl")
-    assert after.spent == sim.ledger.billed_total and after.never_sent == [], "repaired once, for good"
+    assert after.spent == sim.billing.billed_total and after.never_sent == [], "repaired once, for good"
     again = Job(settings)
     await again.prepare()
-    assert again.ledger.spent == sim.ledger.billed_total
+    assert again.ledger.spent == sim.billing.billed_total
     await again.run()
 

@@ -176,7 +176,7 @@ async def test_cost_missing_from_the_response_is_reconciled_from_generation(
     a = write_dataset(tmp_path, "A", 30)
     job = await run_job(make_settings(sim.base_url, [a]))
     assert job.ledger.estimated == 0, "every estimate was replaced by the billed amount"
-    assert job.ledger.spent == sim.ledger.billed_total
+    assert job.ledger.spent == sim.billing.billed_total
     journal = [orjson.loads(x) for x in (job.run_dir / "attempts.jsonl").read_bytes().splitlines()]
     assert any(r["k"] == "reconciled" for r in journal)
 

@@ -154,7 +154,7 @@ async def test_a_crash_before_any_id_ends_with_spend_equal_to_the_bill(
     await sim.start()
     try:
         await bill_outside(sim, SIM_KEY, 2)
-        before_run = sim.ledger.billed_total
+        before_run = sim.billing.billed_total
         assert before_run > 0
         dataset = await crashed_run(tmp_path, sim, 0.3, pre_bills=0)
         run_dir = tmp_path / "run"
@@ -162,7 +162,7 @@ async def test_a_crash_before_any_id_ends_with_spend_equal_to_the_bill(
         assert len(base) == 1 and Decimal(base[0]["usage"]) == before_run, "the first start's usage"
         assert SIM_KEY not in (run_dir / "events.jsonl").read_text(), "never the key itself"
         job = await resume(resume_settings(make_settings, sim, dataset, 0.3))
-        billed = sim.ledger.billed_total - before_run
+        billed = sim.billing.billed_total - before_run
     finally:
         await sim.stop()
     bound = events_named(run_dir, "usage_bound")
@@ -193,7 +193,7 @@ async def test_a_lagging_usage_is_waited_for_and_the_bound_is_still_exact(
         dataset = await crashed_run(tmp_path, sim, 1.5)
         before_run = Decimal(events_named(tmp_path / "run", "key_usage_base")[0]["usage"])
         job = await resume(resume_settings(make_settings, sim, dataset, 1.5))
-        billed = sim.ledger.billed_total - before_run
+        billed = sim.billing.billed_total - before_run
     finally:
         await sim.stop()
     bound = events_named(tmp_path / "run", "usage_bound")
@@ -216,7 +216,7 @@ async def test_another_user_of_the_key_keeps_the_bound_above_the_bill(
         base = Decimal(events_named(tmp_path / "run", "key_usage_base")[0]["usage"])
         job = await resume(resume_settings(make_settings, sim, dataset, 0.3), someone_else)
         theirs = outside[0]
-        truth = sim.ledger.billed_total - base - theirs
+        truth = sim.billing.billed_total - base - theirs
     finally:
         await sim.stop()
     assert theirs > 0
@@ -238,7 +238,7 @@ async def test_without_a_base_the_worst_case_stays(
         lines = [line for line in events.read_bytes().splitlines() if b'"key_usage_base"' not in line]
         events.write_bytes(b"".join(line + b"\n" for line in lines))
         job = await resume(resume_settings(make_settings, sim, dataset, 0.3))
-        billed = sim.ledger.billed_total
+        billed = sim.billing.billed_total
     finally:
         await sim.stop()
     assert not events_named(tmp_path / "run", "usage_bound")
@@ -261,7 +261,7 @@ async def test_a_first_start_that_cannot_read_the_key_takes_no_base(
         await start_and_kill(settings_toml(tmp_path / "s.toml", front.base_url, dataset, run_dir, 0.3), run_dir)
         assert not events_named(run_dir, "key_usage_base")
         job = await resume(resume_settings(make_settings, sim, dataset, 0.3))
-        billed = sim.ledger.billed_total
+        billed = sim.billing.billed_total
     finally:
         await front.stop()
         await sim.stop()
@@ -280,7 +280,7 @@ async def test_a_run_resumed_with_another_key_is_not_bounded(
         settings = resume_settings(make_settings, sim, dataset, 0.3)
         settings.openrouter.api_key = SecretStr(OTHER_KEY)
         job = await resume(settings)
-        billed = sim.ledger.billed_total
+        billed = sim.billing.billed_total
     finally:
         await sim.stop()
     assert len(events_named(tmp_path / "run", "key_usage_void")) == 1

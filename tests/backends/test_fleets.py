@@ -91,7 +91,7 @@ async def test_one_row_per_prompt_and_the_share_follows_the_gpus(
     paid, gpus = job.dispatcher.lane("openrouter"), job.dispatcher.lane("sglang")
     paid_rows = [row for row in rows if row["backend"] == "openrouter"]
     gpu_rows = [row for row in rows if row["backend"] == "sglang"]
-    assert sum(Decimal(str(row["cost"])) for row in paid_rows) == paid.ledger.spent == paid_sim.ledger.billed_total
+    assert sum(Decimal(str(row["cost"])) for row in paid_rows) == paid.ledger.spent == paid_sim.billing.billed_total
     assert all(row["cost"] is None and row["gpu_s"] > 0 for row in gpu_rows)
     assert gpus.ledger.budget is None and gpus.ledger.spent > 0 and paid.ledger.reserved == gpus.ledger.reserved == 0
     assert spend_by_backend(settings.job.run_dir / "attempts.jsonl") == {
@@ -134,7 +134,7 @@ async def test_the_budget_holds_and_the_gpus_finish_the_rest(
     made = Counter(row["backend"] for row in rows)
     assert made["openrouter"] > 0 and made["sglang"] > 0
     assert paid.ledger.spent <= paid.ledger.budget
-    assert paid.ledger.spent == paid_sim.ledger.billed_total, "nothing billed past the budget"
+    assert paid.ledger.spent == paid_sim.billing.billed_total, "nothing billed past the budget"
 
 
 async def test_a_prompt_goes_to_the_first_lane_with_room(
