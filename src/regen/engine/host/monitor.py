@@ -28,8 +28,6 @@ if TYPE_CHECKING:
 FAILING_POLL_MAX_S = 60.0
 # Progress lines of an SGLang start or stop kept for the pane.
 PROGRESS_LINES = 12
-# What an inspect starts from when none ran before: nothing kept (its state is always set over it).
-_NO_INSPECT: InspectView = {"state": "none"}
 
 
 @dataclass(slots=True)
@@ -239,7 +237,9 @@ class HostMonitor:
         if host.inspect_task is not None and not host.inspect_task.done():
             return False
         began = time.time()
-        host.inspect = {**(host.inspect or _NO_INSPECT), "state": "running", "started_at": began}
+        # The last inspect's counts stay shown while the next one runs.
+        kept: InspectView = host.inspect.copy() if host.inspect is not None else {"state": "running"}
+        host.inspect = {**kept, "state": "running", "started_at": began}
         host.inspect_task = asyncio.get_running_loop().create_task(
             self._inspect(host, began), name=f"host-inspect-{host.settings.name}"
         )
@@ -251,8 +251,9 @@ class HostMonitor:
         try:
             record = await inspect_host(host.conn)
         except HostError as exc:
+            kept: InspectView = host.inspect.copy() if host.inspect is not None else {"state": "failed"}
             host.inspect = {
-                **(host.inspect or _NO_INSPECT),
+                **kept,
                 "state": "failed",
                 "error": str(exc),
                 "started_at": began,
