@@ -149,7 +149,7 @@ async def resume_job(folder: Path, run_dir: Path) -> float:
         started = time.perf_counter()
         await job.prepare()
         took = time.perf_counter() - started
-        await job.backend.close()
+        await job.lanes[0].backend.close()
         await job.results.close()
         await job.events.close()
         job.lock.release()

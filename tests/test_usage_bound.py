@@ -123,7 +123,7 @@ def resume_settings(
 async def resume(settings: Settings, during: Callable[[], Any] | None = None) -> Job:
     job = Job(settings)
     await job.prepare()
-    assert job.ledger.estimates.unknowable_count > 0, "the crash left money no bill can name"
+    assert job.lanes[0].ledger.estimates.unknowable_count > 0, "the crash left money no bill can name"
     runner = asyncio.create_task(job.run())
     if during is not None:
         await during()
@@ -168,15 +168,15 @@ async def test_a_crash_before_any_id_ends_with_spend_equal_to_the_bill(
     bound = events_named(run_dir, "usage_bound")
     assert len(bound) == 1
     assert Decimal(bound[0]["unknowable_after"]) < Decimal(bound[0]["unknowable_before"])
-    assert bound[0]["count"] == job.ledger.estimates.unknowable_count > 0
-    assert job.ledger.estimates.pending == 0
-    assert job.ledger.spent == billed, "the run ends at exactly what the key was billed for it"
-    assert job.ledger.estimates.unknowable == billed - job.ledger.confirmed
-    money = job.snapshot()["money"]
+    assert bound[0]["count"] == job.lanes[0].ledger.estimates.unknowable_count > 0
+    assert job.lanes[0].ledger.estimates.pending == 0
+    assert job.lanes[0].ledger.spent == billed, "the run ends at exactly what the key was billed for it"
+    assert job.lanes[0].ledger.estimates.unknowable == billed - job.lanes[0].ledger.confirmed
+    money = job.snapshot()["lanes"][0]["money"]
     assert money["unknowable_bound"] == "key_usage" and money["unknowable_bound_wait_s"] is not None
     assert "bounded by what the key's usage grew by" in money_line(money)
-    breakdown = job.settler.breakdown
-    assert breakdown.useful + sum(breakdown.waste.values()) == job.ledger.spent
+    breakdown = job.lanes[0].settler.breakdown
+    assert breakdown.useful + sum(breakdown.waste.values()) == job.lanes[0].ledger.spent
     # Read back: a later start begins from the bounded figure.
     state = read_journals(run_dir / "attempts.jsonl", run_dir / "events.jsonl")
     assert state.spent == billed and state.estimates.bounded_by == "key_usage"
@@ -197,7 +197,7 @@ async def test_a_lagging_usage_is_waited_for_and_the_bound_is_still_exact(
     finally:
         await sim.stop()
     bound = events_named(tmp_path / "run", "usage_bound")
-    assert job.ledger.spent == billed
+    assert job.lanes[0].ledger.spent == billed
     assert len(bound) == 1 and bound[0]["waited_s"] >= 1.5, "it waited for the usage to hold still"
 
 
@@ -220,7 +220,7 @@ async def test_another_user_of_the_key_keeps_the_bound_above_the_bill(
     finally:
         await sim.stop()
     assert theirs > 0
-    spent = job.ledger.spent
+    spent = job.lanes[0].ledger.spent
     assert truth <= spent, "never under what the job was billed"
     assert spent == truth + theirs, "the other user's bills are all the bound can be off by"
 
@@ -243,9 +243,9 @@ async def test_without_a_base_the_worst_case_stays(
         await sim.stop()
     assert not events_named(tmp_path / "run", "usage_bound")
     assert not events_named(tmp_path / "run", "key_usage_base"), "no base is taken after the first start"
-    assert job.ledger.estimates.unknowable_count > 0 and job.ledger.estimates.bounded_by is None
-    assert job.ledger.confirmed <= billed - base_before < job.ledger.spent
-    assert "unknowable_bound" not in job.snapshot()["money"]
+    assert job.lanes[0].ledger.estimates.unknowable_count > 0 and job.lanes[0].ledger.estimates.bounded_by is None
+    assert job.lanes[0].ledger.confirmed <= billed - base_before < job.lanes[0].ledger.spent
+    assert "unknowable_bound" not in job.snapshot()["lanes"][0]["money"]
 
 
 async def test_a_first_start_that_cannot_read_the_key_takes_no_base(
@@ -266,8 +266,8 @@ async def test_a_first_start_that_cannot_read_the_key_takes_no_base(
         await front.stop()
         await sim.stop()
     assert not events_named(run_dir, "usage_bound") and not events_named(run_dir, "key_usage_base")
-    assert job.ledger.estimates.bounded_by is None
-    assert billed < job.ledger.spent
+    assert job.lanes[0].ledger.estimates.bounded_by is None
+    assert billed < job.lanes[0].ledger.spent
 
 
 async def test_a_run_resumed_with_another_key_is_not_bounded(
@@ -285,7 +285,7 @@ async def test_a_run_resumed_with_another_key_is_not_bounded(
         await sim.stop()
     assert len(events_named(tmp_path / "run", "key_usage_void")) == 1
     assert not events_named(tmp_path / "run", "usage_bound")
-    assert billed < job.ledger.spent
+    assert billed < job.lanes[0].ledger.spent
 
 
 def test_pending_estimates_are_not_taken_off_the_room() -> None:

@@ -10,11 +10,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from decimal import ROUND_FLOOR, Decimal
-from typing import Any
 
 from regen.engine.durations import duration
 from regen.engine.money.ledger import RoutePrice
 from regen.engine.money.planner import DatasetNeed, cost_of
+from regen.engine.schema import FleetPlanView, ShareView
 
 TOKENS_MAX = 10**15  # more output tokens than any job makes: where a capacity saturates
 
@@ -72,7 +72,7 @@ class Share:
     capacity: int | None  # what it could carry in the time; None: unbounded
     per_million: Decimal  # dollars per million output tokens, prompt share included
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ShareView:
         return {
             "provider": self.route,
             "tokens": self.tokens,
@@ -118,7 +118,7 @@ class FleetPlan:
     def fits(self) -> bool:
         return self.reachable and self.affordable
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> FleetPlanView:
         return {
             "output_tokens": self.output_tokens,
             "prompts": self.prompts,
