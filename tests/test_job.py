@@ -387,7 +387,7 @@ async def test_budget_with_2000_in_flight_never_overshoots_the_bill(
     assert peak >= 1500, f"only {peak} in flight"
     assert server.peak_in_flight >= 1500
     assert server.billing.billed_total <= Decimal(str(budget)), "the simulator's own ledger"
-    assert job.lanes[0].ledger.spent == server.ledger.billed_total
+    assert job.lanes[0].ledger.spent == server.billing.billed_total
     rows = read_rows(a)
     assert len(rows) == len({r["line"] for r in rows})
 
