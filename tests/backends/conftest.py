@@ -20,13 +20,13 @@ from typing import Any
 import orjson
 import pytest
 
+from regen.engine.config.loading import load_settings
 from regen.engine.config.settings import (
     JobSettings,
     OpenRouterSettings,
     Settings,
     SGLangSettings,
     TokenizerSettings,
-    load_settings,
 )
 from regen.sim.openrouter.server import OpenRouterSim
 from regen.sim.sglang.server import SGLangSim

@@ -21,8 +21,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from regen.engine.data.datasets import DIGEST_BYTES
 from regen.engine.data.jsonl import CorruptLine, iter_jsonl, repair_torn_tail
+from regen.engine.data.scan import DIGEST_BYTES
 from regen.engine.money.ledger import Estimates, SpendBreakdown
 from regen.engine.run.records import (
     ATTEMPTS,
