@@ -28,9 +28,9 @@ import pytest
 from regen.engine.config.loading import SettingsError, load_settings
 from regen.engine.config.settings import JobSettings, OpenRouterSettings, Settings
 from regen.engine.data.datasets import Dataset
-from regen.engine.data.verify import journal_spend, verify_dataset
+from regen.engine.data.verify import verify_dataset
 from regen.engine.job.job import Job, JobError, StopReason
-from regen.engine.run.recovery import read_journals
+from regen.engine.run.recovery import journal_spend, read_journals
 from regen.engine.schema import budget_lane
 from regen.sim.openrouter.server import OpenRouterSim
 from regen.sim.sglang.server import SGLangSim

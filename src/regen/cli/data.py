@@ -179,7 +179,8 @@ def _tokenizer(args: argparse.Namespace, settings: Settings) -> TargetTokenizer 
 def _verify(args: argparse.Namespace, settings: Settings, datasets: list[Dataset]) -> int:
     import orjson
 
-    from regen.engine.data.verify import journal_spend, verify_dataset
+    from regen.engine.data.verify import verify_dataset
+    from regen.engine.run.recovery import journal_spend
 
     tokenizer = _tokenizer(args, settings)
     attempts = settings.job.run_dir / "attempts.jsonl"

@@ -17,6 +17,7 @@ from typing import Any, Protocol, TypedDict
 
 from regen.engine.data.datasets import Prompt
 from regen.engine.money.ledger import RoutePrice
+from regen.engine.run.records import BackendFields
 from regen.engine.run.recovery import Unsettled
 from regen.engine.schema import BackendView
 
@@ -86,7 +87,7 @@ class AttemptOutcome:
     ttft_s: float | None = None
     e2e_s: float = 0.0
     failure: Failure | None = None
-    journal: dict[str, Any] = field(default_factory=dict)  # the backend's fields of the end record
+    journal: BackendFields = field(default_factory=BackendFields)  # the backend's fields of the end record
 
     @property
     def completion_tokens(self) -> int:

@@ -11,7 +11,6 @@ The rules are docs/data-contract.md §4; each violation names the dataset, the r
 
 from __future__ import annotations
 
-import math
 import re
 from array import array
 from collections import Counter
@@ -28,7 +27,7 @@ from regen.engine.data.jsonl import JsonlError, iter_jsonl
 from regen.engine.data.tokenizer import THINK, THINK_END, TargetTokenizer
 from regen.engine.data.validate import validate_line
 
-__all__ = ["RULES", "DatasetReport", "Violation", "journal_spend", "verify_dataset"]
+__all__ = ["RULES", "DatasetReport", "Violation", "verify_dataset"]
 
 # Rule name -> what it means; the names are what reports and tests refer to.
 RULES = {
@@ -203,51 +202,6 @@ def _read_messages(fh: Any, offset: int) -> list[dict[str, Any]] | None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Attempt journal (read-only: the job may be writing it)
-
-
-# Backends whose ledger counts something other than dollars (docs/money.md): their attempts' amounts
-# are not part of what the rows' `cost` can be compared with.
-_NOT_DOLLARS = frozenset({"sglang"})
-
-
-def journal_spend(attempts_path: Path) -> dict[str, float]:
-    """Dollar spend per dataset from the attempt journal: settled costs plus reconciliations, of the
-    attempts of dollar backends only (a job on both fleets journals GPU-seconds beside dollars)."""
-    spend: dict[str, float] = {}
-    owner: dict[str, Any] = {}
-    for _, rec in iter_jsonl(attempts_path):
-        kind = rec.get("k")
-        if kind == "start" and rec.get("be") is not None:
-            owner[str(rec.get("rid", ""))] = rec.get("be")
-        if kind not in ("end", "reconciled"):
-            continue
-        if (rec.get("be") or owner.get(str(rec.get("rid", "")))) in _NOT_DOLLARS:
-            continue
-        ds = rec.get("ds")
-        if not isinstance(ds, str):
-            # A request id is f"{dataset}-{line:08d}#{attempt}" (docs/data-contract.md §2).
-            rid = str(rec.get("rid", ""))
-            ds = rid.split("#", 1)[0][:-9]
-        value = rec.get("cost") if kind == "end" else rec.get("delta")
-        amount = _dollars(value)
-        if amount is not None:
-            spend[ds] = spend.get(ds, 0.0) + amount
-    return spend
-
-
-def _dollars(value: Any) -> float | None:
-    # The job writes amounts as decimal strings (exact); older journals and tests hold numbers.
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        return None
-    try:
-        amount = float(value)
-    except ValueError:
-        return None
-    return amount if math.isfinite(amount) else None
-
-
-# ---------------------------------------------------------------------------------------------
 # Rows
 
 
@@ -309,8 +263,34 @@ class _Checker:
             self.prompts_fh.close()
 
     def row(self, n: int, row: dict[str, Any]) -> None:
+        """Row `n` of raw_responses.jsonl against every rule of docs/data-contract.md §4 that applies."""
+        self.report.rows += 1
+        if not self._schema(n, row):
+            return
+        line: int = row["line"]
+        if not self._identity(n, line, row):
+            return
+        status, finish = row["status"], row["finish_reason"]
+        prompt_ids, output_ids = row["prompt_ids"], row["output_ids"]
+        self._status(n, line, status, finish)
+        self._counts(n, line, row, prompt_ids, output_ids)
+        usage = self._money(row)
+        thinking = _row_thinking(row)
+        self._flags(row, status, thinking)
+        self._specials(n, line, row)
+        if not output_ids and not prompt_ids:
+            self.report.not_tokenized += 1
+            if self.require_ids:
+                self.report.add(n, line, "not_tokenized", "no prompt_ids or output_ids")
+            return
+        files_key = self._tokenizer_files(n, line, row)
+        if self.tokenizer is None or files_key is None or files_key != self.tokenizer_key:
+            return
+        self._check_ids(n, line, row, status, finish, thinking, usage, prompt_ids, output_ids)
+
+    def _schema(self, n: int, row: dict[str, Any]) -> bool:
+        """The required fields and their types, the dataset and the id; False: nothing else can be read."""
         report = self.report
-        report.rows += 1
         for key, kind in _REQUIRED.items():
             value = row.get(key)
             if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
@@ -320,23 +300,23 @@ class _Checker:
                     "schema",
                     f"{key} missing or not {_type_names(kind)}",
                 )
-                return
+                return False
         line: int = row["line"]
-        status, finish = row["status"], row["finish_reason"]
-        reasoning, content = row["reasoning"], row["content"]
-        prompt_ids, output_ids = row["prompt_ids"], row["output_ids"]
-
         if row["dataset"] != self.dataset.name:
             report.add(n, line, "schema", f"dataset {row['dataset']!r} in the rows of {self.dataset.name!r}")
         if row["id"] != f"{self.dataset.name}-{line:08d}":
             report.add(n, line, "schema", f"id {row['id']!r} does not match dataset and line")
+        return True
 
-        # §4.1 identity
+    def _identity(self, n: int, line: int, row: dict[str, Any]) -> bool:
+        """§4.1: the row's prompt line exists, has no earlier row, and is the prompt it was made from;
+        False: an orphan or a duplicate, checked no further."""
+        report = self.report
         hashes = self.index.hashes
         if line < 0 or line >= len(hashes) or hashes[line] == 0:
             what = "beyond the end of" if line >= len(hashes) or line < 0 else "an invalid line of"
             report.add(n, line, "orphan_row", f"line {line} is {what} {PROMPTS_FILE} ({len(hashes)} lines)")
-            return
+            return False
         first = self.first_row[line]
         if first != _NO_ROW:
             report.add(
@@ -345,13 +325,16 @@ class _Checker:
                 "duplicate_row",
                 f"prompt line {line} already has a row at {RESULTS_FILE} line {first}",
             )
-            return
+            return False
         self.first_row[line] = n
         report.covered += 1
         if _hash_key(row["prompt_sha256"]) != hashes[line]:
             report.add(n, line, "prompt_changed", "prompt_sha256 does not match the line now in prompts.jsonl")
+        return True
 
-        # §4.2
+    def _status(self, n: int, line: int, status: str, finish: str) -> None:
+        """§4.2: ok goes with finish_reason stop, truncated with length."""
+        report = self.report
         if status == "ok":
             report.ok += 1
             if finish != "stop":
@@ -363,7 +346,11 @@ class _Checker:
         else:
             report.add(n, line, "status_finish", f"status {status!r} is neither ok nor truncated")
 
-        # §4.3
+    def _counts(
+        self, n: int, line: int, row: dict[str, Any], prompt_ids: list[int], output_ids: list[int]
+    ) -> None:
+        """§4.3: the token counts are the lengths of the id lists."""
+        report = self.report
         if row["num_prompt_tokens"] != len(prompt_ids):
             report.add(
                 n,
@@ -381,44 +368,50 @@ class _Checker:
         report.prompt_tokens += len(prompt_ids)
         report.output_tokens += len(output_ids)
 
+    def _money(self, row: dict[str, Any]) -> dict[str, Any]:
+        """The row's cost and the backend's own token count into the totals; the row's usage ({} when
+        it has none)."""
+        report = self.report
         cost = row.get("cost")
         if isinstance(cost, int | float) and not isinstance(cost, bool):
             report.cost += float(cost)
         else:
             report.rows_without_cost += 1
-        usage = row.get("usage") if isinstance(row.get("usage"), dict) else {}
-        completion = usage.get("completion_tokens")  # type: ignore[union-attr]
+        usage = row.get("usage")
+        if not isinstance(usage, dict):
+            return {}
+        completion = usage.get("completion_tokens")
         if isinstance(completion, int):
             report.native_completion_tokens += completion
+        return usage
 
-        thinking = _row_thinking(row)
-        # §4.11 flags: kept, not failed.
-        if thinking and not reasoning:
-            report.flags["empty_reasoning"] += 1
-        if is_degenerate(content):
-            report.flags["degenerate_content"] += 1
-        if status == "ok" and not content:
-            report.flags["empty_content"] += 1
+    def _flags(self, row: dict[str, Any], status: str, thinking: bool) -> None:
+        """§4.11: quality flags, counted, never failed."""
+        flags = self.report.flags
+        if thinking and not row["reasoning"]:
+            flags["empty_reasoning"] += 1
+        if is_degenerate(row["content"]):
+            flags["degenerate_content"] += 1
+        if status == "ok" and not row["content"]:
+            flags["empty_content"] += 1
 
-        # §4.8 second half: needs no ids.
-        for name, text in (("reasoning", reasoning), ("content", content)):
-            found = self.special_re.search(text)
+    def _specials(self, n: int, line: int, row: dict[str, Any]) -> None:
+        """§4.8, the half that needs no ids: no special-token string in the text."""
+        for name in ("reasoning", "content"):
+            found = self.special_re.search(row[name])
             if found:
-                report.add(
+                self.report.add(
                     n, line, "special_in_text", f"{name} holds {found.group()!r} at character {found.start()}"
                 )
 
-        if not output_ids and not prompt_ids:
-            report.not_tokenized += 1
-            if self.require_ids:
-                report.add(n, line, "not_tokenized", "no prompt_ids or output_ids")
-            return
-
-        # §4.9
+    def _tokenizer_files(self, n: int, line: int, row: dict[str, Any]) -> bytes | None:
+        """§4.9: one tokenizer per dataset, and the one given to verify; the row's tokenizer files
+        key, None when the row has ids but no tokenizer block (a schema violation)."""
+        report = self.report
         files_key = _files_key(row)
         if files_key is None:
             report.add(n, line, "schema", "ids without a tokenizer block with files_sha256")
-            return
+            return None
         if files_key not in self.hashes_seen:
             self.hashes_seen[files_key] = n
             if self.first_hash is None:
@@ -434,9 +427,7 @@ class _Checker:
                 report.add(
                     n, line, "tokenizer_mismatch", "the row's tokenizer files differ from the tokenizer given"
                 )
-        if self.tokenizer is None or files_key != self.tokenizer_key:
-            return
-        self._check_ids(n, line, row, status, finish, thinking, usage, prompt_ids, output_ids)  # type: ignore[arg-type]
+        return files_key
 
     def _check_ids(
         self,
@@ -534,7 +525,7 @@ def verify_dataset(
     *,
     require_ids: bool = False,
     check_prompts: bool = False,
-    journal: dict[str, float] | None = None,
+    journal: dict[str, float] | None = None,  # dollars per dataset (engine/run/recovery.py `journal_spend`)
     examples_per_rule: int = 5,
 ) -> DatasetReport:
     """Check ``dataset``'s rows against its prompts and docs/data-contract.md §4; nothing is written."""

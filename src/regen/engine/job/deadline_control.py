@@ -15,7 +15,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
 
 from regen.engine.config.settings import Settings
 from regen.engine.durations import duration
@@ -26,6 +25,7 @@ from regen.engine.money.fleetplan.plan import Provider, Work, by_price
 from regen.engine.money.fleetplan.steer import Facts, Steer, Steering
 from regen.engine.money.planner import DatasetNeed, remaining_output_tokens
 from regen.engine.run.events import EventLog
+from regen.engine.run.records import DeadlineEvent, deadline_event
 from regen.engine.run.state import DatasetState, JobError
 from regen.engine.schema import FleetView
 
@@ -101,7 +101,7 @@ class FleetSteering:
         """Whether OpenRouter's share follows the deadline: GPUs to lean on, dollars to save, a deadline."""
         return self.paid is not None and bool(self.gpus) and self.deadline_ts is not None
 
-    def restore(self, journaled: Mapping[str, Any] | None, first_start: float | None) -> None:
+    def restore(self, journaled: DeadlineEvent | None, first_start: float | None) -> None:
         """The deadline at this start (docs/fleets.md, "In the job"): the journaled instant while the
         setting is what it was when journaled, else the setting resolved from the run's first start."""
         setting = self.settings.job.deadline
@@ -135,13 +135,15 @@ class FleetSteering:
     def _set(self, text: str | None, at: dt.datetime | None, source: str) -> None:
         self.deadline_text = text
         self.deadline_ts = None if at is None else at.timestamp()
-        self.events.event(
-            "deadline",
-            text=text,
-            at=self.deadline_ts,
-            local=None if at is None else at.isoformat(timespec="seconds"),
-            setting=self.settings.job.deadline,
-            source=source,
+        self.events.write(
+            deadline_event(
+                text,
+                self.deadline_ts,
+                None if at is None else at.isoformat(timespec="seconds"),
+                self.settings.job.deadline,
+                source,
+                time.time(),
+            )
         )
         self._fits = None  # a new deadline is judged afresh
 

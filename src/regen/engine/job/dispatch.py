@@ -31,6 +31,7 @@ from regen.engine.job.stats import JobStats
 from regen.engine.job.workqueue import WorkItem, WorkQueue
 from regen.engine.money.ledger import Ledger
 from regen.engine.run.events import EventLog
+from regen.engine.run.records import gen_record, start_record
 from regen.engine.run.results import ResultsWriter
 from regen.engine.run.state import DatasetState, JobError, StopReason
 from regen.engine.schema import holding_budget
@@ -272,21 +273,13 @@ class Dispatcher:
             # Durable before the request leaves: a crash from here on is settled at the next start,
             # on the ledger of the backend named here.
             await results.journal(
-                {
-                    "k": "start",
-                    "rid": flight.rid,
-                    "ds": prompt.dataset,
-                    "line": prompt.line,
-                    "reserved": str(flight.reservation),
-                    "be": lane.name,
-                    "ts": time.time(),
-                }
+                start_record(flight.rid, prompt.dataset, prompt.line, flight.reservation, lane.name, time.time())
             )
 
             def on_handle(handle: str | None) -> None:
                 flight.handle = handle
                 if handle:
-                    results.journal({"k": "gen", "rid": flight.rid, "gen": handle})
+                    results.journal(gen_record(flight.rid, handle))
 
             def on_route(name: str) -> None:
                 flight.route = name

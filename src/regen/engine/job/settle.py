@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from regen.engine.backends.base import AttemptOutcome, Backend, Disposition, Failure
 from regen.engine.config.settings import JobSettings
+from regen.engine.data.datasets import Prompt
 from regen.engine.data.tokenize_pool import TokenizePool
 from regen.engine.data.tokenizer import TokenizeError
 from regen.engine.job.rows import build_row
@@ -24,6 +25,7 @@ from regen.engine.job.stats import JobStats, ProviderStats
 from regen.engine.job.workqueue import WorkItem
 from regen.engine.money.ledger import Ledger, SpendBreakdown, to_dollars
 from regen.engine.run.events import EventLog
+from regen.engine.run.records import EndRecord, end_record, gave_up_record, reconciled_record
 from regen.engine.run.recovery import JournalState, Unsettled, prompt_digest
 from regen.engine.run.results import ResultsWriter
 from regen.engine.run.state import DatasetState, JobError, StopReason
@@ -93,8 +95,8 @@ class Settler:
     # ------------------------------------------------------------------------------- settling
 
     async def settle(self, flight: Flight, outcome: AttemptOutcome) -> None:
-        item = flight.item
-        prompt = item.prompt
+        """One attempt's outcome: judged, accounted, journaled, then delivered as a row, a retry, a
+        give-up, a stop or a quarantine."""
         now = time.time()
         cost, estimated = self.backend.charge(outcome, flight.reservation)
         failure = outcome.failure
@@ -108,15 +110,68 @@ class Settler:
                 )
             else:
                 violation = self.backend.reject(outcome)
-        tokens = outcome.completion_tokens
         result = "quarantined" if violation else (status if failure is None else failure.error_class)
         assert result is not None
+        mono = time.monotonic()
+        route = self._account(flight, outcome, cost, estimated, result, failure, violation, mono)
+        record = self._record(flight, outcome, cost, estimated, result, failure, violation, now)
+        item = flight.item
+        if estimated and outcome.handle:
+            self.reconcile_later(
+                Unsettled(flight.rid, item.prompt.dataset, item.prompt.line, outcome.handle, cost, result, outcome.route)
+            )
+        if failure is not None:
+            self.results.journal(record)
+            self._failed(item, failure, route, flight.launched_at)
+            return
+        assert status is not None
+        # Delivered here, not in an awaited helper: that would make one more coroutine per attempt.
+        prompt = item.prompt
+        row = build_row(
+            prompt,
+            outcome,
+            status,
+            self.backend,
+            cost=float(cost),
+            cost_estimated=estimated,
+            started_at=item.first_started or now,
+            attempts=item.attempts,
+            now=now,
+        )
+        if violation is not None:
+            await self.results.journal(record)
+            await self._quarantine(item, row, violation, outcome.route)
+            return
+        if self.pool is not None:
+            try:
+                row = await self.pool.fill(row, prompt.request_messages)
+            except TokenizeError as exc:
+                await self.results.journal(record)
+                self.steering.fatal(StopReason.FATAL, f"tokenizing failed: {exc}")
+                return
+        await self.results.commit_row(prompt.dataset, record, row)
+        self._progress(prompt, status, outcome.completion_tokens, mono)
+        self.steering.reached(flight.launched_at)
+        self.steering.succeeded(mono)
+
+    def _account(
+        self,
+        flight: Flight,
+        outcome: AttemptOutcome,
+        cost: Decimal,
+        estimated: bool,
+        result: str,
+        failure: Failure | None,
+        violation: str | None,
+        mono: float,
+    ) -> ProviderStats | None:
+        """The cost into the ledger, the spend breakdown and the statistics; the route's statistics."""
+        tokens = outcome.completion_tokens
         # The cost replaces the reservation in one step, so spent + reserved never counts it twice.
         self.ledger.charge(cost, estimated=estimated, knowable=outcome.handle is not None, outcome=result)
         self.ledger.release(flight.reservation)
         flight.released = True
         self.breakdown.add(result, cost, tokens)
-        mono = time.monotonic()
         stats = self.stats
         stats.spend_rate.add(float(cost), mono)
         stats.counters.attempts += 1
@@ -133,75 +188,58 @@ class Settler:
                 message="" if failure is None else failure.message,
                 now=mono,
             )
-        record: dict[str, Any] = {
-            "k": "end",
-            "rid": flight.rid,
-            "ds": prompt.dataset,
-            "line": prompt.line,
-            "gen": outcome.handle,
-            "provider": outcome.route,
-            "be": self.backend.name,
-            **outcome.journal,
-            "outcome": result,
-            "cost": str(cost),
-            "est": estimated,
-            "ptok": outcome.usage["prompt_tokens"],
-            "ctok": outcome.usage["completion_tokens"],
-            "e2e": round(outcome.e2e_s, 4),
-            "ttft": None if outcome.ttft_s is None else round(outcome.ttft_s, 4),
-            "ts": now,
-        }
-        if estimated and outcome.handle:
-            self.reconcile_later(
-                Unsettled(flight.rid, prompt.dataset, prompt.line, outcome.handle, cost, result, outcome.route)
-            )
-        if failure is not None:
-            record["msg"] = failure.message[:300]
-            if not failure.sent:
-                record["sent"] = False
-            self.results.journal(record)
-            self._failed(item, failure, route, flight.launched_at)
-            return
-        assert status is not None
-        row = build_row(
-            prompt,
-            outcome,
-            status,
-            self.backend,
-            cost=float(cost),
-            cost_estimated=estimated,
-            started_at=item.first_started or now,
-            attempts=item.attempts,
-            now=now,
+        return route
+
+    def _record(
+        self,
+        flight: Flight,
+        outcome: AttemptOutcome,
+        cost: Decimal,
+        estimated: bool,
+        result: str,
+        failure: Failure | None,
+        violation: str | None,
+        now: float,
+    ) -> EndRecord:
+        """The attempt's end record (engine/run/records.py)."""
+        prompt = flight.item.prompt
+        usage = outcome.usage
+        return end_record(
+            flight.rid,
+            prompt.dataset,
+            prompt.line,
+            outcome.handle,
+            self.backend.name,
+            result,
+            cost,
+            estimated,
+            now,
+            provider=outcome.route,
+            fields=outcome.journal,
+            ptok=usage["prompt_tokens"],
+            ctok=usage["completion_tokens"],
+            e2e=outcome.e2e_s,
+            ttft=outcome.ttft_s,
+            msg=violation if failure is None else failure.message[:300],
+            sent=failure is None or failure.sent,
         )
-        if violation is not None:
-            record["msg"] = violation
-            await self.results.journal(record)
-            await self._quarantine(item, row, violation, outcome.route)
-            return
-        if self.pool is not None:
-            try:
-                row = await self.pool.fill(row, prompt.request_messages)
-            except TokenizeError as exc:
-                await self.results.journal(record)
-                self.steering.fatal(StopReason.FATAL, f"tokenizing failed: {exc}")
-                return
-        await self.results.commit_row(prompt.dataset, record, row)
-        dataset = self.datasets[prompt.dataset]
-        dataset.progress.done[prompt.line] = prompt_digest(prompt.sha256)
-        dataset.progress.output_tokens += tokens
+
+    def _progress(self, prompt: Prompt, status: str, tokens: int, mono: float) -> None:
+        """A row written: its dataset's progress and the job's counters."""
+        progress = self.datasets[prompt.dataset].progress
+        progress.done[prompt.line] = prompt_digest(prompt.sha256)
+        progress.output_tokens += tokens
         if status == "truncated":
-            dataset.progress.truncated += 1
+            progress.truncated += 1
         else:
-            dataset.progress.ok += 1
+            progress.ok += 1
+        stats = self.stats
         counters = stats.counters
         counters.rows += 1
         counters.output_tokens += tokens
         counters.refusal_streak = 0
         stats.tokens_rate.add(tokens, mono)
         stats.rows_rate.add(1, mono)
-        self.steering.reached(flight.launched_at)
-        self.steering.succeeded(mono)
 
     def cancelled(self, flight: Flight) -> None:
         """An attempt cancelled by a stop: its worst case counts until the backend says otherwise."""
@@ -211,19 +249,18 @@ class Settler:
         self.ledger.release(flight.reservation)
         flight.released = True
         self.results.journal(
-            {
-                "k": "end",
-                "rid": flight.rid,
-                "ds": prompt.dataset,
-                "line": prompt.line,
-                "gen": flight.handle,
-                "provider": flight.route,
-                "be": self.backend.name,
-                "outcome": "cancelled",
-                "cost": str(flight.reservation),
-                "est": True,
-                "ts": time.time(),
-            }
+            end_record(
+                flight.rid,
+                prompt.dataset,
+                prompt.line,
+                flight.handle,
+                self.backend.name,
+                "cancelled",
+                flight.reservation,
+                True,
+                time.time(),
+                provider=flight.route,
+            )
         )
 
     async def _quarantine(self, item: WorkItem, row: dict[str, Any], why: str, route: str | None) -> None:
@@ -289,14 +326,7 @@ class Settler:
     def _give_up(self, item: WorkItem, failure: Failure) -> None:
         self.datasets[item.prompt.dataset].failed += 1
         self.results.journal(
-            {
-                "k": "gave_up",
-                "ds": item.prompt.dataset,
-                "line": item.prompt.line,
-                "attempts": item.run_attempts,
-                "why": failure.message[:300],
-                "ts": time.time(),
-            }
+            gave_up_record(item.prompt.dataset, item.prompt.line, item.run_attempts, failure.message, time.time())
         )
 
     # ---------------------------------------------------------------------- earlier runs' money
@@ -322,17 +352,9 @@ class Settler:
         delta = self.ledger.confirm(unsent.estimate, Decimal(0), knowable=False, outcome=unsent.outcome)
         self.breakdown.add(unsent.outcome, delta)
         self.results.journal(
-            {
-                "k": "reconciled",
-                "rid": unsent.rid,
-                "be": self.backend.name,
-                "gen": None,
-                "outcome": unsent.outcome,
-                "cost": "0",
-                "delta": str(delta),
-                "unsent": True,
-                "ts": time.time(),
-            }
+            reconciled_record(
+                unsent.rid, self.backend.name, None, unsent.outcome, Decimal(0), delta, time.time(), unsent=True
+            )
         )
 
     def _settle_crashed(self, crashed: Unsettled) -> None:
@@ -355,19 +377,18 @@ class Settler:
         self.ledger.charge(cost, estimated=estimated, knowable=handle is not None, outcome=outcome)
         self.breakdown.add(outcome, cost, tokens)
         self.results.journal(
-            {
-                "k": "end",
-                "rid": crashed.rid,
-                "ds": crashed.dataset,
-                "line": crashed.line,
-                "gen": handle,
-                "be": self.backend.name,
-                "outcome": outcome,
-                "cost": str(cost),
-                "est": estimated,
-                "ctok": tokens,
-                "ts": time.time(),
-            }
+            end_record(
+                crashed.rid,
+                crashed.dataset,
+                crashed.line,
+                handle,
+                self.backend.name,
+                outcome,
+                cost,
+                estimated,
+                time.time(),
+                ctok=tokens,
+            )
         )
         if estimated and handle:
             self.reconcile_later(Unsettled(crashed.rid, crashed.dataset, crashed.line, handle, cost, outcome))
@@ -388,16 +409,9 @@ class Settler:
         if route is not None:
             route.adjust_cost(delta)
         self.results.journal(
-            {
-                "k": "reconciled",
-                "rid": pending.rid,
-                "be": self.backend.name,
-                "gen": pending.generation_id,
-                "outcome": pending.outcome,
-                "cost": str(billed),
-                "delta": str(delta),
-                "ts": time.time(),
-            }
+            reconciled_record(
+                pending.rid, self.backend.name, pending.generation_id, pending.outcome, billed, delta, time.time()
+            )
         )
         self.steering.wake()
 

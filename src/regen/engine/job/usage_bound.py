@@ -10,10 +10,13 @@ most that less the confirmed bills. The cut is journaled (`usage_bound`) and rec
 
 from __future__ import annotations
 
+import time
+
 from regen.engine.backends.base import AccountUsage, Backend
 from regen.engine.job.settle import Settler
 from regen.engine.money.ledger import Ledger
 from regen.engine.run.events import EventLog
+from regen.engine.run.records import key_usage_base_event, key_usage_void_event, usage_bound_event
 from regen.engine.run.recovery import JournalState
 
 KEY_USAGE = "key_usage"
@@ -44,13 +47,13 @@ class UsageBound:
         if not self.journal.begun:
             if reading.usage is not None:
                 self.base, self.account = reading.usage, reading.account
-                self.events.event(
-                    "key_usage_base", backend=self.backend.name, usage=str(reading.usage), account=reading.account
+                self.events.write(
+                    key_usage_base_event(self.backend.name, reading.usage, reading.account, time.time())
                 )
         elif reading.account != self.account:
             self.base = self.account = None
-            self.events.event(
-                "key_usage_void", backend=self.backend.name, reason="the run was resumed with another API key"
+            self.events.write(
+                key_usage_void_event(self.backend.name, "the run was resumed with another API key", time.time())
             )
 
     async def end(self) -> None:
@@ -77,18 +80,20 @@ class UsageBound:
             for outcome, cut in cuts.items():
                 self.settler.breakdown.add(outcome, -cut)
         estimates.bound_waited_s = reading.waited_s
-        self.events.event(
-            "usage_bound",
-            backend=self.backend.name,
-            base=str(self.base),
-            usage=str(reading.usage),
-            confirmed=str(confirmed),
-            pending=str(pending),
-            unknowable_before=str(before),
-            unknowable_after=str(estimates.unknowable),
-            count=estimates.unknowable_count,
-            cuts={outcome: str(cut) for outcome, cut in cuts.items()},
-            waited_s=reading.waited_s,
+        self.events.write(
+            usage_bound_event(
+                self.backend.name,
+                base=self.base,
+                usage=reading.usage,
+                confirmed=confirmed,
+                pending=pending,
+                unknowable_before=before,
+                unknowable_after=estimates.unknowable,
+                count=estimates.unknowable_count,
+                cuts=cuts,
+                waited_s=reading.waited_s,
+                ts=time.time(),
+            )
         )
 
     def _refusal(self, reading: AccountUsage, ledger: Ledger) -> str | None:

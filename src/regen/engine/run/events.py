@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +44,17 @@ class EventLog:
         Once events.jsonl cannot be written (its failure was reported when it happened), events
         still reach consoles.
         """
-        record = {"ts": time.time(), "event": name, **fields}
+        self.write({"ts": time.time(), "event": name, **fields})
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        """Journal a whole event record (one made by a writer of engine/run/records.py) and show it
+        to consoles, as `event` does."""
         file = self._file
         if file is not None and not file.closed and not file.failed:
             file.append(record).add_done_callback(_seen)
         self.remember(record)
 
-    def remember(self, record: dict[str, Any]) -> None:
+    def remember(self, record: Mapping[str, Any]) -> None:
         """Show a record to consoles without journaling it."""
         self._seq += 1
         self._recent.append({"seq": self._seq, **record})

@@ -1,18 +1,11 @@
 """Rebuild a job's state from what it wrote: rows, the attempt journal and the event journal.
 
-Attempt journal records (one JSON object per line, key `k`):
-- `start`: written durably before the request goes out, with its reservation;
-- `gen`: the generation id, as soon as the response headers arrive;
-- `end`: the settled attempt with its cost (`est` when the cost is an estimate);
-- `reconciled`: a later correction of an estimated cost from /generation (`delta` dollars), or
-  (`unsent`) the repair of an attempt journaled at its worst case although it never left;
-- `gave_up`: a prompt that exhausted its attempts in that run.
-A `start` without an `end` was in flight at a crash: its worst case is charged as an estimate at the
-next start, and reconciled through /generation when its generation id is known.
-
-Event journal records recovery reads: `exclude`/`include` (routes), `key_usage_base` (the key's
-usage at the run's first start) and `usage_bound` (unknowable money the key's usage took off, by
-outcome), docs/money.md "Bounded by the key's usage".
+The journals' records, their keys and their readers are engine/run/records.py. A `start` without an
+`end` was in flight at a crash: its worst case is charged as an estimate at the next start, and
+reconciled through the backend's bill when its handle (`gen`) is known. From the event journal
+recovery reads the run's first `start`, the last `deadline`, `exclude`/`include` (routes),
+`key_usage_base`/`key_usage_void` (the key's usage at the run's first start) and `usage_bound`
+(unknowable money the key's usage took off, by outcome), docs/money.md "Bounded by the key's usage".
 
 A complete line that is not what regen writes (garbage added by hand, another tool's output) stops
 the rebuild with `RecoveryError` naming the file and line: guessing would lose or double money or
@@ -21,20 +14,59 @@ rows (docs/inputs.md, "Results and journals").
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from regen.engine.data.jsonl import CorruptLine, JsonlError, iter_jsonl, repair_torn_tail
+from regen.engine.data.jsonl import CorruptLine, iter_jsonl, repair_torn_tail
 from regen.engine.data.scan import DIGEST_BYTES
 from regen.engine.money.ledger import Estimates, SpendBreakdown
+from regen.engine.run.records import (
+    ATTEMPTS,
+    EVENTS,
+    DeadlineEvent,
+    EndRecord,
+    GenRecord,
+    Handler,
+    KeyUsageBaseEvent,
+    KeyUsageVoidEvent,
+    ReconciledRecord,
+    RecoveryError,
+    RouteEvent,
+    StartEvent,
+    StartRecord,
+    UsageBoundEvent,
+    is_money,
+    is_optional,
+    on,
+    read_deadline_event,
+    read_end,
+    read_gen,
+    read_key_usage_base_event,
+    read_key_usage_void_event,
+    read_reconciled,
+    read_route_event,
+    read_start,
+    read_start_event,
+    read_usage_bound_event,
+    replay,
+    stop_message,
+)
 
-
-class RecoveryError(JsonlError):
-    """A results file or journal line regen cannot have written; the message says which and what to do."""
-
+__all__ = [
+    "DatasetProgress",
+    "JournalState",
+    "RecoveryError",
+    "Unsettled",
+    "journal_spend",
+    "never_left",
+    "prompt_digest",
+    "read_journals",
+    "read_rows",
+]
 
 @dataclass(slots=True)
 class DatasetProgress:
@@ -81,7 +113,7 @@ class JournalState:
     breakdown: SpendBreakdown = field(default_factory=SpendBreakdown)
     torn_bytes: int = 0
     first_start_ts: float | None = None  # the run's first start (epoch seconds): durations count from it
-    deadline: dict[str, Any] | None = None  # the last `deadline` event: the instant a restart keeps
+    deadline: DeadlineEvent | None = None  # the last `deadline` event: the instant a restart keeps
     # The key's usage when the run first started, before any attempt (docs/money.md, "Bounded by
     # the key's usage"), and the key it is of; None: no base (an older run, /key unreadable then,
     # or a later start with another key voided it).
@@ -116,7 +148,7 @@ def read_rows(results_path: Path, unsettled_lines: Collection[int] = ()) -> Data
     progress = DatasetProgress(torn_bytes=repair_torn_tail(results_path))
     if not results_path.exists():
         return progress
-    for _, row in _records(results_path, _row_problem):
+    for row in _rows(results_path):
         line = row["line"]
         if line in progress.done:
             progress.duplicates += 1
@@ -176,114 +208,173 @@ def read_journals(
     by a single-backend run and belong to `default`.
     """
     state = JournalState(torn_bytes=repair_torn_tail(attempts_path))
-    # The backend of each attempt still open (start without end): its gen record names no backend.
-    # End and reconciled records name theirs; those of older single-backend runs are `default`'s.
-    open_backend: dict[str, str | None] = {}
     repair_torn_tail(events_path)
-    starts: dict[str, dict[str, Any]] = {}
-    generation: dict[str, str] = {}
-    estimated: dict[str, Unsettled] = {}
-    unsent: dict[str, Unsettled] = {}
-    attempts: dict[str, dict[int, int]] = {}
     if attempts_path.exists():
-        for _, rec in _records(attempts_path, _attempt_problem):
-            kind = rec.get("k")
-            rid = str(rec.get("rid", ""))
-            if kind == "start":
-                state.begun = True
-                if count_attempts:
-                    tried = attempts.get(rec["ds"])
-                    if tried is None:
-                        tried = attempts[rec["ds"]] = {}
-                    tried[rec["line"]] = tried.get(rec["line"], 0) + 1
-                if backend is not None:
-                    owner = rec.get("be") or default
-                    if owner != backend:
-                        open_backend[rid] = owner
-                        continue
-                starts[rid] = rec
-                continue
-            if backend is not None:
-                owner = rec.get("be") or (backend if rid in starts else open_backend.get(rid, default))
-                if owner != backend:
-                    if kind == "end":
-                        open_backend.pop(rid, None)
-                    continue  # another backend's attempt: its own ledger counts it
-            if kind == "gen":
-                generation[rid] = rec["gen"]
-            elif kind == "end":
-                start = starts.pop(rid, None)
-                # Only unsettled attempts need their generation id later: keep the map to those.
-                gen_seen = generation.pop(rid, None)
-                cost = Decimal(str(rec.get("cost") or 0))
-                state.spent += cost
-                outcome = str(rec.get("outcome"))
-                tokens = rec.get("ctok") or 0
-                state.breakdown.add(outcome, cost, tokens if isinstance(tokens, int) else 0)
-                if rec.get("est"):
-                    gen = rec.get("gen") or gen_seen
-                    state.estimates.add(cost, knowable=bool(gen), outcome=outcome)
-                    if not gen and rec.get("http") is None and never_left(str(rec.get("msg") or "")):
-                        ds = rec.get("ds", start["ds"] if start else "")
-                        line = rec.get("line", start["line"] if start else -1)
-                        unsent[rid] = Unsettled(rid, ds, line, None, cost, outcome, rec.get("provider"))
-                    if gen:
-                        ds = rec.get("ds", start["ds"] if start else "")
-                        line = rec.get("line", start["line"] if start else -1)
-                        estimated[rid] = Unsettled(rid, ds, line, gen, cost, outcome, rec.get("provider"))
-            elif kind == "reconciled":
-                delta = Decimal(str(rec.get("delta") or 0))
-                state.spent += delta
-                state.breakdown.add(str(rec.get("outcome", "lost_at_crash")), delta)
-                settled = estimated.pop(rid, None)
-                if settled is not None:
-                    state.estimates.settle(settled.estimate)
-                repaired = unsent.pop(rid, None) if rec.get("unsent") else None
-                if repaired is not None:
-                    state.estimates.settle(repaired.estimate, knowable=False, outcome=repaired.outcome)
-    for rid, start in starts.items():
-        state.crashed.append(
-            Unsettled(rid, start["ds"], start["line"], generation.get(rid), Decimal(str(start["reserved"])))
-        )
-    state.to_reconcile = list(estimated.values())
-    state.never_sent = list(unsent.values())
-    state.attempts = attempts
+        attempts = _AttemptReplay(state, backend, default, count_attempts)
+        with _named(attempts_path):
+            replay(attempts_path, ATTEMPTS, attempts.handlers())
+        attempts.finish()
     if events_path.exists():
-        started = False  # a start event seen: a base journaled after one is not the first start's
-        for _, event in _records(events_path, _event_problem):
-            name = event.get("event")
-            if name == "start":
-                started = state.begun = True
-            if (
-                backend is not None
-                and name in ("exclude", "include", *_USAGE_EVENTS)
-                and event.get("backend", default) != backend
-            ):
-                continue
-            if name == "start" and state.first_start_ts is None and isinstance(event.get("ts"), int | float):
-                state.first_start_ts = float(event["ts"])
-            elif name == "deadline":
-                state.deadline = event
-            elif name in _USAGE_EVENTS:
-                _read_usage_event(state, name, event, started)
-            elif name == "exclude":
-                state.excluded[str(event["provider"]).lower()] = str(event.get("source") or "operator")
-            elif name == "include":
-                state.excluded.pop(str(event["provider"]).lower(), None)
+        events = _EventReplay(state, backend, default)
+        with _named(events_path):
+            replay(events_path, EVENTS, events.handlers())
     return state
 
 
-_USAGE_EVENTS = ("key_usage_base", "key_usage_void", "usage_bound")
+class _AttemptReplay:
+    """The attempt journal, record by record, into a JournalState (money, attempts, open attempts)."""
+
+    def __init__(self, state: JournalState, backend: str | None, default: str | None, count_attempts: bool) -> None:
+        self.state = state
+        self.backend = backend
+        self.default = default
+        self.count_attempts = count_attempts
+        self.attempts: dict[str, dict[int, int]] = {}  # dataset -> line -> attempts
+        self.starts: dict[str, StartRecord] = {}  # this backend's open attempts (start without end)
+        # The backend of each other backend's open attempt: its gen record names no backend. End and
+        # reconciled records name theirs; those of older single-backend runs are `default`'s.
+        self.open_backend: dict[str, str | None] = {}
+        self.generation: dict[str, str] = {}  # rid -> handle, of open attempts
+        self.estimated: dict[str, Unsettled] = {}  # estimated ends a lookup can still correct
+        self.unsent: dict[str, Unsettled] = {}  # estimated ends of requests that never left
+
+    def handlers(self) -> dict[str, Handler]:
+        return {
+            "start": on(read_start, self.start),
+            "gen": on(read_gen, self.gen),
+            "end": on(read_end, self.end),
+            "reconciled": on(read_reconciled, self.reconciled),
+        }
+
+    def _owner(self, rid: str, be: str | None) -> str | None:
+        """The backend of a gen, end or reconciled record: its own `be`, else its start's."""
+        return be or (self.backend if rid in self.starts else self.open_backend.get(rid, self.default))
+
+    def start(self, rec: StartRecord) -> None:
+        self.state.begun = True
+        rid = rec["rid"]
+        if self.count_attempts:
+            tried = self.attempts.get(rec["ds"])
+            if tried is None:
+                tried = self.attempts[rec["ds"]] = {}
+            tried[rec["line"]] = tried.get(rec["line"], 0) + 1
+        if self.backend is not None:
+            owner = rec.get("be") or self.default
+            if owner != self.backend:
+                self.open_backend[rid] = owner
+                return
+        self.starts[rid] = rec
+
+    def gen(self, rec: GenRecord) -> None:
+        rid = rec["rid"]
+        if self.backend is None or self._owner(rid, None) == self.backend:
+            self.generation[rid] = rec["gen"]
+
+    def end(self, rec: EndRecord) -> None:
+        rid = rec["rid"]
+        if self.backend is not None and self._owner(rid, rec.get("be")) != self.backend:
+            self.open_backend.pop(rid, None)  # another backend's attempt: its own ledger counts it
+            return
+        state = self.state
+        start = self.starts.pop(rid, None)
+        # Only unsettled attempts need their generation id later: keep the map to those.
+        gen_seen = self.generation.pop(rid, None)
+        cost = Decimal(str(rec.get("cost") or 0))
+        state.spent += cost
+        outcome = str(rec.get("outcome"))
+        tokens = rec.get("ctok") or 0
+        state.breakdown.add(outcome, cost, tokens if isinstance(tokens, int) else 0)
+        if not rec.get("est"):
+            return
+        gen = rec.get("gen") or gen_seen
+        state.estimates.add(cost, knowable=bool(gen), outcome=outcome)
+        if gen:
+            self.estimated[rid] = self._unsettled(rec, start, gen, cost, outcome)
+        elif rec.get("http") is None and never_left(rec.get("msg") or ""):
+            self.unsent[rid] = self._unsettled(rec, start, None, cost, outcome)
+
+    @staticmethod
+    def _unsettled(
+        rec: EndRecord, start: StartRecord | None, gen: str | None, cost: Decimal, outcome: str
+    ) -> Unsettled:
+        ds = rec.get("ds", start["ds"] if start else "")
+        line = rec.get("line", start["line"] if start else -1)
+        return Unsettled(rec["rid"], ds, line, gen, cost, outcome, rec.get("provider"))
+
+    def reconciled(self, rec: ReconciledRecord) -> None:
+        rid = rec["rid"]
+        if self.backend is not None and self._owner(rid, rec.get("be")) != self.backend:
+            return
+        state = self.state
+        delta = Decimal(str(rec.get("delta") or 0))
+        state.spent += delta
+        state.breakdown.add(str(rec.get("outcome", "lost_at_crash")), delta)
+        settled = self.estimated.pop(rid, None)
+        if settled is not None:
+            state.estimates.settle(settled.estimate)
+        repaired = self.unsent.pop(rid, None) if rec.get("unsent") else None
+        if repaired is not None:
+            state.estimates.settle(repaired.estimate, knowable=False, outcome=repaired.outcome)
+
+    def finish(self) -> None:
+        state = self.state
+        for rid, start in self.starts.items():
+            state.crashed.append(
+                Unsettled(rid, start["ds"], start["line"], self.generation.get(rid), Decimal(str(start["reserved"])))
+            )
+        state.to_reconcile = list(self.estimated.values())
+        state.never_sent = list(self.unsent.values())
+        state.attempts = self.attempts
 
 
-def _read_usage_event(state: JournalState, name: str, event: dict[str, Any], started: bool) -> None:
-    if name == "key_usage_base":
-        if not started:  # only the first start's counts: it was taken before anything was sent
-            state.usage_base = Decimal(str(event["usage"]))
-            state.usage_account = str(event["account"])
-    elif name == "key_usage_void":
-        state.usage_base = state.usage_account = None  # and no later base: it follows a start
-    else:
+class _EventReplay:
+    """The events recovery reads back, into a JournalState: the first start, the deadline, the key's
+    usage and its bound, exclusions."""
+
+    def __init__(self, state: JournalState, backend: str | None, default: str | None) -> None:
+        self.state = state
+        self.backend = backend
+        self.default = default
+        self.started = False  # a start event seen: a base journaled after one is not the first start's
+
+    def handlers(self) -> dict[str, Handler]:
+        return {
+            "start": on(read_start_event, self.start),
+            "deadline": on(read_deadline_event, self.deadline),
+            "key_usage_base": on(read_key_usage_base_event, self.key_usage_base),
+            "key_usage_void": on(read_key_usage_void_event, self.key_usage_void),
+            "usage_bound": on(read_usage_bound_event, self.usage_bound),
+            "exclude": on(read_route_event, self.exclude),
+            "include": on(read_route_event, self.include),
+        }
+
+    def _mine(self, event: Mapping[str, object]) -> bool:
+        """Whether a lane's event is this reader's backend's (always, without one)."""
+        return self.backend is None or event.get("backend", self.default) == self.backend
+
+    def start(self, event: StartEvent) -> None:
+        state = self.state
+        self.started = state.begun = True
+        ts = event.get("ts")
+        if state.first_start_ts is None and isinstance(ts, int | float):
+            state.first_start_ts = float(ts)
+
+    def deadline(self, event: DeadlineEvent) -> None:
+        self.state.deadline = event
+
+    def key_usage_base(self, event: KeyUsageBaseEvent) -> None:
+        if self._mine(event) and not self.started:  # only the first start's: taken before anything was sent
+            self.state.usage_base = Decimal(str(event["usage"]))
+            self.state.usage_account = event["account"]
+
+    def key_usage_void(self, event: KeyUsageVoidEvent) -> None:
+        if self._mine(event):
+            self.state.usage_base = self.state.usage_account = None  # and no later base: it follows a start
+
+    def usage_bound(self, event: UsageBoundEvent) -> None:
+        if not self._mine(event):
+            return
+        state = self.state
         cuts = {str(outcome): Decimal(str(cut)) for outcome, cut in event["cuts"].items()}
         lowered = sum(cuts.values(), Decimal(0))
         state.estimates.lower(cuts)
@@ -292,47 +383,81 @@ def _read_usage_event(state: JournalState, name: str, event: dict[str, Any], sta
         for outcome, cut in cuts.items():
             state.breakdown.add(outcome, -cut)
 
+    def exclude(self, event: RouteEvent) -> None:
+        if self._mine(event):
+            self.state.excluded[event["provider"].lower()] = str(event.get("source") or "operator")
 
-# -- what a line must hold to be read -------------------------------------------------------------
-# Only the fields recovery reads are checked, so records may grow new fields (and the journals new
-# kinds, which are passed over) without breaking older readers.
+    def include(self, event: RouteEvent) -> None:
+        if self._mine(event):
+            self.state.excluded.pop(event["provider"].lower(), None)
 
 
-def _records(
-    path: Path, problem_of: Callable[[dict[str, Any]], str | None]
-) -> Iterator[tuple[int, dict[str, Any]]]:
+# -- regen verify's money ------------------------------------------------------------------------
+
+# Backends whose ledger counts something other than dollars (docs/money.md): their attempts' amounts
+# are not part of what the rows' `cost` can be compared with.
+_NOT_DOLLARS = frozenset({"sglang"})
+
+
+def journal_spend(attempts_path: Path) -> dict[str, float]:
+    """Dollar spend per dataset from the attempt journal: settled costs plus reconciliations, of the
+    attempts of dollar backends only (a job on both fleets journals GPU-seconds beside dollars).
+
+    Read only (the job may be writing it: a torn last line is left alone); a line that is not JSON
+    raises CorruptLine, a record regen cannot have written RecoveryError.
+    """
+    spend: dict[str, float] = {}
+    owner: dict[str, str] = {}  # rid -> backend, from start records that name one
+
+    def add(rid: str, ds: str | None, be: str | None, amount: object) -> None:
+        if (be or owner.get(rid)) in _NOT_DOLLARS or amount is None:
+            return
+        if ds is None:
+            # A request id is f"{dataset}-{line:08d}#{attempt}" (docs/data-contract.md §2).
+            ds = rid.split("#", 1)[0][:-9]
+        # The job writes amounts as decimal strings (exact); older journals and tests hold numbers.
+        spend[ds] = spend.get(ds, 0.0) + float(str(amount))
+
+    def start(rec: StartRecord) -> None:
+        be = rec.get("be")
+        if be is not None:
+            owner[rec["rid"]] = be
+
+    def end(rec: EndRecord) -> None:
+        add(rec["rid"], rec.get("ds"), rec.get("be"), rec.get("cost"))
+
+    def reconciled(rec: ReconciledRecord) -> None:
+        add(rec["rid"], None, rec.get("be"), rec.get("delta"))
+
+    replay(
+        attempts_path,
+        ATTEMPTS,
+        {"start": on(read_start, start), "end": on(read_end, end), "reconciled": on(read_reconciled, reconciled)},
+    )
+    return spend
+
+
+# -- what a row must hold to be read --------------------------------------------------------------
+# Only the fields recovery reads are checked, so rows may grow new fields without breaking older
+# readers (the journals' records: engine/run/records.py).
+
+
+@contextmanager
+def _named(path: Path) -> Iterator[None]:
+    """A line that is not JSON at all, worded as every other line recovery cannot read."""
     try:
-        for n, rec in iter_jsonl(path):
-            problem = problem_of(rec)
-            if problem is not None:
-                raise RecoveryError(_stop_message(path, n, problem))
-            yield n, rec
+        yield
     except CorruptLine as exc:
-        raise RecoveryError(_stop_message(path, exc.line, exc.problem)) from None
+        raise RecoveryError(stop_message(path, exc.line, exc.problem)) from None
 
 
-def _stop_message(path: Path, line: int, problem: str) -> str:
-    # file:N is 1-based, as editors count; regen never leaves a bad complete line behind (a torn
-    # last one is cut at start), so this one came from elsewhere and only a person can judge it.
-    return f"{path}:{line + 1}: {problem}; regen did not write this line: fix or delete it, then run again"
-
-
-def _is_int(value: Any) -> bool:
-    return type(value) is int
-
-
-def _is_money(value: Any) -> bool:
-    """A dollar amount as regen writes it: a decimal string (or a plain number), finite."""
-    if type(value) not in (str, int, float):
-        return False
-    try:
-        return Decimal(str(value)).is_finite()
-    except InvalidOperation:
-        return False
-
-
-def _optional(value: Any, *types: type) -> bool:
-    return value is None or type(value) in types
+def _rows(path: Path) -> Iterator[dict[str, Any]]:
+    with _named(path):
+        for n, row in iter_jsonl(path):
+            problem = _row_problem(row)
+            if problem is not None:
+                raise RecoveryError(stop_message(path, n, problem))
+            yield row
 
 
 def _row_problem(row: dict[str, Any]) -> str | None:
@@ -341,60 +466,11 @@ def _row_problem(row: dict[str, Any]) -> str | None:
         return "not a result row (no line number)"
     if type(row.get("prompt_sha256")) is not str:
         return "not a result row (no prompt_sha256)"
-    if not _optional(row.get("status"), str) or not _optional(row.get("generation_id"), str):
+    if not is_optional(row.get("status"), str) or not is_optional(row.get("generation_id"), str):
         return "result row with a malformed status or generation_id"
-    if row.get("cost") is not None and not _is_money(row["cost"]):
+    if row.get("cost") is not None and not is_money(row["cost"]):
         return "result row whose cost is not a number"
     usage = row.get("usage")
-    if not _optional(usage, dict) or (usage and not _optional(usage.get("completion_tokens"), int)):
+    if not is_optional(usage, dict) or (usage and not is_optional(usage.get("completion_tokens"), int)):
         return "result row with malformed usage"
-    return None
-
-
-def _attempt_problem(rec: dict[str, Any]) -> str | None:
-    kind = rec.get("k")
-    if type(kind) is not str:
-        return "not an attempt record (no kind 'k')"
-    if kind not in ("start", "gen", "end", "reconciled"):
-        return None
-    if type(rec.get("rid")) is not str:
-        return f"{kind} record without a request id"
-    if kind == "start":
-        if (
-            type(rec.get("ds")) is not str
-            or not _is_int(rec.get("line"))
-            or not _is_money(rec.get("reserved"))
-        ):
-            return "start record without its dataset, line or reservation"
-    elif kind == "gen":
-        if type(rec.get("gen")) is not str:
-            return "gen record without a generation id"
-    elif kind == "end":
-        if rec.get("cost") is not None and not _is_money(rec["cost"]):
-            return "end record whose cost is not a number"
-        if not _optional(rec.get("ds"), str) or not _optional(rec.get("line"), int):
-            return "end record with a malformed dataset or line"
-        if not _optional(rec.get("gen"), str) or not _optional(rec.get("est"), bool):
-            return "end record with a malformed generation id or estimate flag"
-        if not _optional(rec.get("provider"), str) or not _optional(rec.get("outcome"), str):
-            return "end record with a malformed provider or outcome"
-    elif rec.get("delta") is not None and not _is_money(rec["delta"]):
-        return "reconciled record whose delta is not a number"
-    return None
-
-
-def _event_problem(event: dict[str, Any]) -> str | None:
-    name = event.get("event")
-    if type(name) is not str:
-        return "not an event record (no event name)"
-    if name in ("exclude", "include") and type(event.get("provider")) is not str:
-        return f"{name} event without a provider"
-    if name == "deadline" and not (event.get("at") is None or type(event.get("at")) in (int, float)):
-        return "deadline event without an instant (at)"
-    if name == "key_usage_base" and (not _is_money(event.get("usage")) or type(event.get("account")) is not str):
-        return "key_usage_base event without its usage or account"
-    if name == "usage_bound":
-        cuts = event.get("cuts")
-        if type(cuts) is not dict or not all(type(k) is str and _is_money(v) for k, v in cuts.items()):
-            return "usage_bound event without its cuts"
     return None

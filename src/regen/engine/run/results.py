@@ -1,6 +1,6 @@
 """What a run writes: rows per dataset, the attempt journal and quarantine, each an append-only file.
 
-The attempt journal's records are described in engine/run/recovery.py, which reads them back. A row and
+The attempt journal's records are engine/run/records.py (engine/run/recovery.py reads them back). A row and
 its attempt's end record are committed together (two files, two group commits): a crash that keeps
 only the row is settled from the row at the next start, one that keeps only the end record re-sends
 the prompt with its first cost already counted. Either way no money is lost and no row is doubled.
@@ -16,6 +16,7 @@ from typing import Any
 
 from regen.engine.data.datasets import Dataset
 from regen.engine.data.jsonl import JsonlAppender, WriteFailed
+from regen.engine.run.records import AttemptRecord, EndRecord
 
 ATTEMPTS_FILE = "attempts.jsonl"
 QUARANTINE_FILE = "quarantine.jsonl"
@@ -66,7 +67,7 @@ class ResultsWriter:
         assert self._attempts is not None, "the results writer is not open"
         return self._attempts
 
-    def journal(self, record: Mapping[str, Any]) -> asyncio.Future[None]:
+    def journal(self, record: AttemptRecord) -> asyncio.Future[None]:
         """Append one attempt-journal record; the future resolves once it is on disk.
 
         Raises WriteFailed at once when the journal can no longer be written.
@@ -75,7 +76,7 @@ class ResultsWriter:
         future.add_done_callback(_seen)
         return future
 
-    async def commit_row(self, dataset: str, end: Mapping[str, Any], row: Mapping[str, Any]) -> None:
+    async def commit_row(self, dataset: str, end: EndRecord, row: Mapping[str, Any]) -> None:
         """The attempt's end record and its row, durable together."""
         settled, written = self.attempts.append(end), self._rows[dataset].append(row)
         await settled
