@@ -1,4 +1,4 @@
-"""A disk that fills up mid-run, for real: the run folder on a small tmpfs (tests/filesystems.py)."""
+"""A disk that fills up mid-run, for real: the run folder on a small tmpfs (tests/support/filesystems.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import SIM_KEY, read_rows, write_dataset
-from tests.filesystems import Unmountable, small_tmpfs
+from tests.support.filesystems import Unmountable, small_tmpfs
 from tests.test_cli import ENV, regen, settings_file, sim_process  # noqa: F401  (fixture)
 
 

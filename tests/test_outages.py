@@ -1,7 +1,7 @@
 """An outage is a hold, not a failure: the backend gone for a while costs nothing and ends nothing.
 
 Staged for real over loopback: the simulator's HTTP server stopped and started again on the same
-port, and a fault proxy that refuses connections (tests/faultproxy.py).
+port, and a fault proxy that refuses connections (tests/support/faultproxy.py).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from regen.engine.job.job import Job, StopReason
 from regen.engine.run.recovery import read_journals
 from regen.sim.openrouter.server import OpenRouterSim
 from tests.conftest import fast_sim_config, read_rows, write_dataset
-from tests.faultproxy import FaultProxy
+from tests.support.faultproxy import FaultProxy
 
 
 def journal(path: Path) -> list[dict]:

@@ -15,8 +15,8 @@ from regen.engine.data.tokenizer import TargetTokenizer
 from regen.engine.job.job import Job, JobError, StopReason
 from regen.sim.openrouter.server import OpenRouterSim
 from tests.conftest import read_rows, write_dataset
+from tests.support.tokenizers import build_tokenizer
 from tests.test_cli import ENV, regen
-from tests.tokenizers_fixture import build_tokenizer
 
 
 @pytest.fixture(scope="module")

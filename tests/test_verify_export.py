@@ -16,7 +16,7 @@ from regen.engine.data.datasets import Dataset
 from regen.engine.data.export import ExportError, export
 from regen.engine.data.tokenizer import THINK_END, TargetTokenizer, TokenizerSpec
 from regen.engine.data.verify import verify_dataset
-from tests.tokenizers_fixture import (
+from tests.support.tokenizers import (
     build_tokenizer,
     make_row,
     prompts_of,

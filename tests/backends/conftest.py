@@ -32,7 +32,7 @@ from regen.sim.openrouter.server import OpenRouterSim
 from regen.sim.sglang.server import SGLangSim
 from regen.sim.sglang.tokens import SimTokenizer
 from tests.conftest import SIM_KEY, fast_sim_config, read_rows
-from tests.sglang_sim import fast_config
+from tests.support.sglang_sim import fast_config
 from tests.test_cli import ENV, free_port, regen
 
 BACKENDS = ["openrouter", "sglang"]
@@ -201,7 +201,7 @@ def _sglang(root: Path, model: Path) -> Iterator[BackendCase]:
 @pytest.fixture(scope="session")
 def sglang_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A Kimi-like model folder (config.json and tokenizer), built once."""
-    from tests.sglang_sim import model_folder
+    from tests.support.sglang_sim import model_folder
 
     return model_folder(tmp_path_factory.mktemp("backends-sglang-model"))
 

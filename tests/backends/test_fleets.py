@@ -41,7 +41,7 @@ from regen.sim.sglang.server import SGLangSim
 from regen.sim.sglang.tokens import SimTokenizer
 from tests.backends.conftest import BOTH, _openrouter, _sglang, journal, one_row_per_prompt
 from tests.conftest import SIM_KEY, fast_sim_config, write_dataset
-from tests.sglang_sim import fast_config
+from tests.support.sglang_sim import fast_config
 from tests.test_cli import ENV, regen, wait_for_attempts
 
 

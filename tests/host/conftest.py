@@ -18,7 +18,7 @@ import orjson
 import pytest
 
 from regen.engine.config.settings import HostSettings
-from tests.host.sshd import SSHD, SshServer, make_server
+from tests.support.sshd import SSHD, SshServer, make_server
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTHONUNBUFFERED": "1"}

@@ -15,7 +15,7 @@ from regen.engine.host.errors import AuthFailed, HostKeyRefused, HostSetupError,
 from regen.engine.host.inspect import inspect_host
 from regen.engine.host.ssh import HostConnection
 from tests.host.conftest import HostFactory, regen, write_settings
-from tests.host.sshd import SshServer, free_port, keygen
+from tests.support.sshd import SshServer, free_port, keygen
 
 
 def fingerprint(public_key: Path) -> str:

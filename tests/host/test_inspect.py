@@ -14,7 +14,7 @@ from regen.engine.data.datasets import Dataset, scan
 from regen.engine.host.inspect import format_report, inspect_host
 from regen.engine.host.ssh import HostConnection
 from tests.host.conftest import B1_BAD, HostFactory, regen, write_settings
-from tests.host.sshd import SshServer, free_port
+from tests.support.sshd import SshServer, free_port
 
 
 def no_x_anywhere(*folders: Path) -> None:

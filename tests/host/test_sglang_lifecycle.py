@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from tests.host.conftest import need_sshd, regen
-from tests.host.gpuhost import GpuHost, group_members, make_gpu_host
-from tests.sglang_sim import ROOT, free_port, standin_env, start_standin, stop_group
+from tests.support.gpuhost import GpuHost, group_members, make_gpu_host
+from tests.support.sglang_sim import ROOT, free_port, standin_env, start_standin, stop_group
 
 
 @pytest.fixture

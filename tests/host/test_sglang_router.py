@@ -18,8 +18,8 @@ import pytest
 
 from tests.conftest import read_rows, write_dataset
 from tests.host.conftest import need_sshd, regen
-from tests.host.gpuhost import GpuHost, group_members, make_gpu_host
 from tests.host.test_sglang_run import _start_job, _wait_rows
+from tests.support.gpuhost import GpuHost, group_members, make_gpu_host
 
 PROMPTS = [[{"role": "user", "content": f"question {i}: tell me about topic {i % 9}"}] for i in range(80)]
 SLOW = {

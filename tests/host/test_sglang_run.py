@@ -23,7 +23,7 @@ import pytest
 
 from tests.conftest import read_rows, write_dataset
 from tests.host.conftest import ENV, need_sshd, regen
-from tests.host.gpuhost import GpuHost, make_gpu_host
+from tests.support.gpuhost import GpuHost, make_gpu_host
 
 PROMPTS = [[{"role": "user", "content": f"question {i}: tell me about topic {i % 9}"}] for i in range(60)]
 

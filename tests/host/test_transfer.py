@@ -18,7 +18,7 @@ from regen.engine.data.datasets import discover
 from regen.engine.host.ssh import HostConnection
 from regen.engine.host.transfer import pull, push
 from tests.host.conftest import ENV, HostFactory, regen, write_settings
-from tests.host.sshd import SshServer
+from tests.support.sshd import SshServer
 
 TOKENIZER_FILES = {
     "tokenizer_config.json",

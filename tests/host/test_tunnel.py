@@ -16,7 +16,7 @@ from aiohttp import web
 from regen.engine.host.ssh import HostConnection
 from regen.engine.host.tunnel import Tunnel
 from tests.host.conftest import HostFactory
-from tests.host.sshd import SshServer, free_port
+from tests.support.sshd import SshServer, free_port
 
 
 class Server:

@@ -1,7 +1,7 @@
 """Fixtures for the SGLang simulator's own tests: real servers on loopback, a raw HTTP client.
 
 Other engineers' tests can reuse `kimi_model`, `kimi_tok`, `sglang_sim` and `SGApi` from here, or the
-plain helpers in tests/sglang_sim.py.
+plain helpers in tests/support/sglang_sim.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 
 from regen.sim.sglang.server import SGLangSim
 from regen.sim.sglang.tokens import SimTokenizer
-from tests.sglang_sim import fast_config, model_folder, running_sim
+from tests.support.sglang_sim import fast_config, model_folder, running_sim
 
 USER = [{"role": "user", "content": "Explain MoE routing in two sentences."}]
 

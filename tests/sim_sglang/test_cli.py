@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sglang_sim import ROOT, model_folder
+from tests.support.sglang_sim import ROOT, model_folder
 
 ENV_EXTRA = {"PYTHONPATH": str(ROOT / "src"), "PYTHONUNBUFFERED": "1"}
 QUICK = {"time_scale": 0.01, "output_len_min": 4, "output_len_max": 12}

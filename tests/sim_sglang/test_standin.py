@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sglang_sim import (
+from tests.support.sglang_sim import (
     free_port,
     group_alive,
     model_folder,

@@ -24,7 +24,7 @@ from regen.sim.sglang.logs import SimLog
 from regen.sim.sglang.request import Req
 from regen.sim.sglang.server import SGLangSim
 from regen.sim.sglang.tokens import SimTokenizer
-from tests.sglang_sim import fast_config, model_folder
+from tests.support.sglang_sim import fast_config, model_folder
 
 SERVED = "kimi-k2.5"
 

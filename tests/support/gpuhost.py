@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from regen.sim.sglang.launch import CONFIG_ENV
-from tests.host.sshd import SshServer, make_server
-from tests.sglang_sim import ROOT, STANDIN, free_port, model_folder
+from tests.support.sglang_sim import ROOT, STANDIN, free_port, model_folder
+from tests.support.sshd import SshServer, make_server
 
 # The simulator's startup in well under a second; a couple of helper processes in the server's group.
 FAST_SIM: dict[str, Any] = {

@@ -1,7 +1,7 @@
 """Reusable helpers for tests that need "SGLang": the simulator in-process, as `regen sim sglang`, or
 through the stand-in `python -m sglang.launch_server` exactly as a GPU host runs it.
 
-    from tests.sglang_sim import fast_config, model_folder, running_sim, standin_env, start_standin
+    from tests.support.sglang_sim import fast_config, model_folder, running_sim, standin_env, start_standin
 
     async with running_sim(fast_config(), tokenizer_dir) as sim:      # in this process, ready
         url = sim.base_url                                            # http://127.0.0.1:PORT
@@ -11,8 +11,8 @@ through the stand-in `python -m sglang.launch_server` exactly as a GPU host runs
     # remote command (what regen runs over SSH): <python> -m sglang.launch_server --model-path <model> ...
     proc = start_standin(model, port, env=env, extra=["--tp", "8"])   # local Popen in its own group
 
-The stand-in needs nothing but this repository and the venv's packages: PYTHONPATH carries the
-stand-in folder (its `sglang` package) and the repository root (for `engine`).
+The stand-in (tests/support/standin/) needs nothing but this repository and the venv's packages:
+PYTHONPATH carries the stand-in folder (its `sglang` package) and the repository's src/ (for `regen`).
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ from regen.sim.sglang.launch import CONFIG_ENV
 from regen.sim.sglang.logs import SimLog
 from regen.sim.sglang.server import SGLangSim
 from regen.sim.sglang.tokens import SimTokenizer
-from tests.tokenizers_fixture import build_tokenizer
+from tests.support.tokenizers import build_tokenizer
 
-ROOT = Path(__file__).resolve().parent.parent
-STANDIN = ROOT / "src" / "regen" / "sim" / "sglang" / "standin"
+ROOT = Path(__file__).resolve().parents[2]
+STANDIN = Path(__file__).resolve().parent / "standin"
 
 __all__ = [
     "ROOT",
