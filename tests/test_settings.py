@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from regen.engine.config.settings import Settings, SettingsError, example_toml, load_settings
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.processes import ROOT
 
 
 def test_example_file_is_generated_from_the_docstrings() -> None:

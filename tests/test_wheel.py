@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import read_rows
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.datasets import read_rows
+from tests.support.processes import ROOT
 
 
 @pytest.fixture(scope="module")

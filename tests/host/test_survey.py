@@ -15,7 +15,7 @@ import pytest
 from regen.engine.data.datasets import Dataset, scan
 from regen.engine.host.scripts import survey as survey_module
 from regen.engine.host.scripts.survey import EXACT_BELOW, LengthHistogram, _split, survey
-from tests.host.conftest import ENV
+from tests.support.processes import ENV
 
 
 def write_mixed(path: Path, lines: int, seed: int = 7) -> None:

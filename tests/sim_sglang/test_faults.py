@@ -10,7 +10,7 @@ import pytest
 
 from regen.sim.sglang.logs import SimLog
 from regen.sim.sglang.tokens import SimTokenizer
-from tests.sim_sglang.conftest import SGApi, parse_sse
+from tests.support.sglang_http import SGApi, parse_sse
 from tests.support.sglang_sim import fast_config, running_sim
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,16 +33,14 @@ from regen.sim.sglang.launch import CONFIG_ENV
 from regen.sim.sglang.logs import SimLog
 from regen.sim.sglang.server import SGLangSim
 from regen.sim.sglang.tokens import SimTokenizer
+from tests.support.processes import ROOT
 from tests.support.tokenizers import build_tokenizer
 
-ROOT = Path(__file__).resolve().parents[2]
 STANDIN = Path(__file__).resolve().parent / "standin"
 
 __all__ = [
-    "ROOT",
     "STANDIN",
     "fast_config",
-    "free_port",
     "model_folder",
     "running_sim",
     "standin_env",
@@ -112,12 +109,6 @@ async def running_sim(
         yield sim
     finally:
         await sim.stop()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def standin_env(tmp: Path, config: dict[str, Any] | None = None, **extra: str) -> dict[str, str]:
