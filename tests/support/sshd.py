@@ -54,7 +54,7 @@ echo "$$ end $(date +%s.%N) $1" >> "$here/calls.log"
 
 def need_sshd() -> None:
     """Fail (not skip) without sshd: the GPU-host tests are part of the suite."""
-    import pytest  # here, not above: bench/ starts this sshd without pytest
+    import pytest  # here, not at the top: bench/ uses this module outside pytest
 
     if not Path(SSHD).exists():
         pytest.fail(f"{SSHD} is missing: the GPU-host tests need openssh-server (.ci/run installs it)")
