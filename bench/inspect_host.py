@@ -35,7 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from regen.engine.config.settings import HostSettings  # noqa: E402
-from regen.engine.data.datasets import Dataset, scan  # noqa: E402
+from regen.engine.data.datasets import Dataset  # noqa: E402
+from regen.engine.data.scan import scan  # noqa: E402
 from regen.engine.host.scripts.survey import default_workers, survey  # noqa: E402
 from tests.support.hosts import write_settings  # noqa: E402
 from tests.support.sshd import make_server  # noqa: E402

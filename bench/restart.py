@@ -28,7 +28,8 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from regen.engine.data.datasets import Dataset, scan
+from regen.engine.data.datasets import Dataset
+from regen.engine.data.scan import scan
 from regen.engine.run.inputs import check_rows_match
 from regen.engine.run.recovery import read_journals, read_rows
 
@@ -48,7 +49,7 @@ def build(rows: int) -> tuple[Path, Path]:
         return folder, run_dir
     folder.mkdir(parents=True, exist_ok=True)
     run_dir.mkdir(parents=True, exist_ok=True)
-    from regen.engine.data.datasets import validate_line
+    from regen.engine.data.validate import validate_line
 
     with open(prompts, "wb") as p, open(results, "wb") as r, open(run_dir / "attempts.jsonl", "wb") as j:
         for line in range(rows):
@@ -148,7 +149,7 @@ async def resume_job(folder: Path, run_dir: Path) -> float:
         started = time.perf_counter()
         await job.prepare()
         took = time.perf_counter() - started
-        await job.backend.close()
+        await job.lanes[0].backend.close()
         await job.results.close()
         await job.events.close()
         job.lock.release()

@@ -289,7 +289,7 @@ async def drive(job: Any, w: Any) -> None:
         tick.cancel()
     w.stop()
     snap = job.snapshot()
-    w.tokens = job.stats.counters.output_tokens
+    w.tokens = job.lanes[0].stats.counters.output_tokens
     w.requests = snap["rows"]
     for name, count in snap["errors"].items():
         w.errors += count

@@ -16,7 +16,7 @@ import pytest
 from regen.console.client import SocketSource
 from regen.engine.config.settings import Settings
 from regen.engine.control.headless import run_headless
-from regen.engine.control.server import SOCKET_NAME, ControlError
+from regen.engine.control.server import PROTOCOL_VERSION, SOCKET_NAME, ControlError
 from regen.engine.job.job import Job, JobState
 from regen.sim.openrouter.server import OpenRouterSim
 from tests.support.datasets import read_rows, write_dataset
@@ -101,7 +101,7 @@ async def test_another_protocol_version_is_told_so(
     sim.config.time_scale = 0.05
     a = write_dataset(tmp_path, "A", 200)
     job, task = await start_job(make_settings(sim.base_url, [a], concurrency=4))
-    with pytest.raises(ControlError, match="this job speaks control protocol 2, the console speaks 99"):
+    with pytest.raises(ControlError, match=f"this job speaks control protocol {PROTOCOL_VERSION}, the console speaks 99"):
         await SocketSource(job.run_dir / SOCKET_NAME, protocol=99).connect()
     job.stop(cancel=True)
     await task

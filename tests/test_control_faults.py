@@ -378,7 +378,7 @@ async def test_no_hello_is_dropped_after_the_timeout(
         (b"[1, 2]\n", "expected a hello"),
         (b'{"hello": 5}\n', "expected a hello"),
         (b'{"hello": {"protocol": "2"}}\n', f"this job speaks control protocol {PROTOCOL_VERSION}, the console speaks 2"),
-        (b'{"hello": {"protocol": 2, "readonly": "no"}}\n', "hello: readonly must be true or false"),
+        (b'{"hello": {"protocol": %d, "readonly": "no"}}\n' % PROTOCOL_VERSION, "hello: readonly must be true or false"),
         (b"{" * (MAX_LINE + 5) + b"\n", f"expected a hello (message longer than {MAX_LINE} bytes)"),
     ],
 )
@@ -489,7 +489,7 @@ PEER = textwrap.dedent(
         print(json.dumps({"connect": "EACCES"}))
         sys.exit(0)
     try:
-        s.sendall(b'{"hello": {"protocol": 2, "readonly": false}}\\n')
+        s.sendall(b'{"hello": {"protocol": PROTOCOL_VERSION, "readonly": false}}\\n')
     except OSError:
         pass  # the server may have answered and closed first
     data = b""
@@ -503,7 +503,7 @@ PEER = textwrap.dedent(
         data += chunk
     print(json.dumps({"received": data.decode()}))
     """
-)
+).replace("PROTOCOL_VERSION", str(PROTOCOL_VERSION))
 
 
 def _as_nobody() -> None:

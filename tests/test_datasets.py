@@ -13,20 +13,13 @@ from typing import Any
 import orjson
 import pytest
 
-import regen.engine.data.datasets as ds_mod
+import regen.engine.data.lines as lines_mod
+import regen.engine.data.scan as scan_mod
+import regen.engine.data.validate as validate_mod
 from regen.demo import make_datasets
-from regen.engine.data.datasets import (
-    Dataset,
-    DatasetError,
-    InvalidLine,
-    Prompt,
-    canonical_sha256,
-    discover,
-    iter_prompts,
-    reason_kind,
-    scan,
-    validate_line,
-)
+from regen.engine.data.datasets import Dataset, DatasetError, Prompt, canonical_sha256, discover
+from regen.engine.data.scan import InvalidLine, iter_prompts, scan
+from regen.engine.data.validate import reason_kind, validate_line
 
 DEMO = Path(make_datasets.__file__).resolve().parent / "datasets"
 
@@ -54,7 +47,7 @@ def _line(*messages: tuple[str, Any], **extra: Any) -> bytes:
 def parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Run a test with orjson and again as on a host without it (stdlib json only)."""
     if request.param == "stdlib":
-        monkeypatch.setattr(ds_mod, "orjson", None)
+        monkeypatch.setattr(validate_mod, "orjson", None)
     return str(request.param)
 
 
@@ -359,7 +352,7 @@ def test_newline_handling(tmp_path: Path) -> None:
 
 
 def test_lines_spanning_read_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ds_mod, "_CHUNK", 7)  # lines split across many reads
+    monkeypatch.setattr(lines_mod, "_CHUNK", 7)  # lines split across many reads
     lines = [_line(("user", "x" * n)) for n in (0, 1, 5, 30, 2)]
     ds = Dataset("c", _make(tmp_path, "c", b"\n".join(lines)))
     r = scan(ds)
@@ -410,10 +403,10 @@ def test_scan_100k_lines(tmp_path: Path) -> None:
 def test_module_runs_standalone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "prepared"
     _make(root, "B1", _line(U) + b"\n\n")
-    assert ds_mod.main([str(root)]) == 0
+    assert scan_mod.main([str(root)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert (out["dataset"], out["lines"], out["valid"]) == ("B1", 2, 1)
-    assert ds_mod.main([str(tmp_path / "nope")]) == 1
+    assert scan_mod.main([str(tmp_path / "nope")]) == 1
 
 
 # -- demo datasets ----------------------------------------------------------------------------

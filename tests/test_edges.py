@@ -114,10 +114,10 @@ async def test_a_body_that_never_ends_is_cut_at_the_size_limit(sim: OpenRouterSi
     assert held(result) <= client.max_response_bytes
     # The simulator saw the client leave and billed what it had sent.
     for _ in range(200):
-        if sim.ledger.records and any(r.cancelled for r in sim.ledger.records):
+        if sim.billing.records and any(r.cancelled for r in sim.billing.records):
             break
         await asyncio.sleep(0.01)
-    assert any(r.cancelled for r in sim.ledger.records)
+    assert any(r.cancelled for r in sim.billing.records)
 
 
 @pytest.mark.parametrize("stream", [True, False])

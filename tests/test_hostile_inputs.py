@@ -24,10 +24,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import regen.engine.data.datasets as datasets
-from regen.engine.data.datasets import Dataset, Prompt, canonical_sha256, iter_prompts, scan, validate_line
+import regen.engine.data.lines as lines_mod
+from regen.engine.data.datasets import Dataset, Prompt, canonical_sha256
 from regen.engine.data.jsonl import MAX_LINE_BYTES as JSONL_MAX_LINE
 from regen.engine.data.jsonl import CorruptLine, iter_jsonl
+from regen.engine.data.scan import iter_prompts, scan
+from regen.engine.data.validate import MAX_NESTING, validate_line
 from regen.engine.run.recovery import RecoveryError, read_journals, read_rows
 from tests.support.datasets import read_rows as rows_of
 from tests.support.datasets import write_dataset
@@ -126,7 +128,7 @@ def test_any_nesting_depth_is_judged_not_crashed(depth: int, opener: bytes) -> N
     raw = U[:-1] + b',"meta":{"x":' + opener * depth + b"0" * (opener == b'{"a":') + closer * depth + b"}}"
     result = validate_line(raw)
     # The document is depth + 2 levels deep (the line, meta): a fixed limit, whatever the stack.
-    if depth + 2 <= datasets.MAX_NESTING:
+    if depth + 2 <= MAX_NESTING:
         assert isinstance(result, Prompt)
     else:
         assert result == "JSON nested too deep"
@@ -169,10 +171,11 @@ def test_line_reader_matches_a_plain_split(
     path = tmp_path_factory.mktemp("lines") / "prompts.jsonl"
     path.write_bytes(data)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(datasets, "_CHUNK", chunk)
-        mp.setattr(datasets, "MAX_LINE_BYTES", limit)
+        mp.setattr(lines_mod, "_CHUNK", chunk)
+        mp.setattr(lines_mod, "MAX_LINE_BYTES", limit)
         got = [
-            None if raw is datasets._OVERLONG else raw for raw in datasets._lines(datasets._open(path), path)
+            None if raw is lines_mod.OVERLONG else raw
+            for raw in lines_mod.read_lines(lines_mod.open_file(path), path)
         ]
     assert got == _reference_lines(data, limit)
 
@@ -199,11 +202,11 @@ def test_a_100_mb_line_is_reported_and_never_held(tmp_path: Path) -> None:
         tracemalloc.stop()
     assert report.lines == 3 and report.valid == 2
     [bad] = report.invalid
-    assert (bad.line, bad.reason) == (1, f"line longer than {datasets.MAX_LINE_BYTES} bytes")
+    assert (bad.line, bad.reason) == (1, f"line longer than {lines_mod.MAX_LINE_BYTES} bytes")
     assert [p.line for p in prompts] == [0, 2]
     # Held: at most the cap (the line is gathered until it passes 16 MiB, then skipped) and a
     # buffer's slack, never the 100 MiB line.
-    assert peak < datasets.MAX_LINE_BYTES * 3 // 2, f"peak {peak} bytes"
+    assert peak < lines_mod.MAX_LINE_BYTES * 3 // 2, f"peak {peak} bytes"
     assert (
         report.size == path.stat().st_size and report.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
     )
@@ -288,7 +291,7 @@ def test_cli_refuses_a_100_mb_line(tmp_path: Path) -> None:
         fh.write(U + b"\n" + b"{" * (100 << 20) + b"\n")
     settings = settings_file(tmp_path, "http://127.0.0.1:9/api/v1", [folder])
     proc = run_cli("run", "--headless", "--settings", str(settings))
-    assert_clean_failure(proc, 1, f"prompts.jsonl:2: line longer than {datasets.MAX_LINE_BYTES} bytes")
+    assert_clean_failure(proc, 1, f"prompts.jsonl:2: line longer than {lines_mod.MAX_LINE_BYTES} bytes")
 
 
 def test_cli_runs_the_hostile_valid_lines_and_skips_the_invalid_ones(
@@ -476,7 +479,7 @@ def test_iter_jsonl_refuses_an_over_long_complete_line_without_holding_it(tmp_pa
     # A long last line without its newline is a torn tail, however long: ignored.
     path.write_bytes(b'{"a":1}\n' + b"x" * 5000)
     assert list(iter_jsonl(path, max_line=1000)) == [(0, {"a": 1})]
-    assert JSONL_MAX_LINE >= 16 * datasets.MAX_LINE_BYTES // 4
+    assert JSONL_MAX_LINE >= 16 * lines_mod.MAX_LINE_BYTES // 4
 
 
 @pytest.mark.parametrize(

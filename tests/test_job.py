@@ -36,8 +36,8 @@ async def test_every_prompt_gets_one_row_and_spend_matches_the_bill(
     assert row["status"] in ("ok", "truncated") and row["provider"] and row["served_model"]
     assert row["generation_id"].startswith("gen-") and row["content"] and isinstance(row["reasoning"], str)
     assert row["cost"] > 0 and row["cost_estimated"] is False
-    assert job.ledger.spent == sim.ledger.billed_total, "spent is the exact sum of usage.cost"
-    assert job.ledger.reserved == 0
+    assert job.lanes[0].ledger.spent == sim.billing.billed_total, "spent is the exact sum of usage.cost"
+    assert job.lanes[0].ledger.reserved == 0
 
 
 async def test_requests_carry_the_settings_and_the_provider_object(
@@ -62,13 +62,13 @@ async def test_exclude_while_running_reaches_later_requests(
     job = Job(make_settings(sim.base_url, [a], concurrency=4, openrouter={"provider": {"sort": "price"}}))
     await job.prepare()
     runner = asyncio.create_task(job.run())
-    while job.stats.counters.rows < 5:
+    while job.lanes[0].stats.counters.rows < 5:
         await asyncio.sleep(0.01)
     served_before = {r["served_by"] for r in sim.requests if r.get("served_by")}
     assert len(served_before) == 1, "sort=price sends everything to the cheapest allowed provider"
     cheapest = served_before.pop()
     slug = cheapest.split("/")[0]
-    display = job.backend.endpoint_named(slug).provider_name  # type: ignore[union-attr]
+    display = job.lanes[0].backend.endpoint_named(slug).provider_name  # type: ignore[union-attr]
     message = job.exclude(display)
     assert f"excluded {slug}" in message
     await asyncio.sleep(0.05)  # requests already on the wire when the exclusion happened
@@ -101,7 +101,7 @@ async def test_pause_stops_dispatch_and_resume_goes_on(
     job = Job(make_settings(sim.base_url, [a], concurrency=8))
     await job.prepare()
     runner = asyncio.create_task(job.run())
-    while job.stats.counters.rows < 8:
+    while job.lanes[0].stats.counters.rows < 8:
         await asyncio.sleep(0.01)
     job.pause()
     assert job.state is JobState.PAUSED
@@ -125,7 +125,7 @@ async def test_stop_with_cancel_then_resume_completes_without_duplicates(
     job = Job(settings)
     await job.prepare()
     runner = asyncio.create_task(job.run())
-    while job.stats.counters.rows < 10:
+    while job.lanes[0].stats.counters.rows < 10:
         await asyncio.sleep(0.01)
     job.stop(cancel=True)
     outcome = await runner
@@ -135,11 +135,11 @@ async def test_stop_with_cancel_then_resume_completes_without_duplicates(
     again = await run_job(settings)
     assert again.outcome is not None and again.outcome.reason is StopReason.DONE
     one_row_per_prompt(a, 50)
-    assert again.stats.counters.rows == 50 - done_first, "finished prompts are skipped by identity"
+    assert again.lanes[0].stats.counters.rows == 50 - done_first, "finished prompts are skipped by identity"
     # Cancelled requests with a generation id were looked up in /generation; those cancelled
     # before their headers keep their worst case, flagged: the ledger never reads below the bill.
-    known = again.ledger.spent - again.ledger.estimated
-    assert known <= sim.ledger.billed_total <= again.ledger.spent
+    known = again.lanes[0].ledger.spent - again.lanes[0].ledger.estimated
+    assert known <= sim.billing.billed_total <= again.lanes[0].ledger.spent
 
 
 async def test_a_changed_prompt_stops_the_resume(
@@ -188,17 +188,17 @@ async def test_a_429_storm_lowers_concurrency_and_it_recovers(
     a = write_dataset(tmp_path, "A", 600)
     job = Job(make_settings(sim.base_url, [a], concurrency=64, max_attempts=50))
     await job.prepare()
-    job.dispatcher.limit.quiet_s = 0.3
-    job.dispatcher.limit.cooldown_s = 0.05
+    job.lanes[0].limit.quiet_s = 0.3
+    job.lanes[0].limit.cooldown_s = 0.05
     runner = asyncio.create_task(job.run())
-    while job.dispatcher.limit.backoffs < 2:
+    while job.lanes[0].limit.backoffs < 2:
         await asyncio.sleep(0.01)
-    lowest = job.dispatcher.limit.effective
+    lowest = job.lanes[0].limit.effective
     assert lowest < 64
     sim.config.faults = {}
-    while job.dispatcher.limit.effective < 64 and not runner.done():
+    while job.lanes[0].limit.effective < 64 and not runner.done():
         await asyncio.sleep(0.01)
-    assert job.dispatcher.limit.effective == 64, "back to the configured limit once the storm passed"
+    assert job.lanes[0].limit.effective == 64, "back to the configured limit once the storm passed"
     await runner
     one_row_per_prompt(a, 600)
 
@@ -243,24 +243,24 @@ async def test_every_fault_class_ends_with_one_row_per_prompt(
     job = await run_job(make_settings(sim.base_url, [a], max_attempts=30, reconcile_timeout_s=3.0))
     assert job.outcome is not None and job.outcome.reason is StopReason.DONE, job.outcome
     rows = one_row_per_prompt(a, 30)
-    assert job.ledger.reserved == 0
+    assert job.lanes[0].ledger.reserved == 0
     if fault == "reasoning_exhaustion":
         assert any(r["status"] == "truncated" and r["content"] == "" and r["reasoning"] for r in rows)
     elif fault == "degenerate":
         assert any("degenerate_content" in r["flags"] for r in rows)
     elif fault == "empty_stop":  # reasoning without an answer is kept, flagged (docs/data-contract.md §4.11)
-        assert any("empty_content" in r["flags"] for r in rows) or job.stats.counters.errors["empty"]
+        assert any("empty_content" in r["flags"] for r in rows) or job.lanes[0].stats.counters.errors["empty"]
     elif fault in ("missing_usage", "missing_cost"):
         assert any(r["cost_estimated"] for r in rows)
     elif fault != "slow_first_token":
-        assert sum(job.stats.counters.errors.values()) > 0, "the fault was seen and retried"
+        assert sum(job.lanes[0].stats.counters.errors.values()) > 0, "the fault was seen and retried"
     # Money: failed attempts count too; estimates are replaced by the billed amount when known.
     if fault not in ("missing_cost", "reset_before_headers"):
         for _ in range(100):
-            if job.ledger.estimated == 0:
+            if job.lanes[0].ledger.estimated == 0:
                 break
             await asyncio.sleep(0.05)
-    assert job.ledger.spent >= sim.ledger.billed_total or job.ledger.estimated > 0
+    assert job.lanes[0].ledger.spent >= sim.billing.billed_total or job.lanes[0].ledger.estimated > 0
 
 
 async def test_non_streaming_mode(
@@ -363,7 +363,7 @@ async def test_budget_with_2000_in_flight_never_overshoots_the_bill(
         peak = 0
         while not runner.done():
             peak = max(peak, job.in_flight)
-            assert job.ledger.spent + job.ledger.reserved <= job.ledger.budget
+            assert job.lanes[0].ledger.spent + job.lanes[0].ledger.reserved <= job.lanes[0].ledger.budget
             await asyncio.sleep(0.01)
         outcome = runner.result()
     finally:
@@ -371,8 +371,8 @@ async def test_budget_with_2000_in_flight_never_overshoots_the_bill(
     assert outcome.reason is StopReason.BUDGET, outcome
     assert peak >= 1500, f"only {peak} in flight"
     assert server.peak_in_flight >= 1500
-    assert server.ledger.billed_total <= Decimal(str(budget)), "the simulator's own ledger"
-    assert job.ledger.spent == server.ledger.billed_total
+    assert server.billing.billed_total <= Decimal(str(budget)), "the simulator's own ledger"
+    assert job.lanes[0].ledger.spent == server.billing.billed_total
     rows = read_rows(a)
     assert len(rows) == len({r["line"] for r in rows})
 
@@ -391,8 +391,8 @@ async def test_a_row_written_without_its_end_record_settles_the_attempt(
     journal.write_bytes(b"".join(line + b"\n" for i, line in enumerate(records) if i != victim))
     again = Job(settings)
     await again.prepare()
-    assert again.ledger.spent == first.ledger.spent and again.ledger.estimated == 0
-    assert again.settler.breakdown.useful == first.settler.breakdown.useful
+    assert again.lanes[0].ledger.spent == first.lanes[0].ledger.spent and again.lanes[0].ledger.estimated == 0
+    assert again.lanes[0].settler.breakdown.useful == first.lanes[0].settler.breakdown.useful
     await again.run()
     settled = [
         orjson.loads(x)
@@ -448,5 +448,5 @@ async def test_cancel_reaches_requests_that_had_not_started_yet(
     job.stop(cancel=True)  # most of the 200 tasks were created but have not run a line yet
     outcome = await asyncio.wait_for(runner, timeout=20)
     assert outcome.reason is StopReason.OPERATOR
-    assert job.in_flight == 0 and job.ledger.reserved == 0
+    assert job.in_flight == 0 and job.lanes[0].ledger.reserved == 0
     assert all(state.in_flight == 0 for state in job.datasets.values())

@@ -35,10 +35,10 @@ async def test_requests_per_minute_caps_dispatch(
     job = Job(make_settings(sim.base_url, [a], requests_per_minute=5))
     await job.prepare()
     runner = asyncio.create_task(job.run())
-    await wait_for(lambda: job.stats.counters.rows >= 5)
+    await wait_for(lambda: job.lanes[0].stats.counters.rows >= 5)
     await asyncio.sleep(0.5)
     assert sim.total_requests == 5, "the sixth request waits for the minute to pass"
-    assert job.stats.counters.rows == 5
+    assert job.lanes[0].stats.counters.rows == 5
     job.stop(cancel=True)
     await runner
     assert len(read_rows(a)) == 5
@@ -49,13 +49,13 @@ async def test_a_free_model_is_held_to_its_platform_limit(
 ) -> None:
     a = write_dataset(tmp_path, "A", 3)
     free = make_settings(sim.base_url, [a], openrouter={"model": "moonshotai/kimi-k2.5:free"})
-    assert Job(free).dispatcher.requests_per_minute == FREE_MODEL_REQUESTS_PER_MINUTE
+    assert Job(free).lanes[0].requests_per_minute == FREE_MODEL_REQUESTS_PER_MINUTE
     capped = make_settings(
         sim.base_url, [a], requests_per_minute=500, openrouter={"model": "moonshotai/kimi-k2.5:free"}
     )
-    assert Job(capped).dispatcher.requests_per_minute == FREE_MODEL_REQUESTS_PER_MINUTE
-    assert Job(make_settings(sim.base_url, [a], requests_per_minute=7)).dispatcher.requests_per_minute == 7
-    assert Job(make_settings(sim.base_url, [a])).dispatcher.requests_per_minute is None
+    assert Job(capped).lanes[0].requests_per_minute == FREE_MODEL_REQUESTS_PER_MINUTE
+    assert Job(make_settings(sim.base_url, [a], requests_per_minute=7)).lanes[0].requests_per_minute == 7
+    assert Job(make_settings(sim.base_url, [a])).lanes[0].requests_per_minute is None
     job = Job(free)
     await job.prepare()
     outcome = await job.run()
@@ -72,10 +72,10 @@ async def test_a_platform_rate_limit_holds_all_dispatch_until_its_reset(
     job = Job(make_settings(sim.base_url, [a], concurrency=4, max_attempts=20))
     await job.prepare()
     runner = asyncio.create_task(job.run())
-    await wait_for(lambda: job.dispatcher.held_until > 0)
+    await wait_for(lambda: job.lanes[0].held_until > 0)
     snap = job.snapshot()
-    assert snap["held_s"] is not None and 0 < snap["held_s"] <= 2.0
-    assert "rate limit" in snap["held_reason"].lower()
+    assert snap["lanes"][0]["held_s"] is not None and 0 < snap["lanes"][0]["held_s"] <= 2.0
+    assert "rate limit" in snap["lanes"][0]["held_reason"].lower()
     assert "(held 00:00:0" in status_line(snap)
     await asyncio.sleep(0.1)  # requests already sent when the first 429 came back land
     sent = sim.total_requests
@@ -87,7 +87,7 @@ async def test_a_platform_rate_limit_holds_all_dispatch_until_its_reset(
     names = [e["event"] for e in events(job)]
     assert "hold" in names and "hold_end" in names
     assert names.count("hold") <= 2, "the 429s of one burst make one hold, not one each"
-    assert job.snapshot()["held_s"] is None
+    assert job.snapshot()["lanes"][0]["held_s"] is None
 
 
 async def test_a_request_too_costly_for_the_in_flight_budget_gives_up_then_stops_with_a_hint(
@@ -101,7 +101,7 @@ async def test_a_request_too_costly_for_the_in_flight_budget_gives_up_then_stops
     outcome = await job.run()
     assert outcome.reason is StopReason.FATAL
     assert "lower openrouter.max_tokens (64) or add credits" in outcome.message
-    assert job.stats.counters.errors["too_costly"] >= 20
+    assert job.lanes[0].stats.counters.errors["too_costly"] >= 20
     assert read_rows(a) == []
     journal = [orjson.loads(x) for x in (job.run_dir / "attempts.jsonl").read_bytes().splitlines()]
     gave_up = [r for r in journal if r["k"] == "gave_up"]
@@ -121,6 +121,6 @@ async def test_in_flight_budget_402s_slow_the_job_down_and_lose_nothing(
     outcome = await asyncio.wait_for(job.run(), 60)
     assert outcome.reason is StopReason.DONE
     assert len(read_rows(a)) == 60
-    assert job.stats.counters.errors["in_flight_budget"] > 0, "the hold was reached"
-    assert job.dispatcher.limit.backoffs > 0, "a storm of in-flight 402s lowers the concurrency"
-    assert job.ledger.spent == sim.ledger.billed_total
+    assert job.lanes[0].stats.counters.errors["in_flight_budget"] > 0, "the hold was reached"
+    assert job.lanes[0].limit.backoffs > 0, "a storm of in-flight 402s lowers the concurrency"
+    assert job.lanes[0].ledger.spent == sim.billing.billed_total

@@ -46,18 +46,18 @@ async def test_the_simulator_stopped_and_started_again_holds_then_finishes(
         job = Job(settings)
         await job.prepare()
         runner = asyncio.create_task(job.run())
-        await wait_for(lambda: job.stats.counters.rows >= 20)
+        await wait_for(lambda: job.lanes[0].stats.counters.rows >= 20)
         await sim.stop()
-        await wait_for(lambda: job.dispatcher.outage is not None)
+        await wait_for(lambda: job.lanes[0].outage is not None)
         snap = job.snapshot()
-        assert snap["outage_s"] is not None and "OpenRouter unreachable" in str(snap["held_reason"])
+        assert snap["lanes"][0]["outage_s"] is not None and "OpenRouter unreachable" in str(snap["lanes"][0]["held_reason"])
         assert "HELD: OpenRouter unreachable" in status_line(snap)
         # What was launched before the hold began lands (refused) first; each of those journaled
         # its start before it left, so from here on the journal counts every launch.
         await wait_for(lambda: job.in_flight <= 1)
         starts_during = sum(1 for r in journal(settings.job.run_dir / "attempts.jsonl") if r["k"] == "start")
         await asyncio.sleep(3.0)
-        probes = job.dispatcher.outage.probes if job.dispatcher.outage else 0
+        probes = job.lanes[0].outage.probes if job.lanes[0].outage else 0
         starts_after = sum(1 for r in journal(settings.job.run_dir / "attempts.jsonl") if r["k"] == "start")
         assert 1 <= probes <= 3, "one probe at a time, backed off (1 s, 2 s, ...)"
         assert starts_after - starts_during <= probes, "nothing but probes was sent while held"
@@ -76,12 +76,12 @@ async def test_the_simulator_stopped_and_started_again_holds_then_finishes(
     began = [e for e in events if e["event"] == "outage"]
     ended = [e for e in events if e["event"] == "outage_end"]
     assert len(began) == 1 and len(ended) == 1 and ended[0]["seconds"] >= 3.0
-    assert job.snapshot()["outage_total_s"] >= 3.0
+    assert job.snapshot()["lanes"][0]["outage_total_s"] >= 3.0
     # Spend: what the simulator billed, exactly; only attempts cut without any generation id may
     # stay at their worst case, flagged, and they are never below what they cost.
-    unknowable = job.ledger.estimates.unknowable
-    assert job.ledger.spent - unknowable <= sim.ledger.billed_total <= job.ledger.spent
-    assert job.ledger.estimates.pending == 0
+    unknowable = job.lanes[0].ledger.estimates.unknowable
+    assert job.lanes[0].ledger.spent - unknowable <= sim.billing.billed_total <= job.lanes[0].ledger.spent
+    assert job.lanes[0].ledger.estimates.pending == 0
 
 
 async def test_connections_refused_cost_nothing_and_resume_at_full_concurrency(
@@ -95,22 +95,22 @@ async def test_connections_refused_cost_nothing_and_resume_at_full_concurrency(
         job = Job(make_settings(proxy.base_url, [a], concurrency=32, max_attempts=2))
         await job.prepare()
         runner = asyncio.create_task(job.run())
-        await wait_for(lambda: job.stats.counters.rows >= 10)
+        await wait_for(lambda: job.lanes[0].stats.counters.rows >= 10)
         proxy.refuse = True  # the far side is up, every new connection is refused
         await proxy.stop()
-        await wait_for(lambda: job.dispatcher.outage is not None)
+        await wait_for(lambda: job.lanes[0].outage is not None)
         await asyncio.sleep(1.5)
         proxy.refuse = False
         await proxy.restart()
-        await wait_for(lambda: job.dispatcher.outage is None)
+        await wait_for(lambda: job.lanes[0].outage is None)
         await wait_for(lambda: job.in_flight >= 30, 20)  # straight back to the configured concurrency
         outcome = await asyncio.wait_for(runner, 120)
     finally:
         await proxy.stop()
     assert outcome.reason is StopReason.DONE
     assert len(read_rows(a)) == 200
-    unknowable = job.ledger.estimates.unknowable
-    assert job.ledger.spent - unknowable <= sim.ledger.billed_total <= job.ledger.spent
+    unknowable = job.lanes[0].ledger.estimates.unknowable
+    assert job.lanes[0].ledger.spent - unknowable <= sim.billing.billed_total <= job.lanes[0].ledger.spent
 
 
 async def test_an_older_journal_that_charged_refused_connections_is_repaired(
@@ -137,13 +137,13 @@ async def test_an_older_journal_that_charged_refused_connections_is_repaired(
     assert before.spent == Decimal("1.000"), "as the old job left it: the whole budget, phantom"
     job = Job(settings)
     await job.prepare()
-    assert job.ledger.spent == 0 and job.ledger.estimated == 0
+    assert job.lanes[0].ledger.spent == 0 and job.lanes[0].ledger.estimated == 0
     outcome = await job.run()
     assert outcome.reason is StopReason.DONE and len(read_rows(a)) == 5
     after = read_journals(run_dir / "attempts.jsonl", run_dir / "events.jsonl")
-    assert after.spent == sim.ledger.billed_total and after.never_sent == [], "repaired once, for good"
+    assert after.spent == sim.billing.billed_total and after.never_sent == [], "repaired once, for good"
     again = Job(settings)
     await again.prepare()
-    assert again.ledger.spent == sim.ledger.billed_total
+    assert again.lanes[0].ledger.spent == sim.billing.billed_total
     await again.run()
 

@@ -71,7 +71,7 @@ async def test_a_provider_serving_outside_the_allowlist_is_quarantined_and_exclu
     assert quarantined and all(q["provider"] == "DeepInfra" for q in quarantined)
     assert "fp4" in quarantined[0]["quarantine_reason"]
     assert len(quarantined) <= 4, "excluded after the first offence: only what was in flight"
-    assert "deepinfra" in job.backend.excluded
+    assert "deepinfra" in job.lanes[0].backend.excluded
     events = [orjson.loads(x) for x in (job.run_dir / "events.jsonl").read_bytes().splitlines()]
     assert any(
         e["event"] == "exclude" and e["provider"] == "deepinfra" and e["source"] == "guard" for e in events
@@ -79,11 +79,11 @@ async def test_a_provider_serving_outside_the_allowlist_is_quarantined_and_exclu
     assert any(e["event"] == "quarantine" for e in events)
     snap = job.snapshot()
     assert snap["quarantined"] == len(quarantined)
-    assert snap["money"]["waste"]["quarantined"]["amount"] > 0
+    assert snap["lanes"][0]["money"]["waste"]["quarantined"]["amount"] > 0
     # The exclusion survives a restart (rebuilt from the event journal).
     again = Job(make_settings(sim.base_url, [a]))
     await again.prepare()
-    assert "deepinfra" in again.backend.excluded
+    assert "deepinfra" in again.lanes[0].backend.excluded
     await again.run()
 
 
@@ -98,7 +98,7 @@ async def test_credit_below_the_remaining_budget_warns_and_is_shown(
     events = [orjson.loads(x) for x in (job.run_dir / "events.jsonl").read_bytes().splitlines()]
     warning = next(e for e in events if e["event"] == "credits_low")
     assert warning["remaining"] <= 0.01 and "below the job's remaining budget" in warning["message"]
-    assert job.backend.credits["limit"] == 0.01 and "limit_remaining" in job.backend.credits
+    assert job.lanes[0].backend.credits["limit"] == 0.01 and "limit_remaining" in job.lanes[0].backend.credits
 
 
 async def test_credits_exhausted_by_the_key_limit_stop_the_run(
@@ -134,7 +134,7 @@ async def test_statistics_follow_the_providers_latency_profiles(
         openrouter={"provider": {"only": ["fireworks", "moonshotai"], "sort": None}},
     )
     job = await run_job(settings)
-    views = {p["slug"]: p for p in job.snapshot()["providers"]}
+    views = {p["slug"]: p for p in job.snapshot()["lanes"][0]["providers"]}
     fast, slow = views["fireworks"], views["moonshotai"]
     assert fast["requests"] and slow["requests"], "both providers served"
     assert abs(fast["ttft_p50_s"] - 0.15) < 0.08 and abs(slow["ttft_p50_s"] - 0.5) < 0.12
@@ -155,13 +155,13 @@ async def test_waste_and_useful_spend_add_up(
     sim.config.max_completion_tokens = 90
     a = write_dataset(tmp_path, "A", 60)
     job = await run_job(make_settings(sim.base_url, [a], max_attempts=20))
-    money = job.snapshot()["money"]
+    money = job.snapshot()["lanes"][0]["money"]
     assert abs(money["useful"] + money["waste_total"] - money["spent"]) < 1e-9
     assert money["waste"]["truncated"]["amount"] > 0, "max_tokens 64 truncates some 90-token answers"
     assert money["useful_per_m"] is not None
     restarted = Job(job.settings)
     await restarted.prepare()
-    again = restarted.snapshot()["money"]
+    again = restarted.snapshot()["lanes"][0]["money"]
     assert (
         abs(again["useful"] - money["useful"]) < 1e-9
         and abs(again["waste_total"] - money["waste_total"]) < 1e-9
@@ -175,8 +175,8 @@ async def test_cost_missing_from_the_response_is_reconciled_from_generation(
     sim.config.faults = {"missing_cost": 0.5}
     a = write_dataset(tmp_path, "A", 30)
     job = await run_job(make_settings(sim.base_url, [a]))
-    assert job.ledger.estimated == 0, "every estimate was replaced by the billed amount"
-    assert job.ledger.spent == sim.ledger.billed_total
+    assert job.lanes[0].ledger.estimated == 0, "every estimate was replaced by the billed amount"
+    assert job.lanes[0].ledger.spent == sim.billing.billed_total
     journal = [orjson.loads(x) for x in (job.run_dir / "attempts.jsonl").read_bytes().splitlines()]
     assert any(r["k"] == "reconciled" for r in journal)
 

@@ -9,14 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from regen.engine.config.settings import Settings, SettingsError, example_toml, load_settings
+from regen.engine.config.example import example_toml
+from regen.engine.config.loading import SettingsError, load_settings
+from regen.engine.config.settings import Settings
 from tests.support.processes import ROOT
 
 
 def test_example_file_is_generated_from_the_docstrings() -> None:
     assert (ROOT / "settings.example.toml").read_text() == example_toml(), (
         "settings.example.toml is stale: regenerate it with "
-        "python -c 'from regen.engine.config.settings import example_toml; print(example_toml(), end=\"\")'"
+        "python -c 'from regen.engine.config.example import example_toml; print(example_toml(), end=\"\")'"
     )
 
 

@@ -116,7 +116,7 @@ def resume_settings(
 async def resume(settings: Settings, during: Callable[[], Any] | None = None) -> Job:
     job = Job(settings)
     await job.prepare()
-    assert job.ledger.estimates.unknowable_count > 0, "the crash left money no bill can name"
+    assert job.lanes[0].ledger.estimates.unknowable_count > 0, "the crash left money no bill can name"
     runner = asyncio.create_task(job.run())
     if during is not None:
         await during()
@@ -147,7 +147,7 @@ async def test_a_crash_before_any_id_ends_with_spend_equal_to_the_bill(
     await sim.start()
     try:
         await bill_outside(sim, SIM_KEY, 2)
-        before_run = sim.ledger.billed_total
+        before_run = sim.billing.billed_total
         assert before_run > 0
         dataset = await crashed_run(tmp_path, sim, 0.3, pre_bills=0)
         run_dir = tmp_path / "run"
@@ -155,21 +155,21 @@ async def test_a_crash_before_any_id_ends_with_spend_equal_to_the_bill(
         assert len(base) == 1 and Decimal(base[0]["usage"]) == before_run, "the first start's usage"
         assert SIM_KEY not in (run_dir / "events.jsonl").read_text(), "never the key itself"
         job = await resume(resume_settings(make_settings, sim, dataset, 0.3))
-        billed = sim.ledger.billed_total - before_run
+        billed = sim.billing.billed_total - before_run
     finally:
         await sim.stop()
     bound = events_named(run_dir, "usage_bound")
     assert len(bound) == 1
     assert Decimal(bound[0]["unknowable_after"]) < Decimal(bound[0]["unknowable_before"])
-    assert bound[0]["count"] == job.ledger.estimates.unknowable_count > 0
-    assert job.ledger.estimates.pending == 0
-    assert job.ledger.spent == billed, "the run ends at exactly what the key was billed for it"
-    assert job.ledger.estimates.unknowable == billed - job.ledger.confirmed
-    money = job.snapshot()["money"]
+    assert bound[0]["count"] == job.lanes[0].ledger.estimates.unknowable_count > 0
+    assert job.lanes[0].ledger.estimates.pending == 0
+    assert job.lanes[0].ledger.spent == billed, "the run ends at exactly what the key was billed for it"
+    assert job.lanes[0].ledger.estimates.unknowable == billed - job.lanes[0].ledger.confirmed
+    money = job.snapshot()["lanes"][0]["money"]
     assert money["unknowable_bound"] == "key_usage" and money["unknowable_bound_wait_s"] is not None
     assert "bounded by what the key's usage grew by" in money_line(money)
-    breakdown = job.settler.breakdown
-    assert breakdown.useful + sum(breakdown.waste.values()) == job.ledger.spent
+    breakdown = job.lanes[0].settler.breakdown
+    assert breakdown.useful + sum(breakdown.waste.values()) == job.lanes[0].ledger.spent
     # Read back: a later start begins from the bounded figure.
     state = read_journals(run_dir / "attempts.jsonl", run_dir / "events.jsonl")
     assert state.spent == billed and state.estimates.bounded_by == "key_usage"
@@ -186,11 +186,11 @@ async def test_a_lagging_usage_is_waited_for_and_the_bound_is_still_exact(
         dataset = await crashed_run(tmp_path, sim, 1.5)
         before_run = Decimal(events_named(tmp_path / "run", "key_usage_base")[0]["usage"])
         job = await resume(resume_settings(make_settings, sim, dataset, 1.5))
-        billed = sim.ledger.billed_total - before_run
+        billed = sim.billing.billed_total - before_run
     finally:
         await sim.stop()
     bound = events_named(tmp_path / "run", "usage_bound")
-    assert job.ledger.spent == billed
+    assert job.lanes[0].ledger.spent == billed
     assert len(bound) == 1 and bound[0]["waited_s"] >= 1.5, "it waited for the usage to hold still"
 
 
@@ -209,11 +209,11 @@ async def test_another_user_of_the_key_keeps_the_bound_above_the_bill(
         base = Decimal(events_named(tmp_path / "run", "key_usage_base")[0]["usage"])
         job = await resume(resume_settings(make_settings, sim, dataset, 0.3), someone_else)
         theirs = outside[0]
-        truth = sim.ledger.billed_total - base - theirs
+        truth = sim.billing.billed_total - base - theirs
     finally:
         await sim.stop()
     assert theirs > 0
-    spent = job.ledger.spent
+    spent = job.lanes[0].ledger.spent
     assert truth <= spent, "never under what the job was billed"
     assert spent == truth + theirs, "the other user's bills are all the bound can be off by"
 
@@ -231,14 +231,14 @@ async def test_without_a_base_the_worst_case_stays(
         lines = [line for line in events.read_bytes().splitlines() if b'"key_usage_base"' not in line]
         events.write_bytes(b"".join(line + b"\n" for line in lines))
         job = await resume(resume_settings(make_settings, sim, dataset, 0.3))
-        billed = sim.ledger.billed_total
+        billed = sim.billing.billed_total
     finally:
         await sim.stop()
     assert not events_named(tmp_path / "run", "usage_bound")
     assert not events_named(tmp_path / "run", "key_usage_base"), "no base is taken after the first start"
-    assert job.ledger.estimates.unknowable_count > 0 and job.ledger.estimates.bounded_by is None
-    assert job.ledger.confirmed <= billed - base_before < job.ledger.spent
-    assert "unknowable_bound" not in job.snapshot()["money"]
+    assert job.lanes[0].ledger.estimates.unknowable_count > 0 and job.lanes[0].ledger.estimates.bounded_by is None
+    assert job.lanes[0].ledger.confirmed <= billed - base_before < job.lanes[0].ledger.spent
+    assert "unknowable_bound" not in job.snapshot()["lanes"][0]["money"]
 
 
 async def test_a_first_start_that_cannot_read_the_key_takes_no_base(
@@ -254,13 +254,13 @@ async def test_a_first_start_that_cannot_read_the_key_takes_no_base(
         await start_and_kill(settings_toml(tmp_path / "s.toml", front.base_url, dataset, run_dir, 0.3), run_dir)
         assert not events_named(run_dir, "key_usage_base")
         job = await resume(resume_settings(make_settings, sim, dataset, 0.3))
-        billed = sim.ledger.billed_total
+        billed = sim.billing.billed_total
     finally:
         await front.stop()
         await sim.stop()
     assert not events_named(run_dir, "usage_bound") and not events_named(run_dir, "key_usage_base")
-    assert job.ledger.estimates.bounded_by is None
-    assert billed < job.ledger.spent
+    assert job.lanes[0].ledger.estimates.bounded_by is None
+    assert billed < job.lanes[0].ledger.spent
 
 
 async def test_a_run_resumed_with_another_key_is_not_bounded(
@@ -273,12 +273,12 @@ async def test_a_run_resumed_with_another_key_is_not_bounded(
         settings = resume_settings(make_settings, sim, dataset, 0.3)
         settings.openrouter.api_key = SecretStr(OTHER_KEY)
         job = await resume(settings)
-        billed = sim.ledger.billed_total
+        billed = sim.billing.billed_total
     finally:
         await sim.stop()
     assert len(events_named(tmp_path / "run", "key_usage_void")) == 1
     assert not events_named(tmp_path / "run", "usage_bound")
-    assert billed < job.ledger.spent
+    assert billed < job.lanes[0].ledger.spent
 
 
 def test_pending_estimates_are_not_taken_off_the_room() -> None:

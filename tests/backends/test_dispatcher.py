@@ -24,9 +24,9 @@ async def test_every_prompt_gets_exactly_one_row(backend_case: BackendCase, tmp_
     assert outcome.reason is StopReason.DONE, outcome.message
     rows = one_row_per_prompt(a, 120) + one_row_per_prompt(b, 30)
     assert {row["backend"] for row in rows} == {backend_case.name}
-    assert job.ledger.reserved == 0
+    assert job.lanes[0].ledger.reserved == 0
     if backend_case.unit == "usd":
-        assert job.ledger.spent == backend_case.billed(), "spent is exactly what was billed"
+        assert job.lanes[0].ledger.spent == backend_case.billed(), "spent is exactly what was billed"
 
 
 async def test_the_budget_holds_at_full_concurrency(backend_case: BackendCase, tmp_path: Path) -> None:
@@ -38,15 +38,15 @@ async def test_the_budget_holds_at_full_concurrency(backend_case: BackendCase, t
     runner = asyncio.create_task(job.run())
     peak_in_flight = 0
     while not runner.done():
-        ledger = job.ledger
+        ledger = job.lanes[0].ledger
         assert ledger.budget is not None and ledger.spent + ledger.reserved <= ledger.budget
         peak_in_flight = max(peak_in_flight, job.in_flight)
         await asyncio.sleep(0.005)
     outcome = runner.result()
     assert outcome.reason is StopReason.BUDGET, outcome.message
     assert peak_in_flight > 50, "the gate was tested at a high concurrency"
-    assert job.ledger.spent <= job.ledger.budget
-    assert job.ledger.spent == backend_case.billed(), "and nothing was billed past it"
+    assert job.lanes[0].ledger.spent <= job.lanes[0].ledger.budget
+    assert job.lanes[0].ledger.spent == backend_case.billed(), "and nothing was billed past it"
     assert 0 < len(read_rows(a)) < 3000
 
 
@@ -57,7 +57,7 @@ async def test_pause_resume_drain_and_cancel(backend_case: BackendCase, tmp_path
     job = Job(settings)
     await job.prepare()
     runner = asyncio.create_task(job.run())
-    while job.stats.counters.rows < 10:
+    while job.lanes[0].stats.counters.rows < 10:
         await asyncio.sleep(0.01)
     job.pause("test")
     while job.in_flight:
@@ -67,8 +67,8 @@ async def test_pause_resume_drain_and_cancel(backend_case: BackendCase, tmp_path
     assert sum(1 for r in journal(attempts) if r["k"] == "start") == starts, "nothing sent while paused"
     assert job.state is JobState.PAUSED
     job.resume("test")
-    rows_at_resume = job.stats.counters.rows
-    while job.stats.counters.rows < rows_at_resume + 10:
+    rows_at_resume = job.lanes[0].stats.counters.rows
+    while job.lanes[0].stats.counters.rows < rows_at_resume + 10:
         await asyncio.sleep(0.01)
     while job.in_flight < 8:
         await asyncio.sleep(0.005)

@@ -25,17 +25,13 @@ from typing import Any
 import orjson
 import pytest
 
-from regen.engine.config.settings import (
-    JobSettings,
-    OpenRouterSettings,
-    Settings,
-    SettingsError,
-    load_settings,
-)
+from regen.engine.config.loading import SettingsError, load_settings
+from regen.engine.config.settings import JobSettings, OpenRouterSettings, Settings
 from regen.engine.data.datasets import Dataset
 from regen.engine.data.verify import journal_spend, verify_dataset
 from regen.engine.job.job import Job, JobError, StopReason
 from regen.engine.run.recovery import read_journals
+from regen.engine.schema import budget_lane
 from regen.sim.openrouter.server import OpenRouterSim
 from regen.sim.sglang.server import SGLangSim
 from regen.sim.sglang.tokens import SimTokenizer
@@ -75,7 +71,7 @@ async def test_one_row_per_prompt_and_the_share_follows_the_gpus(
     settings = fleet_settings(gpu_sim.base_url, paid_sim.base_url, [data], budget_usd=50.0)
     job = Job(settings)
     await job.prepare()
-    assert [lane.name for lane in job.lanes] == BOTH and job.ledger.unit == "usd"
+    assert [lane.name for lane in job.lanes] == BOTH and job.dispatcher.budget_lane.ledger.unit == "usd"
     runner = asyncio.create_task(job.run())
     while sum(lane_rows(job).values()) < 300 and not runner.done():
         await asyncio.sleep(0.01)
@@ -98,7 +94,7 @@ async def test_one_row_per_prompt_and_the_share_follows_the_gpus(
     paid, gpus = job.dispatcher.lane("openrouter"), job.dispatcher.lane("sglang")
     paid_rows = [row for row in rows if row["backend"] == "openrouter"]
     gpu_rows = [row for row in rows if row["backend"] == "sglang"]
-    assert sum(Decimal(str(row["cost"])) for row in paid_rows) == paid.ledger.spent == paid_sim.ledger.billed_total
+    assert sum(Decimal(str(row["cost"])) for row in paid_rows) == paid.ledger.spent == paid_sim.billing.billed_total
     assert all(row["cost"] is None and row["gpu_s"] > 0 for row in gpu_rows)
     assert gpus.ledger.budget is None and gpus.ledger.spent > 0 and paid.ledger.reserved == gpus.ledger.reserved == 0
     assert spend_by_backend(settings.job.run_dir / "attempts.jsonl") == {
@@ -110,7 +106,7 @@ async def test_one_row_per_prompt_and_the_share_follows_the_gpus(
     assert not report.violations, dict(report.violations)
     assert report.journal_spend == pytest.approx(float(paid.ledger.spent))
     snap = job.snapshot()
-    assert snap["money"]["unit"] == "usd" and snap["rows"] == 700
+    assert budget_lane(snap)["money"]["unit"] == "usd" and snap["rows"] == 700
     split = {lane["name"]: lane for lane in snap["lanes"]}
     assert split["sglang"]["rows"] == end["sglang"] and split["sglang"]["money"]["unit"] == "gpu_s"
     assert split["openrouter"]["money"]["spent"] == float(paid.ledger.spent)
@@ -141,7 +137,7 @@ async def test_the_budget_holds_and_the_gpus_finish_the_rest(
     made = Counter(row["backend"] for row in rows)
     assert made["openrouter"] > 0 and made["sglang"] > 0
     assert paid.ledger.spent <= paid.ledger.budget
-    assert paid.ledger.spent == paid_sim.ledger.billed_total, "nothing billed past the budget"
+    assert paid.ledger.spent == paid_sim.billing.billed_total, "nothing billed past the budget"
 
 
 async def test_a_prompt_goes_to_the_first_lane_with_room(
@@ -153,7 +149,8 @@ async def test_a_prompt_goes_to_the_first_lane_with_room(
     await job.prepare()
     assert (await job.run()).reason is StopReason.DONE
     assert Counter(row["backend"] for row in one_row_per_prompt(data, 12)) == {"sglang": 12}
-    assert job.dispatcher.lane("openrouter").stats.counters.attempts == 0 and job.ledger.spent == 0
+    paid = job.dispatcher.lane("openrouter")
+    assert paid.stats.counters.attempts == 0 and paid.ledger.spent == 0
     # Listed the other way round, OpenRouter is the first lane and takes them all.
     again = write_dataset(tmp_path / "again", "A", 12)
     job = Job(fleet_settings(gpu_sim.base_url, paid_sim.base_url, [again], backends=["openrouter", "sglang"], run_dir=tmp_path / "run2"))
@@ -415,13 +412,13 @@ def test_sigkill_then_resume_keeps_each_backends_accounting(both_sims: tuple[Any
 
 
 def test_a_single_backend_job_keeps_its_files(tmp_path: Path) -> None:
-    """The settings without job.backends give one lane, and the snapshot keeps today's keys."""
+    """The settings without job.backends give one lane, and its events stay as they were."""
     settings = Settings(
         openrouter=OpenRouterSettings(api_key=SIM_KEY),
         job=JobSettings(datasets=[write_dataset(tmp_path, "A", 3)], run_dir=tmp_path / "run"),
     )
     job = Job(settings)
-    assert [lane.name for lane in job.lanes] == ["openrouter"] and job.dispatcher.main is job.lanes[0]
+    assert [lane.name for lane in job.lanes] == ["openrouter"] and job.dispatcher.budget_lane is job.lanes[0]
     assert job.dispatcher.lane_fields(job.lanes[0]) == {}, "events of one backend stay as they were"
 
 
@@ -450,7 +447,7 @@ async def test_the_console_shows_each_backends_share(
         async with app.run_test(size=(160, 60)) as pilot:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + 30
-            while not (app.displayed and all(lane["rows"] for lane in app.displayed.get("lanes", [{"rows": 0}]))):
+            while not (app.displayed and all(lane["rows"] for lane in app.displayed["lanes"])):
                 assert loop.time() < deadline
                 await pilot.pause(0.05)
             await pilot.pause(0.2)

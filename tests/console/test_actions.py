@@ -62,7 +62,8 @@ async def test_a_backend_without_exclusions_hides_the_exclude_keys() -> None:
         await settle(pilot)
         assert app.check_action("exclude_provider", ()) is True
         assert app.displayed is not None
-        app.displayed["backend"]["supports_exclude"] = False
+        [lane] = app.displayed["lanes"]
+        lane["supports_exclude"] = False
         assert app.check_action("exclude_provider", ()) is False
         assert app.check_action("toggle_provider", ()) is False
 
@@ -93,11 +94,13 @@ async def test_cost_pane_says_what_the_estimates_are() -> None:
     }
     words = estimate_words(money)
     assert "2 awaiting their bill" in words and "3 cut before an id: worst case kept" in words
-    assert estimate_words({"pending": {"requests": 0}, "unknowable": {"requests": 0}}) == ""
+    nothing = {"amount": 0.0, "requests": 0}
+    assert estimate_words({**money, "pending": nothing, "unknowable": nothing}) == ""
     bounded = estimate_words({**money, "unknowable_bound": "key_usage"})
     assert "3 cut before an id: bounded by the key's usage" in bounded
-    frame = dict(SimulatedJob(3).snapshot())
-    frame["money"] = {**frame["money"], **money}
+    frame = SimulatedJob(3).snapshot()
+    [lane] = frame["lanes"]
+    lane["money"] = {**lane["money"], **money}
     app = make_app(ScriptedSource([frame], count=1))
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)

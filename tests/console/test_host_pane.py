@@ -49,7 +49,20 @@ HOST: dict[str, Any] = {
         "prompts": 123456,
         "invalid": 7,
     },
+    "tunnel": None,
+    "sglang": None,
+    "sglang_action": None,
 }
+
+
+def sglang(**fields: Any) -> dict[str, Any]:
+    """The monitor's view of a host's SGLang (engine/host/monitor.py, _sglang_view): every key, None
+    where the status said nothing."""
+    keys = (
+        "ok", "error", "state", "pid", "alive", "phase", "failure", "ready", "version", "launched_version",
+        "served_model_name", "running", "queued", "gen_throughput", "kv_usage", "retractions", "port",
+    )
+    return {**dict.fromkeys(keys), **fields}
 
 
 def test_a_host_in_a_few_lines() -> None:
@@ -120,16 +133,17 @@ async def test_without_hosts_the_pane_says_so() -> None:
 # A host whose SGLang is starting (the monitor's view: engine/host/monitor.py, _sglang_view).
 STARTING = {
     **HOST,
-    "sglang": {"ok": True, "state": "starting", "phase": "kv pool", "launched_version": "0.5.23", "pid": 4242,
-               "alive": True, "ready": False, "version": None, "running": None},
-    "sglang_action": {"what": "start", "state": "running",
+    "sglang": sglang(ok=True, state="starting", phase="kv pool", launched_version="0.5.23", pid=4242,
+                     alive=True, ready=False),
+    "sglang_action": {"what": "start", "state": "running", "started_at": FROZEN_NOW - 20, "message": None,
                       "progress": ["gpu1: [3/8] kv pool: KV Cache is allocated. #tokens: 1000000"]},
 }
 READY = {
     **HOST,
-    "sglang": {"ok": True, "state": "ready", "phase": "ready", "version": "0.5.23", "pid": 4242, "alive": True,
-               "ready": True, "running": 120.0, "queued": 450.0, "kv_usage": 0.62, "gen_throughput": 5432.0},
-    "tunnel": {"state": "open", "drops": 1, "error": None},
+    "sglang": sglang(ok=True, state="ready", phase="ready", version="0.5.23", pid=4242, alive=True,
+                     ready=True, running=120.0, queued=450.0, kv_usage=0.62, gen_throughput=5432.0),
+    "tunnel": {"host": "gpu1", "url": "http://127.0.0.1:40123", "remote_port": 30000, "state": "open",
+               "error": None, "drops": 1, "reopens": 1, "connections": 12},
 }
 
 
@@ -144,8 +158,8 @@ def test_sglang_ready_shows_its_load_and_the_tunnel() -> None:
     assert "  SGLang ready 0.5.23" in lines
     assert "  run 120 · queue 450 · KV 62% · 5,432 tok/s" in lines
     assert "  tunnel open · 1 drops" in lines
-    failed = {**HOST, "sglang": {"ok": True, "state": "dead", "phase": "cuda graphs",
-                                 "failure": "Exception: Capture cuda graph failed: CUDA out of memory"}}
+    failed = {**HOST, "sglang": sglang(ok=True, state="dead", phase="cuda graphs",
+                                       failure="Exception: Capture cuda graph failed: CUDA out of memory")}
     assert "  failed: Exception: Capture cuda graph failed: CUDA out of memory" in host_lines(failed, FROZEN_NOW)
 
 

@@ -99,7 +99,7 @@ async def test_b_refuses_a_budget_below_spent() -> None:
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
-        spent = app.latest["money"]["spent"] if app.latest else 0.0
+        spent = app.latest["lanes"][0]["money"]["spent"] if app.latest else 0.0
         assert spent > 0.1
         await pilot.press("b")
         await pilot.pause()
@@ -114,7 +114,7 @@ async def test_b_refuses_a_budget_below_spent() -> None:
         await pilot.press("enter")
         await settle(pilot)
         assert scripted(app).commands == [("budget", {"value": 75.0})]
-        assert app.latest is not None and app.latest["money"]["budget"] == 75.0
+        assert app.latest is not None and app.latest["lanes"][0]["money"]["budget"] == 75.0
 
 
 async def test_plus_and_minus_step_the_concurrency() -> None:
@@ -253,7 +253,7 @@ async def test_e_exports_the_snapshot_on_screen(tmp_path: Path) -> None:
         files = sorted(p.name for p in tmp_path.iterdir())
         assert len(files) == 3
         data = json.loads(next(tmp_path.glob("*.json")).read_text())
-        assert data["state"] == "RUNNING" and len(data["providers"]) == 8
+        assert data["state"] == "RUNNING" and len(data["lanes"][0]["providers"]) == 8
         header = next(tmp_path.glob("*-providers.csv")).read_text().splitlines()[0]
         assert header.startswith("name,slug,status")
         assert "exported" in log_text(app) and str(tmp_path) in log_text(app)

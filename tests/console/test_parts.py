@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,17 @@ from regen.console.source import JobSource
 from regen.console.widgets.status import Freshness, StatusStrip
 from regen.engine.control.server import PROTOCOL_VERSION
 from regen.engine.run.state import JobError
+from regen.engine.schema import Snapshot
+
+
+def frame(**fields: Any) -> Snapshot:
+    """A snapshot of the scripted job one second in, without errors or events, `fields` over its top level."""
+    job = SimulatedJob(1)
+    job.step(1.0)
+    snap = job.snapshot()
+    snap["errors"], snap["events"] = {}, []
+    snap.update(fields)  # type: ignore[typeddict-item]
+    return snap
 
 
 def test_console_data_modules_do_not_import_textual() -> None:
@@ -46,7 +58,8 @@ def test_formatting() -> None:
 
 
 def test_provider_status_is_the_jobs_word() -> None:
-    said = [{"status": "slow"}, {"status": "FAIL"}, {"status": "EXCL"}, {"status": "bogus"}, {}]
+    provider = frame()["lanes"][0]["providers"][0]
+    said = [{**provider, "status": word} for word in ("slow", "FAIL", "EXCL", "bogus", "")]
     assert [provider_status(p) for p in said] == ["SLOW", "FAIL", "EXCL", "OK", "OK"]
 
 
@@ -58,7 +71,7 @@ def test_history_windows_are_bounded_and_sampled_by_job_time() -> None:
         history.add(job.snapshot(), 0.0)
     assert len(history.output_tokens_per_s) == 5
     assert history.snapshots_seen == 40
-    assert history.provider_tokens_per_s("fireworks") is not None
+    assert len(history.providers["fireworks"].output_tokens_per_s) == 5
     snap = job.snapshot()
     assert history.dataset_eta_s(snap["datasets"][0]) is not None
 
@@ -67,12 +80,12 @@ def test_error_lines_are_rate_limited_and_no_event_is_lost() -> None:
     history = History()
     for second in range(12):
         history.add(
-            {
-                "elapsed_s": float(second),
-                "state": "RUNNING",
-                "errors": {"timeout": second},
-                "events": [{"ts": 1.0, "event": "pause", "source": "console"}] if second == 3 else [],
-            },
+            frame(
+                elapsed_s=float(second),
+                state="RUNNING",
+                errors={"timeout": second},
+                events=[{"ts": 1.0, "event": "pause", "source": "console"}] if second == 3 else [],
+            ),
             0.0,
         )
     lines = history.take_lines()
@@ -85,17 +98,12 @@ def test_error_lines_are_rate_limited_and_no_event_is_lost() -> None:
 
 def test_state_changes_and_budget_block_become_lines() -> None:
     history = History()
-    history.add({"elapsed_s": 0.0, "state": "RUNNING"}, 0.0)
-    history.add({"elapsed_s": 1.0, "state": "PAUSED"}, 0.0)
-    history.add(
-        {
-            "elapsed_s": 2.0,
-            "state": "STOPPED",
-            "outcome": {"message": "budget spent"},
-            "money": {"blocked": True, "budget": 5},
-        },
-        0.0,
-    )
+    history.add(frame(elapsed_s=0.0, state="RUNNING"), 0.0)
+    history.add(frame(elapsed_s=1.0, state="PAUSED"), 0.0)
+    stopped = frame(elapsed_s=2.0, state="STOPPED", outcome={"reason": "budget", "message": "budget spent"})
+    [lane] = stopped["lanes"]
+    lane["money"] = {**lane["money"], "blocked": True, "budget": 5}
+    history.add(stopped, 0.0)
     texts = [line.text for line in history.take_lines()]
     assert texts == [
         "job RUNNING → PAUSED",
@@ -217,15 +225,16 @@ def test_events_seen_twice_are_logged_once() -> None:
     history = History()
     start = {"ts": 1.0, "seq": 1, "event": "start"}
     history.add_events([start])
-    history.add({"elapsed_s": 1.0, "events": [start, {"ts": 2.0, "seq": 2, "event": "pause"}]}, 0.0)
+    history.add(frame(elapsed_s=1.0, events=[start, {"ts": 2.0, "seq": 2, "event": "pause"}]), 0.0)
     assert [line.text for line in history.take_lines()] == ["start", "paused"]
 
 
 def test_a_platform_hold_shows_in_the_header_and_the_log() -> None:
     strip = StatusStrip()
-    strip.snapshot = {"state": "RUNNING", "held_s": 42.5, "money": {}, "datasets": []}
+    strip.snapshot = frame()
+    strip.snapshot["lanes"][0]["held_s"] = 42.5
     assert "HELD 42s" in strip._markup(Freshness(1.0, 5.0))
-    strip.snapshot = {"state": "RUNNING", "held_s": None, "money": {}, "datasets": []}
+    strip.snapshot["lanes"][0]["held_s"] = None
     assert "HELD" not in strip._markup(Freshness(1.0, 5.0))
     line = event_line({"ts": 1, "event": "hold", "seconds": 42.5, "reason": "free-models-per-min"})
     assert line.level == "warning"

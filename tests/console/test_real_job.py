@@ -63,7 +63,7 @@ async def test_the_console_watches_and_steers_a_real_job(
             await pilot.press("x")
             await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
             await pilot.press("y")
-            await wait_until(pilot, lambda: slug in job.backend.excluded or "refused" in log_text(app))
+            await wait_until(pilot, lambda: slug in job.lanes[0].backend.excluded or "refused" in log_text(app))
             await pilot.press("e")
             await wait_until(pilot, lambda: len(list(tmp_path.glob("regen-snapshot-*"))) == 3)
             assert "paused" in log_text(app) and "resumed" in log_text(app)

@@ -155,7 +155,8 @@ class PaneApp(App[None]):
 
 def _providers(pane: Widget, snap: dict[str, Any], history: History) -> None:
     assert isinstance(pane, ProvidersPane)
-    pane.show(snap["providers"], history)
+    [lane] = snap["lanes"]
+    pane.show(lane["providers"])
 
 
 def _cost(pane: Widget, snap: dict[str, Any], history: History) -> None:

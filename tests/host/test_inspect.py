@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from regen.engine.data.datasets import Dataset, scan
+from regen.engine.data.datasets import Dataset
+from regen.engine.data.scan import scan
 from regen.engine.host.inspect import format_report, inspect_host
 from regen.engine.host.ssh import HostConnection
 from tests.support.hosts import B1_BAD, HostFactory, write_settings

@@ -12,7 +12,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from regen.engine.data.datasets import Dataset, scan
+from regen.engine.data.datasets import Dataset
+from regen.engine.data.scan import scan
 from regen.engine.host.scripts import survey as survey_module
 from regen.engine.host.scripts.survey import EXACT_BELOW, LengthHistogram, _split, survey
 from tests.support.processes import ENV
@@ -137,7 +138,8 @@ def test_spilled_hashes_count_the_same_duplicates_and_leave_nothing(
 PEAK_RSS = """
 import sys
 from pathlib import Path
-from regen.engine.data.datasets import Dataset, scan
+from regen.engine.data.datasets import Dataset
+from regen.engine.data.scan import scan
 from regen.engine.host.scripts import survey as s
 s.BUFFERED_CAP, s.PART_TARGET, s.INVALID_CAP = 4096, 2048, 100
 path = Path(sys.argv[2])

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import orjson
 
-from regen.engine.config.settings import load_settings
+from regen.engine.config.loading import load_settings
 from regen.engine.data.datasets import discover
 from regen.engine.host.ssh import HostConnection
 from regen.engine.host.transfer import pull, push

@@ -57,7 +57,7 @@ async def test_credits_management_gate(api: Api, osim: OpenRouterSim) -> None:
     r = await api.get("/credits", key=MGMT)
     assert r.status == 200
     assert r.json["data"]["total_credits"] == 1000.0
-    assert r.json["data"]["total_usage"] == osim.ledger.usage > 0
+    assert r.json["data"]["total_usage"] == osim.billing.usage > 0
     osim.config.credits_require_management_key = False
     assert (await api.get("/credits")).status == 200
 
@@ -139,10 +139,10 @@ async def test_billed_total_equals_sum_of_reported_costs(api: Api, osim: OpenRou
     )
     costs = [r.json["usage"]["cost"] if hasattr(r, "json") and r.json else r.usage()["cost"]
              for r in replies]
-    assert len(osim.ledger.records) == 50
-    assert osim.ledger.billed_total == sum(Decimal(repr(c)) for c in costs)
-    assert str(osim.ledger.billed_total) == osim.state()["ledger"]["billed_total"]
-    assert osim.ledger.balance == pytest.approx(1000.0 - float(osim.ledger.billed_total))
+    assert len(osim.billing.records) == 50
+    assert osim.billing.billed_total == sum(Decimal(repr(c)) for c in costs)
+    assert str(osim.billing.billed_total) == osim.state()["ledger"]["billed_total"]
+    assert osim.billing.balance == pytest.approx(1000.0 - float(osim.billing.billed_total))
 
 
 async def test_preflight_402_when_balance_short(api: Api, osim: OpenRouterSim) -> None:
@@ -171,7 +171,7 @@ async def test_debit_at_completion_allows_overshoot(api: Api, osim: OpenRouterSi
     osim.config.credits = 0.002
     replies = await asyncio.gather(*(api.chat(max_tokens=60) for _ in range(30)))
     assert all(r.status == 200 for r in replies)
-    assert osim.ledger.balance < 0  # concurrent requests overshoot, as at OpenRouter
+    assert osim.billing.balance < 0  # concurrent requests overshoot, as at OpenRouter
     r = await api.chat(max_tokens=1)
     assert r.status == 402
 
@@ -182,7 +182,7 @@ async def test_byok_switch(api: Api, osim: OpenRouterSim) -> None:
     u = r.json["usage"]
     assert u["is_byok"] is True and u["cost"] == 0
     assert u["cost_details"]["upstream_inference_cost"] > 0
-    assert osim.ledger.billed_total == 0
+    assert osim.billing.billed_total == 0
 
 
 async def test_key_and_credits_lag_the_ledger(api: Api, osim: OpenRouterSim) -> None:
@@ -190,7 +190,7 @@ async def test_key_and_credits_lag_the_ledger(api: Api, osim: OpenRouterSim) -> 
     osim.config.account_staleness_s = 0.4
     r = await api.chat()
     cost = r.json["usage"]["cost"]
-    assert osim.ledger.usage == cost  # the simulator's own truth is live
+    assert osim.billing.usage == cost  # the simulator's own truth is live
     key = (await api.get("/key")).json["data"]
     assert key["usage"] == 0 and key["usage_daily"] == 0 and key["limit_remaining"] == 50.0
     assert (await api.get("/credits", key=MGMT)).json["data"]["total_usage"] == 0
@@ -206,9 +206,9 @@ async def test_key_and_credits_lag_the_ledger(api: Api, osim: OpenRouterSim) -> 
     assert (await api.get("/key")).json["data"]["usage"] == both
     # The gates do not lag: with the credits all spent a moment ago, /key still shows money left
     # while the pre-flight check, reading the live ledger, refuses.
-    osim.config.credits = float(osim.ledger.billed_total) + 1e-4
+    osim.config.credits = float(osim.billing.billed_total) + 1e-4
     overshoot = await asyncio.gather(*(api.chat(max_tokens=20) for _ in range(3)))
-    assert [r.status for r in overshoot] == [200] * 3 and osim.ledger.balance < 0
+    assert [r.status for r in overshoot] == [200] * 3 and osim.billing.balance < 0
     credits = (await api.get("/credits", key=MGMT)).json["data"]
     assert credits["total_usage"] == both and credits["total_credits"] > both
     r = await api.chat(max_tokens=10)

@@ -28,8 +28,8 @@ async def test_state_route(api: Api, osim: OpenRouterSim) -> None:
     assert state["counters"]["in_flight"] == 0 and state["counters"]["peak_in_flight"] >= 1
     assert state["served"] == {"parasail/fp8": 1}
     assert state["ledger"]["records"] == 1
-    assert state["ledger"]["billed_total"] == str(osim.ledger.billed_total)
-    assert state["ledger"]["balance"] == osim.ledger.balance
+    assert state["ledger"]["billed_total"] == str(osim.billing.billed_total)
+    assert state["ledger"]["balance"] == osim.billing.balance
 
 
 async def test_config_patch_merges(api: Api, osim: OpenRouterSim) -> None:
@@ -41,7 +41,7 @@ async def test_config_patch_merges(api: Api, osim: OpenRouterSim) -> None:
     assert (await api.chat()).status == 502
     async with api.session.post(url, json={"faults": {"http_502": None}, "credits": 5}) as r:
         assert r.status == 200 and (await r.json())["config"]["credits"] == 5
-    assert osim.config.faults == {"http_429": 0.0} and osim.ledger.credits == 5
+    assert osim.config.faults == {"http_429": 0.0} and osim.billing.credits == 5
     assert (await api.chat()).status == 200
     for bad in ({"faults": {"http_999": 1}}, {"faults": {"http_502": 2}}, {"nonsense": 1}):
         async with api.session.post(url, json=bad) as r:

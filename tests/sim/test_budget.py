@@ -9,7 +9,8 @@ from decimal import Decimal
 import aiohttp
 import pytest
 
-from regen.sim.openrouter.server import OpenRouterSim, estimate_prompt_tokens
+from regen.sim.openrouter.chat import estimate_prompt_tokens
+from regen.sim.openrouter.server import OpenRouterSim
 from tests.support.openrouter_http import PROMPT, Api, endpoint
 
 FIREWORKS = {"only": ["fireworks"]}
@@ -87,7 +88,7 @@ async def test_settlement_window_keeps_real_costs_held(api: Api, osim: OpenRoute
     assert budget.running == 0 and budget.settling == 3
     assert budget.held == approx(billed)  # the real costs, not the estimates
     # The largest request that fits an empty budget, but not one holding the settling costs.
-    room = 0.5 * osim.ledger.balance
+    room = 0.5 * osim.billing.balance
     ep = endpoint(osim, "Fireworks")
     prompt_cost = float(ep.pricing.prompt) * estimate_prompt_tokens(PROMPT)
     fits_empty = math.floor((room - prompt_cost) / float(ep.pricing.completion))
@@ -99,7 +100,7 @@ async def test_settlement_window_keeps_real_costs_held(api: Api, osim: OpenRoute
     await asyncio.sleep(0.65)
     assert budget.held == 0 and budget.settling == 0
     # The balance is what the budget is a fraction of; recompute after the wait.
-    fits_now = math.floor((0.5 * osim.ledger.balance - prompt_cost) / float(ep.pricing.completion))
+    fits_now = math.floor((0.5 * osim.billing.balance - prompt_cost) / float(ep.pricing.completion))
     assert (await api.chat(max_tokens=fits_now, provider=FIREWORKS)).status == 200
 
 
@@ -113,7 +114,7 @@ async def test_weight_exceeds_budget_has_no_retry_after(api: Api, osim: OpenRout
     assert meta["reason"] == "weight_exceeds_budget" and meta["limit_source"] == "openrouter_credits"
     assert "max_tokens" in meta["remedy_hint"]
     assert "Retry-After" not in r.headers
-    assert osim.limits.budget.running == 0 and osim.ledger.records == []
+    assert osim.limits.budget.running == 0 and osim.billing.records == []
     # The fraction binds too: 5% of $1 is $0.05.
     cfg.in_flight_budget_ceiling = 20.0
     cfg.credits = 1.0
@@ -173,10 +174,10 @@ async def test_aborted_stream_settles_what_was_billed(api: Api, osim: OpenRouter
     assert osim.limits.budget.held == approx(float(held))
     task.cancel()
     for _ in range(300):
-        if osim.ledger.records:
+        if osim.billing.records:
             break
         await asyncio.sleep(0.01)
-    [rec] = osim.ledger.records
+    [rec] = osim.billing.records
     assert rec.cancelled and osim.limits.budget.running == 0
     # Parasail cannot cancel, so the whole completion is billed, and that is what stays held.
     assert rec.cost > 0 and osim.limits.budget.held == approx(rec.cost)
@@ -188,7 +189,7 @@ async def test_negative_balance_refuses_free_models_too(api: Api, osim: OpenRout
     osim.config.credits = 0.002
     replies = await asyncio.gather(*(api.chat(max_tokens=60) for _ in range(30)))
     assert all(r.status == 200 for r in replies)
-    assert osim.ledger.balance < 0
+    assert osim.billing.balance < 0
     for r in (await api.chat(model="moonshotai/kimi-k2.5:free"), await api.chat(max_tokens=1)):
         assert r.status == 402
         assert r.json["error"]["message"].startswith("Insufficient credits")
@@ -196,8 +197,8 @@ async def test_negative_balance_refuses_free_models_too(api: Api, osim: OpenRout
         assert "Retry-After" not in r.headers
     assert osim.requests[-1]["error"] == "negative_balance"
     # A balance of about nothing is not negative: the free model answers, a paid one fails pre-flight.
-    osim.config.credits = float(osim.ledger.billed_total) + 1e-9
-    assert 0 <= osim.ledger.balance < 1e-8
+    osim.config.credits = float(osim.billing.billed_total) + 1e-9
+    assert 0 <= osim.billing.balance < 1e-8
     assert (await api.chat(model="moonshotai/kimi-k2.5:free")).status == 200
     paid = await api.chat(max_tokens=10)
     assert paid.status == 402 and "can only afford" in paid.json["error"]["message"]

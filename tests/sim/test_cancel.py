@@ -44,7 +44,7 @@ async def abort_after_content(api: Api, provider: str) -> str:
 
 async def wait_record(sim: OpenRouterSim, gen_id: str, timeout: float = 2.0) -> object:
     for _ in range(int(timeout / 0.01)):
-        rec = sim.ledger.get(gen_id)
+        rec = sim.billing.get(gen_id)
         if rec is not None:
             return rec
         await asyncio.sleep(0.01)
@@ -83,10 +83,10 @@ async def test_non_stream_abort_billed_in_full(api: Api, osim: OpenRouterSim) ->
                                headers={"Authorization": f"Bearer {KEY}"},
                                timeout=aiohttp.ClientTimeout(total=0.1))
     for _ in range(200):
-        if osim.ledger.records:
+        if osim.billing.records:
             break
         await asyncio.sleep(0.01)
-    [rec] = osim.ledger.records
+    [rec] = osim.billing.records
     assert rec.completion_tokens == TOKENS and not rec.cancelled and rec.cost > 0
 
 

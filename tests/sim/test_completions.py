@@ -139,7 +139,7 @@ async def test_usage_shape_b_and_c(api: Api, osim: OpenRouterSim) -> None:
     r = await api.chat()
     assert "usage" not in r.json
     # Billing happens regardless of what was reported.
-    assert osim.ledger.records[-1].cost > 0
+    assert osim.billing.records[-1].cost > 0
 
 
 async def test_reasoning_switches(api: Api) -> None:

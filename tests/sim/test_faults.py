@@ -70,7 +70,7 @@ async def test_http_faults(api: Api, osim: OpenRouterSim, fault: str, stream: bo
     assert body["error"]["code"] == status
     assert isinstance(body["error"]["message"], str) and body["error"]["message"]
     assert r.headers.get("Retry-After") == retry_after
-    assert osim.ledger.records == []  # nothing billed before the first byte
+    assert osim.billing.records == []  # nothing billed before the first byte
     assert osim.faults_injected[fault] == 1
     err = body["error"]
     if fault == "http_429_ratelimit_reset":
@@ -104,7 +104,7 @@ async def test_error_body_200(api: Api, osim: OpenRouterSim) -> None:
     assert s.status == 200 and s.done
     [chunk] = s.chunks
     assert chunk["choices"] == [] and chunk["error"]["code"] == 429
-    assert all(rec.cost == 0 for rec in osim.ledger.records)
+    assert all(rec.cost == 0 for rec in osim.billing.records)
 
 
 @pytest.mark.parametrize("fault", ["error_choice_200", "mid_stream_error"])
@@ -116,7 +116,7 @@ async def test_error_finish_non_stream(api: Api, osim: OpenRouterSim, fault: str
     assert choice["error"]["code"] == 502
     assert choice["message"]["content"]  # partial content kept
     assert r.json["usage"]["cost"] == 0  # zero completion insurance on error finish
-    assert osim.ledger.records[-1].cost == 0
+    assert osim.billing.records[-1].cost == 0
 
 
 async def test_mid_stream_error(api: Api, osim: OpenRouterSim) -> None:
@@ -165,7 +165,7 @@ async def test_reset_before_headers(api: Api, osim: OpenRouterSim, stream: bool)
     status, _, got, exc = await raw_post(api, stream)
     assert status == 0 and got == b""
     assert isinstance(exc, aiohttp.ServerDisconnectedError)
-    assert osim.ledger.records == []
+    assert osim.billing.records == []
     assert osim.requests[-1]["error"] == "reset_before_headers"
 
 
@@ -177,7 +177,7 @@ async def test_cut_mid_stream(api: Api, osim: OpenRouterSim) -> None:
     assert any(kind == "data" for kind, _ in events)
     assert ("done", None) not in events
     assert not any("error" in e or "usage" in e for kind, e in events if kind == "data")
-    rec = osim.ledger.records[-1]
+    rec = osim.billing.records[-1]
     assert rec.cancelled and rec.id == headers["X-Generation-Id"]
 
 
@@ -187,7 +187,7 @@ async def test_cut_nonstream_body(api: Api, osim: OpenRouterSim, fault: str) -> 
     status, headers, got, exc = await raw_post(api, stream=False)
     assert status == 200 and isinstance(exc, aiohttp.ClientPayloadError)
     assert 0 < len(got) < int(headers["Content-Length"])
-    rec = osim.ledger.records[-1]
+    rec = osim.billing.records[-1]
     assert rec.cost > 0 and not rec.cancelled  # non-stream is billed in full
 
 
@@ -231,7 +231,7 @@ async def test_missing_usage_and_cost(api: Api, osim: OpenRouterSim) -> None:
     s = await api.stream(provider=FIREWORKS)
     assert "cost" not in s.usage() and s.done
     assert "cost" not in (await api.chat(provider=FIREWORKS)).json["usage"]
-    assert all(rec.cost > 0 for rec in osim.ledger.records)  # billed all the same
+    assert all(rec.cost > 0 for rec in osim.billing.records)  # billed all the same
 
 
 async def test_slow_first_token(api: Api, osim: OpenRouterSim) -> None:

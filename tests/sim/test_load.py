@@ -79,6 +79,6 @@ async def test_2000_concurrent_streams_all_complete() -> None:
     assert len(costs) == STREAMS
     assert sim.peak_in_flight == STREAMS
     assert sim.total_requests == STREAMS and sim.in_flight == 0
-    assert len(sim.ledger.records) == STREAMS
-    assert sim.ledger.billed_total == sum(Decimal(repr(c)) for c in costs)
+    assert len(sim.billing.records) == STREAMS
+    assert sim.billing.billed_total == sum(Decimal(repr(c)) for c in costs)
     assert elapsed < 30

@@ -24,7 +24,7 @@ async def free_burst(api: Api, n: int) -> list[int]:
 async def test_free_variant_is_free_and_served_by_its_providers(api: Api, osim: OpenRouterSim) -> None:
     r = await api.chat(model=FREE)
     assert r.status == 200 and r.json["provider"] in ("Parasail", "Chutes")
-    assert r.json["usage"]["cost"] == 0 and osim.ledger.billed_total == 0
+    assert r.json["usage"]["cost"] == 0 and osim.billing.billed_total == 0
     listing = await api.get("/models/moonshotai/kimi-k2.5:free/endpoints")
     eps = listing.json["data"]["endpoints"]
     assert {e["provider_name"] for e in eps} == {"Parasail", "Chutes"}
@@ -137,7 +137,7 @@ async def test_provider_bucket_falls_back_when_allowed(api: Api, osim: OpenRoute
     order = {"order": ["parasail", "fireworks"]}
     got = [(await api.chat(provider=order)).json["provider"] for _ in range(5)]
     assert got == ["Parasail"] * 3 + ["Fireworks"] * 2
-    rec = osim.ledger.records[-1]
+    rec = osim.billing.records[-1]
     assert [(a.provider_name, a.status) for a in rec.attempts] == [("Parasail", 429), ("Fireworks", 200)]
     # The same order without fallbacks: Parasail's 429 is returned as is.
     r = await api.chat(provider={**order, "allow_fallbacks": False})

@@ -79,7 +79,7 @@ async def test_streamed_tool_calls(api: Api, osim: OpenRouterSim) -> None:
     assert finish["finish_reason"] == "tool_calls" and finish["native_finish_reason"] == "tool_calls"
     usage = s.usage()
     assert usage is not None and usage["cost"] > 0 and usage["completion_tokens"] > 0
-    assert osim.ledger.records[-1].finish_reason == "tool_calls"
+    assert osim.billing.records[-1].finish_reason == "tool_calls"
 
 
 async def test_non_stream_tool_calls_match_the_stream(api: Api, osim: OpenRouterSim) -> None:

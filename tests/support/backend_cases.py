@@ -17,7 +17,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from regen.engine.config.settings import Settings, load_settings
+from regen.engine.config.loading import load_settings
+from regen.engine.config.settings import Settings
 from tests.support.openrouter_sim import SIM_KEY, openrouter_process
 from tests.support.processes import ENV, regen_argv
 

@@ -3,7 +3,7 @@ SGLang backend's rows are compared with (tests/backends/sglang/)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -29,10 +29,19 @@ class RecordingSim(SGLangSim):
         self.served: dict[str, dict[str, Any]] = {}
         self.abort_calls: list[str | None] = []  # the rid of every /abort_request, in order
 
-    async def _abort_request(self, request: web.Request) -> web.StreamResponse:
-        body = orjson.loads(await request.read() or b"{}")  # aiohttp keeps the body for the handler
-        self.abort_calls.append(body.get("rid") if isinstance(body, dict) else None)
-        return await super()._abort_request(request)
+    def make_app(self) -> web.Application:
+        app = super().make_app()
+        app.middlewares.append(self._record_abort)  # inside the key check, as the route is
+        return app
+
+    @web.middleware
+    async def _record_abort(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        if request.method == "POST" and request.path == "/abort_request":
+            body = orjson.loads(await request.read() or b"{}")  # aiohttp keeps the body for the handler
+            self.abort_calls.append(body.get("rid") if isinstance(body, dict) else None)
+        return await handler(request)
 
     def _on_finish(self, req: Req) -> None:
         super()._on_finish(req)

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from regen.engine.data.datasets import Dataset, Prompt, canonical_sha256, iter_prompts
+from regen.engine.data.datasets import Dataset, Prompt, canonical_sha256
+from regen.engine.data.scan import iter_prompts
 
 # Kimi K2.5's special tokens and chat format (docs/data-contract.md §8.2): no newlines between turns,
 # no BOS, the default system prompt when the first message is not a system one, earlier assistant

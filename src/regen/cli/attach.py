@@ -13,14 +13,15 @@ from typing import Any
 from regen.console.client import SocketSource
 from regen.engine.control.headless import status_line
 from regen.engine.control.server import SOCKET_NAME, ControlError, open_control
+from regen.engine.schema import Snapshot
 
 OUTCOME_EXIT = {"done": 0, "sigint": 130, "sigterm": 143}
 JOB_LOG = "job.log"
 
 
-def outcome_exit_code(snapshot: dict[str, Any] | None) -> int:
-    outcome = (snapshot or {}).get("outcome") or {}
-    return OUTCOME_EXIT.get(str(outcome.get("reason")), 1) if outcome else 0
+def outcome_exit_code(snapshot: Snapshot | None) -> int:
+    outcome = None if snapshot is None else snapshot["outcome"]
+    return 0 if outcome is None else OUTCOME_EXIT.get(outcome["reason"], 1)
 
 
 def start_detached(run_dir: Path, job_args: list[str], *, timeout_s: float = 600.0) -> tuple[int, str]:
@@ -69,7 +70,7 @@ def _answers(path: Path) -> bool:
 
 async def follow_lines(source: SocketSource, *, out: Any = sys.stdout, interval_s: float = 2.0) -> int:
     """Without a terminal: a status line every `interval_s` and every event, until the job ends."""
-    last: dict[str, Any] | None = None
+    last: Snapshot | None = None
     printed = 0.0
     async for snap in source.snapshots():
         last = snap

@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int | None:
     """Run ``verify`` or ``export``; None for any other command."""
     if getattr(args, "command", None) not in COMMANDS:
         return None
-    from regen.engine.config.settings import SettingsError, load_settings
+    from regen.engine.config.loading import SettingsError, load_settings
     from regen.engine.data.datasets import DatasetError
     from regen.engine.data.export import ExportError
     from regen.engine.data.jsonl import JsonlError

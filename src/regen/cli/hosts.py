@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int | None:
     """Run ``inspect``, ``pull`` or ``push``; None for any other command."""
     if getattr(args, "command", None) not in COMMANDS:
         return None
-    from regen.engine.config.settings import SettingsError, load_settings
+    from regen.engine.config.loading import SettingsError, load_settings
     from regen.engine.runtime import run as run_loop
 
     try:

@@ -18,7 +18,8 @@ from regen.cli.hosts import add_parsers as add_host_parsers
 from regen.cli.hosts import run as run_host_command
 from regen.cli.sglang import add_parsers as add_sglang_parsers
 from regen.cli.sglang import run as run_sglang_command
-from regen.engine.config.settings import Settings, SettingsError, load_settings
+from regen.engine.config.loading import SettingsError, load_settings
+from regen.engine.config.settings import Settings
 from regen.sim.runner import add_arguments as add_sim_arguments
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2

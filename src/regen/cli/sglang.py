@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int | None:
     """Run ``regen sglang ...``; None for any other command."""
     if getattr(args, "command", None) != "sglang":
         return None
-    from regen.engine.config.settings import SettingsError, load_settings
+    from regen.engine.config.loading import SettingsError, load_settings
     from regen.engine.runtime import run as run_loop
 
     try:

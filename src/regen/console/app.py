@@ -34,8 +34,7 @@ from regen.console.actions import (
     bindings,
 )
 from regen.console.export import export_snapshot
-from regen.console.format import number
-from regen.console.history import History, LogLine
+from regen.console.history import History, LogLine, slug_of
 from regen.console.messages import CommandDone, Connected, ExportDone, SnapshotArrived, SourceEnded
 from regen.console.options import ConsoleOptions
 from regen.console.palette import RegenCommands
@@ -54,13 +53,14 @@ from regen.console.source import JobSource
 from regen.console.theming import DEFAULT_THEME, LoadedThemes, load_themes, variable_defaults
 from regen.console.widgets.cost import CostPane
 from regen.console.widgets.datasets import DatasetsPane
-from regen.console.widgets.fleets import FleetsPane, lanes_of, shows_fleets
+from regen.console.widgets.fleets import FleetsPane, shows_fleets
 from regen.console.widgets.footer import RegenFooter
 from regen.console.widgets.host import HostPane, sglang_stop_text
 from regen.console.widgets.log import EventLog
 from regen.console.widgets.providers import ProvidersPane, ProvidersTable
 from regen.console.widgets.status import Freshness, StatusStrip
 from regen.console.widgets.throughput import ThroughputPane
+from regen.engine.schema import LaneView, ProviderView, Snapshot, budget_lane
 
 # At this many columns and more, the secondary panes sit in a right-hand column and every
 # provider column shows; below it the console is "narrow" (80x24 over SSH in tmux).
@@ -103,9 +103,9 @@ class RegenApp(App[str]):
         self.readonly = bool(source.readonly)
         self.hello: dict[str, Any] = {}
         self.history = History(points=self.options.history_points)
-        self.latest: dict[str, Any] | None = None
+        self.latest: Snapshot | None = None
         self.latest_at: float | None = None
-        self.displayed: dict[str, Any] | None = None
+        self.displayed: Snapshot | None = None
         self.displayed_at: float | None = None
         self.ended: str | None = None
         self.loaded_themes: LoadedThemes = load_themes(self.options.theme_dirs)
@@ -116,7 +116,7 @@ class RegenApp(App[str]):
         self._last_repaint = float("-inf")
         self._repaint_timer: Timer | None = None
         self._freeze_gc_pending = freeze_gc
-        self._pane_groups_due: list[list[Callable[[dict[str, Any]], None]]] = []
+        self._pane_groups_due: list[list[Callable[[Snapshot], None]]] = []
 
     # ------------------------------------------------------------------------------- layout
 
@@ -243,9 +243,9 @@ class RegenApp(App[str]):
     def event_log(self) -> EventLog:
         return self.query_one(EventLog)
 
-    def provider_rows(self) -> list[dict[str, Any]]:
-        """Providers of the snapshot on screen."""
-        return list((self.displayed or {}).get("providers") or [])
+    def provider_rows(self) -> list[ProviderView]:
+        """Providers of the snapshot on screen: the routes of its budget lane (engine/schema.py budget_lane)."""
+        return [] if self.displayed is None else list(budget_lane(self.displayed)["providers"])
 
     @property
     def highlighted_slug(self) -> str | None:
@@ -282,7 +282,7 @@ class RegenApp(App[str]):
         if self._shutting_down:
             return
         self.latest, self.latest_at = message.snapshot, message.received_at
-        self.job_state = str(message.snapshot.get("state") or "STARTING")
+        self.job_state = message.snapshot["state"] or "STARTING"
         if self.frozen:
             self._repaint_status()
             return
@@ -362,9 +362,7 @@ class RegenApp(App[str]):
         )
 
     def _repaint_status(self) -> None:
-        snap = self.displayed
-        burn = None if snap is None else self.history.burn_per_h(snap)
-        self.status.show(snap, self._freshness(), burn)
+        self.status.show(self.displayed, self._freshness())
 
     def _tick_freshness(self) -> None:
         if self._shutting_down:
@@ -398,7 +396,7 @@ class RegenApp(App[str]):
         if self._pane_groups_due:
             self.call_after_refresh(self._paint_next_pane_group)
 
-    def _pane_groups(self) -> list[list[Callable[[dict[str, Any]], None]]]:
+    def _pane_groups(self) -> list[list[Callable[[Snapshot], None]]]:
         """The panes in the order a repaint visits them, one group per frame (the table alone: it costs most)."""
         return [
             [self._paint_providers],
@@ -422,11 +420,12 @@ class RegenApp(App[str]):
                 for paint in group:
                     paint(snap)
 
-    def _paint_providers(self, snap: dict[str, Any]) -> None:
-        self.providers_pane.set_backend(snap.get("backend") or {})
-        self.providers_pane.show(list(snap.get("providers") or []), self.history)
+    def _paint_providers(self, snap: Snapshot) -> None:
+        lane = budget_lane(snap)
+        self.providers_pane.set_backend(lane)
+        self.providers_pane.show(lane["providers"])
 
-    def _paint_cost(self, snap: dict[str, Any]) -> None:
+    def _paint_cost(self, snap: Snapshot) -> None:
         # A job on both fleets shows the fleets pane (app.tcss, "-fleets"): under the datasets when the
         # terminal is wide, in the bottom strip beside the cost pane when it is narrow and tall.
         fleets = shows_fleets(snap)
@@ -436,21 +435,21 @@ class RegenApp(App[str]):
         if fleets:
             for pane in self.query(FleetsPane):
                 pane.show(snap)
-        self.query_one(CostPane).show(snap, self.history.burn_per_h(snap))
+        self.query_one(CostPane).show(snap)
 
-    def _paint_datasets(self, snap: dict[str, Any]) -> None:
+    def _paint_datasets(self, snap: Snapshot) -> None:
         self.query_one(DatasetsPane).show(snap, self.history)
 
-    def _paint_throughput(self, snap: dict[str, Any]) -> None:
+    def _paint_throughput(self, snap: Snapshot) -> None:
         self.query_one(ThroughputPane).show(self.history)
 
-    def _paint_host(self, snap: dict[str, Any]) -> None:
+    def _paint_host(self, snap: Snapshot) -> None:
         self.query_one(HostPane).show(snap)
 
-    def _paint_log(self, snap: dict[str, Any]) -> None:
+    def _paint_log(self, snap: Snapshot) -> None:
         self.event_log.add(self.history.take_lines())
 
-    def _paint_details(self, snap: dict[str, Any]) -> None:
+    def _paint_details(self, snap: Snapshot) -> None:
         for screen in self.screen_stack:
             if isinstance(screen, ProviderDetailScreen) and screen.is_mounted:
                 screen.show(snap, self.history)
@@ -458,7 +457,7 @@ class RegenApp(App[str]):
     @on(ProvidersPane.FilterChanged)
     def _filter_changed(self) -> None:
         if self.displayed is not None:
-            self.providers_pane.show(self.provider_rows(), self.history)
+            self.providers_pane.show(self.provider_rows())
 
     @on(DataTable.RowSelected, "#providers")
     def _row_selected(self) -> None:
@@ -483,9 +482,9 @@ class RegenApp(App[str]):
 
     @property
     def supports_exclude(self) -> bool:
-        """Whether the backend's routes can be excluded (a capability the snapshot carries)."""
-        backend = (self.displayed or self.latest or {}).get("backend") or {}
-        return bool(backend.get("supports_exclude", True))
+        """Whether the routes the providers pane shows can be excluded (a capability their lane carries)."""
+        snap = self.displayed or self.latest
+        return True if snap is None else budget_lane(snap)["supports_exclude"]
 
     @property
     def shows_fleets(self) -> bool:
@@ -561,7 +560,7 @@ class RegenApp(App[str]):
         if not self.can_steer:
             self.notify(self.why_not_steer(), title="Not sent", severity="warning")
             return
-        hosts = [str(h.get("name")) for h in (self.latest or {}).get("hosts") or [] if isinstance(h, dict)]
+        hosts = [] if self.latest is None else [h["name"] for h in self.latest["hosts"]]
 
         def answered(yes: bool | None) -> None:
             if yes:
@@ -578,20 +577,20 @@ class RegenApp(App[str]):
         if slug is None:
             self.notify("no provider highlighted", severity="warning")
             return
-        provider = next((p for p in self.provider_rows() if str(p.get("slug") or p.get("name")) == slug), {})
-        if self._kept_out(provider):
+        provider = next((p for p in self.provider_rows() if slug_of(p) == slug), None)
+        if provider is not None and self._kept_out(provider):
             return
-        if provider.get("excluded"):
+        if provider is not None and provider["excluded"]:
             self.send_include(slug)
         else:
             self.send("exclude", f"exclude {slug}", provider=slug)
 
-    def _kept_out(self, provider: dict[str, Any]) -> bool:
+    def _kept_out(self, provider: ProviderView) -> bool:
         """A route the settings keep out cannot be steered from here; say why instead."""
-        if provider.get("allowed", True) or provider.get("excluded"):
+        if provider["allowed"] or provider["excluded"]:
             return False
-        name = provider.get("name") or provider.get("slug")
-        self.notify(f"{name} is kept out by the settings: {provider.get('reason')}", severity="warning")
+        name = provider["name"] or provider["slug"]
+        self.notify(f"{name} is kept out by the settings: {provider['reason']}", severity="warning")
         return True
 
     def action_exclude_provider(self) -> None:
@@ -607,10 +606,10 @@ class RegenApp(App[str]):
         if impact is None:
             self.notify(f"{slug} is not in the snapshot", severity="warning")
             return
-        provider = next(p for p in self.provider_rows() if str(p.get("slug") or p.get("name")) == slug)
+        provider = next(p for p in self.provider_rows() if slug_of(p) == slug)
         if self._kept_out(provider):
             return
-        if provider.get("excluded"):
+        if provider["excluded"]:
             self.notify(f"{impact.name} is already excluded; space includes it again", severity="warning")
             return
 
@@ -621,8 +620,7 @@ class RegenApp(App[str]):
         self.push_screen(ConfirmScreen(f"Exclude {impact.name}?", impact.text, "Exclude"), answered)
 
     def action_concurrency(self, direction: int) -> None:
-        concurrency = (self.latest or {}).get("concurrency") or {}
-        configured = int(number(concurrency.get("configured")) or 0)
+        configured = 0 if self.latest is None else budget_lane(self.latest)["concurrency"]["configured"]
         if configured <= 0:
             self.notify("the job has not reported its concurrency yet", severity="warning")
             return
@@ -634,7 +632,7 @@ class RegenApp(App[str]):
         self.send("concurrency", f"concurrency {configured} → {value}", value=value)
 
     def action_set_budget(self) -> None:
-        money = (self.latest or {}).get("money") or {}
+        money = None if self.latest is None else budget_lane(self.latest)["money"]
 
         def answered(value: float | None) -> None:
             if value is not None:
@@ -644,7 +642,7 @@ class RegenApp(App[str]):
 
     def action_pause_backend(self) -> None:
         """Pause or resume one backend, chosen from the lanes with their states; the others run on."""
-        lanes = lanes_of(self.latest)
+        lanes = self._lanes()
         if not lanes:
             self.notify("the job has not reported its backends yet", severity="warning")
             return
@@ -653,18 +651,22 @@ class RegenApp(App[str]):
             if name is None:
                 return
             # The state when the choice is made, not when the chooser opened.
-            lane = next((x for x in lanes_of(self.latest) if x.get("name") == name), None)
+            lane = next((x for x in self._lanes() if x["name"] == name), None)
             if lane is None:
                 self.notify(f"{name} is not in the snapshot", severity="warning")
-            elif lane.get("state") == "paused":
+            elif lane["state"] == "paused":
                 self.send("resume", f"resume {name}", backend=name)
             else:
                 self.send("pause", f"pause {name} (the others run on)", backend=name)
 
         self.push_screen(LaneScreen(lanes), answered)
 
+    def _lanes(self) -> list[LaneView]:
+        """The newest snapshot's lanes, in the job's order."""
+        return [] if self.latest is None else self.latest["lanes"]
+
     def action_set_deadline(self) -> None:
-        fleet = (self.latest or {}).get("fleet") or {}
+        fleet = None if self.latest is None else self.latest.get("fleet")
 
         def answered(text: str | None) -> None:
             if text is not None:
@@ -677,7 +679,7 @@ class RegenApp(App[str]):
         if not self.can_steer:
             self.notify(self.why_not_steer(), title="Not sent", severity="warning")
             return
-        in_flight = int(number((self.latest or {}).get("in_flight")) or 0)
+        in_flight = 0 if self.latest is None else self.latest["in_flight"]
 
         def answered(mode: str | None) -> None:
             if mode in ("drain", "cancel"):
@@ -717,7 +719,7 @@ class RegenApp(App[str]):
     def action_cycle_sort(self) -> None:
         self.providers_pane.sort_index += 1
         if self.displayed is not None:
-            self.providers_pane.show(self.provider_rows(), self.history)
+            self.providers_pane.show(self.provider_rows())
         self.notify_view(f"providers sorted by {self.providers_pane.sort[0]}", timeout=2)
 
     def notify_view(self, message: str, *, title: str = "", timeout: float) -> None:
@@ -759,7 +761,7 @@ class RegenApp(App[str]):
         self._export(self.displayed, self.export_folder(), self.clock())
 
     @work(thread=True, group="export", exit_on_error=False, description="Exporting the snapshot")
-    def _export(self, snap: dict[str, Any], folder: Path, now: float) -> None:
+    def _export(self, snap: Snapshot, folder: Path, now: float) -> None:
         paths = export_snapshot(snap, folder, now)
         self.post_message(ExportDone([str(p) for p in paths]))
 

@@ -8,11 +8,12 @@ import itertools
 from collections import deque
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
 from regen.engine.control.server import PROTOCOL_VERSION, ControlError, open_control
+from regen.engine.schema import Snapshot
 
 
 class SocketSource:
@@ -30,7 +31,7 @@ class SocketSource:
         self._ids = itertools.count(1)
         self._replies: dict[int, asyncio.Future[dict[str, Any]]] = {}
         # The newest few snapshots not yet taken (None marks the end); see _keep.
-        self._snapshots: deque[dict[str, Any] | None] = deque()
+        self._snapshots: deque[Snapshot | None] = deque()
         self._arrived = asyncio.Event()
         self._pump: asyncio.Task[None] | None = None
         self.closed_reason: str | None = None
@@ -54,11 +55,12 @@ class SocketSource:
                 if not isinstance(message, dict):
                     continue
                 if "snapshot" in message:
-                    snap = message["snapshot"]
+                    # The job's own Snapshot: the hello made sure it speaks this console's protocol.
+                    snap = cast("Snapshot", message["snapshot"])
                     dropped = snap.pop("events_dropped", 0)
                     if dropped:
                         # The job could not keep every event for this console: say so in the log.
-                        snap["events"] = [{"event": "events_not_shown", "count": dropped}, *snap["events"]]
+                        snap["events"] = [{"event": "events_not_shown", "count": dropped}, *snap.get("events", [])]
                     self._keep(snap)
                 elif "id" in message and message["id"] in self._replies:
                     self._replies.pop(message["id"]).set_result(message)
@@ -76,7 +78,7 @@ class SocketSource:
             self._snapshots.append(None)
             self._arrived.set()
 
-    def _keep(self, snap: dict[str, Any]) -> None:
+    def _keep(self, snap: Snapshot) -> None:
         # Keep only the newest snapshots: a slow console skips, it never lags behind. The events
         # of a skipped one move on to the next one kept, in order, so none is lost.
         self._snapshots.append(snap)
@@ -87,7 +89,7 @@ class SocketSource:
                 head["events"] = [*skipped.get("events", []), *head.get("events", [])]
         self._arrived.set()
 
-    async def snapshots(self) -> AsyncIterator[dict[str, Any]]:
+    async def snapshots(self) -> AsyncIterator[Snapshot]:
         while True:
             while not self._snapshots:
                 self._arrived.clear()

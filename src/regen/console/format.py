@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from regen.engine.durations import duration
+
 DASH = "-"
 
 
@@ -126,26 +128,13 @@ def number(value: Any) -> float | None:
     return float(value)
 
 
-def span(seconds: float | None) -> str:
-    """A coarse duration for plans and deadlines: 3h10m, 20m, 45s (or "-")."""
-    if seconds is None or seconds < 0 or seconds != seconds or seconds == float("inf"):
-        return DASH
-    whole = round(seconds)
-    if whole < 60:
-        return f"{whole}s"
-    if whole < 3600:
-        return f"{whole // 60}m"
-    hours, minutes = divmod(whole // 60, 60)
-    return f"{hours}h{minutes:02d}m" if minutes else f"{hours}h"
-
-
 def against_deadline(eta_s: float | None, time_left_s: float | None) -> tuple[str, bool]:
     """The ETA beside the deadline: ("ETA 3h10m, 20m before the deadline", False), or ... after it, True."""
     if eta_s is None:
         return "ETA -: no rate measured yet", False
     if time_left_s is None:
-        return f"ETA {span(eta_s)}", False
+        return f"ETA {duration(eta_s, 'coarse')}", False
     gap = time_left_s - eta_s
     if gap >= 0:
-        return f"ETA {span(eta_s)}, {span(gap)} before the deadline", False
-    return f"ETA {span(eta_s)}, {span(-gap)} after the deadline", True
+        return f"ETA {duration(eta_s, 'coarse')}, {duration(gap, 'coarse')} before the deadline", False
+    return f"ETA {duration(eta_s, 'coarse')}, {duration(-gap, 'coarse')} after the deadline", True

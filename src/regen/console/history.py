@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from regen.console.format import money, number, percent
+from regen.engine.schema import DatasetView, EventRecord, ProviderView, Snapshot, budget_lane
 
 STATUSES = ("OK", "SLOW", "FAIL", "EXCL")
 # Error deltas go to the log at most once per this many seconds of job time.
@@ -27,10 +28,10 @@ class LogLine:
     text: str
 
 
-def provider_status(provider: dict[str, Any]) -> str:
+def provider_status(provider: ProviderView) -> str:
     """OK/SLOW/FAIL/EXCL: the job's word (engine/job/stats.py status_word is the only rule)."""
-    given = provider.get("status")
-    return given.upper() if isinstance(given, str) and given.upper() in STATUSES else "OK"
+    given = provider["status"].upper()
+    return given if given in STATUSES else "OK"
 
 
 @dataclass(slots=True)
@@ -55,7 +56,6 @@ class ProviderHistory:
 
     latency_p50_s: deque[float]
     output_tokens_per_s: deque[float]
-    tokens: _Window = field(default_factory=_Window)
 
 
 class History:
@@ -69,7 +69,6 @@ class History:
         self.latency_p50_s: deque[float] = deque(maxlen=points)
         self.providers: dict[str, ProviderHistory] = {}
         self.datasets: dict[str, _Window] = {}
-        self.spent = _Window()
         self.statuses: dict[str, str] = {}
         self.snapshots_seen = 0
         self._last_sample: float | None = None
@@ -88,31 +87,17 @@ class History:
         lines, self._lines = self._lines, []
         return lines
 
-    def provider_tokens_per_s(self, slug: str) -> float | None:
-        """A provider's output tokens per second over the last minute of job time (derived)."""
-        history = self.providers.get(slug)
-        return None if history is None else history.tokens.rate()
-
-    def burn_per_h(self, snap: dict[str, Any]) -> float | None:
-        """The job's burn rate, else the console's own: spend over the last minute of job time."""
-        given = number((snap.get("money") or {}).get("burn_per_h"))
-        if given is not None:
-            return given
-        rate = self.spent.rate()
-        return None if rate is None else rate * 3600
-
-    def dataset_eta_s(self, dataset: dict[str, Any]) -> float | None:
+    def dataset_eta_s(self, dataset: DatasetView) -> float | None:
         """Seconds until a dataset is done at its rate over the last minute (None when unknown)."""
-        window = self.datasets.get(str(dataset.get("name")))
+        window = self.datasets.get(dataset["name"])
         rate = None if window is None else window.rate()
-        total, done = number(dataset.get("total")), number(dataset.get("done"))
-        if rate is None or rate <= 0 or total is None or done is None:
+        if rate is None or rate <= 0:
             return None
-        return max(0.0, total - done) / rate
+        return max(0.0, dataset["total"] - dataset["done"]) / rate
 
     # ------------------------------------------------------------------------------ writing
 
-    def add_events(self, events: list[dict[str, Any]]) -> None:
+    def add_events(self, events: list[EventRecord]) -> None:
         """Journal events (operator actions, errors, state changes) become log lines, each once.
 
         Events carry the journal's sequence number; one already seen (say, in the hello's backlog
@@ -126,54 +111,49 @@ class History:
                 self._last_seq = seq
             self._lines.append(event_line(event))
 
-    def add(self, snap: dict[str, Any], received_at: float) -> None:
-        """Fold one snapshot in."""
+    def add(self, snap: Snapshot, received_at: float) -> None:
+        """Fold one snapshot in: the job's figures, and the routes of the lane the console shows
+        (engine/schema.py budget_lane)."""
         self.snapshots_seen += 1
-        elapsed = number(snap.get("elapsed_s")) or 0.0
+        elapsed = snap["elapsed_s"]
         if self._last_sample is not None and elapsed < self._last_sample:
             self._reset()
-        self.add_events(list(snap.get("events") or []))
+        self.add_events(snap.get("events", []))
         self._note_state(snap, received_at)
         self._note_errors(snap, elapsed, received_at)
-        providers = list(snap.get("providers") or [])
+        providers = budget_lane(snap)["providers"]
         self._note_statuses(providers, received_at)
         if self._last_sample is not None and elapsed < self._last_sample + self.sample_every_s:
             return
         self._last_sample = elapsed
-        rates = snap.get("rates") or {}
-        self.output_tokens_per_s.append(number(rates.get("output_tokens_per_s")) or 0.0)
-        self.requests_per_s.append(number(rates.get("attempts_per_s")) or 0.0)
+        rates = snap["rates"]
+        self.output_tokens_per_s.append(rates["output_tokens_per_s"])
+        self.requests_per_s.append(rates["attempts_per_s"])
         self.latency_p50_s.append(weighted_latency(providers) or 0.0)
         for provider in providers:
-            slug = str(provider.get("slug") or provider.get("name"))
+            slug = slug_of(provider)
             history = self.providers.get(slug)
             if history is None:
                 history = self.providers[slug] = ProviderHistory(
                     deque(maxlen=self.points), deque(maxlen=self.points)
                 )
-            history.tokens.add(elapsed, number(provider.get("output_tokens")) or 0.0)
-            history.latency_p50_s.append(number(provider.get("latency_p50_s")) or 0.0)
-            given = number(provider.get("output_tokens_per_s"))
-            history.output_tokens_per_s.append(given if given is not None else history.tokens.rate() or 0.0)
-        self.spent.add(elapsed, number((snap.get("money") or {}).get("spent")) or 0.0)
-        for dataset in snap.get("datasets") or []:
-            self.datasets.setdefault(str(dataset.get("name")), _Window()).add(
-                elapsed, number(dataset.get("done")) or 0.0
-            )
+            history.latency_p50_s.append(provider["latency_p50_s"] or 0.0)
+            history.output_tokens_per_s.append(provider["output_tokens_per_s"])
+        for dataset in snap["datasets"]:
+            self.datasets.setdefault(dataset["name"], _Window()).add(elapsed, dataset["done"])
 
     def _reset(self) -> None:
         for window in (self.output_tokens_per_s, self.requests_per_s, self.latency_p50_s):
             window.clear()
         self.providers.clear()
         self.datasets.clear()
-        self.spent = _Window()
         self._errors.clear()
         self._error_delta.clear()
         self._last_sample = None
         self._last_error_line = None
 
-    def _note_state(self, snap: dict[str, Any], ts: float) -> None:
-        state = str(snap.get("state") or "")
+    def _note_state(self, snap: Snapshot, ts: float) -> None:
+        state = snap["state"]
         if state and state != self._last_state:
             if self._last_state is not None:
                 level = (
@@ -183,29 +163,23 @@ class History:
                     if state in ("PAUSED", "DRAINING")
                     else "info"
                 )
-                outcome = snap.get("outcome") or {}
+                outcome = snap["outcome"]
                 why = (
                     f": {outcome['message']}"
-                    if state in ("STOPPED", "DONE") and outcome.get("message")
+                    if state in ("STOPPED", "DONE") and outcome is not None and outcome["message"]
                     else ""
                 )
                 self._lines.append(LogLine(ts, level, f"job {self._last_state} → {state}{why}"))
             self._last_state = state
-        money_ = snap.get("money") or {}
-        if money_.get("blocked") and not self._budget_blocked:
+        money_ = budget_lane(snap)["money"]
+        if money_["blocked"] and not self._budget_blocked:
             self._lines.append(
-                LogLine(
-                    ts,
-                    "warning",
-                    f"budget reached: no new requests (budget {money(number(money_.get('budget')))})",
-                )
+                LogLine(ts, "warning", f"budget reached: no new requests (budget {money(money_['budget'])})")
             )
-        self._budget_blocked = bool(money_.get("blocked"))
+        self._budget_blocked = money_["blocked"]
 
-    def _note_errors(self, snap: dict[str, Any], elapsed: float, ts: float) -> None:
-        errors = snap.get("errors") or {}
-        for name, value in errors.items():
-            now = number(value) or 0.0
+    def _note_errors(self, snap: Snapshot, elapsed: float, ts: float) -> None:
+        for name, now in snap["errors"].items():
             delta = now - self._errors.get(name, 0.0)
             if delta > 0:
                 self._error_delta[name] = self._error_delta.get(name, 0.0) + delta
@@ -217,15 +191,15 @@ class History:
             self._error_delta.clear()
             self._last_error_line = elapsed
 
-    def _note_statuses(self, providers: list[dict[str, Any]], ts: float) -> None:
+    def _note_statuses(self, providers: list[ProviderView], ts: float) -> None:
         for provider in providers:
-            slug = str(provider.get("slug") or provider.get("name"))
+            slug = slug_of(provider)
             status = provider_status(provider)
             before = self.statuses.get(slug)
             self.statuses[slug] = status
             if before is not None and before != status and status in ("SLOW", "FAIL"):
-                requests = number(provider.get("requests")) or 0.0
-                failed = sum((provider.get("errors") or {}).values())
+                requests = provider["requests"]
+                failed = sum(provider["errors"].values())
                 detail = (
                     f" ({percent(failed / requests)} of requests failed)"
                     if requests and status == "FAIL"
@@ -235,16 +209,21 @@ class History:
                     LogLine(
                         ts,
                         "error" if status == "FAIL" else "warning",
-                        f"{provider.get('name')}: {status}{detail}",
+                        f"{provider['name']}: {status}{detail}",
                     )
                 )
 
 
-def weighted_latency(providers: list[dict[str, Any]]) -> float | None:
+def slug_of(provider: ProviderView) -> str:
+    """A route's key in the console: its slug, else its name."""
+    return provider["slug"] or provider["name"]
+
+
+def weighted_latency(providers: list[ProviderView]) -> float | None:
     """Median latency across providers, weighted by their share of requests."""
     total = weight_sum = 0.0
     for provider in providers:
-        latency, share = number(provider.get("latency_p50_s")), number(provider.get("share")) or 0.0
+        latency, share = provider["latency_p50_s"], provider["share"]
         if latency is not None and share > 0:
             total += latency * share
             weight_sum += share

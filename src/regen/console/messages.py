@@ -7,6 +7,8 @@ from typing import Any
 
 from textual.message import Message
 
+from regen.engine.schema import Snapshot
+
 
 @dataclass
 class Connected(Message):
@@ -19,7 +21,7 @@ class Connected(Message):
 class SnapshotArrived(Message):
     """A new snapshot; a newer one replaces it in the queue, so the UI never lags behind the job."""
 
-    snapshot: dict[str, Any]
+    snapshot: Snapshot
     received_at: float
 
     def can_replace(self, message: Message) -> bool:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, cast
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 from regen.console.actions import palette_actions
+from regen.console.history import slug_of
 
 if TYPE_CHECKING:
     from regen.console.app import RegenApp
@@ -27,11 +28,11 @@ class RegenCommands(Provider):
                 commands.append((str(action.palette), action.help, getattr(app, f"action_{action.name}")))
         if app.can_steer and app.supports_exclude:
             for provider in app.provider_rows():
-                if not provider.get("allowed", True) and not provider.get("excluded"):
+                if not provider["allowed"] and not provider["excluded"]:
                     continue  # kept out by the settings: nothing to steer
-                slug = str(provider.get("slug") or provider.get("name"))
-                name = str(provider.get("name") or slug)
-                if provider.get("excluded"):
+                slug = slug_of(provider)
+                name = provider["name"] or slug
+                if provider["excluded"]:
                     commands.append((f"Include provider {name}", slug, partial(app.send_include, slug)))
                 else:
                     commands.append((f"Exclude provider {name}…", slug, partial(app.confirm_exclude, slug)))

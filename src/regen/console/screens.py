@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from textual import on
 from textual.app import ComposeResult
@@ -18,12 +18,13 @@ from textual.widgets import Button, Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
 from regen.console import format as fmt
-from regen.console.format import number
-from regen.console.history import History, provider_status
+from regen.console.history import History, provider_status, slug_of
 from regen.console.widgets.fleets import state_word
-from regen.console.widgets.providers import STATUS_GLYPH, provider_tokens_per_s, slug_of, usd_per_m
+from regen.console.widgets.providers import STATUS_GLYPH
 from regen.console.widgets.spark import ZeroSparkline
+from regen.engine.durations import duration
 from regen.engine.money.fleetplan import DeadlineError, parse_deadline
+from regen.engine.schema import FleetView, LaneView, MoneyView, ProviderView, Snapshot, budget_lane
 
 MODAL_CSS = """
 {name} {{
@@ -83,19 +84,19 @@ class ExcludeImpact:
         )
 
 
-def exclude_impact(providers: list[dict[str, Any]], slug: str) -> ExcludeImpact | None:
+def exclude_impact(providers: list[ProviderView], slug: str) -> ExcludeImpact | None:
     """The impact of excluding `slug`, or None when it is not in the snapshot."""
     target = next((p for p in providers if slug_of(p) == slug), None)
     if target is None:
         return None
-    allowed = [p for p in providers if p.get("allowed", True) and not p.get("excluded")]
+    allowed = [p for p in providers if p["allowed"] and not p["excluded"]]
     return ExcludeImpact(
-        name=str(target.get("name") or slug),
+        name=target["name"] or slug,
         slug=slug,
         remaining=len([p for p in allowed if slug_of(p) != slug]),
         allowed=len(allowed),
-        share=number(target.get("share")) or 0.0,
-        in_flight=int(number(target.get("in_flight")) or 0),
+        share=target["share"],
+        in_flight=target["in_flight"],
     )
 
 
@@ -144,11 +145,12 @@ class BudgetScreen(ModalScreen[float | None]):
         Binding("escape", "cancel", "Cancel", id="budget-cancel", tooltip="Keep the budget"),
     ]
 
-    def __init__(self, money: dict[str, Any]) -> None:
+    def __init__(self, money: MoneyView | None) -> None:
+        """`money`: the budget lane's (None before the first snapshot)."""
         super().__init__()
-        self.spent = number(money.get("spent")) or 0.0
-        self.reserved = number(money.get("reserved")) or 0.0
-        self.budget = number(money.get("budget"))
+        self.spent = 0.0 if money is None else money["spent"]
+        self.reserved = 0.0 if money is None else money["reserved"]
+        self.budget = None if money is None else money["budget"]
 
     def compose(self) -> ComposeResult:
         with Vertical():
@@ -211,7 +213,7 @@ class LaneScreen(ModalScreen[str | None]):
         Binding("escape,q", "cancel", "Cancel", id="lane-cancel", tooltip="Leave every backend as it is"),
     ]
 
-    def __init__(self, lanes: list[dict[str, Any]]) -> None:
+    def __init__(self, lanes: list[LaneView]) -> None:
         super().__init__()
         self.lanes = lanes
 
@@ -224,9 +226,9 @@ class LaneScreen(ModalScreen[str | None]):
             )
             options = []
             for lane in self.lanes:
-                name = str(lane.get("name") or "?")
-                verb = "resume" if lane.get("state") == "paused" else "pause"
-                in_flight = int(number(lane.get("in_flight")) or 0)
+                name = lane["name"]
+                verb = "resume" if lane["state"] == "paused" else "pause"
+                in_flight = lane["in_flight"]
                 options.append(
                     Option(
                         Content.from_markup(
@@ -259,13 +261,14 @@ class DeadlineScreen(ModalScreen[str | None]):
         Binding("escape", "cancel", "Cancel", id="deadline-cancel", tooltip="Keep the deadline"),
     ]
 
-    def __init__(self, fleet: dict[str, Any]) -> None:
+    def __init__(self, fleet: FleetView | None) -> None:
+        """`fleet`: the deadline controller's view (None in a job without one)."""
         super().__init__()
-        self.current = fleet.get("deadline")
-        self.time_left = number(fleet.get("time_left_s"))
+        self.current = None if fleet is None else fleet["deadline"]
+        self.time_left = None if fleet is None else fleet["time_left_s"]
 
     def compose(self) -> ComposeResult:
-        now = "none" if not self.current else f"{self.current}, {fmt.span(self.time_left)} left"
+        now = "none" if not self.current else f"{self.current}, {duration(self.time_left, 'coarse')} left"
         with Vertical():
             yield Label("Set the deadline", classes="title")
             yield Static(
@@ -439,63 +442,54 @@ class ProviderDetailScreen(ModalScreen[None]):
             with VerticalScroll(id="detail-errors"):
                 yield Static("", id="detail-errors-text")
 
-    def show(self, snap: dict[str, Any], history: History) -> None:
-        """Repaint from a snapshot; says so when the provider is no longer in it."""
-        providers = list(snap.get("providers") or [])
+    def show(self, snap: Snapshot, history: History) -> None:
+        """Repaint from a snapshot (the routes of its budget lane, as the providers pane shows them);
+        says so when the provider is no longer in it."""
+        providers = budget_lane(snap)["providers"]
         provider = next((p for p in providers if slug_of(p) == self.slug), None)
         if provider is None:
             self.query_one("#detail-numbers", Static).update(f"{self.slug} is not in the latest snapshot")
             return
         status = provider_status(provider)
-        name = str(provider.get("name") or self.slug)
+        name = provider["name"] or self.slug
         self.query_one("#detail-title", Label).update(
             f"{name} ({self.slug}) · {STATUS_GLYPH[status]} {status}"
         )
-        errors = provider.get("errors") or {}
+        errors = provider["errors"]
         rows = [
-            ("requests", fmt.count(number(provider.get("requests")))),
-            ("ok", fmt.count(number(provider.get("ok")))),
-            ("share", fmt.percent(number(provider.get("share")), 1)),
-            ("in flight", fmt.count(number(provider.get("in_flight")))),
-            ("spent", fmt.money(number(provider.get("spent")))),
-            ("$/M output", fmt.money(usd_per_m(provider))),
-            ("output tokens", fmt.count(number(provider.get("output_tokens")))),
-            ("tok/s", fmt.rate(provider_tokens_per_s(provider, history))),
-            ("latency p50", fmt.seconds(number(provider.get("latency_p50_s")))),
-            ("latency p95", fmt.seconds(number(provider.get("latency_p95_s")))),
-            ("latency p99", fmt.seconds(number(provider.get("latency_p99_s")))),
-            ("TTFT p50", fmt.seconds(number(provider.get("ttft_p50_s")))),
-            ("TTFT p95", fmt.seconds(number(provider.get("ttft_p95_s")))),
-            ("time/token", fmt.seconds(number(provider.get("tpot_s")))),
+            ("requests", fmt.count(provider["requests"])),
+            ("ok", fmt.count(provider["ok"])),
+            ("share", fmt.percent(provider["share"], 1)),
+            ("in flight", fmt.count(provider["in_flight"])),
+            ("spent", fmt.money(provider["spent"])),
+            ("$/M output", fmt.money(provider["cost_per_m_output"])),
+            ("output tokens", fmt.count(provider["output_tokens"])),
+            ("tok/s", fmt.rate(provider["output_tokens_per_s"])),
+            ("latency p50", fmt.seconds(provider["latency_p50_s"])),
+            ("latency p95", fmt.seconds(provider["latency_p95_s"])),
+            ("latency p99", fmt.seconds(provider["latency_p99_s"])),
+            ("TTFT p50", fmt.seconds(provider["ttft_p50_s"])),
+            ("TTFT p95", fmt.seconds(provider["ttft_p95_s"])),
+            ("time/token", fmt.seconds(provider["tpot_s"])),
         ]
         cells = [f"{label:<13} {value:>9}" for label, value in rows]
         grid = "\n".join("   ".join(cells[i : i + 3]) for i in range(0, len(cells), 3))
         by_class = ", ".join(f"{k} {v}" for k, v in sorted(errors.items())) or "none"
-        reason = provider.get("reason")
-        note = f"\n{'kept out' if not provider.get('allowed', True) else 'note':<13} {reason}" if reason else ""
+        reason = provider["reason"]
+        note = f"\n{'kept out' if not provider['allowed'] else 'note':<13} {reason}" if reason else ""
         self.query_one("#detail-numbers", Static).update(Content(f"{grid}\nerrors        {by_class}{note}"))
         window = history.providers.get(self.slug)
         if window is not None:
             self.query_one("#detail-latency", ZeroSparkline).data = list(window.latency_p50_s)
             self.query_one("#detail-tokens", ZeroSparkline).data = list(window.output_tokens_per_s)
-        recent = provider.get("recent_errors")
+        recent = provider["recent_errors"]
         lines = ["[b]recent errors[/]"]
-        if isinstance(recent, list) and recent:
-            for error in recent[-10:]:
-                ts = number(error.get("ts"))
-                when = fmt.wall_time(ts) if ts is not None else "-"
-                lines.append(
-                    f"{when} [b $error]{escape(str(error.get('class', '?')))}[/] {escape(str(error.get('message', '')))}"
-                )
-        else:
+        for error in recent[-10:]:
             lines.append(
-                "[$text-muted]- (the job does not report recent errors)[/]" if recent is None else "none"
+                f"{fmt.wall_time(error['ts'])} [b $error]{escape(str(error['class']))}[/] {escape(error['message'])}"
             )
-        requests = provider.get("recent_requests")
-        if isinstance(requests, list) and requests:
-            lines.append("\n[b]recent requests[/]")
-            for request in requests[-10:]:
-                lines.append(escape(" ".join(f"{k}={v}" for k, v in request.items())))
+        if not recent:
+            lines.append("none")
         self.query_one("#detail-errors-text", Static).update(Content.from_markup("\n".join(lines)))
 
     def action_close(self) -> None:

@@ -22,20 +22,23 @@ from decimal import Decimal
 from typing import Any
 
 from regen.engine.control.server import PROTOCOL_VERSION
+from regen.engine.durations import duration
 from regen.engine.job.commands import run_command
 from regen.engine.job.stats import StatusRules, judge, percentile
 from regen.engine.money.fleetplan import DeadlineError, Provider, Work, parse_deadline, resolve_deadline
-from regen.engine.money.fleetplan.plan import span
 from regen.engine.money.fleetplan.steer import Facts, Steer, Steering
 from regen.engine.money.ledger import WASTE_CAUSES, RoutePrice
 from regen.engine.run.state import JobError
 from regen.engine.schema import (
+    EventRecord,
     FleetView,
     LaneView,
     MoneyView,
     ProviderView,
     Quantiles,
+    RecentError,
     RouteWindow,
+    SGLangServerView,
     Snapshot,
     WasteView,
 )
@@ -68,7 +71,7 @@ class _Provider:
     errors: Counter[str] = field(default_factory=Counter)
     latencies: deque[float] = field(default_factory=lambda: deque(maxlen=200))
     ttfts: deque[float] = field(default_factory=lambda: deque(maxlen=200))
-    recent_errors: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=10))
+    recent_errors: deque[RecentError] = field(default_factory=lambda: deque(maxlen=10))
 
 
 @dataclass(slots=True)
@@ -348,7 +351,7 @@ class SimulatedJob:
         self.event("deadline", value=self.deadline, ts=self.deadline_ts, source=origin)
         self._steer()
         local = instant.astimezone().strftime("%H:%M")
-        return f"deadline {self.deadline}: {local}, {span(self.deadline_ts - self.now)} from now"
+        return f"deadline {self.deadline}: {local}, {duration(self.deadline_ts - self.now, 'fine')} from now"
 
     def inspect_hosts(self, host: str | None, origin: str) -> str:
         raise JobError("no GPU host configured")
@@ -671,46 +674,31 @@ class SimulatedJob:
         }
 
     def snapshot(self) -> Snapshot:
-        """The engine's Snapshot, with the events since the last one."""
+        """The engine's Snapshot, with the events since the last one: OpenRouter's lane, and with
+        `fleets` the GPU fleet's before it (the order of job.backends)."""
         total_requests = sum(p.requests for p in self.providers)
         remaining = sum(d.total - d.done for d in self.datasets if d.open)
         rows_per_s = self.rates["rows_per_s"]
         in_flight = sum(p.in_flight for p in self.providers)
         providers = [self._provider_view(p, total_requests) for p in sorted(self.providers, key=lambda p: p.name)]
         judge(providers, RULES)
-        account = {"limit_remaining": round(200.0 - self.spent, 6), "usage": round(12.5 + self.spent, 6)}
+        paid = self._paid_lane(providers, self._money(remaining, in_flight), in_flight)
         snap: Snapshot = {
             "state": self.state,
             "outcome": None if self.outcome is None else {"reason": self.outcome["reason"], "message": self.outcome["message"]},
             "elapsed_s": self.elapsed_s,
-            "model": "moonshotai/kimi-k2.5",
-            "backend": {
-                "name": "openrouter",
-                "unit": "usd",
-                "model": "moonshotai/kimi-k2.5",
-                "supports_exclude": True,
-                "account": account,
-            },
-            "in_flight": in_flight,
-            "held_s": None,
-            "held_reason": None,
-            "outage_s": None,
-            "outage_total_s": 0.0,
-            "concurrency": {"configured": self.configured, "effective": self.configured},
+            "model": paid["model"],
+            "in_flight": in_flight + sum(w.in_flight for w in self.workers),
             "rates": {
                 "output_tokens_per_s": self.rates["output_tokens_per_s"],
                 "rows_per_s": self.rates["rows_per_s"],
                 "attempts_per_s": self.rates["attempts_per_s"],
             },
-            "money": self._money(remaining, in_flight),
-            "plan": None,
             "errors": dict(self.errors),
             "rows": self.rows,
             "attempts": self.attempts,
             "quarantined": 0,
             "eta_s": remaining / rows_per_s if rows_per_s > 0 and remaining else None,
-            "excluded": sorted(self.excluded),
-            "allowed_precisions": ["int4", "fp6", "int8", "fp8", "mxfp8", "fp16", "bf16", "fp32"],
             "datasets": [
                 {
                     "name": d.name,
@@ -727,58 +715,137 @@ class SimulatedJob:
                 }
                 for d in self.datasets
             ],
-            "providers": providers,
             "hosts": [],
+            "lanes": [self._gpu_lane() if name == "sglang" else paid for name in self.lanes] or [paid],
         }
         if self.fleets:
-            snap["in_flight"] = in_flight + sum(w.in_flight for w in self.workers)
-            snap["lanes"] = [self._lane_view(name, providers, snap) for name in self.lanes]
             snap["fleet"] = self._fleet_view()
         snap["events"], self.events = self.events, []
         return snap
 
-    def _lane_view(self, name: str, providers: list[ProviderView], snap: Snapshot) -> LaneView:
-        """One backend's view; the OpenRouter lane is the main one (it holds the budget)."""
-        lane = self.lanes[name]
-        if name == "openrouter":
-            routes, money = providers, snap["money"]
-            in_flight = sum(p.in_flight for p in self.providers)
-            concurrency = {"configured": self.configured, "effective": self.configured}
-            ceiling = None if self.steer is None else self.steer.ceiling
-            model = snap["model"]
+    def _paid_lane(self, providers: list[ProviderView], money: MoneyView, in_flight: int) -> LaneView:
+        """OpenRouter's lane, the one holding the budget: the whole job's figures when it is the only one."""
+        lane = self.lanes.get("openrouter")
+        if lane is None:
+            output_tokens = sum(p.output_tokens for p in self.providers)
+            rows, attempts, errors, rates = self.rows, self.attempts, self.errors, self.rates
+            state = "running"
         else:
-            total = sum(w.requests for w in self.workers)
-            routes = [self._provider_view(w, total) for w in self.workers]
-            judge(routes, RULES)
-            for route in routes:
-                route["prompt_price_per_m"] = route["completion_price_per_m"] = None
-                route["cost_per_m_output"] = route["run"]["cost_per_m_output"] = None
-            money = self._gpu_money(lane)
-            in_flight = sum(w.in_flight for w in self.workers)
-            concurrency = {"configured": self.gpu_configured, "effective": self.gpu_configured}
-            ceiling, model = None, "moonshotai/Kimi-K2.5"
+            output_tokens = lane.output_tokens
+            rows, attempts, errors, rates = lane.rows, lane.attempts, lane.errors, lane.rates
+            state = lane.state
         return {
-            "name": name,
+            "name": "openrouter",
+            "title": "OpenRouter",
+            "unit": "usd",
+            "model": "moonshotai/kimi-k2.5",
+            "supports_exclude": True,
+            "account": {
+                "kind": "openrouter",
+                "limit_remaining": round(200.0 - self.spent, 6),
+                "usage": round(12.5 + self.spent, 6),
+            },
+            "excluded": sorted(self.excluded),
+            "allowed_precisions": ["int4", "fp6", "int8", "fp8", "mxfp8", "fp16", "bf16", "fp32"],
+            "state": state,
+            "reason": None,
+            "held_s": None,  # a simulated lane is never held nor out
+            "held_reason": None,
+            "outage_s": None,
+            "outage_total_s": 0.0,
+            "rows": rows,
+            "rows_share": rows / self.rows if self.rows else 0.0,
+            "output_tokens": output_tokens,
+            "attempts": attempts,
+            "errors": dict(errors),
+            "in_flight": in_flight,
+            "concurrency": {"configured": self.configured, "effective": self.configured},
+            "suggested": None,
+            "ceiling": None if self.steer is None else self.steer.ceiling,
+            "rates": {
+                "output_tokens_per_s": rates["output_tokens_per_s"],
+                "rows_per_s": rates["rows_per_s"],
+                "attempts_per_s": rates["attempts_per_s"],
+            },
+            "money": money,
+            "plan": None,
+            "providers": providers,
+        }
+
+    def _gpu_lane(self) -> LaneView:
+        """The GPU fleet's lane: SGLang's workers, GPU time, no budget."""
+        lane = self.lanes["sglang"]
+        total = sum(w.requests for w in self.workers)
+        routes = [self._provider_view(w, total) for w in self.workers]
+        judge(routes, RULES)
+        for route in routes:
+            route["prompt_price_per_m"] = route["completion_price_per_m"] = None
+            route["cost_per_m_output"] = route["run"]["cost_per_m_output"] = None
+        servers: list[SGLangServerView] = [
+            {
+                "url": f"http://{w.slug}",
+                "worker": w.name,
+                "version": "0.5.23",
+                "served_model_name": "kimi-k2.5",
+                "model_path": "moonshotai/Kimi-K2.5",
+                "weight_version": None,
+                "gpus": w.gpus,
+                "max_running_requests": None,
+                "context_length": None,
+                "in_flight": w.in_flight,
+                "gpu_s": round(w.spent, 3),
+                "running": float(w.in_flight),
+                "queued": 0.0,
+                "kv_usage": None,
+                "gen_throughput": w.tokens_rate,
+                "retracted_total": None,
+                "generation_tokens_total": float(w.output_tokens),
+                "checked_at": self.now,
+                "down": False,
+                "error": None,
+            }
+            for w in self.workers
+        ]
+        return {
+            "name": "sglang",
             "title": lane.title,
             "unit": lane.unit,
-            "model": model,
+            "model": "moonshotai/Kimi-K2.5",
+            "supports_exclude": False,
+            "account": {
+                "kind": "sglang",
+                "servers": servers,
+                "gpu_s": round(lane.spent, 3),
+                "router": None,
+                "fleet": None,
+                "concurrency_ceiling": None,
+                "ceiling_reason": "",
+                "watch_error": None,
+            },
+            "excluded": [],
+            "allowed_precisions": None,
             "state": lane.state,
             "reason": None,
+            "held_s": None,
+            "held_reason": None,
+            "outage_s": None,
+            "outage_total_s": 0.0,
             "rows": lane.rows,
             "rows_share": lane.rows / self.rows if self.rows else 0.0,
             "output_tokens": lane.output_tokens,
             "attempts": lane.attempts,
             "errors": dict(lane.errors),
-            "in_flight": in_flight,
-            "concurrency": {"configured": concurrency["configured"], "effective": concurrency["effective"]},
+            "in_flight": sum(w.in_flight for w in self.workers),
+            "concurrency": {"configured": self.gpu_configured, "effective": self.gpu_configured},
             "suggested": None,
-            "ceiling": ceiling,
+            "ceiling": None,
             "rates": {
                 "output_tokens_per_s": lane.rates["output_tokens_per_s"],
                 "rows_per_s": lane.rates["rows_per_s"],
                 "attempts_per_s": lane.rates["attempts_per_s"],
             },
-            "money": money,
+            "money": self._gpu_money(lane),
+            "plan": None,
             "providers": routes,
         }
 
@@ -844,7 +911,7 @@ class ScriptedSource:
 
     def __init__(
         self,
-        frames: Iterable[Mapping[str, Any]] | None = None,
+        frames: Iterable[Snapshot] | None = None,
         *,
         seed: int = 0,
         count: int | None = 10,
@@ -860,16 +927,16 @@ class ScriptedSource:
         self.interval_s = interval_s
         self.connected = False
         self.closed = False
-        self._frames = None if frames is None else [copy.deepcopy(dict(f)) for f in frames]
+        self._frames = None if frames is None else [copy.deepcopy(f) for f in frames]
         self._frame_index = 0
-        self._last: dict[str, Any] | None = None
+        self._last: Snapshot | None = None
         self.job = None if self._frames is not None else job or SimulatedJob(seed)
         self._endless = count is None
         self._allowance = 0 if count is None else count
         self._ended = False
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
-        self._pending_events: list[dict[str, Any]] = []
+        self._pending_events: list[EventRecord] = []
         self.hello = hello or {
             "protocol": PROTOCOL_VERSION,
             "job": {
@@ -891,10 +958,10 @@ class ScriptedSource:
         self.connected = True
         return copy.deepcopy(self.hello)
 
-    def _next_frame(self) -> dict[str, Any] | None:
+    def _next_frame(self) -> Snapshot | None:
         if self.job is not None:
             self.job.step(self.step_s)
-            return dict(self.job.snapshot())
+            return self.job.snapshot()
         assert self._frames is not None
         if self._frame_index < len(self._frames):
             frame = self._frames[self._frame_index]
@@ -910,7 +977,7 @@ class ScriptedSource:
         self._pending_events = []
         return frame
 
-    async def snapshots(self) -> AsyncIterator[dict[str, Any]]:
+    async def snapshots(self) -> AsyncIterator[Snapshot]:
         while not (self._ended or self.closed):
             if not self._endless and self._allowance <= 0:
                 self._idle.set()

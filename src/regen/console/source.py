@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Protocol, runtime_checkable
 
+from regen.engine.schema import Snapshot
+
 
 @runtime_checkable
 class JobSource(Protocol):
@@ -20,7 +22,7 @@ class JobSource(Protocol):
         """Greet the job; returns the hello: {"protocol": 1, "job": {...}, "events": [...]}."""
         ...
 
-    def snapshots(self) -> AsyncIterator[dict[str, Any]]:
+    def snapshots(self) -> AsyncIterator[Snapshot]:
         """Folded snapshots (`Job.snapshot()` plus "events" since the last one); ends when the job goes."""
         ...
 

@@ -1,16 +1,20 @@
 """The snapshot's schema: what the job sends its consoles a few times a second, defined once.
 
 The engine's builder (engine/job/snapshot.py) makes these; the console reads them, and its scripted
-job for tests and demos (console/source.py) builds the same types. Money is in the ledger's `unit`
-("usd" for OpenRouter, "gpu_s" for SGLang): no key is named for dollars. A job with several
-backends adds `lanes`, one view per backend.
+job for tests and demos (console/scripted.py) builds the same types. Money is in the ledger's `unit`
+("usd" for OpenRouter, "gpu_s" for SGLang): no key is named for dollars. The top level holds what is
+the job's; everything that belongs to one backend (its money, limit, holds, routes, account, plan)
+is in that backend's `LaneView`, one per backend, a single-backend job included.
 
 Version of this shape on the control socket: engine/control/server.py PROTOCOL_VERSION.
 """
 
 from __future__ import annotations
 
-from typing import Any, NotRequired, TypedDict
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, NotRequired, Required, TypedDict, TypeVar
+
+# ------------------------------------------------------------------------------------ the backends
 
 
 class RouteView(TypedDict):
@@ -26,8 +30,109 @@ class RouteView(TypedDict):
     precision: str | None
 
 
+class OpenRouterCredits(TypedDict, total=False):
+    """The key's credit (engine/backends/openrouter/account.py read_credits): empty until the first
+    read, `key_error` when /key refused, else what /key and /credits said."""
+
+    checked_at: float
+    key_error: str
+    limit: float | None
+    limit_remaining: float | None
+    usage: float | None
+    usage_daily: float | None
+    is_free_tier: bool | None
+    limit_reset: str | None
+    balance: float | None  # None: the key may not read /credits
+    remaining: float | None  # the least of limit_remaining and balance, when either is known
+
+
+class OpenRouterAccount(OpenRouterCredits, total=False):
+    kind: Required[Literal["openrouter"]]
+
+
+class SGLangServerView(TypedDict):
+    """One SGLang server (or the router in front of several): what it said, its GPU time, its load."""
+
+    url: str
+    worker: str
+    version: str | None
+    served_model_name: str | None
+    model_path: str | None
+    weight_version: str | None
+    gpus: int
+    max_running_requests: int | None
+    context_length: int | None
+    in_flight: int
+    gpu_s: float
+    running: float | None  # None: not scraped yet
+    queued: float | None
+    kv_usage: float | None
+    gen_throughput: float | None
+    retracted_total: float | None
+    generation_tokens_total: float | None
+    checked_at: float | None  # wall clock of the last scrape
+    down: bool
+    error: str | None
+
+
+class RouterView(TypedDict):
+    """The SGLang router regen runs in front of several hosts (engine/host/router.py)."""
+
+    url: str
+    state: str
+    pid: int | None
+    version: str | None
+    workers: int
+    removed: list[str]
+    error: str | None
+    log: str
+
+
+class TunnelView(TypedDict):
+    """An SSH tunnel to one host's SGLang server (engine/host/tunnel.py)."""
+
+    host: str
+    url: str
+    remote_port: int
+    state: str
+    error: str | None
+    drops: int
+    reopens: int
+    connections: int
+
+
+class FleetWorkerView(TunnelView):
+    """A host behind the router: its tunnel and its health (engine/host/fleet.py)."""
+
+    out: bool  # taken out of the router by regen
+    health_failures: int
+    health_error: str | None
+    removals: int
+
+
+class HostFleetView(TypedDict):
+    router: RouterView | None
+    workers: list[FleetWorkerView]
+
+
+class SGLangAccount(TypedDict):
+    """SGLang's servers: what the GPU time is buying (engine/backends/sglang/backend.py)."""
+
+    kind: Literal["sglang"]
+    servers: list[SGLangServerView]
+    gpu_s: float
+    router: SGLangServerView | None  # the router as the backend sees it, with several hosts
+    fleet: HostFleetView | None
+    concurrency_ceiling: int | None
+    ceiling_reason: str | None
+    watch_error: str | None
+
+
+AccountView = OpenRouterAccount | SGLangAccount
+
+
 class BackendView(TypedDict):
-    """The backend's own part of the snapshot."""
+    """The backend's own part of its lane's view."""
 
     name: str
     unit: str
@@ -36,15 +141,10 @@ class BackendView(TypedDict):
     routes: list[RouteView]
     excluded: list[str]
     allowed_precisions: list[str] | None
-    account: dict[str, Any]  # OpenRouter: the key's credit (/key, /credits)
+    account: AccountView
 
 
-class BackendSummary(TypedDict):
-    name: str
-    unit: str
-    model: str
-    supports_exclude: bool
-    account: dict[str, Any]
+# ------------------------------------------------------------------------------------- the routes
 
 
 class Quantiles(TypedDict):
@@ -77,6 +177,10 @@ class RouteRun(TypedDict):
     cost_per_m_output: float | None
 
 
+# One failed attempt of a route (engine/job/stats.py): when, its error class, the backend's words.
+RecentError = TypedDict("RecentError", {"ts": float, "class": str | None, "message": str})
+
+
 class ProviderView(TypedDict):
     """One row of the providers (or workers) pane."""
 
@@ -106,10 +210,13 @@ class ProviderView(TypedDict):
     tpot_s: float | None
     output_tokens_per_s: float
     cost_per_m_output: float | None
-    recent_errors: list[dict[str, Any]]
+    recent_errors: list[RecentError]
     window: RouteWindow
     run: RouteRun
     status: str  # OK | SLOW | FAIL | EXCL (engine/job/stats.py status_word)
+
+
+# -------------------------------------------------------------------------------------- the money
 
 
 class EstimateView(TypedDict):
@@ -146,6 +253,60 @@ class MoneyView(TypedDict):
     waste_total: float
 
 
+class PlanCost(TypedDict):
+    provider: str
+    usd: float
+
+
+class PlanCosts(TypedDict):
+    cheapest: PlanCost
+    median: PlanCost
+    dearest: PlanCost
+
+
+class PlanFitsAt(TypedDict):
+    cheapest: bool
+    median: bool
+    dearest: bool
+
+
+class TokenBudgetWayOut(TypedDict):
+    dataset_token_budget: int
+    suggested: int
+    text: str
+
+
+class RunUntilSpentWayOut(TypedDict):
+    share_of_work: float
+    output_tokens: int
+    text: str
+
+
+class WaysOut(TypedDict):
+    token_budget: TokenBudgetWayOut
+    run_until_spent: RunUntilSpentWayOut
+
+
+class BudgetPlanView(TypedDict):
+    """The budget planner's answer (engine/money/planner.py): what the work left costs at the cheapest,
+    median and dearest allowed route, whether the budget left covers it, and if not, the ways out.
+    With no allowed route, only `fits` (None) and `reason`."""
+
+    fits: bool | None
+    reason: NotRequired[str]
+    budget_left: NotRequired[float]
+    output_tokens: NotRequired[int]
+    remaining_prompts: NotRequired[int]
+    cost: NotRequired[PlanCosts]
+    fits_at: NotRequired[PlanFitsAt]
+    tokens_covered_per_dataset: NotRequired[dict[str, int]]
+    over_by_usd: NotRequired[float]  # only when it does not fit
+    ways_out: NotRequired[WaysOut]  # only when it does not fit
+
+
+# ---------------------------------------------------------------------------------------- the job
+
+
 class DatasetView(TypedDict):
     name: str
     total: int
@@ -177,14 +338,23 @@ class RatesView(TypedDict):
 
 
 class LaneView(TypedDict):
-    """One backend's share of a job (engine/job/lanes.py): what it made and spent, in its own unit."""
+    """One backend's share of a job (engine/job/lanes.py): what it made and spent, in its own unit, and
+    everything else that is that backend's (its limit, holds, outage, routes, account, plan)."""
 
     name: str
     title: str
     unit: str
     model: str
+    supports_exclude: bool  # whether its routes can be excluded (OpenRouter's providers)
+    account: AccountView
+    excluded: list[str]  # routes excluded at run time
+    allowed_precisions: list[str] | None
     state: str  # running | paused | held | out | closed | budget
     reason: str | None  # why it is held, out or closed
+    held_s: float | None  # a hold on every route of this backend: seconds left
+    held_reason: str | None  # why its dispatch is held (a platform limit, or the backend unreachable)
+    outage_s: float | None  # the backend unreachable: for how long so far
+    outage_total_s: float  # its outages of this run, in all
     rows: int
     rows_share: float  # of the job's rows this run
     output_tokens: int
@@ -196,7 +366,42 @@ class LaneView(TypedDict):
     ceiling: int | None  # the steering hook's ceiling, None: flat out
     rates: RatesView
     money: MoneyView
+    plan: BudgetPlanView | None  # the budget planner on live figures; None: no budget (GPU time)
     providers: list[ProviderView]
+
+
+class ShareView(TypedDict):
+    """One provider's share of a fleet plan (engine/money/fleetplan/plan.py Share)."""
+
+    provider: str
+    tokens: int
+    usd: float
+    capacity: int | None  # what it could carry in the time; None: unbounded
+    per_million: float
+
+
+class FleetPlanView(TypedDict):
+    """The two-fleet plan (engine/money/fleetplan/plan.py FleetPlan.to_dict, docs/fleets.md)."""
+
+    output_tokens: int
+    prompts: int
+    time_left_s: float | None
+    horizon_s: float | None
+    gpu_tokens_per_s: float
+    gpu_alone_finish_s: float | None
+    gpus_alone_meet: bool
+    gpu_tokens: int
+    openrouter_tokens: int
+    shares: list[ShareView]
+    cost: float
+    budget_left: float | None
+    reachable: bool
+    affordable: bool
+    fits: bool
+    earliest_s: float | None
+    tokens_by_deadline: int
+    share_by_deadline: float
+    reason: str
 
 
 class FleetView(TypedDict):
@@ -209,7 +414,7 @@ class FleetView(TypedDict):
     steered: bool  # OpenRouter's share follows the deadline (a GPU lane, a dollar lane and a deadline)
     ceiling: int | None  # OpenRouter's in-flight ceiling now; None: no limit
     reason: str  # the controller's one line: what moved and why, or what does fit
-    plan: dict[str, Any]  # engine/money/fleetplan/plan.py FleetPlan.to_dict(): the live plan
+    plan: FleetPlanView  # the live plan
     fits: bool  # the plan meets the deadline within the budget
     eta_s: float | None  # the work left at the pace measured now, both fleets together
     gpu_tokens_per_s: float  # the GPU fleet's rate the plan uses (smoothed)
@@ -219,37 +424,163 @@ class FleetView(TypedDict):
     projected_usd: float | None  # dollars spent + what the plan still buys; None: no dollar lane
 
 
+# ------------------------------------------------------------------------------------- the hosts
+
+
+class GpuProcessView(TypedDict):
+    pid: int | float | None
+    name: str
+    memory_mib: int | float | None
+
+
+class GpuView(TypedDict):
+    """One GPU as nvidia-smi reports it (engine/host/scripts/probe.py gpus); None where it says N/A."""
+
+    index: int | float | None
+    name: str
+    memory_used_mib: int | float | None
+    memory_total_mib: int | float | None
+    utilization_pct: int | float | None
+    processes: list[GpuProcessView]
+
+
+class DiskView(TypedDict):
+    """The filesystem that holds a path (engine/host/scripts/probe.py disk), or why it cannot be read."""
+
+    path: str
+    exists: NotRequired[bool]
+    total_bytes: NotRequired[int]
+    free_bytes: NotRequired[int]
+    error: NotRequired[str]
+
+
+class HostDisks(TypedDict, total=False):
+    """Empty until the first poll; then the data root's disk and the model's (None: no model path)."""
+
+    data_root: DiskView | None
+    model_path: DiskView | None
+
+
+class InspectDatasetView(TypedDict):
+    name: str | None
+    lines: int
+    invalid: int
+
+
+class InspectCounts(TypedDict):
+    """What the host pane shows of an inspect (engine/host/inspect.py summary)."""
+
+    datasets: int
+    prompts: int
+    valid: int
+    invalid: int
+    duplicates: int
+    results_rows: int
+    by_dataset: list[InspectDatasetView]
+
+
+class InspectView(TypedDict, total=False):
+    """The last inspect of a host's datasets: its state, and the counts (InspectCounts) once one is
+    done, kept while the next runs."""
+
+    state: Required[str]  # running | done | failed
+    error: str | None
+    started_at: float
+    finished_at: float
+    seconds: float
+    datasets: int
+    prompts: int
+    valid: int
+    invalid: int
+    duplicates: int
+    results_rows: int
+    by_dataset: list[InspectDatasetView]
+
+
+class HostSGLangView(TypedDict):
+    """The host pane's part of an SGLang status (engine/host/monitor.py; None where it said nothing)."""
+
+    ok: bool | None
+    error: str | None
+    state: str | None  # stopped | dead | running | starting | not answering | ready
+    pid: int | None
+    alive: bool | None
+    phase: str | None
+    failure: str | None
+    ready: bool | None
+    version: str | None
+    launched_version: str | None
+    served_model_name: str | None
+    running: float | None
+    queued: float | None
+    gen_throughput: float | None
+    kv_usage: float | None
+    retractions: float | None
+    port: int | None
+
+
+class SGLangActionView(TypedDict):
+    """An SGLang start or stop the console asked for: what, how far, how it ended."""
+
+    what: str  # start | stop
+    state: str  # running | done | failed
+    started_at: float
+    progress: list[str]
+    message: str | None
+    finished_at: NotRequired[float]
+
+
+class ConnectionView(TypedDict):
+    """The job's SSH connection to a host (engine/host/ssh.py)."""
+
+    name: str
+    address: str
+    state: str
+    error: str | None
+    retries: int
+    connected_at: float | None
+
+
+class HostView(ConnectionView):
+    """One GPU host (engine/host/monitor.py): the connection, GPUs, disk, the last inspect, SGLang."""
+
+    gpus: list[GpuView]
+    gpu_error: str | None
+    disk: HostDisks
+    polled_at: float | None
+    polls: int
+    inspect: InspectView | None
+    tunnel: TunnelView | None
+    sglang: HostSGLangView | None
+    sglang_action: SGLangActionView | None
+
+
+# ---------------------------------------------------------------------------------- the snapshot
+
+# One line of events.jsonl (engine/run/events.py): `ts`, `seq`, `event` and that event's own fields,
+# which differ from one event to the next.
+EventRecord = dict[str, Any]
+
+
 class Snapshot(TypedDict):
     state: str
     outcome: OutcomeView | None
     elapsed_s: float
-    model: str
-    backend: BackendSummary
+    model: str  # as the budget lane names it (budget_lane below)
     in_flight: int
-    held_s: float | None  # a hold on every route: seconds left
-    held_reason: str | None  # why dispatch is held (a platform limit, or the backend unreachable)
-    outage_s: float | None  # the backend unreachable: for how long so far
-    outage_total_s: float  # outages of this run, in all
-    concurrency: ConcurrencyView
-    rates: RatesView
-    money: MoneyView
-    plan: dict[str, Any] | None
+    rates: RatesView  # the whole job's: every lane's summed
     errors: dict[str, int]
     rows: int
     attempts: int
     quarantined: int
     eta_s: float | None
-    excluded: list[str]
-    allowed_precisions: list[str] | None
     datasets: list[DatasetView]
-    providers: list[ProviderView]
-    hosts: list[dict[str, Any]]  # per GPU host: connection, GPUs, disk, last inspect (engine/host/monitor.py)
-    # One entry per backend, in the order of job.backends. The single-backend keys above (backend,
-    # money, concurrency, held, providers, plan) describe the main lane: the one holding the budget,
-    # else the first; rows, attempts, errors, rates and in_flight count the whole job.
-    lanes: NotRequired[list[LaneView]]
+    hosts: list[HostView]
+    # One entry per backend, in the order of job.backends: everything that is one backend's.
+    lanes: list[LaneView]
     fleet: NotRequired[FleetView]
-    events: NotRequired[list[dict[str, Any]]]  # added per client by the control server
+    events: NotRequired[list[EventRecord]]  # added per client by the control server
+    events_dropped: NotRequired[int]  # on the socket: events a slow client could not be kept
 
 
 class JobInfo(TypedDict):
@@ -258,8 +589,26 @@ class JobInfo(TypedDict):
     pid: int
     run_dir: str
     model: str
-    backend: str
+    backend: str  # the budget lane's
     base_url: str
     datasets: list[str]
     started_at: float
     backends: NotRequired[list[str]]  # every backend of the job, in the order of job.backends
+
+
+# --------------------------------------------------------------------------------- the budget lane
+
+_Lane = TypeVar("_Lane")
+
+
+def holding_budget(lanes: Sequence[_Lane], budget: Callable[[_Lane], object]) -> _Lane:
+    """The lane that holds the job's budget (OpenRouter's dollars), else the first: the one rule for
+    whose money the headless line, the console's header and its cost pane show, whose routes its
+    providers pane lists, and whose budget `budget` sets. For the dispatcher's lanes
+    (engine/job/dispatch.py `Dispatcher.budget_lane`) and the snapshot's (`budget_lane`)."""
+    return next((lane for lane in lanes if budget(lane) is not None), lanes[0])
+
+
+def budget_lane(snap: Snapshot) -> LaneView:
+    """The snapshot's lane that holds the budget, else its first (`holding_budget`)."""
+    return holding_budget(snap["lanes"], lambda lane: lane["money"]["budget"])

@@ -26,8 +26,10 @@ from tests.support.recording_sim import recording_sim, slow_config
 
 
 def servers_running(app: RegenApp) -> bool:
-    servers = (app.displayed or {}).get("backend", {}).get("account", {}).get("servers") or [{}]
-    return bool(servers[0].get("running"))
+    if app.displayed is None:
+        return False
+    account = app.displayed["lanes"][0]["account"]
+    return account["kind"] == "sglang" and bool(account["servers"]) and bool(account["servers"][0]["running"])
 
 
 def test_amounts_in_the_ledgers_unit() -> None:
@@ -75,7 +77,7 @@ async def test_the_console_shows_gpu_time_and_workers(
                 header = app.query_one(StatusStrip)._markup(app._freshness())
                 assert "GPU-" in header and not re.search(r"\$\d", header)
                 # Exclusion is not offered: SGLang has no routes to exclude.
-                assert app.displayed["backend"]["supports_exclude"] is False
+                assert app.displayed["lanes"][0]["supports_exclude"] is False
                 # The job ends while the console is still attached, as an operator would see it.
                 job.stop(cancel=True)
                 await asyncio.wait_for(runner, timeout=20)

@@ -57,10 +57,10 @@ async def test_a_503_storm_lowers_the_concurrency_and_every_prompt_still_gets_it
         runner = asyncio.create_task(job.run())
         lowest = 64
         while not runner.done():
-            lowest = min(lowest, job.dispatcher.limit.current)
+            lowest = min(lowest, job.lanes[0].limit.current)
             await asyncio.sleep(0.005)
         assert runner.result().reason is StopReason.DONE
-        assert lowest < 64 and job.dispatcher.limit.backoffs > 0
+        assert lowest < 64 and job.lanes[0].limit.backoffs > 0
         assert job.snapshot()["errors"]["overloaded"] > 0
     one_row_per_prompt(data, 300)
     ends = [r for r in journal(settings.job.run_dir / "attempts.jsonl") if r["k"] == "end" and r["outcome"] == "overloaded"]
@@ -88,7 +88,7 @@ async def test_dropped_streams_and_server_aborts_are_retried_into_one_row(
     for row in rows:
         assert server.served[row["generation_id"]]["output_ids"] == row["output_ids"]
     # A failed attempt used the GPU too: its share is in the ledger, as waste.
-    assert job.settler.breakdown.waste["retries"] > 0
+    assert job.lanes[0].settler.breakdown.waste["retries"] > 0
 
 
 async def test_a_prompt_the_server_refuses_is_given_up_at_once(
@@ -118,11 +118,11 @@ async def test_the_server_gone_holds_dispatch_and_its_return_ends_the_outage(
         job = Job(settings)
         await job.prepare()
         runner = asyncio.create_task(job.run())
-        await wait_for(lambda: job.stats.counters.rows >= 20)
+        await wait_for(lambda: job.lanes[0].stats.counters.rows >= 20)
     # The server is gone: connections are refused, attempts give their attempt back, dispatch holds.
-    await wait_for(lambda: job.dispatcher.outage is not None)
+    await wait_for(lambda: job.lanes[0].outage is not None)
     await asyncio.sleep(0.5)
-    assert job.snapshot()["outage_s"] is not None
+    assert job.snapshot()["lanes"][0]["outage_s"] is not None
     async with recording_sim(sim_config(), sim_tok, port=port) as second:
         assert (await runner).reason is StopReason.DONE, "no prompt ran out of attempts in the outage"
         assert second.served

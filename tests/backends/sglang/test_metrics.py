@@ -27,7 +27,7 @@ async def test_metrics_are_polled_into_the_snapshot(
         snap = job.snapshot()
         while not runner.done():
             snap = job.snapshot()
-            [facts] = snap["backend"]["account"]["servers"]
+            [facts] = snap["lanes"][0]["account"]["servers"]
             seen_running = max(seen_running, facts["running"] or 0.0)
             if seen_running >= 12 and (facts["kv_usage"] or 0) > 0 and facts["gen_throughput"]:
                 break
@@ -35,7 +35,7 @@ async def test_metrics_are_polled_into_the_snapshot(
         job.stop(cancel=True)
         await runner
         state = server.state()
-    account = snap["backend"]["account"]
+    account = snap["lanes"][0]["account"]
     [facts] = account["servers"]
     assert seen_running == 12, "running requests as the server counts them"
     assert facts["version"] == "0.5.23" and facts["served_model_name"] == "kimi-k2.5" and facts["gpus"] == 8
@@ -43,9 +43,9 @@ async def test_metrics_are_polled_into_the_snapshot(
     assert facts["generation_tokens_total"] <= state["counters"]["generation_tokens"]
     assert facts["checked_at"] is not None and facts["error"] is None
     worker = f"127.0.0.1:{server.port}"
-    assert [r["name"] for r in job.backend.view()["routes"]] == [worker]
-    assert [p["name"] for p in snap["providers"]] == [worker]
-    assert snap["money"]["unit"] == "gpu_s" and snap["money"]["budget"] is None
+    assert [r["name"] for r in job.lanes[0].backend.view()["routes"]] == [worker]
+    assert [p["name"] for p in snap["lanes"][0]["providers"]] == [worker]
+    assert snap["lanes"][0]["money"]["unit"] == "gpu_s" and snap["lanes"][0]["money"]["budget"] is None
     assert account["gpu_s"] > 0
 
 
@@ -62,9 +62,9 @@ async def test_a_deep_queue_lowers_the_ceiling_and_a_short_one_lifts_it(
         job = Job(settings)
         await job.prepare()
         runner = asyncio.create_task(job.run())
-        while job.dispatcher.limit.suggested is None and not runner.done():
+        while job.lanes[0].limit.suggested is None and not runner.done():
             await asyncio.sleep(0.01)
-        lowered = job.dispatcher.limit.current
+        lowered = job.lanes[0].limit.current
         assert lowered < 20, f"the ceiling came down to {lowered}"
         # What was already in flight drains through the queue; nothing new goes past the ceiling.
         while job.in_flight > lowered and not runner.done():
@@ -72,12 +72,12 @@ async def test_a_deep_queue_lowers_the_ceiling_and_a_short_one_lifts_it(
         queue_peak_after = 0
         for _ in range(50):
             queue_peak_after = max(queue_peak_after, server.state()["queued"])
-            assert job.in_flight <= job.dispatcher.limit.current
+            assert job.in_flight <= job.lanes[0].limit.current
             await asyncio.sleep(0.02)
         assert 0 < queue_peak_after <= 8, "the queue stays in its band"
         # The server takes more at a time: its queue empties and the ceiling lifts.
         server.apply_config(server.config.model_copy(update={"max_running_requests": 64}))
-        limit = job.dispatcher.limit
+        limit = job.lanes[0].limit
         while not runner.done() and limit.suggested is not None and limit.suggested < 30:
             await asyncio.sleep(0.01)
         assert limit.suggested is None or limit.suggested >= 30, "lifted before the work ran out"

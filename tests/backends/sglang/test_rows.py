@@ -90,8 +90,8 @@ async def test_rows_carry_exactly_the_servers_ids(
     report = verify_dataset(Dataset(data.name, data), local, check_prompts=True)
     assert not report.violations, dict(report.violations)
     # GPU time: every attempt's share adds up to the GPUs x the time the server was held.
-    account = job.snapshot()["backend"]["account"]
-    spent = job.ledger.spent
+    account = job.snapshot()["lanes"][0]["account"]
+    spent = job.lanes[0].ledger.spent
     assert spent == sum(Decimal(str(row["gpu_s"])) for row in rows)
     assert float(spent) == pytest.approx(account["gpu_s"], abs=1e-3)
     assert 0 < float(spent) <= 8 * wall
@@ -199,5 +199,5 @@ async def test_settings_that_cannot_work_are_refused(
     await job.prepare()
     with pytest.raises(JobError, match="SGLang has no routes to exclude"):
         job.exclude(f"127.0.0.1:{sim.port}")
-    assert job.snapshot()["backend"]["supports_exclude"] is False
+    assert job.snapshot()["lanes"][0]["supports_exclude"] is False
     assert (await job.run()).reason is StopReason.DONE

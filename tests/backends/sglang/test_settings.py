@@ -10,7 +10,9 @@ import pytest
 
 from regen.engine.backends import make_backend
 from regen.engine.backends.sglang.backend import SGLangBackend
-from regen.engine.config.settings import Settings, SettingsError, example_toml, load_settings
+from regen.engine.config.example import example_toml
+from regen.engine.config.loading import SettingsError, load_settings
+from regen.engine.config.settings import Settings
 from tests.support.processes import ENV, regen_argv
 
 

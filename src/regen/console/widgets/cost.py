@@ -5,15 +5,13 @@ its requests in flight against its limit."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from textual import events
 from textual.markup import escape
 
 from regen.console import format as fmt
-from regen.console.format import number
 from regen.console.widgets.bars import segments
 from regen.console.widgets.text import TextPane
+from regen.engine.schema import AccountView, LaneView, MoneyView, SGLangAccount, Snapshot, budget_lane
 
 # Below this many columns of content the pane prints five short lines instead of ten labelled ones.
 COMPACT_BELOW = 40
@@ -32,44 +30,40 @@ class CostPane(TextPane):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.border_title = "Cost"
-        self.money: dict[str, Any] = {}
-        self.credits: dict[str, Any] | None = None
-        self.lanes: list[dict[str, Any]] = []
+        self.money: MoneyView | None = None
+        self.account: AccountView | None = None
+        self.lanes: list[LaneView] = []
         self.budget_warn_fraction = 0.8
 
-    def show(self, snap: dict[str, Any], burn_per_h: float | None = None) -> None:
-        """Repaint from a snapshot (with the console's burn rate when the job sends none)."""
-        self.money = dict(snap.get("money") or {})
-        if burn_per_h is not None:
-            self.money["burn_per_h"] = burn_per_h
-        account = (snap.get("backend") or {}).get("account")
-        self.credits = account if isinstance(account, dict) else None
-        lanes = snap.get("lanes")
-        self.lanes = [lane for lane in lanes if isinstance(lane, dict)] if isinstance(lanes, list) else []
+    def show(self, snap: Snapshot) -> None:
+        """Repaint from a snapshot: the money and account of the lane holding the budget
+        (engine/schema.py budget_lane), and with several backends a line for each."""
+        lane = budget_lane(snap)
+        self.money = lane["money"]
+        self.account = lane["account"]
+        self.lanes = snap["lanes"]
         self._paint()
 
     def on_resize(self, event: events.Resize) -> None:
         self._paint()
 
     def _paint(self) -> None:
-        self.show_lines(self._lines() if self.money else ["waiting for data"])
+        self.show_lines(["waiting for data"] if self.money is None else self._lines())
 
     def _lines(self) -> list[str]:
         money = self.money
-        unit = str(money.get("unit") or "usd")
+        assert money is not None, "painted only once a snapshot came"
+        unit = money["unit"]
 
         def amount(value: float | None) -> str:
             return fmt.amount(value, unit)
 
-        spent = number(money.get("spent")) or 0.0
-        reserved = number(money.get("reserved")) or 0.0
-        estimated = number(money.get("estimated")) or 0.0
-        budget = number(money.get("budget"))
+        spent, reserved, estimated, budget = money["spent"], money["reserved"], money["estimated"], money["budget"]
         headroom = None if budget is None else budget - spent - reserved
         used = (spent + reserved) / budget if budget else None
         if budget is None and unit != "usd":
             bar_colour, verdict = "$primary", "none: GPU time is counted, not capped"
-        elif money.get("blocked"):
+        elif money["blocked"]:
             bar_colour, verdict = "$budget-over", "[b $budget-over]budget reached: no new requests[/]"
         elif used is not None and used >= self.budget_warn_fraction:
             bar_colour, verdict = "$budget-warn", f"[b $budget-warn]{fmt.percent(used)} used: near budget[/]"
@@ -83,8 +77,8 @@ class CostPane(TextPane):
             ],
             width,
         )
-        burn = number(money.get("burn_per_h"))
-        projected = number(money.get("projected_total"))
+        burn = money["burn_per_h"]
+        projected = money["projected_total"]
         projection = f"{amount(projected):>10}"
         if projected is not None and budget is not None:
             projection += (
@@ -92,29 +86,25 @@ class CostPane(TextPane):
                 if projected > budget
                 else " fits"
             )
-        waste = money.get("waste") if isinstance(money.get("waste"), dict) else None
-        waste_total = (
-            None if waste is None else sum(number((w or {}).get("amount")) or 0.0 for w in waste.values())
-        )
+        waste = money["waste"]
+        waste_total = sum(w["amount"] for w in waste.values())
         waste_causes = (
             ""
             if not waste
             else " ("
             + ", ".join(
-                f"{escape(str(cause))} {amount(number((w or {}).get('amount')))}"
-                for cause, w in waste.items()
-                if number((w or {}).get("amount")) or number((w or {}).get("tokens"))
+                f"{escape(cause)} {amount(w['amount'])}" for cause, w in waste.items() if w["amount"] or w["tokens"]
             )
             + ")"
         )
         estimate = f" (~{amount(estimated)} est.)" if estimated > 0.005 else ""
         estimates = estimate_words(money)
-        credits_left = None if self.credits is None else number(self.credits.get("limit_remaining"))
-        last = (
-            f"Credits    {amount(credits_left):>10} left"
-            if unit == "usd"
-            else f"Servers    {servers_line(self.credits)}"
-        )
+        account = self.account
+        if account is None or account["kind"] == "openrouter":
+            credits_left = None if account is None else account.get("limit_remaining")
+            last = f"Credits    {amount(credits_left):>10} left"
+        else:
+            last = f"Servers    {servers_line(account)}"
         if width < COMPACT_BELOW:
             return [
                 f"{amount(spent)} spent + {amount(reserved)} rsv{estimate}",
@@ -125,14 +115,14 @@ class CostPane(TextPane):
             ]
         lines = [
             f"Spent      {amount(spent):>10}"
-            + (f"  {amount(number(money.get('confirmed')))} billed" if estimates else ""),
+            + (f"  {amount(money['confirmed'])} billed" if estimates else ""),
             f"Reserved   {amount(reserved):>10}",
             f"Headroom   {amount(headroom):>10}",
             f"Budget     {amount(budget):>10}  {verdict}",
             bar,
             f"Burn       {amount(burn):>10}/h",
             f"Projected  {projection}",
-            f"{'Useful $/M' if unit == 'usd' else 'Useful /M '} {amount(number(money.get('useful_per_m'))):>10}",
+            f"{'Useful $/M' if unit == 'usd' else 'Useful /M '} {amount(money['useful_per_m']):>10}",
             f"Waste      {amount(waste_total):>10}{waste_causes}",
             last,
         ]
@@ -143,52 +133,48 @@ class CostPane(TextPane):
         return lines
 
 
-def lane_line(lane: dict[str, Any]) -> str:
+def lane_line(lane: LaneView) -> str:
     """One backend's share of the job: rows, spend in its own unit, in flight against its limit."""
-    money = lane.get("money") or {}
-    unit = str(money.get("unit") or "usd")
-    concurrency = lane.get("concurrency") or {}
-    state = str(lane.get("state") or "running")
+    money = lane["money"]
+    state = lane["state"]
     flag = "" if state == "running" else f" [b $budget-warn]{escape(state)}[/]"
-    rows = int(number(lane.get("rows")) or 0)
     return (
-        f"{escape(str(lane.get('name') or '?')):<10} {rows} rows {fmt.percent(number(lane.get('rows_share')))}"
-        f" · {fmt.amount(number(money.get('spent')), unit)}"
-        f" · {int(number(lane.get('in_flight')) or 0)}/{int(number(concurrency.get('effective')) or 0)}{flag}"
+        f"{escape(lane['name']):<10} {lane['rows']} rows {fmt.percent(lane['rows_share'])}"
+        f" · {fmt.amount(money['spent'], money['unit'])}"
+        f" · {lane['in_flight']}/{lane['concurrency']['effective']}{flag}"
     )
 
 
-def estimate_words(money: dict[str, Any]) -> str:
+def estimate_words(money: MoneyView) -> str:
     """What the estimated part of spend is: bills still to come, or worst cases nobody can confirm."""
     parts = []
-    pending = money.get("pending") or {}
-    unknowable = money.get("unknowable") or {}
-    if (money.get("unit") or "usd") != "usd":
+    pending = money["pending"]["requests"]
+    unknowable = money["unknowable"]["requests"]
+    if money["unit"] != "usd":
         # GPU time is measured, never billed later: only attempts cut by a cancel or a crash are
         # estimated, at their reservation (docs/money.md).
-        cut = int(number(pending.get("requests")) or 0) + int(number(unknowable.get("requests")) or 0)
+        cut = pending + unknowable
         return f"{cut} cut by a cancel or a crash: not metered" if cut else ""
-    if number(pending.get("requests")):
-        parts.append(f"{int(number(pending.get('requests')) or 0)} awaiting their bill")
-    if number(unknowable.get("requests")):
+    if pending:
+        parts.append(f"{pending} awaiting their bill")
+    if unknowable:
         kept = "bounded by the key's usage" if money.get("unknowable_bound") == "key_usage" else "worst case kept"
-        parts.append(f"{int(number(unknowable.get('requests')) or 0)} cut before an id: {kept}")
+        parts.append(f"{unknowable} cut before an id: {kept}")
     return "; ".join(parts)
 
 
-def servers_line(account: dict[str, Any] | None) -> str:
+def servers_line(account: SGLangAccount) -> str:
     """The SGLang servers' load, summed: what the GPU time is buying now."""
-    servers = [s for s in (account or {}).get("servers") or [] if isinstance(s, dict)]
+    servers = account["servers"]
     if not servers:
         return "-"
-
-    def total(key: str) -> float:
-        return sum(number(s.get(key)) or 0.0 for s in servers)
-
-    kv = max((number(s.get("kv_usage")) or 0.0 for s in servers), default=0.0)
-    down = sum(1 for s in servers if s.get("down"))
+    kv = max((s["kv_usage"] or 0.0 for s in servers), default=0.0)
+    down = sum(1 for s in servers if s["down"])
+    running = sum(s["running"] or 0.0 for s in servers)
+    queued = sum(s["queued"] or 0.0 for s in servers)
+    throughput = sum(s["gen_throughput"] or 0.0 for s in servers)
     text = (
-        f"{fmt.count(total('running'))} running · {fmt.count(total('queued'))} queued · "
-        f"KV {fmt.percent(kv)} · {fmt.rate(total('gen_throughput'))} tok/s"
+        f"{fmt.count(running)} running · {fmt.count(queued)} queued · "
+        f"KV {fmt.percent(kv)} · {fmt.rate(throughput)} tok/s"
     )
     return text + (f" · [b $error]{down} down[/]" if down else "")

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from textual import events
 from textual.content import Content
 from textual.markup import escape
 
 from regen.console import format as fmt
-from regen.console.format import number
 from regen.console.history import History
 from regen.console.widgets.bars import bar
 from regen.console.widgets.text import TextPane
+from regen.engine.schema import DatasetView, Snapshot
 
 STATE_COLOUR = {"done": "$success", "running": "$foreground", "waiting": "$text-muted", "failed": "$error"}
 
@@ -34,15 +32,13 @@ class DatasetsPane(TextPane):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.border_title = "Datasets"
-        self.datasets: list[dict[str, Any]] = []
+        self.datasets: list[DatasetView] = []
         self.etas: dict[str, float | None] = {}
 
-    def show(self, snap: dict[str, Any], history: History | None) -> None:
+    def show(self, snap: Snapshot, history: History | None) -> None:
         """Repaint from a snapshot; ETAs come from the console's own rate window."""
-        self.datasets = list(snap.get("datasets") or [])
-        self.etas = {
-            str(d.get("name")): None if history is None else history.dataset_eta_s(d) for d in self.datasets
-        }
+        self.datasets = snap["datasets"]
+        self.etas = {d["name"]: None if history is None else history.dataset_eta_s(d) for d in self.datasets}
         self._paint()
 
     def on_resize(self, event: events.Resize) -> None:
@@ -53,15 +49,15 @@ class DatasetsPane(TextPane):
             self.show_lines(["no datasets yet"])
             return
         width = self.content_size.width or 60
-        name_width = min(14, max(len(str(d.get("name"))) for d in self.datasets))
+        name_width = min(14, max(len(d["name"]) for d in self.datasets))
         lines = []
         for dataset in self.datasets:
-            name = str(dataset.get("name"))
-            total, done = number(dataset.get("total")), number(dataset.get("done"))
-            fraction = done / total if total and done is not None else None
-            tokens, budget = number(dataset.get("output_tokens")), number(dataset.get("token_budget"))
-            state = str(dataset.get("state") or "-")
-            failed = number(dataset.get("failed")) or 0.0
+            name = dataset["name"]
+            total, done = dataset["total"], dataset["done"]
+            fraction = done / total if total else None
+            tokens, budget = dataset["output_tokens"], dataset["token_budget"]
+            state = dataset["state"] or "-"
+            failed = dataset["failed"]
             counts = f"{fmt.count(done)}/{fmt.count(total)}"
             token_text = (
                 f"{fmt.count(tokens)}/{fmt.count(budget)} tok" if budget else f"{fmt.count(tokens)} tok"

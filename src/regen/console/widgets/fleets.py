@@ -10,15 +10,15 @@ the controller's one line. GPU hosts stay in the host pane.
 from __future__ import annotations
 
 import textwrap
-from typing import Any
 
 from textual import events
 from textual.content import Content
 from textual.markup import escape
 
 from regen.console import format as fmt
-from regen.console.format import number
 from regen.console.widgets.text import TextPane
+from regen.engine.durations import duration
+from regen.engine.schema import FleetView, LaneView, MoneyView, Snapshot, budget_lane
 
 # Providers (or workers) shown under each backend: the busiest by requests.
 TOP_ROUTES = 3
@@ -37,66 +37,54 @@ STATE_COLOUR = {
 }
 
 
-def shows_fleets(snap: dict[str, Any] | None) -> bool:
+def shows_fleets(snap: Snapshot | None) -> bool:
     """Whether a snapshot is of a two-fleet job: several lanes, or the deadline controller's view."""
-    if not snap:
+    if snap is None:
         return False
-    lanes = snap.get("lanes")
-    return (isinstance(lanes, list) and len(lanes) > 1) or isinstance(snap.get("fleet"), dict)
+    return len(snap["lanes"]) > 1 or "fleet" in snap
 
 
-def lanes_of(snap: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """The snapshot's lanes, in the job's order."""
-    lanes = (snap or {}).get("lanes")
-    return [lane for lane in lanes if isinstance(lane, dict)] if isinstance(lanes, list) else []
-
-
-def state_word(lane: dict[str, Any]) -> str:
+def state_word(lane: LaneView) -> str:
     """A lane's state as a coloured word, e.g. RUNNING, PAUSED."""
-    state = str(lane.get("state") or "running")
+    state = lane["state"]
     return f"[b {STATE_COLOUR.get(state, '$warning')}]{escape(state.upper())}[/]"
 
 
-def lane_lines(lane: dict[str, Any], top: int = TOP_ROUTES, *, compact: bool = False) -> list[str]:
+def lane_lines(lane: LaneView, top: int = TOP_ROUTES, *, compact: bool = False) -> list[str]:
     """One backend: a heading, its output and money, its limit, then its busiest routes (compact: two
     lines, no routes)."""
-    money = lane.get("money") or {}
-    unit = str(lane.get("unit") or money.get("unit") or "usd")
-    concurrency = lane.get("concurrency") or {}
-    rates = lane.get("rates") or {}
-    name = escape(str(lane.get("name") or "?"))
-    rows = int(number(lane.get("rows")) or 0)
-    heading = f"[b]{name}[/] {state_word(lane)} {fmt.count(rows)} rows {fmt.percent(number(lane.get('rows_share')))}"
-    reason = lane.get("reason")
+    money = lane["money"]
+    name = escape(lane["name"])
+    heading = f"[b]{name}[/] {state_word(lane)} {fmt.count(lane['rows'])} rows {fmt.percent(lane['rows_share'])}"
+    reason = lane["reason"]
     lines = [heading]
-    if reason and str(lane.get("state") or "running") != "running":
-        lines.append(f"  [$warning]{escape(str(reason))}[/]")
+    if reason and lane["state"] != "running":
+        lines.append(f"  [$warning]{escape(reason)}[/]")
     made = (
-        f"  {fmt.count(number(lane.get('output_tokens')))} tok · "
-        f"{fmt.rate(number(rates.get('output_tokens_per_s')))} tok/s · {fmt.amount(number(money.get('spent')), unit)}"
+        f"  {fmt.count(lane['output_tokens'])} tok · "
+        f"{fmt.rate(lane['rates']['output_tokens_per_s'])} tok/s · {fmt.amount(money['spent'], lane['unit'])}"
     )
-    in_flight = f"{int(number(lane.get('in_flight')) or 0)}/{int(number(concurrency.get('effective')) or 0)}"
-    ceiling = number(lane.get("ceiling"))
+    in_flight = f"{lane['in_flight']}/{lane['concurrency']['effective']}"
+    ceiling = lane["ceiling"]
     if compact:
-        return [*lines, made + f" · {in_flight}" + ("" if ceiling is None else f" ≤{int(ceiling)}")]
+        return [*lines, made + f" · {in_flight}" + ("" if ceiling is None else f" ≤{ceiling}")]
     limit = f"  in flight {in_flight}"
     if ceiling is not None:
-        limit += f" · ceiling {int(ceiling)}"
+        limit += f" · ceiling {ceiling}"
     lines.extend([made, limit])
     lines.extend(route_lines(lane, top))
     return lines
 
 
-def route_lines(lane: dict[str, Any], top: int = TOP_ROUTES) -> list[str]:
+def route_lines(lane: LaneView, top: int = TOP_ROUTES) -> list[str]:
     """The lane's busiest providers (OpenRouter) or workers (SGLang), by requests."""
-    routes = [r for r in lane.get("providers") or [] if isinstance(r, dict) and number(r.get("requests"))]
-    routes.sort(key=lambda r: (-(number(r.get("requests")) or 0.0), str(r.get("name"))))
+    routes = [r for r in lane["providers"] if r["requests"]]
+    routes.sort(key=lambda r: (-r["requests"], r["name"]))
     lines = []
     for route in routes[:top]:
-        status = str(route.get("status") or "")
         lines.append(
-            f"  [$text-muted]{escape(status):<4}[/] {escape(str(route.get('name') or route.get('slug'))[:14]):<14}"
-            f" {fmt.count(number(route.get('requests'))):>6} req {fmt.percent(number(route.get('share'))):>4}"
+            f"  [$text-muted]{escape(route['status']):<4}[/] {escape((route['name'] or route['slug'])[:14]):<14}"
+            f" {fmt.count(route['requests']):>6} req {fmt.percent(route['share']):>4}"
         )
     hidden = len(routes) - top
     if hidden > 0:
@@ -104,52 +92,49 @@ def route_lines(lane: dict[str, Any], top: int = TOP_ROUTES) -> list[str]:
     return lines
 
 
-def deadline_line(fleet: dict[str, Any]) -> str:
+def deadline_line(fleet: FleetView) -> str:
     """The deadline as set, its local time, and the time left (or how long ago it passed)."""
-    deadline = fleet.get("deadline")
+    deadline = fleet["deadline"]
     if not deadline:
         return "[b]Plan[/] no deadline: both fleets flat out"
-    when = number(fleet.get("deadline_ts"))
+    when = fleet["deadline_ts"]
     at = "" if when is None else f" ({fmt.wall_time(when)[:5]})"
-    left = number(fleet.get("time_left_s"))
+    left = fleet["time_left_s"]
     if left is not None and left < 0:
-        return f"[b]Plan[/] deadline {escape(str(deadline))}{at} [b $warning]passed {fmt.span(-left)} ago[/]"
-    return f"[b]Plan[/] deadline {escape(str(deadline))}{at} · {fmt.span(left)} left"
+        return f"[b]Plan[/] deadline {escape(deadline)}{at} [b $warning]passed {duration(-left, 'coarse')} ago[/]"
+    return f"[b]Plan[/] deadline {escape(deadline)}{at} · {duration(left, 'coarse')} left"
 
 
-def plan_lines(
-    fleet: dict[str, Any], money: dict[str, Any], width: int = 40, reason_lines: int = REASON_LINES
-) -> list[str]:
-    """The plan: deadline, ETA against it, fit, projected dollars, both rates, the ceiling, the reason;
-    the parts share lines as the width allows."""
-    has_deadline = bool(fleet.get("deadline"))
-    left = number(fleet.get("time_left_s")) if has_deadline else None
-    eta, late = fmt.against_deadline(number(fleet.get("eta_s")), left)
-    fits = "[b $success]fits[/]" if fleet.get("fits") else "[b $error]does not fit[/]"
-    projected = number(fleet.get("projected_usd"))
-    budget = number(money.get("budget")) if (money.get("unit") or "usd") == "usd" else None
+def plan_lines(fleet: FleetView, money: MoneyView, width: int = 40, reason_lines: int = REASON_LINES) -> list[str]:
+    """The plan: deadline, ETA against it, fit, projected dollars against `money`'s budget (the budget
+    lane's), both rates, the ceiling, the reason; the parts share lines as the width allows."""
+    left = fleet["time_left_s"] if fleet["deadline"] else None
+    eta, late = fmt.against_deadline(fleet["eta_s"], left)
+    fits = "[b $success]fits[/]" if fleet["fits"] else "[b $error]does not fit[/]"
+    projected = fleet["projected_usd"]
+    budget = money["budget"] if money["unit"] == "usd" else None
     spend = f"projected {fmt.money(projected)}"
     if budget is not None:
         spend += f" of {fmt.money(budget)}"
         if projected is not None and projected > budget:
             spend += f" [b $budget-warn]over by {fmt.money(projected - budget)}[/]"
-    ceiling = number(fleet.get("ceiling"))
-    aim = number(fleet.get("aim_tokens_per_s"))
+    ceiling = fleet["ceiling"]
+    aim = fleet["aim_tokens_per_s"]
     groups = [
         [f"[b $warning]{escape(eta)}[/]" if late else escape(eta)],
         [fits, spend],
         [
-            f"GPU {fmt.rate(number(fleet.get('gpu_tokens_per_s')))} tok/s",
-            f"OpenRouter {fmt.rate(number(fleet.get('openrouter_tokens_per_s')))} tok/s",
+            f"GPU {fmt.rate(fleet['gpu_tokens_per_s'])} tok/s",
+            f"OpenRouter {fmt.rate(fleet['openrouter_tokens_per_s'])} tok/s",
         ],
         [
             "ceiling "
-            + ("none: flat out" if ceiling is None else f"{int(ceiling)} in flight")
+            + ("none: flat out" if ceiling is None else f"{ceiling} in flight")
             + ("" if aim is None else f" · aims {fmt.rate(aim)} tok/s")
         ],
     ]
     lines = pack(deadline_line(fleet), groups, width)
-    reason = str(fleet.get("reason") or "")
+    reason = fleet["reason"]
     if reason:
         wrapped = textwrap.wrap(reason, max(20, width - 2))
         if len(wrapped) > reason_lines:
@@ -178,14 +163,14 @@ def pack(head: str, groups: list[list[str]], width: int) -> list[str]:
     return lines
 
 
-def fleet_lines(snap: dict[str, Any], width: int = 40, *, compact: bool = False) -> list[str]:
+def fleet_lines(snap: Snapshot, width: int = 40, *, compact: bool = False) -> list[str]:
     """Every line of the pane for a snapshot: the backends (side by side when the width allows), then
     the plan. Compact (a narrow terminal's bottom strip) keeps the plan and drops the routes."""
-    blocks = [lane_lines(lane, compact=compact) for lane in lanes_of(snap)]
+    blocks = [lane_lines(lane, compact=compact) for lane in snap["lanes"]]
     lines = side_by_side(blocks, width)
     fleet = snap.get("fleet")
-    if isinstance(fleet, dict):
-        lines.extend(plan_lines(fleet, snap.get("money") or {}, width, 2 if compact else REASON_LINES))
+    if fleet is not None:
+        lines.extend(plan_lines(fleet, budget_lane(snap)["money"], width, 2 if compact else REASON_LINES))
     return lines or ["waiting for data"]
 
 
@@ -221,10 +206,10 @@ class FleetsPane(TextPane):
         """`compact`: the short form, for a narrow terminal's bottom strip."""
         super().__init__(id=id)
         self.border_title = "Fleets"
-        self.snap: dict[str, Any] = {}
+        self.snap: Snapshot | None = None
         self.compact = compact
 
-    def show(self, snap: dict[str, Any]) -> None:
+    def show(self, snap: Snapshot) -> None:
         """Repaint from a snapshot."""
         self.snap = snap
         self._paint()
@@ -235,5 +220,5 @@ class FleetsPane(TextPane):
     def _paint(self) -> None:
         width = self.content_size.width or 40
         self.show_lines(
-            fleet_lines(self.snap, width, compact=self.compact) if self.snap else ["waiting for data"]
+            fleet_lines(self.snap, width, compact=self.compact) if self.snap is not None else ["waiting for data"]
         )

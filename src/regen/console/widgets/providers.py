@@ -18,9 +18,9 @@ from textual.strip import Strip
 from textual.widgets import DataTable, Input
 
 from regen.console import format as fmt
-from regen.console.format import number
-from regen.console.history import History, provider_status
+from regen.console.history import provider_status, slug_of
 from regen.console.widgets.colors import theme_style
+from regen.engine.schema import LaneView, ProviderView
 
 STATUS_GLYPH = {"OK": "✓", "SLOW": "~", "FAIL": "✗", "EXCL": "-"}
 STATUS_VARIABLE = {"OK": "success", "SLOW": "warning", "FAIL": "error", "EXCL": "provider-excluded"}
@@ -83,23 +83,6 @@ SORTS: tuple[tuple[str, str, bool], ...] = (
 )
 
 
-def provider_tokens_per_s(provider: dict[str, Any], history: History | None) -> float | None:
-    """The job's tok/s for a provider, else the console's own over the last minute."""
-    given = number(provider.get("output_tokens_per_s"))
-    if given is not None:
-        return given
-    return None if history is None else history.provider_tokens_per_s(slug_of(provider))
-
-
-def usd_per_m(provider: dict[str, Any]) -> float | None:
-    """The job's $/M output tokens, else spent over output tokens so far."""
-    given = number(provider.get("cost_per_m_output"))
-    if given is not None:
-        return given
-    tokens, spent = number(provider.get("output_tokens")), number(provider.get("spent"))
-    return spent / tokens * 1e6 if tokens and spent is not None else None
-
-
 def _signature(value: object) -> object:
     """What decides whether a cell changed: for styled text, the words and the style."""
     if isinstance(value, Text):
@@ -115,12 +98,8 @@ class NameCell(Text):
         self.slug = slug
 
 
-def slug_of(provider: dict[str, Any]) -> str:
-    return str(provider.get("slug") or provider.get("name") or "?")
-
-
-def error_count(provider: dict[str, Any]) -> int:
-    return int(sum((provider.get("errors") or {}).values()))
+def error_count(provider: ProviderView) -> int:
+    return sum(provider["errors"].values())
 
 
 class ProvidersTable(DataTable[Any]):
@@ -137,9 +116,9 @@ class ProvidersTable(DataTable[Any]):
         )
         self._cells: dict[tuple[str, str], object] = {}
         self._columns: tuple[Column, ...] = ()
-        self.providers: dict[str, dict[str, Any]] = {}
+        self.providers: dict[str, ProviderView] = {}
         self._caches_for = -1
-        self._last_show: tuple[list[dict[str, Any]], History | None, str, tuple[str, str, bool]] | None = None
+        self._last_show: tuple[list[ProviderView], str, tuple[str, str, bool]] | None = None
         self.unit = "usd"
         self.labels: dict[str, str] = {}
 
@@ -188,8 +167,8 @@ class ProvidersTable(DataTable[Any]):
             label = Text(self.labels.get(column.key, column.label), justify="right" if column.numeric else "left")
             self.add_column(label, width=column.width, key=column.key)
         if self._last_show is not None:
-            providers, history, filter_text, sort = self._last_show
-            self.show(providers, history, filter_text=filter_text, sort=sort)
+            providers, filter_text, sort = self._last_show
+            self.show(providers, filter_text=filter_text, sort=sort)
             if keep is not None and keep in self.rows:
                 self.move_cursor(row=self.get_row_index(keep), animate=False)
 
@@ -204,29 +183,27 @@ class ProvidersTable(DataTable[Any]):
             return None
         return None if row_key.value is None else str(row_key.value)
 
-    def _values(self, provider: dict[str, Any], status: str, history: History | None) -> dict[str, object]:
+    def _values(self, provider: ProviderView, status: str) -> dict[str, object]:
         excluded_style = self._style("provider-excluded") if status == "EXCL" else Style()
-        note = str(provider.get("kept_out") or "") if status == "EXCL" or not provider.get("allowed", True) else ""
+        note = (provider["kept_out"] or "") if status == "EXCL" or not provider["allowed"] else ""
         glyph = STATUS_GLYPH[status]
         return {
             "status": Text(
                 f"{glyph} {status}", style=self._style(STATUS_VARIABLE[status], bold=status != "OK")
             ),
-            "name": NameCell(
-                slug_of(provider), str(provider.get("name") or slug_of(provider)), excluded_style
-            ),
-            "p50": fmt.seconds(number(provider.get("latency_p50_s"))),
-            "p95": fmt.seconds(number(provider.get("latency_p95_s"))),
-            "p99": fmt.seconds(number(provider.get("latency_p99_s"))),
-            "ttft": fmt.seconds(number(provider.get("ttft_p50_s"))),
-            "ttft95": fmt.seconds(number(provider.get("ttft_p95_s"))),
-            "tps": fmt.rate(provider_tokens_per_s(provider, history)),
-            "requests": fmt.count(number(provider.get("requests"))),
+            "name": NameCell(slug_of(provider), provider["name"] or slug_of(provider), excluded_style),
+            "p50": fmt.seconds(provider["latency_p50_s"]),
+            "p95": fmt.seconds(provider["latency_p95_s"]),
+            "p99": fmt.seconds(provider["latency_p99_s"]),
+            "ttft": fmt.seconds(provider["ttft_p50_s"]),
+            "ttft95": fmt.seconds(provider["ttft_p95_s"]),
+            "tps": fmt.rate(provider["output_tokens_per_s"]),
+            "requests": fmt.count(provider["requests"]),
             "errors": fmt.count(error_count(provider)),
-            "share": fmt.percent(number(provider.get("share"))),
-            "in_flight": fmt.count(number(provider.get("in_flight"))),
-            "spent": fmt.amount_short(number(provider.get("spent")), self.unit),
-            "usd_m": fmt.amount_short(usd_per_m(provider), self.unit),
+            "share": fmt.percent(provider["share"]),
+            "in_flight": fmt.count(provider["in_flight"]),
+            "spent": fmt.amount_short(provider["spent"], self.unit),
+            "usd_m": fmt.amount_short(provider["cost_per_m_output"], self.unit),
             "note": Text(note, style=excluded_style, no_wrap=True, overflow="ellipsis"),
         }
 
@@ -235,14 +212,13 @@ class ProvidersTable(DataTable[Any]):
 
     def show(
         self,
-        providers: list[dict[str, Any]],
-        history: History | None,
+        providers: list[ProviderView],
         *,
         filter_text: str = "",
         sort: tuple[str, str, bool] = SORTS[0],
     ) -> None:
         """Diff the table against `providers`: add and remove rows, update changed cells, keep the cursor."""
-        self._last_show = (providers, history, filter_text, sort)
+        self._last_show = (providers, filter_text, sort)
         if not self._columns:
             return
         self.providers = {slug_of(p): p for p in providers}
@@ -250,9 +226,9 @@ class ProvidersTable(DataTable[Any]):
         wanted = [
             p
             for p in providers
-            if not needle or needle in slug_of(p).lower() or needle in str(p.get("name", "")).lower()
+            if not needle or needle in slug_of(p).lower() or needle in p["name"].lower()
         ]
-        wanted.sort(key=lambda p: self._sort_key(p, sort, history), reverse=sort[2])
+        wanted.sort(key=lambda p: self._sort_key(p, sort), reverse=sort[2])
         wanted_slugs = [slug_of(p) for p in wanted]
         keep = self.highlighted_slug
         for row_key in list(self.rows):
@@ -262,7 +238,7 @@ class ProvidersTable(DataTable[Any]):
                     self._cells.pop((str(row_key.value), column.key), None)
         for provider in wanted:
             slug = slug_of(provider)
-            values = self._values(provider, provider_status(provider), history)
+            values = self._values(provider, provider_status(provider))
             if slug not in self.rows:
                 cells = [self._cell_for(values[c.key], c) for c in self._columns]
                 self.add_row(*cells, key=slug)
@@ -288,24 +264,27 @@ class ProvidersTable(DataTable[Any]):
         return [self.coordinate_to_cell_key(Coordinate(i, 0))[0] for i in range(self.row_count)]
 
     @staticmethod
-    def _sort_key(
-        provider: dict[str, Any], sort: tuple[str, str, bool], history: History | None
-    ) -> tuple[Any, ...]:
+    def _sort_key(provider: ProviderView, sort: tuple[str, str, bool]) -> tuple[Any, ...]:
         _, field, descending = sort
         # Routes the settings keep out never serve: they stay listed, below the others, whatever the sort.
-        kept_out = not provider.get("allowed", True)
+        kept_out = not provider["allowed"]
         last = kept_out != descending  # reverse=True flips the order, so flip the flag with it
         if field == "name":
-            return (last, str(provider.get("name") or "").lower())
+            return (last, provider["name"].lower())
+        value: float | None
         if field == "errors":
-            value: float | None = float(error_count(provider))
+            value = float(error_count(provider))
         elif field == "tps":
-            value = provider_tokens_per_s(provider, history)
+            value = provider["output_tokens_per_s"]
+        elif field == "spent":
+            value = provider["spent"]
+        elif field == "share":
+            value = provider["share"]
         else:
-            value = number(provider.get(field))
+            value = provider["latency_p50_s"]
         missing = value is None
         # Missing values go last whichever way the sort runs.
-        return (last, not missing if descending else missing, value or 0.0, str(provider.get("name") or ""))
+        return (last, not missing if descending else missing, value or 0.0, provider["name"])
 
     @staticmethod
     def _cell_for(value: object, column: Column) -> object:
@@ -319,7 +298,7 @@ class ProvidersTable(DataTable[Any]):
             if slug not in self.rows:
                 continue
             status = provider_status(provider)
-            values = self._values(provider, status, None)
+            values = self._values(provider, status)
             for key in ("status", "name"):
                 self._cells[(slug, key)] = _signature(values[key])
                 self.update_cell(slug, key, values[key])
@@ -365,13 +344,13 @@ class ProvidersPane(Vertical):
     def table(self) -> ProvidersTable:
         return self.query_one(ProvidersTable)
 
-    def set_backend(self, backend: dict[str, Any]) -> None:
-        """The snapshot's backend: SGLang's routes are its workers, its money GPU time."""
-        workers = backend.get("name") == "sglang"
+    def set_backend(self, lane: LaneView) -> None:
+        """The lane shown: SGLang's routes are its workers, its money GPU time."""
+        workers = lane["name"] == "sglang"
         title = "Workers" if workers else "Providers"
         if self.border_title != title:
             self.border_title = title
-        self.table.set_backend(str(backend.get("unit") or "usd"), workers)
+        self.table.set_backend(lane["unit"], workers)
 
     @property
     def sort(self) -> tuple[str, str, bool]:
@@ -406,9 +385,9 @@ class ProvidersPane(Vertical):
         if self.has_class("-filtering"):
             self.close_filter()
 
-    def show(self, providers: list[dict[str, Any]], history: History | None) -> None:
+    def show(self, providers: list[ProviderView]) -> None:
         """Repaint the table and the subtitle (sort, filter, counts)."""
-        self.table.show(providers, history, filter_text=self.filter_text, sort=self.sort)
+        self.table.show(providers, filter_text=self.filter_text, sort=self.sort)
         name, _, descending = self.sort
         parts = [f"sort {name} {'↓' if descending else '↑'}"]
         if self.filter_text:

@@ -11,7 +11,7 @@ from textual.markup import escape
 from textual.widgets import Static
 
 from regen.console import format as fmt
-from regen.console.format import number
+from regen.engine.schema import MoneyView, Snapshot, budget_lane
 
 STATE_LOOK = {
     "STARTING": ("…", "$text-muted"),
@@ -34,20 +34,20 @@ class Freshness:
     disconnected: str | None = None
 
 
-def completion(snap: dict[str, Any]) -> float | None:
+def completion(snap: Snapshot) -> float | None:
     """Fraction of all datasets' prompts done."""
-    datasets = snap.get("datasets") or []
-    total = sum(number(d.get("total")) or 0.0 for d in datasets)
-    done = sum(number(d.get("done")) or 0.0 for d in datasets)
+    datasets = snap["datasets"]
+    total = sum(d["total"] for d in datasets)
+    done = sum(d["done"] for d in datasets)
     return done / total if total else None
 
 
-def budget_used(money: dict[str, Any]) -> float | None:
+def budget_used(money: MoneyView) -> float | None:
     """(spent + reserved) / budget."""
-    budget = number(money.get("budget"))
+    budget = money["budget"]
     if not budget:
         return None
-    return ((number(money.get("spent")) or 0.0) + (number(money.get("reserved")) or 0.0)) / budget
+    return (money["spent"] + money["reserved"]) / budget
 
 
 class StatusStrip(Static):
@@ -64,20 +64,16 @@ class StatusStrip(Static):
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__("connecting to the job…", id=id, markup=False)
-        self.snapshot: dict[str, Any] | None = None
+        self.snapshot: Snapshot | None = None
         self.hello: dict[str, Any] = {}
         self.budget_warn_fraction = 0.8
         self.freshness = Freshness(None, 5.0)
-        self.burn_per_h: float | None = None
         self._markup_shown = ""
 
-    def show(
-        self, snap: dict[str, Any] | None, freshness: Freshness, burn_per_h: float | None = None
-    ) -> None:
+    def show(self, snap: Snapshot | None, freshness: Freshness) -> None:
         """Repaint from a snapshot (or the last one, for a freshness tick)."""
         if snap is not None:
             self.snapshot = snap
-            self.burn_per_h = burn_per_h
         self.freshness = freshness
         markup = self._markup(freshness)
         if markup != self._markup_shown:
@@ -98,39 +94,38 @@ class StatusStrip(Static):
                 else "connecting to the job…"
             )
             return first + "\n" + self._flags(fresh)
-        state = str(snap.get("state") or "?")
+        state = snap["state"]
         glyph, colour = STATE_LOOK.get(state, ("?", "$text-muted"))
-        money = snap.get("money") or {}
+        # The lane holding the budget (engine/schema.py budget_lane): its money, limit and holds.
+        lane = budget_lane(snap)
+        money = lane["money"]
         done = completion(snap)
         used = budget_used(money)
-        burn = self.burn_per_h if self.burn_per_h is not None else number(money.get("burn_per_h"))
-        spent, reserved, budget = (number(money.get(k)) for k in ("spent", "reserved", "budget"))
-        if money.get("blocked"):
+        burn = money["burn_per_h"]
+        spent, reserved, budget = money["spent"], money["reserved"], money["budget"]
+        if money["blocked"]:
             money_colour, budget_word = "$budget-over", " BUDGET REACHED"
         elif used is not None and used >= self.budget_warn_fraction:
             money_colour, budget_word = "$budget-warn", " near budget"
         else:
             money_colour, budget_word = "$foreground", ""
-        rates = snap.get("rates") or {}
-        conc = snap.get("concurrency") or {}
-        in_flight = f"{snap.get('in_flight', '-')}/{conc.get('effective', '-')}"
-        if conc.get("configured") not in (None, conc.get("effective")):
-            in_flight += f"<{conc.get('configured')}"
-        model = escape(str(snap.get("model") or job.get("model") or "?"))
-        elapsed, eta = number(snap.get("elapsed_s")), number(snap.get("eta_s"))
+        rates = snap["rates"]
+        conc = lane["concurrency"]
+        in_flight = f"{snap['in_flight']}/{conc['effective']}"
+        if conc["configured"] != conc["effective"]:
+            in_flight += f"<{conc['configured']}"
+        model = escape(snap["model"] or str(job.get("model") or "?"))
+        elapsed, eta = snap["elapsed_s"], snap["eta_s"]
         state_text = f"[b {colour}]{glyph} {state}[/]"
-        outage = number(snap.get("outage_s"))
-        held = number(snap.get("held_s"))
+        outage = lane["outage_s"]
+        held = lane["held_s"]
         if outage is not None:
             state_text += f" [b $error]HELD: unreachable {fmt.short_duration(outage)}[/]"
         elif held is not None:
             # A platform rate limit: nothing is sent until it resets, though the job is running.
             state_text += f" [b $warning]HELD {fmt.short_duration(held)}[/]"
-        tokens, requests = (
-            fmt.rate(number(rates.get("output_tokens_per_s"))),
-            fmt.rate(number(rates.get("attempts_per_s"))),
-        )
-        unit = str(money.get("unit") or "usd")
+        tokens, requests = fmt.rate(rates["output_tokens_per_s"]), fmt.rate(rates["attempts_per_s"])
+        unit = money["unit"]
         if unit == "usd":
             spend = [
                 f"[{money_colour}]{fmt.money(spent)} spent + {fmt.money(reserved)} reserved of {fmt.money(budget)} "
@@ -164,17 +159,17 @@ class StatusStrip(Static):
             )
             if part
         )
-        outcome = snap.get("outcome") or {}
+        outcome = snap["outcome"]
         ended = (
-            f" · {escape(str(outcome['message']))}"
-            if state in ("STOPPED", "DONE") and outcome.get("message")
+            f" · {escape(outcome['message'])}"
+            if state in ("STOPPED", "DONE") and outcome is not None and outcome["message"]
             else ""
         )
         flags = self._flags(fresh)
         lead = f"{flags} " if flags else ""
         seconds = [
             f"{lead}{where} · in flight {in_flight} · {tokens} tok/s · {requests} req/s · "
-            f"{fmt.count(number(snap.get('rows')))} rows{ended}",
+            f"{fmt.count(snap['rows'])} rows{ended}",
             f"{lead}{model} · in flight {in_flight} · {tokens} tok/s · {requests} req/s{ended}",
             f"{lead}{model.split('/')[-1]} · fly {in_flight} · {tokens} tok/s {requests} req/s{ended}",
         ]

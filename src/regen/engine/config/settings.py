@@ -1,46 +1,26 @@
-"""Typed settings: a TOML file, then `REGEN_` environment variables, then `OPENROUTER_API_KEY`.
+"""The settings' shape: every section, its defaults and its checks, and `Settings`, the whole.
 
-Every field carries a docstring; `settings.example.toml` is written from them, so the two never
-drift apart (a test checks it).
+Every field carries a docstring; `settings.example.toml` is written from them (engine/config/example.py),
+so the two never drift apart (a test checks it). engine/config/loading.py reads a TOML file, then
+`REGEN_` environment variables, then `OPENROUTER_API_KEY` into these.
 """
 
 from __future__ import annotations
 
-import os
-import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SecretStr,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
-from pydantic_core import PydanticUndefinedType
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from regen.engine.money.deadline import DeadlineError, parse_deadline
 
-DEFAULT_SETTINGS_FILE = Path("settings.toml")
 ENV_PREFIX = "REGEN_"
-KEY_ENV = "OPENROUTER_API_KEY"
 
 Quantization = Literal[
     "int4", "int8", "fp4", "mxfp4", "nvfp4", "fp6", "fp8", "mxfp8", "fp16", "bf16", "fp32", "unknown"
 ]
 RowStatus = Literal["ok", "truncated"]
-
-
-class SettingsError(ValueError):
-    """Settings that cannot be used; `problems` holds one line per problem."""
-
-    def __init__(self, problems: list[str]) -> None:
-        super().__init__("\n".join(problems))
-        self.problems = problems
 
 
 class _Section(BaseModel):
@@ -446,78 +426,6 @@ class Settings(BaseSettings):
         return (env_settings, init_settings)
 
 
-def _key_path(loc: tuple[int | str, ...]) -> str:
-    return ".".join(str(part) for part in loc)
-
-
-def _env_name(key: str) -> str:
-    return ENV_PREFIX + key.replace(".", "__").upper()
-
-
-def load_settings(path: Path | None = None) -> Settings:
-    """Load settings from `path` (or ./settings.toml when present, else defaults) and the environment.
-
-    Raises SettingsError with one line per problem, each naming the key and where it came from.
-    """
-    env = os.environ
-    source = path
-    if source is None and DEFAULT_SETTINGS_FILE.is_file():
-        source = DEFAULT_SETTINGS_FILE
-    data: dict[str, Any] = {}
-    if source is not None:
-        try:
-            with open(source, "rb") as fh:
-                data = tomllib.load(fh)
-        except FileNotFoundError:
-            raise SettingsError([f"{source}: settings file not found"]) from None
-        except IsADirectoryError:
-            raise SettingsError([f"{source}: is a folder, not a settings file"]) from None
-        except tomllib.TOMLDecodeError as exc:
-            raise SettingsError([f"{source}: not valid TOML: {exc}"]) from None
-        except UnicodeDecodeError as exc:
-            raise SettingsError([f"{source}: not valid UTF-8 (byte {exc.start})"]) from None
-        except RecursionError:
-            raise SettingsError([f"{source}: not valid TOML: nested too deep"]) from None
-        except OSError as exc:
-            raise SettingsError([f"{source}: cannot read: {exc.strerror}"]) from None
-    where = str(source) if source is not None else "built-in defaults"
-    try:
-        settings = Settings(**data)
-    except ValidationError as exc:
-        problems = []
-        for err in exc.errors(include_input=False, include_url=False):
-            key = _key_path(err["loc"])
-            origin = f"environment {_env_name(key)}" if _env_name(key) in env else where
-            # A validator's own message, without pydantic's "Value error, " in front of it.
-            message = err["msg"].removeprefix("Value error, ") if err["type"] == "value_error" else err["msg"]
-            problems.append(f"{origin}: {key}: {message}")
-        raise SettingsError(problems) from None
-    problems = backend_problems(settings)
-    if problems:
-        raise SettingsError([f"{where}: {problem}" for problem in problems])
-    if settings.openrouter.api_key is None and env.get(KEY_ENV):
-        settings.openrouter.api_key = SecretStr(env[KEY_ENV])
-    base = source.parent if source is not None else Path.cwd()
-    settings.job.datasets = [_resolve(base, p) for p in settings.job.datasets]
-    settings.job.dataset_roots = [_resolve(base, p) for p in settings.job.dataset_roots]
-    settings.job.run_dir = _resolve(base, settings.job.run_dir)
-    if settings.tokenizer.path is not None:
-        settings.tokenizer.path = _resolve(base, settings.tokenizer.path)
-    settings.console.theme_dirs = [_resolve(base, p) for p in settings.console.theme_dirs]
-    if settings.console.export_dir is not None:
-        settings.console.export_dir = _resolve(base, settings.console.export_dir)
-    settings.workspace = _resolve(base, settings.workspace)
-    for host in settings.hosts:
-        host.key_files = [_resolve(base, p) for p in host.key_files]
-        if host.known_hosts is not None:
-            host.known_hosts = _resolve(base, host.known_hosts)
-    # Imported here: the workspace module reads these settings' types.
-    from regen.engine.config.workspace import use_workspace
-
-    use_workspace(settings)
-    return settings
-
-
 def backend_problems(settings: Settings) -> list[str]:
     """What the chosen backend needs from other sections, one line per problem (key first)."""
     if "sglang" not in settings.job.chosen_backends:
@@ -536,112 +444,3 @@ def backend_problems(settings: Settings) -> list[str]:
             "locally, so set it to the model's tokenizer folder"
         )
     return problems
-
-
-def _resolve(base: Path, path: Path) -> Path:
-    """Relative paths in a settings file are relative to that file, not to the working folder."""
-    path = path.expanduser()
-    return path if path.is_absolute() else (base / path)
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, SecretStr):
-        return '""'
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, Path | str):
-        return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        if not value:
-            return "{}"
-        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
-    raise TypeError(f"no TOML form for {type(value).__name__}")
-
-
-def example_toml() -> str:
-    """settings.example.toml: every setting, its docstring as a comment, its default value."""
-    lines = [
-        "# regen settings: every setting with its default. Copy to settings.toml and edit.",
-        "# Environment variables override the file: REGEN_<SECTION>__<KEY>, e.g. REGEN_JOB__CONCURRENCY=500.",
-        "# The API key is best given as OPENROUTER_API_KEY, never committed.",
-        "# Relative paths are relative to the settings file.",
-    ]
-
-    def section(title: str, model: type[BaseModel], defaults: BaseModel) -> None:
-        lines.append("")
-        lines.append(f"[{title}]")
-        doc = (model.__doc__ or "").strip()
-        if doc:
-            lines.append(f"# {doc}")
-        nested = []
-        for name, info in model.model_fields.items():
-            value = getattr(defaults, name)
-            if isinstance(value, BaseModel):
-                nested.append((f"{title}.{name}", type(value), value))
-                continue
-            lines.append("")
-            for doc_line in (info.description or "").splitlines():
-                lines.append(f"# {doc_line}".rstrip())
-            if value is None:
-                lines.append(f"# {name} =")
-            else:
-                lines.append(f"{name} = {_toml_value(value)}")
-        for sub in nested:
-            section(*sub)
-
-    def example_table(title: str, model: type[BaseModel]) -> None:
-        # A list of tables is empty by default, so its keys are shown as a commented example.
-        lines.append("")
-        doc = (model.__doc__ or "").strip()
-        if doc:
-            lines.append(f"# {doc}")
-        lines.append("# One table per host: copy the block and remove the first '# ' of each line.")
-        lines.append(f"# [[{title}]]")
-        for name, info in model.model_fields.items():
-            lines.append("#")
-            for doc_line in (info.description or "").splitlines():
-                lines.append(f"# # {doc_line}".rstrip())
-            examples = _TABLE_EXAMPLES.get(title, {})
-            example = examples[name] if name in examples else info.get_default(call_default_factory=True)
-            if example is None or isinstance(example, PydanticUndefinedType):
-                lines.append(f"# {name} =")
-            else:
-                lines.append(f"# {name} = {_toml_value(example)}")
-
-    defaults = Settings.model_construct()
-    tables = []
-    # Top-level keys must come before the first [section] in TOML.
-    for name, info in Settings.model_fields.items():
-        value = getattr(defaults, name)
-        if isinstance(value, BaseModel | list):
-            continue
-        lines.append("")
-        for doc_line in (info.description or "").splitlines():
-            lines.append(f"# {doc_line}".rstrip())
-        lines.append(f"{name} = {_toml_value(value)}")
-    for name in Settings.model_fields:
-        value = getattr(defaults, name)
-        if isinstance(value, BaseModel):
-            section(name, type(value), value)
-        elif isinstance(value, list):
-            tables.append(name)
-    for name in tables:
-        example_table(name, _LIST_TABLES[name])
-    return "\n".join(lines) + "\n"
-
-
-# The model of each list-of-tables setting, and example values for its commented example.
-_LIST_TABLES: dict[str, type[BaseModel]] = {"hosts": HostSettings}
-_TABLE_EXAMPLES: dict[str, dict[str, Any]] = {
-    "hosts": {
-        "name": "gpu1",
-        "address": "gpu1.example.org",
-        "user": "ubuntu",
-        "data_root": "~/prepared",
-        "model_path": "/models/Kimi-K2.5",
-    }
-}

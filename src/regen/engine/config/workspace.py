@@ -1,16 +1,15 @@
 """The local workspace that `regen pull` fills, and how a run picks it up without further settings.
 
 `<workspace>/datasets/<name>/prompts.jsonl` holds pulled datasets and `<workspace>/tokenizer/` the
-model's tokenizer files (docs/gpu-host.md). A run uses them when the settings name nothing else.
+model's tokenizer files (docs/gpu-host.md). A run uses them when the settings name nothing else:
+engine/config/loading.py calls `use_workspace` once the settings are read.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from regen.engine.config.settings import Settings
+from regen.engine.config.settings import Settings
 
 PROMPTS_FILE = "prompts.jsonl"
 DATASETS_DIR = "datasets"

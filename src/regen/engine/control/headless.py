@@ -11,18 +11,13 @@ import datetime as dt
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from regen.engine.control.server import SOCKET_NAME, ControlServer
+from regen.engine.durations import duration
 from regen.engine.job.job import Job, Outcome, StopReason
-
-
-def _clock(seconds: float | None) -> str:
-    if seconds is None:
-        return "--:--:--"
-    seconds = int(seconds)
-    return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+from regen.engine.schema import FleetView, LaneView, MoneyView, ProviderView, Snapshot, budget_lane
 
 
 def _count(n: float) -> str:
@@ -42,7 +37,7 @@ def _amount(value: float, unit: str, places: int = 2) -> str:
     return f"{value:.{places}f} {unit}"
 
 
-def money_line(money: Mapping[str, Any]) -> str:
+def money_line(money: MoneyView) -> str:
     """Spent, split into what was billed and what is still an estimate, and why."""
     unit = money["unit"]
     line = f"spent {_amount(money['spent'], unit, 4)}"
@@ -72,12 +67,14 @@ def money_line(money: Mapping[str, Any]) -> str:
     return line
 
 
-def status_line(snap: Mapping[str, Any]) -> str:
-    """One line: state, per-dataset progress, rates, in flight, money, errors by class, ETA."""
+def status_line(snap: Snapshot) -> str:
+    """One line: state, per-dataset progress, rates, in flight, the budget lane's money and limit
+    (engine/schema.py budget_lane), errors by class, ETA; with several backends, each one's share."""
     datasets = " ".join(f"{d['name']} {d['done']}/{d['total']}" for d in snap["datasets"])
     rates = snap["rates"]
-    money = snap["money"]
-    conc = snap["concurrency"]
+    paid = budget_lane(snap)
+    money = paid["money"]
+    conc = paid["concurrency"]
     limit = (
         f"{conc['effective']}"
         if conc["effective"] == conc["configured"]
@@ -88,18 +85,18 @@ def status_line(snap: Mapping[str, Any]) -> str:
     estimated = f" (~{_amount(money['estimated'], unit)} est)" if money["estimated"] > 0.005 else ""
     budget = "" if money["budget"] is None else f" / {_amount(money['budget'], unit)}"
     state = snap["state"]
-    if snap.get("outage_s") is not None:
-        state += f" (HELD: {snap.get('held_reason')} for {_clock(snap['outage_s'])})"
-    elif snap.get("held_s") is not None:
-        state += f" (held {_clock(snap['held_s'])}: {snap.get('held_reason')})"
+    if paid["outage_s"] is not None:
+        state += f" (HELD: {paid['held_reason']} for {duration(paid['outage_s'], 'clock')})"
+    elif paid["held_s"] is not None:
+        state += f" (held {duration(paid['held_s'], 'clock')}: {paid['held_reason']})"
     line = (
-        f"[{_clock(snap['elapsed_s'])}] {state} | {datasets} | "
+        f"[{duration(snap['elapsed_s'], 'clock')}] {state} | {datasets} | "
         f"{_count(rates['output_tokens_per_s'])} tok/s {rates['attempts_per_s']:.1f} req/s | "
         f"in flight {snap['in_flight']}/{limit} | "
         f"{_amount(money['spent'], unit)} spent{estimated} + {_amount(money['reserved'], unit)} reserved{budget} | "
-        f"errors {errors} | ETA {_clock(snap['eta_s'])}"
+        f"errors {errors} | ETA {duration(snap['eta_s'], 'clock')}"
     )
-    lanes = snap.get("lanes") or []
+    lanes = snap["lanes"]
     if len(lanes) > 1:
         line += " | split " + " · ".join(lane_part(lane) for lane in lanes)
     fleet = snap.get("fleet")
@@ -114,25 +111,28 @@ def _at(ts: float) -> str:
     return f"{when:%H:%M:%S}" if when.date() == dt.date.today() else f"{when:%a %H:%M:%S}"
 
 
-def deadline_part(fleet: Mapping[str, Any]) -> str:
+def deadline_part(fleet: FleetView) -> str:
     """The deadline, the ETA at the pace measured now against it, and whether the plan fits."""
-    left = fleet["time_left_s"]
-    part = f"deadline {_at(fleet['deadline_ts'])}"
+    left, at = fleet["time_left_s"], fleet["deadline_ts"]
+    assert at is not None, "a deadline part is asked only of a fleet with a deadline"
+    part = f"deadline {_at(at)}"
     if left is not None and left < 0:
-        return part + f" passed {_clock(-left)} ago"
-    part += f" in {_clock(left)}"
+        return part + f" passed {duration(-left, 'clock')} ago"
+    part += f" in {duration(left, 'clock')}"
     eta = fleet["eta_s"]
     if eta is not None and left is not None:
-        part += f", ETA {_clock(eta)} ({'on time' if eta <= left else f'{_clock(eta - left)} late'})"
+        verdict = "on time" if eta <= left else f"{duration(eta - left, 'clock')} late"
+        part += f", ETA {duration(eta, 'clock')} ({verdict})"
     return part + ("" if fleet["fits"] else ", CANNOT BE MET")
 
 
-def plan_line(fleet: Mapping[str, Any]) -> str:
+def plan_line(fleet: FleetView) -> str:
     """The plan over the fleets, said before the start and when it stops (or starts again) fitting."""
-    if fleet["deadline_ts"] is None:
+    at = fleet["deadline_ts"]
+    if at is None:
         return f"plan: {fleet['plan']['reason']}"
     left = fleet["time_left_s"]
-    return f"deadline {_at(fleet['deadline_ts'])} (in {_clock(max(0.0, left or 0.0))}): {fleet['reason']}"
+    return f"deadline {_at(at)} (in {duration(max(0.0, left or 0.0), 'clock')}): {fleet['reason']}"
 
 
 # Events the status lines do not show and an operator reading the log should see when they happen.
@@ -148,15 +148,16 @@ def event_lines(events: list[dict[str, Any]]) -> list[str]:
     return [_SAID[e["event"]](e) for e in events if e.get("event") in _SAID]
 
 
-def _lane_limit(lane: Mapping[str, Any]) -> str:
+def _lane_limit(lane: LaneView) -> str:
     conc = lane["concurrency"]
     limit = conc["effective"]
-    if lane.get("ceiling") is not None:
-        limit = min(limit, lane["ceiling"])
+    ceiling = lane["ceiling"]
+    if ceiling is not None:
+        limit = min(limit, ceiling)
     return f"{limit}" if limit == conc["configured"] else f"{limit}<{conc['configured']}"
 
 
-def lane_part(lane: Mapping[str, Any]) -> str:
+def lane_part(lane: LaneView) -> str:
     """One backend's share for the status line: rows, tokens, money in its unit, in flight."""
     money = lane["money"]
     state = "" if lane["state"] == "running" else f" {lane['state'].upper()}"
@@ -167,7 +168,7 @@ def lane_part(lane: Mapping[str, Any]) -> str:
     )
 
 
-def lane_line(lane: Mapping[str, Any]) -> str:
+def lane_line(lane: LaneView) -> str:
     """One backend's share for the summary."""
     money = lane["money"]
     unit = money["unit"]
@@ -190,7 +191,7 @@ def _millis(value: float | None) -> str:
     return "-" if value is None else f"{value * 1000:.1f}ms"
 
 
-def provider_line(p: Mapping[str, Any], unit: str) -> str:
+def provider_line(p: ProviderView, unit: str) -> str:
     errors = sum(p["errors"].values())
     per_m = "-" if p["cost_per_m_output"] is None else f"{_amount(p['cost_per_m_output'], unit)}/M"
     return (
@@ -202,16 +203,17 @@ def provider_line(p: Mapping[str, Any], unit: str) -> str:
     )
 
 
-def summary_lines(snap: Mapping[str, Any], outcome: Outcome) -> list[str]:
+def summary_lines(snap: Snapshot, outcome: Outcome) -> list[str]:
     lines = ["", "summary:"]
     for d in snap["datasets"]:
         lines.append(
             f"  {d['name']}: {d['done']}/{d['total']} rows ({d['ok']} ok, {d['truncated']} truncated, "
             f"{d['failed']} failed, {d['invalid']} invalid skipped), {d['output_tokens']} output tokens, {d['state']}"
         )
-    money = snap["money"]
+    paid = budget_lane(snap)
+    money = paid["money"]
     unit = money["unit"]
-    lanes = snap.get("lanes") or []
+    lanes = snap["lanes"]
     if len(lanes) > 1:
         lines.append("backends:")
         lines.extend(lane_line(lane) for lane in lanes)
@@ -222,7 +224,7 @@ def summary_lines(snap: Mapping[str, Any], outcome: Outcome) -> list[str]:
     else:
         lines.append("providers:")
         # Routes that never served and are kept out are listed by the console, not here.
-        lines.extend(provider_line(p, unit) for p in snap["providers"] if p["requests"] or p["allowed"])
+        lines.extend(provider_line(p, unit) for p in paid["providers"] if p["requests"] or p["allowed"])
     lines.append(f"money: {money_line(money)}")
     per_m = money["useful_per_m"]
     lines.append(
@@ -236,11 +238,12 @@ def summary_lines(snap: Mapping[str, Any], outcome: Outcome) -> list[str]:
     )
     lines.append(f"  waste {_amount(money['waste_total'], unit, 4)}" + (f": {waste}" if waste else ""))
     fleet = snap.get("fleet")
-    if fleet is not None and fleet["deadline_ts"] is not None:
-        early = fleet["deadline_ts"] - time.time()
-        verdict = f"{_clock(early)} before it" if early >= 0 else f"missed by {_clock(-early)}"
-        lines.append(f"deadline {_at(fleet['deadline_ts'])}: ended {verdict}")
-    if snap.get("quarantined"):
+    at = None if fleet is None else fleet["deadline_ts"]
+    if at is not None:
+        early = at - time.time()
+        verdict = f"{duration(early, 'clock')} before it" if early >= 0 else f"missed by {duration(-early, 'clock')}"
+        lines.append(f"deadline {_at(at)}: ended {verdict}")
+    if snap["quarantined"]:
         lines.append(f"  quarantined responses: {snap['quarantined']} (see quarantine.jsonl)")
     lines.append(f"{'done' if outcome.reason is StopReason.DONE else 'stopped'}: {outcome.message}")
     return lines

@@ -36,7 +36,7 @@ import orjson
 
 from regen.engine.schema import JobInfo, Snapshot
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3  # 3: everything of one backend in its lane (engine/schema.py LaneView)
 SOCKET_NAME = "control.sock"
 SNAPSHOT_INTERVAL_S = 0.25
 MAX_LINE = 1 << 20  # longest message a client may send

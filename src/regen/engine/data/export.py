@@ -24,8 +24,9 @@ from typing import IO, Any
 
 import orjson
 
-from regen.engine.data.datasets import RESULTS_FILE, Dataset, validate_line
+from regen.engine.data.datasets import RESULTS_FILE, Dataset
 from regen.engine.data.jsonl import JsonlError, iter_jsonl
+from regen.engine.data.validate import validate_line
 
 __all__ = ["FORMATS", "ExportError", "ExportReport", "default_output", "export"]
 

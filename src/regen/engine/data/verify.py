@@ -23,9 +23,10 @@ from typing import Any
 import orjson
 
 from regen.engine.data.contract import is_degenerate
-from regen.engine.data.datasets import PROMPTS_FILE, RESULTS_FILE, Dataset, validate_line
+from regen.engine.data.datasets import PROMPTS_FILE, RESULTS_FILE, Dataset
 from regen.engine.data.jsonl import JsonlError, iter_jsonl
 from regen.engine.data.tokenizer import THINK, THINK_END, TargetTokenizer
+from regen.engine.data.validate import validate_line
 
 __all__ = ["RULES", "DatasetReport", "Violation", "journal_spend", "verify_dataset"]
 

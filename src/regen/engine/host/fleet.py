@@ -15,7 +15,7 @@ import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import aiohttp
 
@@ -23,6 +23,7 @@ from regen.engine.config.settings import HostSettings, SGLangSettings
 from regen.engine.host.errors import HostError
 from regen.engine.host.router import Router, RouterError
 from regen.engine.host.tunnel import Tunnel
+from regen.engine.schema import HostFleetView
 
 if TYPE_CHECKING:
     from regen.engine.host.monitor import HostMonitor
@@ -166,7 +167,7 @@ class Fleet:
         await asyncio.gather(*(w.tunnel.close() for w in self.workers), return_exceptions=True)
         await asyncio.gather(*(c.close() for c in self._own), return_exceptions=True)
 
-    def view(self) -> dict[str, Any]:
+    def view(self) -> HostFleetView:
         return {
             "router": self.router.view() if self.router is not None else None,
             "workers": [

@@ -15,6 +15,7 @@ from typing import Any
 from regen.engine.config.settings import HostSettings
 from regen.engine.host.errors import HostError
 from regen.engine.host.ssh import HostConnection
+from regen.engine.schema import InspectCounts
 
 # Invalid lines the text report lists per dataset (the JSON has up to the survey's cap).
 TEXT_INVALID_LINES = 10
@@ -79,7 +80,7 @@ async def inspect_hosts(
     return list(await asyncio.gather(*(one(h) for h in hosts)))
 
 
-def summary(record: dict[str, Any]) -> dict[str, Any]:
+def summary(record: dict[str, Any]) -> InspectCounts:
     """What the console's host pane shows of an inspect: datasets, prompts, invalid lines, duplicates."""
     datasets = record.get("datasets") or []
     return {

@@ -14,9 +14,10 @@ import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from regen.engine.host.errors import HostError
+from regen.engine.schema import GpuView, HostDisks, HostSGLangView, HostView, InspectView, SGLangActionView
 
 if TYPE_CHECKING:
     from regen.engine.config.settings import HostSettings, SGLangSettings
@@ -33,19 +34,19 @@ PROGRESS_LINES = 12
 class _Host:
     settings: HostSettings
     conn: HostConnection
-    gpus: list[dict[str, Any]] = field(default_factory=list)
+    gpus: list[GpuView] = field(default_factory=list)
     gpu_error: str | None = None
-    disk: dict[str, Any] = field(default_factory=dict)
+    disk: HostDisks = field(default_factory=lambda: HostDisks())
     polled_at: float | None = None
     polls: int = 0
     poll_error: str | None = None
     failures: int = 0
-    inspect: dict[str, Any] | None = None
+    inspect: InspectView | None = None
     inspect_task: asyncio.Task[None] | None = None
     poll_task: asyncio.Task[None] | None = None
     tunnel: Tunnel | None = None  # the run's tunnel to this host's SGLang, when the backend opened one
     sglang: dict[str, Any] | None = None  # the last SGLang status (engine/host/sglang.py)
-    action: dict[str, Any] | None = None  # an SGLang start or stop from the console: what, state, progress
+    action: SGLangActionView | None = None  # an SGLang start or stop from the console: what, state, progress
     action_task: asyncio.Task[None] | None = None
 
 
@@ -117,9 +118,9 @@ class HostMonitor:
             host.poll_error = str(exc)
             host.failures += 1
             return
-        host.gpus = status.get("gpus") or []
+        host.gpus = _gpus(status) or []
         host.gpu_error = status.get("gpu_error")
-        host.disk = status.get("disk") or {}
+        host.disk = _disks(status) or {}
         host.polled_at = time.time()
         host.polls += 1
         host.poll_error = None
@@ -191,7 +192,9 @@ class HostMonitor:
             ok, message = False, str(exc)
         except Exception as exc:  # a malformed answer must not end the job's loop
             ok, message = False, f"{type(exc).__name__}: {exc}"
-        action.update(state="done" if ok else "failed", message=message, finished_at=time.time())
+        action["state"] = "done" if ok else "failed"
+        action["message"] = message
+        action["finished_at"] = time.time()
         await self._poll_sglang(host)
 
     async def _poll_loop(self, host: _Host) -> None:
@@ -234,8 +237,9 @@ class HostMonitor:
         if host.inspect_task is not None and not host.inspect_task.done():
             return False
         began = time.time()
-        previous = host.inspect or {}
-        host.inspect = {**previous, "state": "running", "started_at": began}
+        # The last inspect's counts stay shown while the next one runs.
+        kept: InspectView = host.inspect.copy() if host.inspect is not None else {"state": "running"}
+        host.inspect = {**kept, "state": "running", "started_at": began}
         host.inspect_task = asyncio.get_running_loop().create_task(
             self._inspect(host, began), name=f"host-inspect-{host.settings.name}"
         )
@@ -247,8 +251,9 @@ class HostMonitor:
         try:
             record = await inspect_host(host.conn)
         except HostError as exc:
+            kept: InspectView = host.inspect.copy() if host.inspect is not None else {"state": "failed"}
             host.inspect = {
-                **(host.inspect or {}),
+                **kept,
                 "state": "failed",
                 "error": str(exc),
                 "started_at": began,
@@ -269,9 +274,9 @@ class HostMonitor:
             **summary(record),
         }
         # The inspect saw the GPUs too: as fresh as a poll.
-        host.gpus = record.get("gpus") or host.gpus
+        host.gpus = _gpus(record) or host.gpus
         host.gpu_error = record.get("gpu_error")
-        host.disk = record.get("disk") or host.disk
+        host.disk = _disks(record) or host.disk
 
     async def wait_inspected(self) -> None:
         """Wait until no inspect is running (for tests and the end of a run)."""
@@ -282,9 +287,9 @@ class HostMonitor:
 
     # ------------------------------------------------------------------------------- view
 
-    def view(self) -> list[dict[str, Any]]:
+    def view(self) -> list[HostView]:
         """Per host, plain data: connection state and retries, GPUs, disk, the last inspect, errors."""
-        out = []
+        out: list[HostView] = []
         for host in self._hosts.values():
             conn = host.conn.view()
             out.append(
@@ -296,21 +301,48 @@ class HostMonitor:
                     "disk": host.disk,
                     "polled_at": host.polled_at,
                     "polls": host.polls,
-                    "inspect": dict(host.inspect) if host.inspect is not None else None,
+                    "inspect": host.inspect.copy() if host.inspect is not None else None,
                     "tunnel": host.tunnel.view() if host.tunnel is not None else None,
                     "sglang": _sglang_view(host.sglang),
-                    "sglang_action": dict(host.action) if host.action is not None else None,
+                    "sglang_action": host.action.copy() if host.action is not None else None,
                 }
             )
         return out
 
 
-def _sglang_view(status: dict[str, Any] | None) -> dict[str, Any] | None:
+# hostcmd's `status` and an inspect's record write the GPUs and disks as engine/host/scripts/probe.py
+# `gpus` and `disk` make them, regen's own scripts run on the host: the schema's GpuView and DiskView.
+
+
+def _gpus(answer: dict[str, Any]) -> list[GpuView] | None:
+    return cast("list[GpuView] | None", answer.get("gpus"))
+
+
+def _disks(answer: dict[str, Any]) -> HostDisks | None:
+    return cast("HostDisks | None", answer.get("disk"))
+
+
+def _sglang_view(status: dict[str, Any] | None) -> HostSGLangView | None:
     """The pane's part of an SGLang status (no log tail, no GPUs: those are polled already)."""
     if status is None:
         return None
-    keep = (
-        "ok", "error", "state", "pid", "alive", "phase", "failure", "ready", "version", "launched_version",
-        "served_model_name", "running", "queued", "gen_throughput", "kv_usage", "retractions", "port",
-    )
-    return {k: status.get(k) for k in keep}
+    get = status.get
+    return {
+        "ok": get("ok"),
+        "error": get("error"),
+        "state": get("state"),
+        "pid": get("pid"),
+        "alive": get("alive"),
+        "phase": get("phase"),
+        "failure": get("failure"),
+        "ready": get("ready"),
+        "version": get("version"),
+        "launched_version": get("launched_version"),
+        "served_model_name": get("served_model_name"),
+        "running": get("running"),
+        "queued": get("queued"),
+        "gen_throughput": get("gen_throughput"),
+        "kv_usage": get("kv_usage"),
+        "retractions": get("retractions"),
+        "port": get("port"),
+    }

@@ -24,7 +24,13 @@ from regen.engine.host.errors import RemoteError
 # The folder holding the `regen` package: shipped modules are read from it by their dotted names.
 _ROOT = Path(__file__).resolve().parents[3]
 # Modules the host scripts import, in import order, and the entry point.
-MODULES = ("regen.engine.data.datasets", "regen.engine.host.scripts.probe", "regen.engine.host.scripts.survey")
+MODULES = (
+    "regen.engine.data.datasets",
+    "regen.engine.data.lines",
+    "regen.engine.data.validate",
+    "regen.engine.host.scripts.probe",
+    "regen.engine.host.scripts.survey",
+)
 ENTRY = "regen.engine.host.scripts.hostcmd"
 MIN_PYTHON = (3, 10)
 # Exit status of the loader when the host's Python is too old for the shipped modules.

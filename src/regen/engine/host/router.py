@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 
 from regen.engine.lifetime import die_with_parent
+from regen.engine.schema import RouterView
 
 READY_TIMEOUT_S = 60.0
 STOP_GRACE_S = 10.0  # smg drains for about 5 s after TERM even when idle
@@ -157,7 +158,7 @@ class Router:
         await asyncio.to_thread(proc.wait)
         self.state = "stopped"
 
-    def view(self) -> dict[str, Any]:
+    def view(self) -> RouterView:
         return {
             "url": self.url,
             "state": self.state,

@@ -26,6 +26,7 @@ import asyncssh
 from regen.engine.config.settings import HostSettings
 from regen.engine.host.errors import AuthFailed, HostError, HostKeyRefused, HostSetupError, HostUnreachable
 from regen.engine.host.remote import ScriptResult, run_hostcmd
+from regen.engine.schema import ConnectionView
 
 T = TypeVar("T")
 
@@ -392,7 +393,7 @@ class HostConnection:
                 conn.abort()
         self._set("closed")
 
-    def view(self) -> dict[str, Any]:
+    def view(self) -> ConnectionView:
         return {
             "name": self.name,
             "address": f"{self.host.address}:{self.host.port}",

@@ -16,12 +16,12 @@ import contextlib
 import errno
 import time
 from collections.abc import Callable
-from typing import Any
 
 import asyncssh
 
 from regen.engine.host.errors import HostError, HostUnreachable
 from regen.engine.host.ssh import HostConnection, backoff_s
+from regen.engine.schema import TunnelView
 
 LOCAL_HOST = "127.0.0.1"
 # Listening on the same port again can briefly fail while the old listener's sockets close.
@@ -215,7 +215,7 @@ class Tunnel:
                 await asyncio.wait_for(listener.wait_closed(), 2.0)
         self._set("closed")
 
-    def view(self) -> dict[str, Any]:
+    def view(self) -> TunnelView:
         return {
             "host": self.name,
             "url": self.url,

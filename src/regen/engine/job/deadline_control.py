@@ -18,10 +18,11 @@ from decimal import Decimal
 from typing import Any
 
 from regen.engine.config.settings import Settings
+from regen.engine.durations import duration
 from regen.engine.job.dispatch import Dispatcher
 from regen.engine.job.lanes import Lane
 from regen.engine.money.deadline import parse_deadline, resolve_deadline
-from regen.engine.money.fleetplan.plan import Provider, Work, by_price, span
+from regen.engine.money.fleetplan.plan import Provider, Work, by_price
 from regen.engine.money.fleetplan.steer import Facts, Steer, Steering
 from regen.engine.money.planner import DatasetNeed, remaining_output_tokens
 from regen.engine.run.events import EventLog
@@ -129,7 +130,7 @@ class FleetSteering:
         at = resolve_deadline(deadline, dt.datetime.now().astimezone())
         self._set(text.strip(), at, origin)
         steer = self.tick()
-        return f"deadline {at:%a %H:%M:%S} ({span(max(0.0, at.timestamp() - time.time()))} from now): {steer.reason}"
+        return f"deadline {at:%a %H:%M:%S} ({duration(max(0.0, at.timestamp() - time.time()), 'fine')} from now): {steer.reason}"
 
     def _set(self, text: str | None, at: dt.datetime | None, source: str) -> None:
         self.deadline_text = text

@@ -33,6 +33,7 @@ from regen.engine.money.ledger import Ledger
 from regen.engine.run.events import EventLog
 from regen.engine.run.results import ResultsWriter
 from regen.engine.run.state import DatasetState, JobError, StopReason
+from regen.engine.schema import holding_budget
 
 # A hold lasts at least this long: a reset already past (clock skew, millisecond rounding) would
 # otherwise open and close a hold per response of a storm.
@@ -74,7 +75,6 @@ class Dispatcher:
         self.events = events
         self._stop = stop
         self.lanes: list[Lane] = []
-        self._main: Lane | None = None
         self.ceilings: LaneCeilings | None = None  # the steering hook (engine/job/lanes.py)
         self.queue: WorkQueue | None = None
         self.paused = False
@@ -98,12 +98,9 @@ class Dispatcher:
         return lane
 
     @property
-    def main(self) -> Lane:
-        """The lane today's single-backend keys describe: the one holding the budget, else the first."""
-        if self._main is None:
-            budgeted = [lane for lane in self.lanes if lane.ledger.budget is not None]
-            self._main = budgeted[0] if budgeted else self.lanes[0]
-        return self._main
+    def budget_lane(self) -> Lane:
+        """The lane holding the job's budget, else the first (engine/schema.py `holding_budget`)."""
+        return holding_budget(self.lanes, lambda lane: lane.ledger.budget)
 
     def lane(self, name: str) -> Lane:
         for lane in self.lanes:
@@ -114,46 +111,6 @@ class Dispatcher:
     def lane_fields(self, lane: Lane) -> dict[str, Any]:
         """Events of a job with several lanes name the lane; a single backend's stay as they were."""
         return {"backend": lane.name} if len(self.lanes) > 1 else {}
-
-    # Today's single-backend names, read by the snapshot, the job and tests: the main lane's.
-    @property
-    def backend(self) -> Backend:
-        return self.main.backend
-
-    @property
-    def ledger(self) -> Ledger:
-        return self.main.ledger
-
-    @property
-    def limit(self) -> AdaptiveLimit:
-        return self.main.limit
-
-    @property
-    def requests_per_minute(self) -> int | None:
-        return self.main.requests_per_minute
-
-    @property
-    def budget_blocked(self) -> bool:
-        return self.main.budget_blocked
-
-    @property
-    def held_until(self) -> float:
-        return self.main.held_until
-
-    @property
-    def held_reason(self) -> str | None:
-        return self.main.held_reason
-
-    @property
-    def outage(self) -> Outage | None:
-        return self.main.outage
-
-    @property
-    def outage_total_s(self) -> float:
-        return self.main.outage_total_s
-
-    def outage_s(self, now: float) -> float | None:
-        return self.main.outage_s(now)
 
     # ------------------------------------------------------------------------------- the loop
 
@@ -242,11 +199,11 @@ class Dispatcher:
             else:
                 queue.push_front(item)
                 if not self._flights and all(lane.ledger.budget is not None or lane.closed for lane in lanes):
-                    main = self.main
+                    paid = self.budget_lane
                     self._stop(
                         StopReason.BUDGET,
-                        f"budget reached: spent ${main.ledger.spent:.4f} of ${main.ledger.budget:.2f}; "
-                        f"the next request's worst case (${main.backend.reservation(item.prompt):.4f}) "
+                        f"budget reached: spent ${paid.ledger.spent:.4f} of ${paid.ledger.budget:.2f}; "
+                        f"the next request's worst case (${paid.backend.reservation(item.prompt):.4f}) "
                         "does not fit",
                     )
                     return
@@ -353,9 +310,8 @@ class Dispatcher:
     def in_flight(self) -> int:
         return len(self._flights)
 
-    def in_flight_by_route(self, lane: Lane | None = None) -> Counter[str]:
+    def in_flight_by_route(self, lane: Lane) -> Counter[str]:
         """Requests in flight per serving route (known once the attempt names it), of one lane."""
-        lane = self.main if lane is None else lane
         return Counter(f.route for on, f in self._flights.values() if on is lane and f.route)
 
     def wake(self) -> None:
@@ -387,9 +343,8 @@ class Dispatcher:
     def throttled(self, lane: Lane, now: float) -> None:
         lane.limit.on_throttle(now)
 
-    def suggest(self, ceiling: int | None, reason: str, lane: Lane | None = None) -> None:
+    def suggest(self, ceiling: int | None, reason: str, lane: Lane) -> None:
         """A backend's concurrency ceiling (docs/architecture.md); journaled when it changes."""
-        lane = self.main if lane is None else lane
         if ceiling == lane.limit.suggested:
             return
         lane.limit.suggest(ceiling)

@@ -22,8 +22,8 @@ from typing import Any
 from regen.engine.backends import make_backends
 from regen.engine.backends.base import Backend, BackendError
 from regen.engine.config.settings import Settings
-from regen.engine.data.datasets import iter_prompts
 from regen.engine.data.jsonl import JsonlError, WriteFailed
+from regen.engine.data.scan import iter_prompts
 from regen.engine.data.tokenize_pool import TokenizePool
 from regen.engine.data.tokenizer import TokenizerError, TokenizerSpec
 from regen.engine.host.errors import HostError
@@ -89,12 +89,6 @@ class Job:
             )
             steering.lane = self.dispatcher.add_lane(chosen, ledger, stats, settler)
         self.lanes = self.dispatcher.lanes
-        # Today's single-backend names: the main lane (the one holding the budget, else the only one).
-        main = self.dispatcher.main
-        self.backend = main.backend
-        self.ledger = main.ledger
-        self.stats = main.stats
-        self.settler = main.settler
         # The deadline controller (engine/job/deadline_control.py): the live plan over the fleets, and with a GPU
         # lane, a dollar lane and a deadline, OpenRouter's in-flight ceiling through the lanes' hook.
         self.fleet = FleetSteering(settings, self.dispatcher, self.datasets, self.events)
@@ -159,14 +153,15 @@ class Job:
             await bound.begin()
         self.dispatcher.queue = self._work_queue(scanned, journals[self.lanes[0].name])
         split = {"backends": [lane.name for lane in self.lanes]} if len(self.lanes) > 1 else {}
+        paid = self.dispatcher.budget_lane
         self.events.event(
             "start",
             pid=os.getpid(),
             datasets=list(self.datasets),
-            budget=str(self.ledger.budget),
-            spent=str(self.ledger.spent),
-            concurrency=self.dispatcher.limit.configured,
-            excluded=sorted(self.backend.excluded),
+            budget=str(paid.ledger.budget),
+            spent=str(paid.ledger.spent),
+            concurrency=paid.limit.configured,
+            excluded=sorted(paid.backend.excluded),
             **split,
         )
         first = journals[self.lanes[0].name]
@@ -284,7 +279,7 @@ class Job:
                 "end",
                 reason=self.outcome.reason.value,
                 message=self.outcome.message,
-                spent=str(self.ledger.spent),
+                spent=str(self.dispatcher.budget_lane.ledger.spent),
                 rows=sum(lane.stats.counters.rows for lane in self.lanes),
                 **split,
             )
@@ -294,8 +289,9 @@ class Job:
             await lane.backend.close()
         # After the backend: its last aborts and its tunnels go over these connections.
         await self.hosts.close()
-        if self.settler.pool is not None:
-            await self.settler.pool.close()
+        pool = self.lanes[0].settler.pool  # one pool, every lane's (prepare)
+        if pool is not None:
+            await pool.close()
         self.lock.release()
 
     # ----------------------------------------------------------------------- operator commands
@@ -340,11 +336,11 @@ class Job:
 
     def _route_lane(self, backend: str | None) -> Lane:
         """The lane an exclude or include is for: the one named, else the first whose routes can be
-        excluded (OpenRouter's providers), else the main lane."""
+        excluded (OpenRouter's providers), else the one holding the budget."""
         if backend is not None:
             return self._lane(backend)
         steerable = [lane for lane in self.lanes if lane.backend.supports_exclude]
-        return steerable[0] if steerable else self.dispatcher.main
+        return steerable[0] if steerable else self.dispatcher.budget_lane
 
     def exclude(self, name: str, *, origin: str = "operator", backend: str | None = None) -> str:
         """Stop routing to a route (slug or display name); later requests keep away from it."""
@@ -387,14 +383,14 @@ class Job:
 
     def set_budget(self, amount: float | Decimal, origin: str = "operator") -> str:
         self._check_live()
-        if self.ledger.budget is None:
-            raise JobError(f"the {self.backend.name} backend has no budget to change")
+        paid = self.dispatcher.budget_lane
+        ledger = paid.ledger
+        if ledger.budget is None:
+            raise JobError(f"the {paid.name} backend has no budget to change")
         budget = to_dollars(amount)
-        if budget < self.ledger.spent:
-            raise JobError(
-                f"a budget of ${budget:.2f} is below what is already spent (${self.ledger.spent:.2f})"
-            )
-        self.ledger.budget = budget
+        if budget < ledger.spent:
+            raise JobError(f"a budget of ${budget:.2f} is below what is already spent (${ledger.spent:.2f})")
+        ledger.budget = budget
         self.events.event("budget", value=str(budget), source=origin)
         self.dispatcher.wake()
         return f"budget ${budget:.2f}"
@@ -477,10 +473,6 @@ class Job:
     def event(self, name: str, /, **fields: Any) -> None:
         self.events.event(name, **fields)
 
-    def budget_left(self) -> Decimal:
-        budget = self.ledger.budget
-        return Decimal(0) if budget is None else budget - self.ledger.spent
-
     @property
     def live(self) -> bool:
         return self.state in (JobState.RUNNING, JobState.PAUSED)
@@ -502,12 +494,13 @@ class Job:
 
     def info(self) -> JobInfo:
         """What does not change while the job runs, for a console's hello."""
+        backend = self.dispatcher.budget_lane.backend
         return {
             "pid": os.getpid(),
             "run_dir": str(self.run_dir),
-            "model": self.backend.model,
-            "backend": self.backend.name,
-            "base_url": self.backend.base_url,
+            "model": backend.model,
+            "backend": backend.name,
+            "base_url": backend.base_url,
             "datasets": list(self.datasets),
             "started_at": self.started_at,
             "backends": [lane.name for lane in self.lanes],

@@ -1,5 +1,6 @@
 """The one builder of the snapshot (engine/schema.py) from the dispatcher's lanes (each with its
-backend, ledger, settling and statistics) and the datasets."""
+backend, ledger, settling and statistics) and the datasets: the job's own figures at the top, one
+`LaneView` per backend under `lanes`."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from decimal import Decimal
-from typing import Any
 
 from regen.engine.job.deadline_control import FleetSteering, remaining_needs
 from regen.engine.job.dispatch import Dispatcher
@@ -18,8 +18,9 @@ from regen.engine.money.ledger import WASTE_CAUSES
 from regen.engine.money.planner import plan
 from regen.engine.run.state import DatasetState, JobState, Outcome
 from regen.engine.schema import (
-    BackendView,
+    BudgetPlanView,
     DatasetView,
+    HostView,
     LaneView,
     MoneyView,
     ProviderView,
@@ -51,20 +52,21 @@ class SnapshotBuilder:
         self.expected_output_tokens = expected_output_tokens
         self.started_mono = started_mono
         self.fleet = fleet
-        self._plan: dict[str, Any] | None = None
-        self._plan_at = float("-inf")
+        self._plans: dict[str, tuple[float, BudgetPlanView]] = {}  # per lane: when, the answer
 
-    def plan(self, now: float) -> dict[str, Any] | None:
-        """The budget planner on live figures; recomputed every few seconds, not per snapshot."""
-        if now - self._plan_at < PLAN_INTERVAL_S and self._plan is not None:
-            return self._plan
+    def plan(self, lane: Lane, now: float) -> BudgetPlanView | None:
+        """The budget planner on live figures for a lane with a budget (None without one);
+        recomputed every few seconds, not per snapshot."""
+        budget = lane.ledger.budget
+        if budget is None:
+            return None
+        kept = self._plans.get(lane.name)
+        if kept is not None and now - kept[0] < PLAN_INTERVAL_S:
+            return kept[1]
         needs = remaining_needs(self.datasets, self.expected_output_tokens)
-        main = self.dispatcher.main
-        budget = main.ledger.budget
-        left = None if budget is None else budget - main.ledger.spent
-        self._plan = None if left is None else plan(needs, main.backend.prices(), left)
-        self._plan_at = now
-        return self._plan
+        answer = plan(needs, lane.backend.prices(), budget - lane.ledger.spent)
+        self._plans[lane.name] = (now, answer)
+        return answer
 
     def money(self, lane: Lane, now: float, remaining: int, rows: int) -> MoneyView:
         ledger, breakdown = lane.ledger, lane.settler.breakdown
@@ -121,37 +123,39 @@ class SnapshotBuilder:
             "attempts_per_s": stats.attempts_rate.rate(now, started),
         }
 
-    def _lane_view(
-        self,
-        lane: Lane,
-        now: float,
-        elapsed: float,
-        remaining: int,
-        job_rows: int,
-        known: tuple[BackendView, list[ProviderView]] | None,
-    ) -> LaneView:
+    def _lane_view(self, lane: Lane, now: float, elapsed: float, remaining: int, job_rows: int) -> LaneView:
         counters = lane.stats.counters
-        view, providers = known if known is not None else (lane.backend.view(), None)
+        view = lane.backend.view()
         held = lane.held_until
+        outage = lane.outage
         state, reason = "running", None
         if lane.closed is not None:
             state, reason = "closed", lane.closed
         elif lane.paused:
             state = "paused"
-        elif lane.outage is not None:
-            state, reason = "out", lane.outage.reason
+        elif outage is not None:
+            state, reason = "out", outage.reason
         elif held and held > now:
             state, reason = "held", lane.held_reason
         elif lane.budget_blocked:
             state = "budget"
         ceilings = self.dispatcher.ceilings
+        outage_s = lane.outage_s(now)
         return {
             "name": lane.name,
             "title": lane.backend.title,
             "unit": lane.ledger.unit,
             "model": view["model"],
+            "supports_exclude": view["supports_exclude"],
+            "account": view["account"],
+            "excluded": view["excluded"],
+            "allowed_precisions": view["allowed_precisions"],
             "state": state,
             "reason": reason,
+            "held_s": max(0.0, held - now) if held else None,
+            "held_reason": outage.reason if outage is not None else lane.held_reason,
+            "outage_s": outage_s,
+            "outage_total_s": lane.outage_total_s + (outage_s or 0.0),
             "rows": counters.rows,
             "rows_share": counters.rows / job_rows if job_rows else 0.0,
             "output_tokens": counters.output_tokens,
@@ -163,74 +167,46 @@ class SnapshotBuilder:
             "ceiling": None if ceilings is None else ceilings.lane_ceiling(lane.name),
             "rates": self._rates(lane, now),
             "money": self.money(lane, now, remaining, counters.rows),
-            "providers": providers if providers is not None else self._providers(lane, view["routes"], now, elapsed),
+            "plan": self.plan(lane, now),
+            "providers": self._providers(lane, view["routes"], now, elapsed),
         }
 
-    def build(self, state: JobState, outcome: Outcome | None, hosts: list[dict[str, Any]]) -> Snapshot:
+    def build(self, state: JobState, outcome: Outcome | None, hosts: list[HostView]) -> Snapshot:
         now = time.monotonic()
         elapsed = now - self.started_mono
         dispatcher = self.dispatcher
-        main = dispatcher.main
         lanes = dispatcher.lanes
         remaining = sum(max(0, s.remaining - s.failed) for s in self.datasets.values() if not s.budget_reached)
-        if len(lanes) == 1:
-            counters = main.stats.counters
-            rows, attempts, errors = counters.rows, counters.attempts, dict(counters.errors)
-            rates = self._rates(main, now)
-        else:
-            rows = sum(lane.stats.counters.rows for lane in lanes)
-            attempts = sum(lane.stats.counters.attempts for lane in lanes)
-            total: Counter[str] = Counter()
-            for lane in lanes:
-                total.update(lane.stats.counters.errors)
-            errors = dict(total)
-            each = [self._rates(lane, now) for lane in lanes]
-            rates = {
-                "output_tokens_per_s": math.fsum(r["output_tokens_per_s"] for r in each),
-                "rows_per_s": math.fsum(r["rows_per_s"] for r in each),
-                "attempts_per_s": math.fsum(r["attempts_per_s"] for r in each),
-            }
+        # The whole job's counts: every lane's summed (one lane's own, for a single backend).
+        rows = sum(lane.stats.counters.rows for lane in lanes)
+        attempts = sum(lane.stats.counters.attempts for lane in lanes)
+        errors: Counter[str] = Counter()
+        for lane in lanes:
+            errors.update(lane.stats.counters.errors)
+        views = [self._lane_view(lane, now, elapsed, remaining, rows) for lane in lanes]
+        each = [view["rates"] for view in views]
+        rates: RatesView = {
+            "output_tokens_per_s": math.fsum(r["output_tokens_per_s"] for r in each),
+            "rows_per_s": math.fsum(r["rows_per_s"] for r in each),
+            "attempts_per_s": math.fsum(r["attempts_per_s"] for r in each),
+        }
         rows_per_s = rates["rows_per_s"]
-        view = main.backend.view()
-        providers = self._providers(main, view["routes"], now, elapsed)
-        held = main.held_until
-        outage = main.outage
         snapshot: Snapshot = {
             "state": state.value,
             "outcome": None if outcome is None else {"reason": outcome.reason.value, "message": outcome.message},
             "elapsed_s": elapsed,
-            "model": view["model"],
-            "backend": {
-                "name": view["name"],
-                "unit": view["unit"],
-                "model": view["model"],
-                "supports_exclude": view["supports_exclude"],
-                "account": view["account"],
-            },
+            "model": views[lanes.index(dispatcher.budget_lane)]["model"],
             "in_flight": dispatcher.in_flight,
-            "held_s": max(0.0, held - now) if held else None,
-            "held_reason": outage.reason if outage is not None else main.held_reason,
-            "outage_s": main.outage_s(now),
-            "outage_total_s": main.outage_total_s + (main.outage_s(now) or 0.0),
-            "concurrency": {"configured": main.limit.configured, "effective": main.limit.current},
             "rates": rates,
-            "money": self.money(main, now, remaining, main.stats.counters.rows),
-            "plan": self.plan(now),
-            "errors": errors,
+            "errors": dict(errors),
             "rows": rows,
             "attempts": attempts,
             "quarantined": sum(lane.settler.quarantined for lane in lanes),
             "eta_s": remaining / rows_per_s if rows_per_s > 0 else None,
-            "excluded": view["excluded"],
-            "allowed_precisions": view["allowed_precisions"],
             "datasets": [dataset_view(name, s) for name, s in self.datasets.items()],
-            "providers": providers,
             "hosts": hosts,
+            "lanes": views,
         }
-        snapshot["lanes"] = [
-            self._lane_view(lane, now, elapsed, remaining, rows, (view, providers) if lane is main else None)
-            for lane in lanes
-        ]
         fleet = self.fleet
         if fleet is not None and fleet.shown:
             snapshot["fleet"] = fleet.view()

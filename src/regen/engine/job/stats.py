@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from regen.engine.schema import ProviderView, Quantiles, RouteRun, RouteView, RouteWindow
+from regen.engine.schema import ProviderView, Quantiles, RecentError, RouteRun, RouteView, RouteWindow
 
 WINDOW_QUANTILE_SAMPLES = 1024
 
@@ -129,7 +129,7 @@ class ProviderStats:
     latest: deque[tuple[float, float, float | None, float | None]] = field(
         default_factory=lambda: deque(maxlen=WINDOW_QUANTILE_SAMPLES)
     )
-    recent_errors: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=20))
+    recent_errors: deque[RecentError] = field(default_factory=lambda: deque(maxlen=20))
 
     def record(
         self,

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import ROUND_FLOOR, Decimal
-from typing import Any
 
 from regen.engine.money.ledger import RoutePrice
+from regen.engine.schema import BudgetPlanView
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +69,7 @@ def max_token_cap(needs: Sequence[DatasetNeed], price: RoutePrice, money: Decima
     return low
 
 
-def plan(needs: Sequence[DatasetNeed], prices: Sequence[RoutePrice], budget_left: Decimal) -> dict[str, Any]:
+def plan(needs: Sequence[DatasetNeed], prices: Sequence[RoutePrice], budget_left: Decimal) -> BudgetPlanView:
     """Costs at the cheapest, median and dearest allowed route; fit; the two ways out."""
     if not prices:
         return {"fits": None, "reason": "no allowed provider"}
@@ -79,7 +79,7 @@ def plan(needs: Sequence[DatasetNeed], prices: Sequence[RoutePrice], budget_left
     dearest_cost, dearest = priced[-1]
     total_tokens = sum(n.output_tokens for n in needs)
     fits = cheapest_cost <= budget_left
-    result: dict[str, Any] = {
+    result: BudgetPlanView = {
         "budget_left": float(budget_left),
         "output_tokens": total_tokens,
         "remaining_prompts": sum(n.remaining_prompts for n in needs),
@@ -94,11 +94,9 @@ def plan(needs: Sequence[DatasetNeed], prices: Sequence[RoutePrice], budget_left
             "median": median_cost <= budget_left,
             "dearest": dearest_cost <= budget_left,
         },
-        "tokens_covered_per_dataset": {},
+        "tokens_covered_per_dataset": {need.name: need.output_tokens for need in needs},
     }
     per_token = cheapest.completion
-    for need in needs:
-        result["tokens_covered_per_dataset"][need.name] = need.output_tokens
     if not fits:
         cap = max_token_cap(needs, cheapest, budget_left)
         covered = float(budget_left / cheapest_cost) if cheapest_cost > 0 else 1.0

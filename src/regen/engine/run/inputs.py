@@ -12,7 +12,8 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from regen.engine.config.settings import JobSettings
-from regen.engine.data.datasets import Dataset, DatasetError, ScanReport, discover, scan
+from regen.engine.data.datasets import Dataset, DatasetError, discover
+from regen.engine.data.scan import ScanReport, scan
 from regen.engine.money.ledger import planning_prompt_tokens
 from regen.engine.run.recovery import DatasetProgress, Unsettled, read_rows
 from regen.engine.run.state import DatasetState, JobError

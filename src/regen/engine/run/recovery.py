@@ -27,8 +27,8 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
-from regen.engine.data.datasets import DIGEST_BYTES
 from regen.engine.data.jsonl import CorruptLine, JsonlError, iter_jsonl, repair_torn_tail
+from regen.engine.data.scan import DIGEST_BYTES
 from regen.engine.money.ledger import Estimates, SpendBreakdown
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from regen.sim.openrouter.billing import BillingBook, GenerationRecord
 from regen.sim.openrouter.catalog import DEFAULT_MODEL_ID, Pricing, SimEndpoint, SimModel, default_models
 from regen.sim.openrouter.config import (
     EDGE_FAULTS,
@@ -11,7 +12,6 @@ from regen.sim.openrouter.config import (
     SimConfigError,
     load_sim_config,
 )
-from regen.sim.openrouter.ledger import GenerationRecord, Ledger
 from regen.sim.openrouter.server import OpenRouterSim, serve_forever
 
 __all__ = [
@@ -19,8 +19,8 @@ __all__ = [
     "EDGE_FAULTS",
     "FAULT_CLASSES",
     "HTTP_FAULTS",
+    "BillingBook",
     "GenerationRecord",
-    "Ledger",
     "OpenRouterSim",
     "Pricing",
     "SimConfig",

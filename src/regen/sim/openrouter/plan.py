@@ -14,9 +14,9 @@ from typing import Any
 
 import orjson
 
+from regen.sim.openrouter.billing import ProviderAttempt
 from regen.sim.openrouter.catalog import SimEndpoint, SimModel
 from regen.sim.openrouter.config import SimConfig
-from regen.sim.openrouter.ledger import ProviderAttempt
 from regen.sim.openrouter.limits import Hold
 from regen.sim.openrouter.tools import ToolAnswer, plan_tool_answer
 

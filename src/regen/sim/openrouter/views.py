@@ -6,8 +6,8 @@ import hashlib
 from datetime import UTC, datetime
 from typing import Any
 
+from regen.sim.openrouter.billing import GenerationRecord
 from regen.sim.openrouter.catalog import SimEndpoint, SimModel
-from regen.sim.openrouter.ledger import GenerationRecord
 
 
 def iso_time(ts: float) -> str:

@@ -1,16 +1,29 @@
-"""What /model_info, /server_info and /v1/models say (docs/sglang.md, "Health and information")."""
+"""What /model_info, /server_info and /v1/models say, and their routes, old paths included
+(docs/sglang.md, "Health and information")."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from regen.sim.sglang.server import SGLangSim
+from aiohttp import web
 
-__all__ = ["model_card", "model_info", "server_info"]
+from regen.sim.sglang.state import SGLangState
+from regen.sim.sglang.wire import json_response, not_found
+
+__all__ = [
+    "get_model_info_route",
+    "get_server_info_route",
+    "model_card",
+    "model_card_route",
+    "model_info",
+    "model_info_route",
+    "models_route",
+    "server_info",
+    "server_info_route",
+]
 
 
-def model_info(sim: SGLangSim, legacy: bool = False) -> dict[str, Any]:
+def model_info(sim: SGLangState, legacy: bool = False) -> dict[str, Any]:
     cfg = sim.config
     info: dict[str, Any] = {
         "model_path": cfg.model_path,
@@ -41,7 +54,7 @@ def model_info(sim: SGLangSim, legacy: bool = False) -> dict[str, Any]:
     }
 
 
-def server_info(sim: SGLangSim) -> dict[str, Any]:
+def server_info(sim: SGLangState) -> dict[str, Any]:
     cfg = sim.config
     sched = sim.scheduler
     args: dict[str, Any] = {
@@ -104,8 +117,7 @@ def server_info(sim: SGLangSim) -> dict[str, Any]:
     }
 
 
-
-def model_card(sim: SGLangSim) -> dict[str, Any]:
+def model_card(sim: SGLangState) -> dict[str, Any]:
     name = sim.config.served_name
     return {
         "id": name,
@@ -115,3 +127,59 @@ def model_card(sim: SGLangSim) -> dict[str, Any]:
         "root": name,
         "max_model_len": sim.context_len,
     }
+
+
+# --- the routes ------------------------------------------------------------------------------------
+def _deprecated(sim: SGLangState, old: str, new: str) -> None:
+    sim.log.main(
+        f"The endpoint {old} is deprecated and will be removed in a future version. Please use {new} instead."
+    )
+
+
+async def model_info_route(sim: SGLangState, request: web.Request) -> web.StreamResponse:
+    if sim.config.info_paths == "legacy":
+        return await not_found(request)
+    return json_response(model_info(sim))
+
+
+async def get_model_info_route(sim: SGLangState, request: web.Request) -> web.StreamResponse:
+    legacy = sim.config.info_paths == "legacy"
+    if not legacy:
+        _deprecated(sim, "/get_model_info", "/model_info")
+    return json_response(model_info(sim, legacy=legacy))
+
+
+async def server_info_route(sim: SGLangState, request: web.Request) -> web.StreamResponse:
+    if sim.config.info_paths == "legacy":
+        return await not_found(request)
+    return json_response(server_info(sim))
+
+
+async def get_server_info_route(sim: SGLangState, request: web.Request) -> web.StreamResponse:
+    info = server_info(sim)
+    if sim.config.info_paths == "legacy":
+        info.pop("frontend", None)
+    else:
+        _deprecated(sim, "/get_server_info", "/server_info")
+    return json_response(info)
+
+
+async def models_route(sim: SGLangState, request: web.Request) -> web.StreamResponse:
+    return json_response({"object": "list", "data": [model_card(sim)]})
+
+
+async def model_card_route(sim: SGLangState, request: web.Request) -> web.StreamResponse:
+    model = request.match_info["model"]
+    if model != sim.config.served_name:
+        return json_response(
+            {
+                "error": {
+                    "message": f"The model '{model}' does not exist",
+                    "type": "invalid_request_error",
+                    "param": "model",
+                    "code": "model_not_found",
+                }
+            },
+            404,
+        )
+    return json_response(model_card(sim))

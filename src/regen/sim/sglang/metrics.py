@@ -9,8 +9,8 @@ counters and latency histograms carry model_name and engine_type only.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
+from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -19,11 +19,11 @@ from prometheus_client.core import (
     Metric,
 )
 
-if TYPE_CHECKING:
-    from regen.sim.sglang.server import SGLangSim
-    from regen.sim.sglang.stats import Histogram
+from regen.sim.sglang.state import SGLangState
+from regen.sim.sglang.stats import Histogram
+from regen.sim.sglang.wire import not_found
 
-__all__ = ["CONTENT_TYPE", "render"]
+__all__ = ["CONTENT_TYPE", "metrics", "render"]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 _SCHED = ["model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank"]
@@ -31,7 +31,7 @@ _TOK = ["model_name", "engine_type"]
 
 
 class _Collector:
-    def __init__(self, sim: SGLangSim) -> None:
+    def __init__(self, sim: SGLangState) -> None:
         self.sim = sim
 
     def collect(self) -> Iterator[Metric]:
@@ -118,7 +118,14 @@ class _Collector:
         return fam
 
 
-def render(sim: SGLangSim) -> bytes:
+def render(sim: SGLangState) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Collector(sim))
     return generate_latest(registry)
+
+
+async def metrics(sim: SGLangState, request: web.Request) -> web.StreamResponse:
+    """GET /metrics, when the server runs with --enable-metrics."""
+    if not sim.config.enable_metrics:
+        return await not_found(request)
+    return web.Response(body=render(sim), headers={"Content-Type": CONTENT_TYPE})

@@ -12,21 +12,18 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
 
+from regen.sim.sglang.config import SimSGLangConfig
 from regen.sim.sglang.request import Sampling
-
-if TYPE_CHECKING:
-    from regen.sim.sglang.server import SGLangSim
+from regen.sim.sglang.state import EXIT_KILLED, SIGQUIT_LINE, SGLangState
 
 __all__ = ["CUDA_GRAPH_FAILED_ADVICE", "run_startup"]
 
-EXIT_KILLED = -9
 _GPU_MEM_GB = 139.28
 _WEIGHT_GB = 73.58
 _GRAPH_GB = 1.91
 _KV_BYTES_PER_TOKEN = 34_000
-_SIGQUIT = "Received sigquit from a child process. It usually means the child failed."
 
 CUDA_GRAPH_FAILED_ADVICE = (
     "Possible solutions:\n"
@@ -57,24 +54,47 @@ def _scheduler_failure(error: str, frames: list[tuple[str, int, str, str]]) -> s
     return "Scheduler hit an exception: " + _traceback(base + frames, error)
 
 
-async def _sleep(sim: SGLangSim, seconds: float) -> float:
+async def _sleep(sim: SGLangState, seconds: float) -> float:
     duration = seconds * sim.config.time_scale
     await asyncio.sleep(duration)
     return duration
 
 
-async def _fail(sim: SGLangSim, scheduler_lines: list[str]) -> None:
+async def _fail(sim: SGLangState, scheduler_lines: list[str]) -> None:
     for line in scheduler_lines:
         sim.log.scheduler(line)
     sim.phase = "failed"
-    await sim.crash(EXIT_KILLED, [_SIGQUIT])
+    await sim.crash(EXIT_KILLED, [SIGQUIT_LINE])
 
 
-async def run_startup(sim: SGLangSim) -> None:
+async def run_startup(sim: SGLangState, listen: Callable[[], Awaitable[None]]) -> None:
+    """SGLang's startup phases in order, with the config as it was when they began; a phase that
+    fails has ended the server (`sim.crashed`), and the sequence with it. `listen` starts the HTTP
+    server accepting connections."""
     cfg = sim.config
-    log = sim.log
-    fail_at = cfg.faults.startup_fail_at
     started = time.monotonic()
+    _announce(sim, cfg)
+    avail = await _load_weights(sim, cfg)
+    if avail is None:
+        return
+    avail = await _allocate_kv_pool(sim, cfg, avail)
+    if avail is None:
+        return
+    if not await _capture_cuda_graphs(sim, cfg, avail):
+        return
+    if not await _start_http(sim, cfg, listen):
+        return
+    if not await _warm_up(sim, cfg):
+        return
+    sim.stats.startup_phases["e2e"] = time.monotonic() - started
+    sim.stats.ready_at = time.monotonic()
+    sim.phase = "ready"
+    sim.ready.set()
+    sim.log.main("The server is fired up and ready to roll!")
+
+
+def _announce(sim: SGLangState, cfg: SimSGLangConfig) -> None:
+    log = sim.log
     log.main(
         f"server_args=ServerArgs(model_path='{cfg.model_path}', tokenizer_path='{cfg.tokenizer_path or cfg.model_path}', "
         f"served_model_name='{cfg.served_name}', tp_size={cfg.tp_size}, dp_size={cfg.dp_size}, "
@@ -86,16 +106,20 @@ async def run_startup(sim: SGLangSim) -> None:
     log.scheduler("Init torch distributed begin.")
     log.scheduler("Init torch distributed ends. elapsed=0.27 s, mem usage=0.09 GB")
 
+
+async def _load_weights(sim: SGLangState, cfg: SimSGLangConfig) -> float | None:
+    """The weights phase; returns the GPU memory left after it (GB), None if it failed."""
+    log = sim.log
     sim.phase = "weights"
     log.scheduler(f"Load weight begin. avail mem={_GPU_MEM_GB:.2f} GB")
     took = await _sleep(sim, cfg.startup_weights_s)
-    if fail_at == "weights":
+    if cfg.faults.startup_fail_at == "weights":
         await _fail(sim, [_scheduler_failure(
             "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.75 GiB. GPU 0 has a total "
             "capacity of 139.81 GiB of which 1.02 GiB is free.",
             [("srt/model_executor/model_runner.py", 780, "load_model", "self.model = get_model(")],
         )])
-        return
+        return None
     avail = _GPU_MEM_GB - _WEIGHT_GB
     arch = cfg.architectures[0] if cfg.architectures else "ForCausalLM"
     log.scheduler(
@@ -103,18 +127,23 @@ async def run_startup(sim: SGLangSim) -> None:
         f"avail mem={avail:.2f} GB, mem usage={_WEIGHT_GB:.2f} GB."
     )
     sim.stats.startup_phases["load_weight"] = took
+    return avail
 
+
+async def _allocate_kv_pool(sim: SGLangState, cfg: SimSGLangConfig, avail: float) -> float | None:
+    """The KV pool phase; returns the GPU memory left after it (GB), None if it failed."""
+    log = sim.log
     sim.phase = "kv_pool"
     kv_gb = cfg.max_total_tokens * _KV_BYTES_PER_TOKEN / 1e9
     log.scheduler("Using KV cache dtype: torch.bfloat16")
     took = await _sleep(sim, cfg.startup_kv_pool_s)
-    if fail_at == "kv_pool":
+    if cfg.faults.startup_fail_at == "kv_pool":
         await _fail(sim, [_scheduler_failure(
             "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.",
             [("srt/model_executor/model_runner.py", 1402, "init_memory_pool",
               'raise RuntimeError("Not enough memory. Please try to increase --mem-fraction-static.")')],
         )])
-        return
+        return None
     log.scheduler(
         f"KV Cache is allocated. #tokens: {cfg.max_total_tokens}, K size: {kv_gb / 2:.2f} GB, "
         f"V size: {kv_gb / 2:.2f} GB"
@@ -122,20 +151,25 @@ async def run_startup(sim: SGLangSim) -> None:
     avail -= kv_gb
     log.scheduler(f"Memory pool end. avail mem={avail:.2f} GB")
     sim.stats.startup_phases["kv_cache_allocation"] = took
+    return avail
 
+
+async def _capture_cuda_graphs(sim: SGLangState, cfg: SimSGLangConfig, avail: float) -> bool:
+    """The CUDA graph phase, then the scheduler's summary line; False if it failed."""
+    log = sim.log
     sim.phase = "cuda_graph"
     if cfg.legacy_capture_log:
         log.scheduler(f"Capture cuda graph begin. This can take up to several minutes. avail mem={avail:.2f} GB")
     else:
         log.scheduler(f"Capture target decode CUDA graph begin. avail mem={avail:.2f} GB")
     took = await _sleep(sim, cfg.startup_cuda_graph_s)
-    if fail_at == "cuda_graph":
+    if cfg.faults.startup_fail_at == "cuda_graph":
         await _fail(sim, [_scheduler_failure(
             "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 "
             "has a total capacity of 139.81 GiB of which 1.06 GiB is free.\n" + CUDA_GRAPH_FAILED_ADVICE,
             [("srt/model_executor/cuda_graph_runner.py", 391, "__init__", "raise Exception(")],
         )])
-        return
+        return False
     avail -= _GRAPH_GB
     if cfg.legacy_capture_log:
         log.scheduler(
@@ -153,13 +187,18 @@ async def run_startup(sim: SGLangSim) -> None:
         f"max_prefill_tokens={cfg.max_prefill_tokens}, max_running_requests={cfg.max_running_requests}, "
         f"context_len={sim.context_len}, available_gpu_mem={avail:.2f} GB"
     )
+    return True
 
+
+async def _start_http(sim: SGLangState, cfg: SimSGLangConfig, listen: Callable[[], Awaitable[None]]) -> bool:
+    """Uvicorn comes up and listens; False if the port could not be had (the server exits 1)."""
+    log = sim.log
     sim.phase = "http"
     await _sleep(sim, cfg.startup_http_s)
     log.uvicorn(f"Started server process [{os.getpid()}]")
     log.uvicorn("Waiting for application startup.")
     log.uvicorn("Application startup complete.")
-    if fail_at == "http" or sim.bind_error is not None:
+    if cfg.faults.startup_fail_at == "http" or sim.bind_error is not None:
         err = sim.bind_error
         errno = err.errno if err is not None and err.errno else 98
         reason = (err.strerror if err is not None else None) or "address already in use"
@@ -171,38 +210,40 @@ async def run_startup(sim: SGLangSim) -> None:
         log.uvicorn("Application shutdown complete.")
         sim.phase = "failed"
         await sim.crash(1)
-        return
-    await sim.listen()
+        return False
+    await listen()
     log.uvicorn(f"Uvicorn running on http://{sim.host}:{sim.port} (Press CTRL+C to quit)")
+    return True
 
+
+async def _warm_up(sim: SGLangState, cfg: SimSGLangConfig) -> bool:
+    """The warmup request through the scheduler, unless skipped; False if it failed."""
+    log = sim.log
     sim.phase = "warmup"
-    if not cfg.skip_server_warmup:
-        await _sleep(sim, cfg.startup_warmup_s)
-        if fail_at == "warmup":
-            sim.phase = "failed"
-            log.main("Initialization failed. warmup error: " + _traceback(
-                [("srt/entrypoints/http_server.py", 1473, "_execute_server_warmup",
-                  'assert res.status_code == 200, f"{res}"')],
-                "AssertionError: <Response [500]>",
-            ))
-            await sim.crash(EXIT_KILLED)
-            return
-        if cfg.access_log:
-            log.uvicorn('127.0.0.1:0 - "GET /get_model_info HTTP/1.1" 200 OK')
-        warm = sim.new_req(
-            f"warmup-{os.getpid()}",
-            sim.tokenizer.encode("The capital city of France is"),
-            Sampling(max_new_tokens=8, temperature=0.0),
-            internal=True,
-        )
-        sim.scheduler.submit(warm)
-        while warm.finish is None:
-            warm.event.clear()
-            await warm.event.wait()
-        if cfg.access_log:
-            log.uvicorn('127.0.0.1:0 - "POST /generate HTTP/1.1" 200 OK')
-    sim.stats.startup_phases["e2e"] = time.monotonic() - started
-    sim.stats.ready_at = time.monotonic()
-    sim.phase = "ready"
-    sim.ready.set()
-    log.main("The server is fired up and ready to roll!")
+    if cfg.skip_server_warmup:
+        return True
+    await _sleep(sim, cfg.startup_warmup_s)
+    if cfg.faults.startup_fail_at == "warmup":
+        sim.phase = "failed"
+        log.main("Initialization failed. warmup error: " + _traceback(
+            [("srt/entrypoints/http_server.py", 1473, "_execute_server_warmup",
+              'assert res.status_code == 200, f"{res}"')],
+            "AssertionError: <Response [500]>",
+        ))
+        await sim.crash(EXIT_KILLED)
+        return False
+    if cfg.access_log:
+        log.uvicorn('127.0.0.1:0 - "GET /get_model_info HTTP/1.1" 200 OK')
+    warm = sim.new_req(
+        f"warmup-{os.getpid()}",
+        sim.tokenizer.encode("The capital city of France is"),
+        Sampling(max_new_tokens=8, temperature=0.0),
+        internal=True,
+    )
+    sim.scheduler.submit(warm)
+    while warm.finish is None:
+        warm.event.clear()
+        await warm.event.wait()
+    if cfg.access_log:
+        log.uvicorn('127.0.0.1:0 - "POST /generate HTTP/1.1" 200 OK')
+    return True

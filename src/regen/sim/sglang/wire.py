@@ -24,7 +24,9 @@ __all__ = [
     "error_400",
     "http_error",
     "json_response",
+    "not_found",
     "parse_generate",
+    "read_json_body",
     "validation_error",
 ]
 
@@ -74,6 +76,22 @@ class GenerateError(Exception):
 
 def json_response(body: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+
+
+async def not_found(request: web.Request) -> web.StreamResponse:
+    """FastAPI's answer for a path it has no route for (or a route this config turns off)."""
+    return json_response({"detail": "Not Found"}, 404)
+
+
+async def read_json_body(request: web.Request) -> Any:
+    """A control route's JSON body: {} when empty, None when it is not JSON."""
+    raw = await request.read()
+    if not raw:
+        return {}
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
 
 
 def error_400(message: str) -> web.Response:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import time
 from decimal import Decimal
-from typing import Any
 
 from regen.engine.backends.openrouter.client import OpenRouterClient
 from regen.engine.money.ledger import to_dollars
+from regen.engine.schema import OpenRouterCredits
 
 
 async def generation_cost(client: OpenRouterClient, generation_id: str, timeout_s: float) -> Decimal | None:
@@ -79,14 +79,24 @@ async def settled_usage(
             last, since = reading, time.monotonic()
 
 
-async def read_credits(client: OpenRouterClient) -> dict[str, Any]:
+def _amount(value: object) -> float | None:
+    """A number /key said, or None for null (no limit) and anything that is not a number."""
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+async def read_credits(client: OpenRouterClient) -> OpenRouterCredits:
     """The key's limit and usage (/key), and the account balance when the key may read /credits."""
-    view: dict[str, Any] = {"checked_at": time.time()}
+    view: OpenRouterCredits = {"checked_at": time.time()}
     status, body = await client.get_json("/key")
     if status == 200 and isinstance(body, dict):
         data = body.get("data") or {}
-        for field in ("limit", "limit_remaining", "usage", "usage_daily", "is_free_tier", "limit_reset"):
-            view[field] = data.get(field)
+        view["limit"] = _amount(data.get("limit"))
+        view["limit_remaining"] = _amount(data.get("limit_remaining"))
+        view["usage"] = _amount(data.get("usage"))
+        view["usage_daily"] = _amount(data.get("usage_daily"))
+        free, reset = data.get("is_free_tier"), data.get("limit_reset")
+        view["is_free_tier"] = free if isinstance(free, bool) else None
+        view["limit_reset"] = reset if isinstance(reset, str) else None
     else:
         view["key_error"] = f"HTTP {status}"
     status, body = await client.get_json("/credits")
@@ -102,7 +112,7 @@ async def read_credits(client: OpenRouterClient) -> dict[str, Any]:
     return view
 
 
-def _remaining(view: dict[str, Any]) -> float | None:
+def _remaining(view: OpenRouterCredits) -> float | None:
     """The least of what the key may still spend and what the account holds, when either is known."""
-    known = [v for v in (view.get("limit_remaining"), view.get("balance")) if isinstance(v, int | float)]
+    known = [v for v in (view.get("limit_remaining"), view.get("balance")) if v is not None]
     return min(known) if known else None

@@ -48,7 +48,7 @@ from regen.engine.config.settings import Settings
 from regen.engine.data.datasets import Prompt
 from regen.engine.money.ledger import PER_MILLION, PriceCeiling, RoutePrice, prompt_token_bound, to_dollars
 from regen.engine.run.recovery import Unsettled
-from regen.engine.schema import BackendView, RouteView
+from regen.engine.schema import BackendView, OpenRouterCredits, RouteView
 
 # OpenRouter's platform limit on `:free` model variants (docs/openrouter.md §7.3).
 FREE_MODEL_REQUESTS_PER_MINUTE = 20
@@ -89,7 +89,7 @@ class OpenRouterBackend:
         self.endpoints: list[Endpoint] = []
         self.excluded: dict[str, str] = {}  # routing slug -> who excluded it
         self.ceiling = PriceCeiling(Decimal(0), Decimal(0))
-        self.credits: dict[str, Any] = {}
+        self.credits: OpenRouterCredits = {}
         self._ignore: list[str] = sorted(self.settings.provider.ignore)
         self._context: JobContext | None = None
         self._credit_warned = False
@@ -365,7 +365,7 @@ class OpenRouterBackend:
             except Exception as exc:
                 self.credits = {"checked_at": time.time(), "key_error": f"{type(exc).__name__}: {exc}"}
             remaining = self.credits.get("remaining")
-            if isinstance(remaining, int | float):
+            if remaining is not None:
                 job_left = float(context.budget_left())
                 if remaining <= 0 and context.live:
                     context.fatal("credits", f"OpenRouter credits exhausted (remaining ${remaining:.2f})")
@@ -405,7 +405,7 @@ class OpenRouterBackend:
             "routes": routes,
             "excluded": sorted(self.excluded),
             "allowed_precisions": None if self.routing.quantizations is None else list(self.routing.quantizations),
-            "account": self.credits,
+            "account": {"kind": "openrouter", **self.credits},
         }
 
 

@@ -15,7 +15,8 @@ from regen.engine.backends.openrouter.catalog import (
 )
 from regen.engine.backends.openrouter.client import OpenRouterClient
 from regen.engine.config.settings import Settings
-from regen.engine.data.datasets import DatasetError, discover, scan
+from regen.engine.data.datasets import DatasetError, discover
+from regen.engine.data.scan import scan
 from regen.engine.money.ledger import PER_MILLION, planning_prompt_tokens, to_dollars
 from regen.engine.money.planner import DatasetNeed, plan, remaining_output_tokens
 from regen.engine.run.recovery import read_journals, read_rows

@@ -46,7 +46,7 @@ from regen.engine.data.tokenizer import TargetTokenizer, TokenizerError, Tokeniz
 from regen.engine.money.ledger import RoutePrice
 from regen.engine.net.deadlines import Deadlines
 from regen.engine.run.recovery import Unsettled
-from regen.engine.schema import BackendView, RouteView
+from regen.engine.schema import BackendView, RouteView, SGLangServerView
 
 if TYPE_CHECKING:
     from regen.engine.host.fleet import Fleet
@@ -82,13 +82,19 @@ class Worker:
         self.metrics_missing: str | None = None
         self.abort_missing = False
 
-    def view(self) -> dict[str, Any]:
+    def view(self) -> SGLangServerView:
         load = self.load
+        facts = self.facts
         return {
             "url": self.url,
             "worker": self.name,
-            **self.facts.block(),
+            "version": facts.version,
+            "served_model_name": facts.served_model_name,
+            "model_path": facts.model_path,
+            "weight_version": facts.weight_version,
             "gpus": self.meter.gpus,
+            "max_running_requests": facts.max_running_requests,
+            "context_length": facts.context_length,
             "in_flight": self.meter.in_flight,
             "gpu_s": round(self.meter.busy_gpu_s(), 3),
             "running": None if load is None else load.running,

@@ -28,17 +28,6 @@ class ServerFacts:
     max_running_requests: int | None = None
     context_length: int | None = None
 
-    def block(self) -> dict[str, Any]:
-        return {
-            "version": self.version,
-            "served_model_name": self.served_model_name,
-            "model_path": self.model_path,
-            "weight_version": self.weight_version,
-            "gpus": self.gpus,
-            "max_running_requests": self.max_running_requests,
-            "context_length": self.context_length,
-        }
-
 
 async def get_json(session: aiohttp.ClientSession, url: str, timeout: aiohttp.ClientTimeout) -> tuple[int, Any]:
     async with session.get(url, timeout=timeout) as resp:

@@ -1,9 +1,9 @@
 """Every line of one ``prompts.jsonl`` checked in bounded memory, in parallel: `regen inspect` on the host.
 
-This runs on the GPU host, shipped on stdin with ``engine/data/datasets.py`` (standard library only;
-orjson when the host has it). The rules are that module's, line for line (``check_line`` and
-``read_lines``); what differs from ``scan`` is what is kept, so memory stays bounded whatever the
-file size (docs/gpu-host.md, "Inspecting in bounded memory"):
+This runs on the GPU host, shipped on stdin with ``engine/data/datasets.py``, ``lines.py`` and
+``validate.py`` (standard library only; orjson when the host has it). The rules are the job's, line
+for line (``check_line`` and ``read_lines``); what differs from ``engine/data/scan.py`` is what is
+kept, so memory stays bounded whatever the file size (docs/gpu-host.md, "Inspecting in bounded memory"):
 
 - invalid lines: the first ``INVALID_CAP`` are listed, the rest only counted (per kind too);
 - content lengths: a histogram, exact below ``EXACT_BELOW`` characters and to 12 significant bits
@@ -33,7 +33,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from regen.engine.data.datasets import RESULTS_FILE, check_line, read_lines, reason_kind
+from regen.engine.data.datasets import RESULTS_FILE
+from regen.engine.data.lines import read_lines
+from regen.engine.data.validate import check_line, reason_kind
 
 try:
     import orjson

@@ -10,10 +10,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from decimal import ROUND_FLOOR, Decimal
-from typing import Any
 
+from regen.engine.durations import duration
 from regen.engine.money.ledger import RoutePrice
 from regen.engine.money.planner import DatasetNeed, cost_of
+from regen.engine.schema import FleetPlanView, ShareView
 
 TOKENS_MAX = 10**15  # more output tokens than any job makes: where a capacity saturates
 
@@ -71,7 +72,7 @@ class Share:
     capacity: int | None  # what it could carry in the time; None: unbounded
     per_million: Decimal  # dollars per million output tokens, prompt share included
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ShareView:
         return {
             "provider": self.route,
             "tokens": self.tokens,
@@ -117,7 +118,7 @@ class FleetPlan:
     def fits(self) -> bool:
         return self.reachable and self.affordable
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> FleetPlanView:
         return {
             "output_tokens": self.output_tokens,
             "prompts": self.prompts,
@@ -315,7 +316,7 @@ def explain(p: FleetPlan, carried: int) -> str:
     if p.time_left_s is None:
         if p.horizon_s is None:
             return "no deadline, and no GPU rate or OpenRouter provider to make the work with"
-        head = f"no deadline: both fleets flat out, GPUs first, done in about {span(p.horizon_s)}"
+        head = "no deadline: both fleets flat out, GPUs first, done in about " + duration(p.horizon_s, "fine")
         if p.openrouter_tokens == 0:
             return head
         if not p.affordable:
@@ -326,18 +327,18 @@ def explain(p: FleetPlan, carried: int) -> str:
         return f"{head}; OpenRouter carries {tokens(p.openrouter_tokens)} for {usd(p.cost)}{money}"
     if p.gpus_alone_meet:
         return (
-            f"the GPUs alone finish in {span(p.gpu_alone_finish_s or 0.0)}, within the deadline "
-            f"({span(p.time_left_s)}): OpenRouter not needed"
+            f"the GPUs alone finish in {duration(p.gpu_alone_finish_s or 0.0, 'fine')}, within the deadline "
+            f"({duration(p.time_left_s, 'fine')}): OpenRouter not needed"
         )
     head = (
         f"the GPUs make {tokens(p.gpu_tokens)} of {tokens(p.output_tokens)} by the deadline "
-        f"({span(p.time_left_s)}); OpenRouter must carry {tokens(p.openrouter_tokens)}"
+        f"({duration(p.time_left_s, 'fine')}); OpenRouter must carry {tokens(p.openrouter_tokens)}"
     )
     if p.fits:
         return f"{head} for {usd(p.cost)}{money}: fits"
     outs = []
     if p.earliest_s is not None:
-        outs.append(f"the earliest deadline that fits is {span(p.earliest_s)} from now")
+        outs.append(f"the earliest deadline that fits is {duration(p.earliest_s, 'fine')} from now")
     else:
         outs.append("no deadline fits the budget")
     outs.append(f"by this deadline {p.share_by_deadline:.0%} of the work")
@@ -357,17 +358,3 @@ def tokens(n: int) -> str:
 
 def usd(amount: Decimal) -> str:
     return f"${amount:,.2f}"
-
-
-def span(seconds: float) -> str:
-    """12h53m, 4m05s, 45s: rounded up, so an earliest deadline is never shown earlier than it is."""
-    if not math.isfinite(seconds):
-        return "forever"
-    whole = max(0, math.ceil(seconds))
-    if whole >= 3600:
-        hours, minutes = divmod(math.ceil(whole / 60), 60)
-        return f"{hours}h{minutes:02d}m"
-    minutes, secs = divmod(whole, 60)
-    if minutes:
-        return f"{minutes}m{secs:02d}s"
-    return f"{secs}s"

@@ -11,7 +11,8 @@ import math
 from dataclasses import dataclass
 from decimal import Decimal
 
-from regen.engine.money.fleetplan.plan import FleetPlan, Provider, Work, plan_fleets, span, tokens, usd
+from regen.engine.durations import duration
+from regen.engine.money.fleetplan.plan import FleetPlan, Provider, Work, plan_fleets, tokens, usd
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +146,7 @@ class Steering:
         rate = carry / aim_s
         wanted = min(self.max_in_flight, math.ceil(rate / self.request_tokens_per_s))
         ceiling = self._damped(wanted)
-        detail = f"{rate:,.0f} tokens/s for {tokens(carry)} by the deadline in {span(time_left)}"
+        detail = f"{rate:,.0f} tokens/s for {tokens(carry)} by the deadline in {duration(time_left, 'fine')}"
         if aim.affordable:
             note = self._moved(ceiling, detail, direction=True)
         else:
@@ -181,4 +182,5 @@ class Steering:
 def _out(live: FleetPlan) -> str:
     if live.earliest_s is None:
         return f"{live.share_by_deadline:.0%} of the work by the deadline; no deadline fits the budget"
-    return f"{live.share_by_deadline:.0%} of the work by the deadline, all of it in {span(live.earliest_s)}"
+    all_of_it = duration(live.earliest_s, "fine")
+    return f"{live.share_by_deadline:.0%} of the work by the deadline, all of it in {all_of_it}"

@@ -1,4 +1,4 @@
-"""The simulator's own money truth: what it billed, to whom, and what is left.
+"""The simulated account's billing book: what the simulator billed, to whom, and what is left.
 
 Debits happen when a generation completes (or is cancelled), never at dispatch, so concurrent
 requests can overshoot the balance or key limit just as they do at OpenRouter (docs/openrouter.md §7.3).
@@ -56,8 +56,9 @@ class GenerationRecord:
     attempts: list[ProviderAttempt] = field(default_factory=list)
 
 
-class Ledger:
-    """Balance, key limit and usage, read live from the simulator's current config."""
+class BillingBook:
+    """The simulated account's bills: balance, key limit and usage, read live from the simulator's
+    current config. (Not the job's ledger, engine/money/ledger.py: this is the truth it is checked against.)"""
 
     def __init__(self, config: Callable[[], SimConfig]) -> None:
         self._config = config
