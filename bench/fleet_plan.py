@@ -10,7 +10,7 @@ The claims (issue 13), on the story's case: 6 datasets of 10M output tokens, a G
     of `--grid` tokens, the cheapest feasible one taken. A split is a schedule: each provider runs
     at its share / the time, within its rate; when a token is made does not change what it costs.
     A few more deadlines are planned and brute-forced too.
-(b) The steering controller, in a discrete-time simulation of the whole run (tests/fleet_sim.py:
+(b) The steering controller, in a discrete-time simulation of the whole run (tests/support/fleet_sim.py:
     a fluid GPU fleet with seeded noise, whole OpenRouter requests with noisy per-request rates,
     routed cheapest first under each provider's concurrency cap, dispatch gated by the ledger's
     rule), finishes within 10% of its deadline and never spends past the budget. A baseline in the
@@ -44,7 +44,7 @@ from throughput import machine, revision, write_md  # noqa: E402 - the sibling b
 
 from regen.engine.money.fleetplan import Provider, Work, fill, plan_fleets  # noqa: E402
 from regen.engine.money.fleetplan.steer import Steering  # noqa: E402
-from tests.fleet_sim import Sim, SimProvider  # noqa: E402
+from tests.support.fleet_sim import Sim, SimProvider  # noqa: E402
 
 MD_START = "<!-- bench:fleet-plan:start -->"
 MD_END = "<!-- bench:fleet-plan:end -->"

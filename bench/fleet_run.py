@@ -46,6 +46,8 @@ from throughput import machine, revision, write_md  # noqa: E402 - the sibling b
 
 from regen.engine.run.recovery import read_journals  # noqa: E402
 from regen.sim.sglang.tokens import builtin_tokenizer_folder  # noqa: E402
+from tests.support.journals import journal  # noqa: E402
+from tests.support.processes import free_port  # noqa: E402
 
 MD_START = "<!-- bench:fleet-run:start -->"
 MD_END = "<!-- bench:fleet-run:end -->"
@@ -73,14 +75,6 @@ class Result:
     budget: float
     plan: dict[str, Any] | None
     steers: int
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def make_datasets(root: Path, prompts: int) -> list[Path]:
@@ -113,10 +107,6 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) 
         except OSError:
             time.sleep(0.2)
     raise SystemExit(f"no answer from {url} in {timeout_s:.0f} s")
-
-
-def journal(path: Path) -> list[dict[str, Any]]:
-    return [orjson.loads(line) for line in path.read_bytes().splitlines()] if path.exists() else []
 
 
 def one_run(name: str, args: argparse.Namespace, deadline_s: float | None, prompts: int, budget: float) -> Result:

@@ -5,7 +5,7 @@
     python bench/inspect_host.py --data DIR           # keep (and reuse) the generated dataset in DIR
     python bench/inspect_host.py --host-python /usr/bin/python3   # the host's Python without orjson
 
-Both sides run against the same real OpenSSH server (tests/host/sshd.py: a throw-away sshd on a
+Both sides run against the same real OpenSSH server (tests/support/sshd.py: a throw-away sshd on a
 loopback port with its own keys), on the same file, with the page cache warm, in the same run,
 alternating which goes first. The baseline is OpenSSH's own client running
 ``wc -l FILE; sha256sum FILE``: one login, two C tools reading the file. regen's side is the whole
@@ -38,8 +38,8 @@ from regen.engine.config.settings import HostSettings  # noqa: E402
 from regen.engine.data.datasets import Dataset  # noqa: E402
 from regen.engine.data.scan import scan  # noqa: E402
 from regen.engine.host.scripts.survey import default_workers, survey  # noqa: E402
-from tests.host.conftest import write_settings  # noqa: E402
-from tests.host.sshd import make_server  # noqa: E402
+from tests.support.hosts import write_settings  # noqa: E402
+from tests.support.sshd import make_server  # noqa: E402
 
 WORDS = [
     "the",

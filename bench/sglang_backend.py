@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine()}")
     if load0 > 0.5:
         print(f"warning: load average {load0:.1f} before the run; other work on this machine skews the figures")
-    from tests.sglang_sim import model_folder
+    from tests.support.sglang_sim import model_folder
 
     model = model_folder(tmp / "model")
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -418,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
 def start_sshd(tmp: Path, model: Path) -> tuple[Any, Path]:
     """A real OpenSSH server on loopback (the tests' harness), pinned to the simulator's core as the
     GPU host's sshd would be beside its server; returns it and the [[hosts]] table as JSON."""
-    from tests.host.sshd import make_server
+    from tests.support.sshd import make_server
 
     server = make_server(tmp / "sshd")
     server.start()
@@ -445,7 +445,7 @@ def tunnel_main(args: argparse.Namespace, argv: list[str] | None) -> int:
     started = time.monotonic()
     load0 = os.getloadavg()[0]
     print(f"machine: {machine()}")
-    from tests.sglang_sim import model_folder
+    from tests.support.sglang_sim import model_folder
 
     model = model_folder(tmp / "model")
     server, host = start_sshd(tmp, model)

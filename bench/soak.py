@@ -25,7 +25,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -41,15 +40,10 @@ sys.path.insert(0, str(ROOT))
 
 from regen.engine.run.recovery import read_journals  # noqa: E402
 from regen.sim.openrouter.config import FAULT_CLASSES  # noqa: E402
+from tests.support.processes import free_port  # noqa: E402
 
 OUT = ROOT / "bench" / "out" / "soak"
 KEY = "sk-bench-soak"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def rss_mb(pid: int) -> float | None:

@@ -39,7 +39,6 @@ import platform
 import resource
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -52,6 +51,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from tests.support.processes import free_port  # noqa: E402
 
 VARIANTS = ("aiohttp", "regen", "openai")
 API_KEY = "sk-sim-test"
@@ -271,7 +272,6 @@ async def run_openai(base_url: str, n: int, concurrency: int, w: Window) -> None
         await client.close()
 
 
-
 async def drive(job: Any, w: Any) -> None:
     """Run a prepared job under the watch `w`, taking a snapshot every half second as a console
     would, and fill in what it produced; shared with bench/sglang_backend.py."""
@@ -394,12 +394,6 @@ def _pin(cpu: int) -> Any:
             os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[cpu]})
 
     return pin
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # `regen sim openrouter` (sim/runner.py): uvloop, and engine/runtime.py's rare cyclic GC. The

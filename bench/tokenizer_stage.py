@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from regen.engine.data.tokenize_pool import TokenizePool
 from regen.engine.data.tokenizer import THINK_END, TargetTokenizer, TokenizerSpec
-from tests.tokenizers_fixture import build_tokenizer, corpus
+from tests.support.tokenizers import build_tokenizer, corpus
 
 DEMO = Path(__file__).resolve().parent.parent / "src" / "regen" / "demo" / "datasets"
 

@@ -1,35 +1,18 @@
-"""Shared fixtures: the OpenRouter simulator on a loopback port, small datasets, settings."""
+"""Shared fixtures: the OpenRouter simulator on a loopback port (in this loop or in a process of its
+own), settings, a tmux server. Their helpers are in tests/support/."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 
 from regen.engine.config.settings import JobSettings, OpenRouterSettings, Settings
-from regen.sim.openrouter.config import SimConfig
 from regen.sim.openrouter.server import OpenRouterSim
-
-SIM_KEY = "sk-sim-test"
-
-
-def fast_sim_config(**overrides: Any) -> SimConfig:
-    """A simulator that answers in milliseconds: tests check behaviour, not speed."""
-    base: dict[str, Any] = {
-        "time_scale": 0.002,
-        "min_completion_tokens": 8,
-        "max_completion_tokens": 40,
-        "chunk_interval_s": 0.005,
-        "keepalive_interval_s": 0.02,
-        "generation_lookup_delay_s": 0.05,
-        "retry_after_s": 0,
-        "seed": 1,
-    }
-    base.update(overrides)
-    return SimConfig(**base)
+from tests.support.openrouter_sim import SECRET, SIM_KEY, fast_sim_config, openrouter_process
+from tests.support.tmux import Tmux
 
 
 @pytest.fixture
@@ -42,20 +25,23 @@ async def sim() -> AsyncIterator[OpenRouterSim]:
         await server.stop()
 
 
-def write_dataset(
-    root: Path, name: str, prompts: list[list[dict[str, Any]]] | int, *, raw: list[bytes] | None = None
-) -> Path:
-    """A dataset folder; `prompts` is message lists, or a count of generated single-turn prompts."""
-    folder = root / name
-    folder.mkdir(parents=True, exist_ok=True)
-    if isinstance(prompts, int):
-        prompts = [
-            [{"role": "user", "content": f"{name} question {i}: explain topic {i % 17}."}]
-            for i in range(prompts)
-        ]
-    lines = raw if raw is not None else [orjson.dumps({"messages": m}) for m in prompts]
-    (folder / "prompts.jsonl").write_bytes(b"".join(line + b"\n" for line in lines))
-    return folder
+@pytest.fixture
+def sim_process(tmp_path: Path) -> Iterator[str]:
+    """`regen sim openrouter` in its own process, so it outlives the jobs the tests kill."""
+    config = {
+        "api_keys": [SIM_KEY, SECRET],
+        "time_scale": 0.05,
+        "min_completion_tokens": 10,
+        "max_completion_tokens": 60,
+        "chunk_interval_s": 0.01,
+        "keepalive_interval_s": 0.05,
+        "generation_lookup_delay_s": 0.1,
+        "retry_after_s": 0,
+        "faults": {"http_502": 0.02, "cut_mid_stream": 0.02},
+        "seed": 3,
+    }
+    with openrouter_process(tmp_path, config) as base_url:
+        yield base_url
 
 
 @pytest.fixture
@@ -80,8 +66,9 @@ def make_settings(tmp_path: Path) -> Callable[..., Settings]:
     return build
 
 
-def read_rows(folder: Path) -> list[dict[str, Any]]:
-    path = folder / "raw_responses.jsonl"
-    if not path.exists():
-        return []
-    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+@pytest.fixture
+def tmux(tmp_path: Path) -> Iterator[Tmux]:
+    """A tmux server of this test's own, killed at its end."""
+    server = Tmux(tmp_path / "tmux.sock")
+    yield server
+    server("kill-server")

@@ -2,173 +2,18 @@
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import signal
-import socket
 import subprocess
-import sys
-import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
 import pytest
 
-from tests.conftest import read_rows, write_dataset
-
-ROOT = Path(__file__).resolve().parent.parent
-ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTHONUNBUFFERED": "1"}
-ENV.pop("OPENROUTER_API_KEY", None)
-SECRET = "sk-or-v1-" + "".join(random.Random(5).choices("abcdef0123456789", k=48))
-
-
-def regen(*args: str) -> list[str]:
-    return [sys.executable, "-m", "regen.cli.main", *args]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture
-def sim_process(tmp_path: Path) -> Iterator[str]:
-    """`regen sim openrouter` in its own process, so it outlives the jobs the tests kill."""
-    port = free_port()
-    config = tmp_path / "sim.json"
-    config.write_text(
-        json.dumps(
-            {
-                "api_keys": ["sk-sim-test", SECRET],
-                "time_scale": 0.05,
-                "min_completion_tokens": 10,
-                "max_completion_tokens": 60,
-                "chunk_interval_s": 0.01,
-                "keepalive_interval_s": 0.05,
-                "generation_lookup_delay_s": 0.1,
-                "retry_after_s": 0,
-                "faults": {"http_502": 0.02, "cut_mid_stream": 0.02},
-                "seed": 3,
-            }
-        )
-    )
-    proc = subprocess.Popen(
-        regen("sim", "openrouter", "--port", str(port), "--config", str(config)),
-        env=ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert "listening on" in line, line
-    try:
-        yield f"http://127.0.0.1:{port}/api/v1"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=10)
-
-
-def wait_gone(pid: int, timeout_s: float = 10.0) -> None:
-    """Wait until process `pid` has exited."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"process {pid} did not end")
-
-
-def kill_at_random_moments(
-    settings: Path, env: dict[str, str], rng: random.Random, times: int, low: float, high: float
-) -> int:
-    """Start the headless job and SIGKILL it a random delay after it sent its first request (a
-    start on a busy machine can take longer than the delay), `times` times; returns the kills."""
-    kills = 0
-    attempts = settings.parent / "run" / "attempts.jsonl"
-    for _ in range(times):
-        before = attempts.read_bytes().count(b'"k":"start"') if attempts.exists() else 0
-        proc = subprocess.Popen(
-            regen("run", "--headless", "--settings", str(settings)),
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 60
-        while proc.poll() is None and time.monotonic() < deadline:
-            if attempts.exists() and attempts.read_bytes().count(b'"k":"start"') > before:
-                break
-            time.sleep(0.02)
-        time.sleep(rng.uniform(low, high))
-        if proc.poll() is None:
-            children = children_of(proc.pid)
-            proc.kill()
-            kills += 1
-            proc.wait()
-            # What the job started (its tokenizer workers) ends with it (engine/lifetime.py).
-            assert_gone(children)
-        proc.wait()
-    return kills
-
-
-def children_of(pid: int) -> list[int]:
-    """The live processes whose parent is `pid` (from /proc)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            # The name in parentheses may hold spaces: the fields after its last ")" are fixed.
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
-
-
-def assert_gone(pids: list[int], timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    alive = pids
-    while alive and time.monotonic() < deadline:
-        alive = [pid for pid in alive if _alive(pid)]
-        time.sleep(0.05)
-    assert not alive, f"processes the killed job started outlived it: {alive}"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"  # a zombie has ended; it waits for init to reap it
-
-
-def wait_for_attempts(journal: Path, ends: int, timeout_s: float = 60.0) -> None:
-    """Wait until the attempt journal holds `ends` settled attempts: the job is under way."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if journal.exists() and journal.read_bytes().count(b'"k":"end"') >= ends:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{journal}: fewer than {ends} attempts after {timeout_s} s")
-
-
-def settings_file(tmp_path: Path, base_url: str, datasets: list[Path], **job: object) -> Path:
-    path = tmp_path / "settings.toml"
-    job_lines = "\n".join(f"{k} = {json.dumps(v)}" for k, v in job.items())
-    path.write_text(
-        f'[openrouter]\nbase_url = "{base_url}"\nmax_tokens = 64\n'
-        f"[job]\ndatasets = {json.dumps([str(d) for d in datasets])}\n"
-        f'run_dir = "{tmp_path / "run"}"\nbackoff_base_s = 0.01\nbackoff_max_s = 0.1\n{job_lines}\n'
-        "[headless]\nstatus_interval_s = 0.2\n"
-    )
-    return path
+from tests.support.datasets import read_rows, write_dataset
+from tests.support.openrouter_sim import SECRET
+from tests.support.processes import ENV, kill_at_random_moments, regen_argv, settings_file, wait_for_attempts
 
 
 def test_sigkill_at_random_moments_then_resume_loses_and_duplicates_nothing(
@@ -180,7 +25,7 @@ def test_sigkill_at_random_moments_then_resume_loses_and_duplicates_nothing(
     kills = kill_at_random_moments(settings, env, random.Random(11), 4, 0.8, 2.5)
     assert kills >= 2, "the job finished too fast to be killed"
     final = subprocess.run(
-        regen("run", "--headless", "--settings", str(settings)),
+        regen_argv("run", "--headless", "--settings", str(settings)),
         env=env,
         capture_output=True,
         text=True,
@@ -208,7 +53,7 @@ def test_signals_drain_and_exit_with_their_code(
     data = [write_dataset(tmp_path, "A", 3000)]
     settings = settings_file(tmp_path, sim_process, data, concurrency=32)
     proc = subprocess.Popen(
-        regen("run", "--headless", "--settings", str(settings)),
+        regen_argv("run", "--headless", "--settings", str(settings)),
         env={**ENV, "OPENROUTER_API_KEY": "sk-sim-test"},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -233,7 +78,7 @@ def test_status_lines_and_summary(sim_process: str, tmp_path: Path) -> None:
     data = [write_dataset(tmp_path, "A", 60), write_dataset(tmp_path, "B", 20)]
     settings = settings_file(tmp_path, sim_process, data, concurrency=8)
     done = subprocess.run(
-        regen("run", "--headless", "--settings", str(settings)),
+        regen_argv("run", "--headless", "--settings", str(settings)),
         env={**ENV, "OPENROUTER_API_KEY": "sk-sim-test"},
         capture_output=True,
         text=True,
@@ -272,7 +117,7 @@ def test_bad_prompt_lines_are_listed_and_nothing_is_written(sim_process: str, tm
     settings = settings_file(tmp_path, sim_process, [data])
     env = {**ENV, "OPENROUTER_API_KEY": "sk-sim-test"}
     bad = subprocess.run(
-        regen("run", "--headless", "--settings", str(settings)), env=env, capture_output=True, text=True
+        regen_argv("run", "--headless", "--settings", str(settings)), env=env, capture_output=True, text=True
     )
     assert bad.returncode == 1
     prompts = data / "prompts.jsonl"
@@ -282,7 +127,7 @@ def test_bad_prompt_lines_are_listed_and_nothing_is_written(sim_process: str, tm
     assert "Traceback" not in bad.stderr
     assert not (data / "raw_responses.jsonl").exists() and not (tmp_path / "run").exists()
     skipped = subprocess.run(
-        regen("run", "--headless", "--skip-invalid", "--settings", str(settings)),
+        regen_argv("run", "--headless", "--skip-invalid", "--settings", str(settings)),
         env=env,
         capture_output=True,
         text=True,
@@ -298,7 +143,7 @@ def test_the_key_appears_in_no_output_and_no_file(sim_process: str, tmp_path: Pa
     data = [write_dataset(tmp_path, "A", 30)]
     settings = settings_file(tmp_path, sim_process, data, concurrency=8)
     good = subprocess.run(
-        regen("run", "--headless", "--settings", str(settings)),
+        regen_argv("run", "--headless", "--settings", str(settings)),
         env={**ENV, "OPENROUTER_API_KEY": SECRET},
         capture_output=True,
         text=True,
@@ -307,7 +152,7 @@ def test_the_key_appears_in_no_output_and_no_file(sim_process: str, tmp_path: Pa
     assert good.returncode == 0, good.stderr
     wrong = SECRET[:-6] + "000000"
     refused = subprocess.run(
-        regen("run", "--headless", "--settings", str(settings)),
+        regen_argv("run", "--headless", "--settings", str(settings)),
         env={**ENV, "OPENROUTER_API_KEY": wrong},
         capture_output=True,
         text=True,
@@ -326,11 +171,11 @@ def test_no_key_and_no_datasets_are_clear_errors(tmp_path: Path) -> None:
     settings = tmp_path / "settings.toml"
     settings.write_text("[job]\nbudget_usd = 5\n")
     no_key = subprocess.run(
-        regen("run", "--headless", "--settings", str(settings)), env=ENV, capture_output=True, text=True
+        regen_argv("run", "--headless", "--settings", str(settings)), env=ENV, capture_output=True, text=True
     )
     assert no_key.returncode == 1 and "no API key" in no_key.stderr and "Traceback" not in no_key.stderr
     no_data = subprocess.run(
-        regen("run", "--headless", "--settings", str(settings)),
+        regen_argv("run", "--headless", "--settings", str(settings)),
         env={**ENV, "OPENROUTER_API_KEY": "x"},
         capture_output=True,
         text=True,
@@ -341,7 +186,7 @@ def test_no_key_and_no_datasets_are_clear_errors(tmp_path: Path) -> None:
 def test_demo_runs_to_the_end_and_exits_0(tmp_path: Path) -> None:
     folder = tmp_path / "demo"
     done = subprocess.run(
-        regen("demo", "--headless", "--dir", str(folder), "--speed", "25"),
+        regen_argv("demo", "--headless", "--dir", str(folder), "--speed", "25"),
         env=ENV,
         capture_output=True,
         text=True,
@@ -354,7 +199,7 @@ def test_demo_runs_to_the_end_and_exits_0(tmp_path: Path) -> None:
         prompts = (folder / "datasets" / name / "prompts.jsonl").read_bytes().count(b"\n")
         assert len(read_rows(folder / "datasets" / name)) == prompts
     again = subprocess.run(
-        regen("demo", "--headless", "--dir", str(tmp_path)), env=ENV, capture_output=True, text=True
+        regen_argv("demo", "--headless", "--dir", str(tmp_path)), env=ENV, capture_output=True, text=True
     )
     assert again.returncode != 0 and "is not a regen demo folder" in again.stderr
 
@@ -362,7 +207,7 @@ def test_demo_runs_to_the_end_and_exits_0(tmp_path: Path) -> None:
 def test_demo_rehearses_the_sglang_path(tmp_path: Path) -> None:
     folder = tmp_path / "demo"
     done = subprocess.run(
-        regen("demo", "--backend", "sglang", "--headless", "--dir", str(folder), "--speed", "10"),
+        regen_argv("demo", "--backend", "sglang", "--headless", "--dir", str(folder), "--speed", "10"),
         env=ENV,
         capture_output=True,
         text=True,

@@ -7,23 +7,17 @@ parser and steering controller), run as its own process by `python -m regen.cons
 
 from __future__ import annotations
 
-import os
-import shutil
 import sys
 import time
 from pathlib import Path
 
-import pytest
+from tests.support.processes import ENV
+from tests.support.tmux import Tmux, needs_tmux
 
-from tests.test_cli import ENV
-from tests.test_console_tmux import Tmux, tmux  # noqa: F401  (fixture)
-
-pytestmark = pytest.mark.skipif(
-    shutil.which("tmux") is None and not os.environ.get("CI"), reason="tmux is not installed (CI installs it)"
-)
+pytestmark = needs_tmux
 
 
-def clear_the_box(tmux: Tmux) -> None:  # noqa: F811
+def clear_the_box(tmux: Tmux) -> None:
     """ctrl+u empties the box; wait until it is empty (its placeholder shows) before typing, since
     Textual runs the binding after the key and letters typed at once could land before it."""
     tmux.keys("C-u")
@@ -32,7 +26,7 @@ def clear_the_box(tmux: Tmux) -> None:  # noqa: F811
 
 def test_both_fleets_in_one_view_and_the_deadline_changed_from_the_keyboard(
     tmp_path: Path,
-    tmux: Tmux,  # noqa: F811
+    tmux: Tmux,
 ) -> None:
     env = " ".join(
         f"{k}={v!r}"

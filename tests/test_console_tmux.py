@@ -3,60 +3,20 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import orjson
-import pytest
 
-from tests.conftest import read_rows, write_dataset
-from tests.test_cli import ENV, regen, settings_file, sim_process, wait_gone  # noqa: F401  (fixture)
+from tests.support.datasets import read_rows, write_dataset
+from tests.support.processes import ENV, regen_argv, settings_file, wait_gone
+from tests.support.tmux import Tmux, needs_tmux
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("tmux") is None and not os.environ.get("CI"), reason="tmux is not installed (CI installs it)"
-)
+pytestmark = needs_tmux
 
 
-class Tmux:
-    """One tmux server of our own (its own socket), so tests never touch the operator's sessions."""
-
-    def __init__(self, socket: Path) -> None:
-        self.socket = socket
-
-    def __call__(self, *args: str) -> str:
-        done = subprocess.run(
-            ["tmux", "-S", str(self.socket), *args], capture_output=True, text=True, timeout=20
-        )
-        return done.stdout
-
-    def screen(self) -> str:
-        return self("capture-pane", "-t", "regen", "-p")
-
-    def keys(self, *keys: str) -> None:
-        self("send-keys", "-t", "regen", *keys)
-
-    def wait_for(self, predicate: Callable[[str], bool], what: str, timeout: float = 20.0) -> str:
-        deadline = time.monotonic() + timeout
-        screen = ""
-        while time.monotonic() < deadline:
-            screen = self.screen()
-            if predicate(screen):
-                return screen
-            time.sleep(0.2)
-        raise AssertionError(f"timed out waiting for {what}; screen:\n{screen}")
-
-
-@pytest.fixture
-def tmux(tmp_path: Path) -> Iterator[Tmux]:
-    server = Tmux(tmp_path / "tmux.sock")
-    yield server
-    server("kill-server")
-
-
-def test_console_in_tmux_steers_the_job(sim_process: str, tmp_path: Path, tmux: Tmux) -> None:  # noqa: F811
+def test_console_in_tmux_steers_the_job(sim_process: str, tmp_path: Path, tmux: Tmux) -> None:
     data = [write_dataset(tmp_path, "A", 20000)]
     settings = settings_file(tmp_path, sim_process, data, concurrency=8)
     env = " ".join(
@@ -64,7 +24,7 @@ def test_console_in_tmux_steers_the_job(sim_process: str, tmp_path: Path, tmux: 
         for k, v in {**ENV, "OPENROUTER_API_KEY": "sk-sim-test", "TERM": "tmux-256color"}.items()
         if k in ("PATH", "PYTHONPATH", "HOME", "OPENROUTER_API_KEY", "TERM", "PYTHONUNBUFFERED")
     )
-    command = " ".join(regen("run", "--settings", str(settings)))
+    command = " ".join(regen_argv("run", "--settings", str(settings)))
     tmux(
         "new-session",
         "-d",
@@ -122,13 +82,13 @@ def test_console_in_tmux_steers_the_job(sim_process: str, tmp_path: Path, tmux: 
         "new-window",
         "-t",
         "regen",
-        f"cd {tmp_path} && env {env} {' '.join(regen('attach', '--settings', str(settings)))}; sleep 600",
+        f"cd {tmp_path} && env {env} {' '.join(regen_argv('attach', '--settings', str(settings)))}; sleep 600",
     )
     tmux.wait_for(lambda s: "RUNNING" in s and "EXCL" in s, "the re-attached console")
 
     # stop ends it with every row intact.
     stopped = subprocess.run(
-        regen("stop", "--settings", str(settings)),
+        regen_argv("stop", "--settings", str(settings)),
         env={**ENV, "OPENROUTER_API_KEY": "sk-sim-test"},
         capture_output=True,
         text=True,

@@ -19,8 +19,8 @@ from regen.engine.control.headless import run_headless
 from regen.engine.control.server import PROTOCOL_VERSION, SOCKET_NAME, ControlError
 from regen.engine.job.job import Job, JobState
 from regen.sim.openrouter.server import OpenRouterSim
-from tests.conftest import read_rows, write_dataset
-from tests.test_cli import ENV, regen, settings_file, sim_process, wait_for_attempts, wait_gone  # noqa: F401  (fixture)
+from tests.support.datasets import read_rows, write_dataset
+from tests.support.processes import ENV, regen_argv, settings_file, wait_for_attempts, wait_gone
 
 
 async def start_job(settings: Settings) -> tuple[Job, asyncio.Task[object]]:
@@ -112,13 +112,13 @@ async def test_attach_without_a_job_is_a_clear_error(tmp_path: Path) -> None:
         await SocketSource(tmp_path / SOCKET_NAME).connect()
 
 
-def test_detached_job_outlives_its_console_and_stops_on_request(sim_process: str, tmp_path: Path) -> None:  # noqa: F811
+def test_detached_job_outlives_its_console_and_stops_on_request(sim_process: str, tmp_path: Path) -> None:
     data = [write_dataset(tmp_path, "A", 4000)]
     settings = settings_file(tmp_path, sim_process, data, concurrency=16)
     env = {**ENV, "OPENROUTER_API_KEY": "sk-sim-test"}
     # Not a terminal: the console falls back to status lines; the kill plays a dropped SSH session.
     proc = subprocess.Popen(
-        regen("run", "--settings", str(settings)),
+        regen_argv("run", "--settings", str(settings)),
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -130,7 +130,7 @@ def test_detached_job_outlives_its_console_and_stops_on_request(sim_process: str
     pid = int((tmp_path / "run" / "job.lock").read_text())
     os.kill(pid, 0)  # still alive after its console died
     attach = subprocess.Popen(
-        regen("attach", "--readonly", "--settings", str(settings)),
+        regen_argv("attach", "--readonly", "--settings", str(settings)),
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -138,7 +138,7 @@ def test_detached_job_outlives_its_console_and_stops_on_request(sim_process: str
     )
     time.sleep(1.5)
     stopped = subprocess.run(
-        regen("stop", "--settings", str(settings)), env=env, capture_output=True, text=True, timeout=60
+        regen_argv("stop", "--settings", str(settings)), env=env, capture_output=True, text=True, timeout=60
     )
     assert stopped.returncode == 0, stopped.stderr
     assert "stopping: draining" in stopped.stderr

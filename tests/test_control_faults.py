@@ -38,7 +38,7 @@ from regen.engine.control.server import (
 from regen.engine.job.job import Job, JobError
 from regen.engine.run.state import StopReason
 from regen.sim.openrouter.server import OpenRouterSim
-from tests.conftest import read_rows, write_dataset
+from tests.support.datasets import read_rows, write_dataset
 
 HELLO = orjson.dumps({"hello": {"protocol": PROTOCOL_VERSION, "readonly": False}}) + b"\n"
 

@@ -19,7 +19,7 @@ import pytest
 
 import regen.engine.data.jsonl as jsonl
 from regen.engine.data.jsonl import JsonlAppender, JsonlError, WriteFailed, iter_jsonl
-from tests.filesystems import (
+from tests.support.filesystems import (
     Unmountable,
     emergency_read_only,
     ext4_loop,

@@ -1,4 +1,4 @@
-"""A disk that fills up mid-run, for real: the run folder on a small tmpfs (tests/filesystems.py)."""
+"""A disk that fills up mid-run, for real: the run folder on a small tmpfs (tests/support/filesystems.py)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SIM_KEY, read_rows, write_dataset
-from tests.filesystems import Unmountable, small_tmpfs
-from tests.test_cli import ENV, regen, settings_file, sim_process  # noqa: F401  (fixture)
+from tests.support.datasets import read_rows, write_dataset
+from tests.support.filesystems import Unmountable, small_tmpfs
+from tests.support.openrouter_sim import SIM_KEY
+from tests.support.processes import ENV, regen_argv, settings_file
 
 
 def test_a_full_disk_stops_the_run_cleanly_and_it_resumes_once_space_is_freed(
-    sim_process: str,  # noqa: F811
+    sim_process: str,
     tmp_path: Path,
 ) -> None:
     """Exit 1 naming the file and why, no torn line, everything acknowledged kept; with room again
@@ -25,7 +26,7 @@ def test_a_full_disk_stops_the_run_cleanly_and_it_resumes_once_space_is_freed(
             settings = settings_file(small, sim_process, [a], concurrency=16, max_attempts=20)
             env = {**ENV, "OPENROUTER_API_KEY": SIM_KEY}
             full = subprocess.run(
-                regen("run", "--headless", "--settings", str(settings)),
+                regen_argv("run", "--headless", "--settings", str(settings)),
                 env=env,
                 capture_output=True,
                 text=True,
@@ -41,7 +42,7 @@ def test_a_full_disk_stops_the_run_cleanly_and_it_resumes_once_space_is_freed(
             assert len(read_rows(a)) < 600
             subprocess.run(["mount", "-o", "remount,size=16m", str(small)], check=True)
             again = subprocess.run(
-                regen("run", "--headless", "--settings", str(settings)),
+                regen_argv("run", "--headless", "--settings", str(settings)),
                 env=env,
                 capture_output=True,
                 text=True,

@@ -25,8 +25,8 @@ from regen.engine.backends.openrouter.errors import ErrorClass
 from regen.engine.config.settings import OpenRouterSettings
 from regen.sim.openrouter.catalog import default_models
 from regen.sim.openrouter.server import OpenRouterSim
-from tests.conftest import SIM_KEY, fast_sim_config
-from tests.faultproxy import FaultProxy, ThreadedFaultProxy
+from tests.support.faultproxy import FaultProxy, ThreadedFaultProxy
+from tests.support.openrouter_sim import SIM_KEY, fast_sim_config
 
 PROMPT = [{"role": "user", "content": "Explain MoE routing in two sentences."}]
 SLUGS = sorted({e.slug for e in default_models()[0].endpoints})

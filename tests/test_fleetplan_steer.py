@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from regen.engine.money.fleetplan import Provider, Work, fill
 from regen.engine.money.fleetplan.steer import Facts, Steering
 from regen.engine.money.ledger import PER_MILLION, RoutePrice
-from tests.fleet_sim import Sim, SimProvider
+from tests.support.fleet_sim import Sim, SimProvider
 
 CHEAP = Provider(RoutePrice("cheap", Decimal(0), Decimal("2.20") / PER_MILLION), None)
 
@@ -130,7 +130,7 @@ def test_settings_stand_in_until_there_are_samples() -> None:
     assert no_gpu_setting.ceiling == 100  # without a GPU rate OpenRouter must make it all: capped at the most
 
 
-# The whole run, in the simulation (tests/fleet_sim.py).
+# The whole run, in the simulation (tests/support/fleet_sim.py).
 
 PROVIDERS = [
     SimProvider("cheap", Decimal("2.20"), 10),

@@ -31,9 +31,10 @@ from regen.engine.data.jsonl import CorruptLine, iter_jsonl
 from regen.engine.data.scan import iter_prompts, scan
 from regen.engine.data.validate import MAX_NESTING, validate_line
 from regen.engine.run.recovery import RecoveryError, read_journals, read_rows
-from tests.conftest import read_rows as rows_of
-from tests.conftest import write_dataset
-from tests.test_cli import ENV, free_port, regen, settings_file, sim_process  # noqa: F401  (fixture)
+from tests.support.datasets import read_rows as rows_of
+from tests.support.datasets import write_dataset
+from tests.support.openrouter_sim import SIM_KEY, openrouter_process
+from tests.support.processes import ENV, run_regen, settings_file
 
 U = b'{"messages":[{"role":"user","content":"hi"}]}'
 
@@ -260,8 +261,7 @@ def test_hostile_valid_lines_as_documented() -> None:
 
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {**ENV, "OPENROUTER_API_KEY": "sk-sim-test"}
-    return subprocess.run(regen(*args), env=env, capture_output=True, text=True, timeout=timeout)
+    return run_regen(*args, env={**ENV, "OPENROUTER_API_KEY": SIM_KEY}, timeout=timeout)
 
 
 def assert_clean_failure(proc: subprocess.CompletedProcess[str], code: int, *expected: str) -> None:
@@ -295,7 +295,7 @@ def test_cli_refuses_a_100_mb_line(tmp_path: Path) -> None:
 
 
 def test_cli_runs_the_hostile_valid_lines_and_skips_the_invalid_ones(
-    sim_process: str,  # noqa: F811  (the fixture)
+    sim_process: str,
     tmp_path: Path,
 ) -> None:
     lines = [raw for _, raw in HOSTILE_VALID] + [raw for _, raw, _ in HOSTILE_INVALID]
@@ -371,36 +371,18 @@ def test_cli_hostile_settings_exit_2_naming_file_and_key(
 @pytest.fixture(scope="module")
 def module_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One simulator process for the tests that need a finished run (each gets its own copy)."""
-    config = tmp_path_factory.mktemp("sim") / "sim.json"
-    config.write_text(
-        json.dumps(
-            {
-                "time_scale": 0.02,
-                "min_completion_tokens": 10,
-                "max_completion_tokens": 40,
-                "chunk_interval_s": 0.01,
-                "keepalive_interval_s": 0.05,
-                "generation_lookup_delay_s": 0.1,
-                "retry_after_s": 0,
-                "seed": 3,
-            }
-        )
-    )
-    port = free_port()
-    proc = subprocess.Popen(
-        regen("sim", "openrouter", "--port", str(port), "--config", str(config)),
-        env=ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert proc.stdout is not None
-    assert "listening on" in proc.stdout.readline()
-    try:
-        yield f"http://127.0.0.1:{port}/api/v1"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    config = {
+        "time_scale": 0.02,
+        "min_completion_tokens": 10,
+        "max_completion_tokens": 40,
+        "chunk_interval_s": 0.01,
+        "keepalive_interval_s": 0.05,
+        "generation_lookup_delay_s": 0.1,
+        "retry_after_s": 0,
+        "seed": 3,
+    }
+    with openrouter_process(tmp_path_factory.mktemp("sim"), config) as base_url:
+        yield base_url
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
@@ -15,22 +14,8 @@ from regen.engine.config.settings import Settings
 from regen.engine.job.job import Job, JobError, JobState, StopReason
 from regen.sim.openrouter.config import FAULT_CLASSES
 from regen.sim.openrouter.server import OpenRouterSim
-from tests.conftest import read_rows, write_dataset
-
-
-def assert_one_row_per_prompt(folder: Path, expected: int) -> list[dict]:
-    rows = read_rows(folder)
-    lines = Counter(row["line"] for row in rows)
-    assert len(rows) == expected, f"{len(rows)} rows for {expected} prompts"
-    assert set(lines) == set(range(expected)) and max(lines.values()) == 1
-    return rows
-
-
-async def run_job(settings: Settings, **kwargs: object) -> Job:
-    job = Job(settings, **kwargs)  # type: ignore[arg-type]
-    await job.prepare()
-    await job.run()
-    return job
+from tests.support.datasets import one_row_per_prompt, read_rows, write_dataset
+from tests.support.jobs import run_job
 
 
 async def test_every_prompt_gets_one_row_and_spend_matches_the_bill(
@@ -43,8 +28,8 @@ async def test_every_prompt_gets_one_row_and_spend_matches_the_bill(
     job = await run_job(make_settings(sim.base_url, [a, b]))
     assert job.outcome is not None and job.outcome.reason is StopReason.DONE and job.outcome.exit_code == 0
     assert job.state is JobState.DONE
-    rows = assert_one_row_per_prompt(a, 40)
-    assert_one_row_per_prompt(b, 5)  # identical prompts stay distinct rows
+    rows = one_row_per_prompt(a, 40)
+    one_row_per_prompt(b, 5)  # identical prompts stay distinct rows
     row = rows[0]
     assert row["schema_version"] == 1 and row["backend"] == "openrouter"
     assert row["id"] == f"A-{row['line']:08d}" and len(row["prompt_sha256"]) == 64
@@ -94,7 +79,7 @@ async def test_exclude_while_running_reaches_later_requests(
     assert all(r["served_by"] != cheapest for r in later)
     events = [orjson.loads(x) for x in (job.run_dir / "events.jsonl").read_bytes().splitlines()]
     assert any(e["event"] == "exclude" and e["provider"] == slug for e in events)
-    assert_one_row_per_prompt(a, 60)
+    one_row_per_prompt(a, 60)
 
 
 async def test_excluding_the_last_provider_is_refused(
@@ -128,7 +113,7 @@ async def test_pause_stops_dispatch_and_resume_goes_on(
     job.resume()
     await runner
     assert job.outcome is not None and job.outcome.reason is StopReason.DONE
-    assert_one_row_per_prompt(a, 80)
+    one_row_per_prompt(a, 80)
 
 
 async def test_stop_with_cancel_then_resume_completes_without_duplicates(
@@ -149,7 +134,7 @@ async def test_stop_with_cancel_then_resume_completes_without_duplicates(
     assert 10 <= done_first < 50
     again = await run_job(settings)
     assert again.outcome is not None and again.outcome.reason is StopReason.DONE
-    assert_one_row_per_prompt(a, 50)
+    one_row_per_prompt(a, 50)
     assert again.lanes[0].stats.counters.rows == 50 - done_first, "finished prompts are skipped by identity"
     # Cancelled requests with a generation id were looked up in /generation; those cancelled
     # before their headers keep their worst case, flagged: the ledger never reads below the bill.
@@ -215,7 +200,7 @@ async def test_a_429_storm_lowers_concurrency_and_it_recovers(
         await asyncio.sleep(0.01)
     assert job.lanes[0].limit.effective == 64, "back to the configured limit once the storm passed"
     await runner
-    assert_one_row_per_prompt(a, 600)
+    one_row_per_prompt(a, 600)
 
 
 def test_engine_never_imports_textual() -> None:
@@ -257,7 +242,7 @@ async def test_every_fault_class_ends_with_one_row_per_prompt(
     a = write_dataset(tmp_path, "A", 30)
     job = await run_job(make_settings(sim.base_url, [a], max_attempts=30, reconcile_timeout_s=3.0))
     assert job.outcome is not None and job.outcome.reason is StopReason.DONE, job.outcome
-    rows = assert_one_row_per_prompt(a, 30)
+    rows = one_row_per_prompt(a, 30)
     assert job.lanes[0].ledger.reserved == 0
     if fault == "reasoning_exhaustion":
         assert any(r["status"] == "truncated" and r["content"] == "" and r["reasoning"] for r in rows)
@@ -285,7 +270,7 @@ async def test_non_streaming_mode(
     a = write_dataset(tmp_path, "A", 20)
     job = await run_job(make_settings(sim.base_url, [a], max_attempts=20, openrouter={"stream": False}))
     assert job.outcome is not None and job.outcome.reason is StopReason.DONE
-    rows = assert_one_row_per_prompt(a, 20)
+    rows = one_row_per_prompt(a, 20)
     assert all(r["request"]["stream"] is False for r in rows)
     assert all(r["stream"] is False for r in sim.requests if r.get("model"))
 
@@ -361,7 +346,7 @@ async def test_dataset_token_budget_stops_its_dispatch(
 async def test_budget_with_2000_in_flight_never_overshoots_the_bill(
     tmp_path: Path, make_settings: Callable[..., Settings]
 ) -> None:
-    from tests.conftest import fast_sim_config
+    from tests.support.openrouter_sim import fast_sim_config
 
     server = OpenRouterSim(
         fast_sim_config(time_scale=0.2, min_completion_tokens=20, max_completion_tokens=60)
@@ -415,7 +400,7 @@ async def test_a_row_written_without_its_end_record_settles_the_attempt(
         if orjson.loads(x).get("rid") == lost["rid"]
     ]
     assert [r["k"] for r in settled] == ["start", "gen", "end"] and settled[-1]["outcome"] == "ok"
-    assert_one_row_per_prompt(a, 10)
+    one_row_per_prompt(a, 10)
 
 
 async def test_a_stalled_stream_is_abandoned_after_the_idle_limit_and_retried(
@@ -427,7 +412,7 @@ async def test_a_stalled_stream_is_abandoned_after_the_idle_limit_and_retried(
     a = write_dataset(tmp_path, "A", 12)
     job = await run_job(make_settings(sim.base_url, [a], max_attempts=20, openrouter={"read_timeout_s": 0.3}))
     assert job.outcome is not None and job.outcome.reason is StopReason.DONE
-    assert_one_row_per_prompt(a, 12)
+    one_row_per_prompt(a, 12)
     journal = [orjson.loads(x) for x in (job.run_dir / "attempts.jsonl").read_bytes().splitlines()]
     stalled = [r for r in journal if r["k"] == "end" and r.get("msg") == "no data for 0.3 s"]
     assert stalled, "the idle limit fired"
@@ -445,7 +430,7 @@ async def test_an_attempt_that_keeps_talking_is_still_abandoned_at_the_total_lim
     )
     job = await run_job(settings)
     assert job.outcome is not None and job.outcome.reason is StopReason.DONE
-    assert_one_row_per_prompt(a, 12)
+    one_row_per_prompt(a, 12)
     journal = [orjson.loads(x) for x in (job.run_dir / "attempts.jsonl").read_bytes().splitlines()]
     messages = {r.get("msg") for r in journal if r["k"] == "end" and r["outcome"] != "ok"}
     assert messages == {"no complete answer within request_timeout_s (0.5 s)"}

@@ -18,9 +18,7 @@ import pytest
 
 import regen.engine.data.jsonl as jsonl
 from regen.engine.data.jsonl import JsonlAppender, JsonlError, iter_jsonl, repair_torn_tail
-
-REPO = Path(__file__).resolve().parent.parent
-
+from tests.support.processes import ROOT
 
 # -- repair_torn_tail -----------------------------------------------------------------------
 
@@ -270,7 +268,7 @@ def test_sigkill_at_random_moments_loses_no_acknowledged_line(tmp_path: Path) ->
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     out = tmp_path / "out.jsonl"
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     rng = random.Random(20260920)
     total_acked = 0
     for round_no in range(5):
@@ -278,7 +276,7 @@ def test_sigkill_at_random_moments_loses_no_acknowledged_line(tmp_path: Path) ->
         before = sum(1 for _ in iter_jsonl(out))
         with open(ack_file, "wb") as ack_out:
             child = subprocess.Popen(
-                [sys.executable, str(script), str(out)], stdout=ack_out, env=env, cwd=REPO
+                [sys.executable, str(script), str(out)], stdout=ack_out, env=env, cwd=ROOT
             )
         try:
             deadline = time.monotonic() + 15

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.processes import ROOT
 
 
 def loaded_after(code: str) -> set[str]:

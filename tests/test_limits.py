@@ -14,7 +14,7 @@ from regen.engine.config.settings import Settings
 from regen.engine.control.headless import status_line
 from regen.engine.job.job import Job, StopReason
 from regen.sim.openrouter.server import OpenRouterSim
-from tests.conftest import read_rows, write_dataset
+from tests.support.datasets import read_rows, write_dataset
 
 
 def events(job: Job) -> list[dict]:

@@ -1,7 +1,7 @@
 """An outage is a hold, not a failure: the backend gone for a while costs nothing and ends nothing.
 
 Staged for real over loopback: the simulator's HTTP server stopped and started again on the same
-port, and a fault proxy that refuses connections (tests/faultproxy.py).
+port, and a fault proxy that refuses connections (tests/support/faultproxy.py).
 """
 
 from __future__ import annotations
@@ -20,12 +20,10 @@ from regen.engine.control.headless import status_line
 from regen.engine.job.job import Job, StopReason
 from regen.engine.run.recovery import read_journals
 from regen.sim.openrouter.server import OpenRouterSim
-from tests.conftest import fast_sim_config, read_rows, write_dataset
-from tests.faultproxy import FaultProxy
-
-
-def journal(path: Path) -> list[dict]:
-    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+from tests.support.datasets import read_rows, write_dataset
+from tests.support.faultproxy import FaultProxy
+from tests.support.journals import journal
+from tests.support.openrouter_sim import fast_sim_config
 
 
 async def wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> None:

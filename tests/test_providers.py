@@ -16,12 +16,12 @@ from regen.engine.config.settings import Settings
 from regen.engine.job.job import Job, StopReason
 from regen.engine.run.recovery import read_journals
 from regen.sim.openrouter.server import OpenRouterSim
-from tests.conftest import read_rows, write_dataset
-from tests.test_cli import ENV, kill_at_random_moments, regen, settings_file, sim_process  # noqa: F401  (fixture)
-from tests.test_job import assert_one_row_per_prompt, run_job
+from tests.support.datasets import one_row_per_prompt, read_rows, write_dataset
+from tests.support.jobs import run_job
+from tests.support.processes import ENV, kill_at_random_moments, regen_argv, settings_file
 
 
-def test_catalog_marks_every_endpoint_and_plans_the_budget(sim_process: str, tmp_path: Path) -> None:  # noqa: F811
+def test_catalog_marks_every_endpoint_and_plans_the_budget(sim_process: str, tmp_path: Path) -> None:
     data = [write_dataset(tmp_path, "A", 500), write_dataset(tmp_path, "B", 300)]
     settings = settings_file(tmp_path, sim_process, data, budget_usd=0.5)
     text = settings.read_text().replace(
@@ -30,7 +30,7 @@ def test_catalog_marks_every_endpoint_and_plans_the_budget(sim_process: str, tmp
     settings.write_text(text)
     env = {**ENV, "OPENROUTER_API_KEY": "sk-sim-test"}
     done = subprocess.run(
-        regen("catalog", "--json", "--settings", str(settings)), env=env, capture_output=True, text=True
+        regen_argv("catalog", "--json", "--settings", str(settings)), env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
@@ -50,7 +50,7 @@ def test_catalog_marks_every_endpoint_and_plans_the_budget(sim_process: str, tmp
     assert plan["output_tokens"] == 800 * 2000, "assumed tokens per prompt before any row exists"
     assert plan["fits"] is False and plan["ways_out"]["token_budget"]["dataset_token_budget"] > 0
     human = subprocess.run(
-        regen("catalog", "--settings", str(settings)), env=env, capture_output=True, text=True
+        regen_argv("catalog", "--settings", str(settings)), env=env, capture_output=True, text=True
     )
     assert "does not fit" in human.stdout and "excluded: named in provider.ignore" in human.stdout
 
@@ -65,7 +65,7 @@ async def test_a_provider_serving_outside_the_allowlist_is_quarantined_and_exclu
         make_settings(sim.base_url, [a], concurrency=4, openrouter={"provider": {"sort": "price"}})
     )
     assert job.outcome is not None and job.outcome.reason is StopReason.DONE
-    rows = assert_one_row_per_prompt(a, 40)
+    rows = one_row_per_prompt(a, 40)
     assert all(row["provider"] != "DeepInfra" for row in rows)
     quarantined = [orjson.loads(x) for x in (job.run_dir / "quarantine.jsonl").read_bytes().splitlines()]
     assert quarantined and all(q["provider"] == "DeepInfra" for q in quarantined)
@@ -181,13 +181,13 @@ async def test_cost_missing_from_the_response_is_reconciled_from_generation(
     assert any(r["k"] == "reconciled" for r in journal)
 
 
-def test_sigkill_then_resume_the_ledger_equals_the_bill(sim_process: str, tmp_path: Path) -> None:  # noqa: F811
+def test_sigkill_then_resume_the_ledger_equals_the_bill(sim_process: str, tmp_path: Path) -> None:
     data = [write_dataset(tmp_path, "A", 1200)]
     settings = settings_file(tmp_path, sim_process, data, concurrency=32, max_attempts=20)
     env = {**ENV, "OPENROUTER_API_KEY": "sk-sim-test"}
     kill_at_random_moments(settings, env, random.Random(4), 3, 0.8, 2.0)
     final = subprocess.run(
-        regen("run", "--headless", "--settings", str(settings)),
+        regen_argv("run", "--headless", "--settings", str(settings)),
         env=env,
         capture_output=True,
         text=True,

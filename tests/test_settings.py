@@ -12,8 +12,7 @@ import pytest
 from regen.engine.config.example import example_toml
 from regen.engine.config.loading import SettingsError, load_settings
 from regen.engine.config.settings import Settings
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.processes import ROOT
 
 
 def test_example_file_is_generated_from_the_docstrings() -> None:

@@ -18,7 +18,7 @@ from regen.engine.data.tokenizer import (
     TokenizerError,
     TokenizerSpec,
 )
-from tests.tokenizers_fixture import KIMI_SYSTEM, build_tokenizer
+from tests.support.tokenizers import KIMI_SYSTEM, build_tokenizer
 
 TEXTS = [
     "plain ascii text.",

@@ -14,9 +14,9 @@ from regen.engine.config.settings import Settings, TokenizerSettings
 from regen.engine.data.tokenizer import TargetTokenizer
 from regen.engine.job.job import Job, JobError, StopReason
 from regen.sim.openrouter.server import OpenRouterSim
-from tests.conftest import read_rows, write_dataset
-from tests.test_cli import ENV, regen
-from tests.tokenizers_fixture import build_tokenizer
+from tests.support.datasets import read_rows, write_dataset
+from tests.support.processes import ENV, regen_argv
+from tests.support.tokenizers import build_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ async def test_rows_carry_ids_that_verify_and_export(
     settings_path = tmp_path / "settings.toml"
     settings_path.write_text(f'[tokenizer]\npath = "{kimi_folder}"\n[job]\nrun_dir = "{tmp_path / "run"}"\n')
     verified = subprocess.run(
-        regen("verify", "--settings", str(settings_path), "--require-ids", "--json", str(a)),
+        regen_argv("verify", "--settings", str(settings_path), "--require-ids", "--json", str(a)),
         env=ENV,
         capture_output=True,
         text=True,
@@ -56,7 +56,7 @@ async def test_rows_carry_ids_that_verify_and_export(
     )
     assert verified.returncode == 0, verified.stdout[-2000:] + verified.stderr[-2000:]
     exported = subprocess.run(
-        regen("export", "--format", "specforge", "--settings", str(settings_path), str(a)),
+        regen_argv("export", "--format", "specforge", "--settings", str(settings_path), str(a)),
         env=ENV,
         capture_output=True,
         text=True,
@@ -74,7 +74,7 @@ async def test_rows_carry_ids_that_verify_and_export(
     broken = [json.dumps(r) for r in rows] + [json.dumps(rows[0])]
     (a / "raw_responses.jsonl").write_text("\n".join(broken) + "\n")
     caught = subprocess.run(
-        regen("verify", "--settings", str(settings_path), str(a)),
+        regen_argv("verify", "--settings", str(settings_path), str(a)),
         env=ENV,
         capture_output=True,
         text=True,

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import orjson
 from aiohttp import web
 from pydantic import SecretStr
 
@@ -28,9 +27,11 @@ from regen.engine.job.job import Job, StopReason
 from regen.engine.money.ledger import Ledger
 from regen.engine.run.recovery import read_journals
 from regen.sim.openrouter.server import OpenRouterSim
-from tests.conftest import SIM_KEY, fast_sim_config, write_dataset
+from tests.support.datasets import write_dataset
+from tests.support.journals import journal
+from tests.support.openrouter_sim import SIM_KEY, fast_sim_config
+from tests.support.processes import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 OTHER_KEY = "sk-sim-other-user"
 PROMPTS = 120
 
@@ -45,14 +46,6 @@ def sim_config(**overrides: Any) -> Any:
     }
     base.update(overrides)
     return fast_sim_config(**base)
-
-
-def journal(path: Path) -> list[dict[str, Any]]:
-    """The complete lines of a journal (another process may be in the middle of writing one)."""
-    if not path.exists():
-        return []
-    data = path.read_bytes()
-    return [orjson.loads(line) for line in data[: data.rfind(b"\n") + 1].splitlines()]
 
 
 def settings_toml(path: Path, base_url: str, dataset: Path, run_dir: Path, settle_s: float) -> Path:
@@ -78,13 +71,13 @@ async def start_and_kill(settings: Path, run_dir: Path) -> list[dict[str, Any]]:
     while True:
         assert proc.returncode is None, "the job ended before it could be killed"
         assert asyncio.get_running_loop().time() < deadline, "the job never had requests in flight"
-        records = journal(attempts)
+        records = journal(attempts, complete_only=True)
         if sum(r["k"] == "end" for r in records) >= 10 and len(in_flight_without_id(records)) >= 8:
             break
         await asyncio.sleep(0.02)
     proc.kill()
     await proc.wait()
-    records = journal(attempts)
+    records = journal(attempts, complete_only=True)
     ends = {r["rid"] for r in records if r["k"] == "end"}
     assert ends, "some attempts ended before the kill"
     assert in_flight_without_id(records), "the kill cut requests before their generation id"
@@ -133,7 +126,7 @@ async def resume(settings: Settings, during: Callable[[], Any] | None = None) ->
 
 
 def events_named(run_dir: Path, name: str) -> list[dict[str, Any]]:
-    return [e for e in journal(run_dir / "events.jsonl") if e["event"] == name]
+    return [e for e in journal(run_dir / "events.jsonl", complete_only=True) if e["event"] == name]
 
 
 async def crashed_run(tmp_path: Path, sim: OpenRouterSim, settle_s: float, pre_bills: int = 2) -> Path:

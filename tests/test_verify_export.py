@@ -12,11 +12,13 @@ from typing import Any
 import pytest
 
 from regen.cli import data as data_commands
+from regen.cli.main import build_parser
 from regen.engine.data.datasets import Dataset
 from regen.engine.data.export import ExportError, export
 from regen.engine.data.tokenizer import THINK_END, TargetTokenizer, TokenizerSpec
 from regen.engine.data.verify import verify_dataset
-from tests.tokenizers_fixture import (
+from tests.support.processes import regen_in_process
+from tests.support.tokenizers import (
     build_tokenizer,
     make_row,
     prompts_of,
@@ -56,18 +58,6 @@ def clean(tmp_path: Path, kimi: TargetTokenizer) -> Dataset:
     return ds
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="regen")
-    data_commands.add_parsers(parser.add_subparsers(dest="command", required=True))
-    return parser
-
-
-def regen(*argv: str) -> int:
-    code = data_commands.run(_parser().parse_args(list(argv)))
-    assert code is not None
-    return code
-
-
 def _read_rows(ds: Dataset) -> list[dict[str, Any]]:
     return [json.loads(line) for line in ds.results_path.read_text().splitlines()]
 
@@ -91,7 +81,7 @@ def _no_settings_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_clean_dataset_passes(clean: Dataset, kimi_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert regen("verify", str(clean.folder), "--tokenizer", str(kimi_dir)) == 0
+    assert regen_in_process("verify", str(clean.folder), "--tokenizer", str(kimi_dir)) == 0
     out = capsys.readouterr().out
     assert "B1: 30 rows" in out
     assert "violations: none" in out
@@ -166,7 +156,7 @@ def test_planted_fault(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     _rewrite(clean, change)
-    assert regen("verify", str(clean.folder), "--tokenizer", str(kimi_dir)) == 1
+    assert regen_in_process("verify", str(clean.folder), "--tokenizer", str(kimi_dir)) == 1
     out = capsys.readouterr().out
     assert f"B1: raw_responses.jsonl line {row} " in out
     assert f": {rule}: " in out
@@ -177,7 +167,7 @@ def test_changed_prompt(clean: Dataset, kimi_dir: Path, capsys: pytest.CaptureFi
     lines = clean.prompts_path.read_text().splitlines()
     lines[3] = json.dumps({"messages": [{"role": "user", "content": "a different question"}]})
     clean.prompts_path.write_text("\n".join(lines) + "\n")
-    assert regen("verify", str(clean.folder), "--tokenizer", str(kimi_dir)) == 1
+    assert regen_in_process("verify", str(clean.folder), "--tokenizer", str(kimi_dir)) == 1
     out = capsys.readouterr().out
     assert "raw_responses.jsonl line 3 (prompt line 3): prompt_changed" in out
 
@@ -227,9 +217,9 @@ def test_without_tokenizer_structure_still_checked(clean: Dataset) -> None:
 def test_not_tokenized_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ds = write_prompts(tmp_path / "B2", sample_conversations(5))
     write_rows(ds, [make_row(p) for p in prompts_of(ds)])
-    assert regen("verify", str(ds.folder)) == 0
+    assert regen_in_process("verify", str(ds.folder)) == 0
     assert "not tokenized: 5" in capsys.readouterr().out
-    assert regen("verify", str(ds.folder), "--require-ids") == 1
+    assert regen_in_process("verify", str(ds.folder), "--require-ids") == 1
     assert ": not_tokenized: " in capsys.readouterr().out
 
 
@@ -276,16 +266,16 @@ def test_cost_against_journal(clean: Dataset, kimi_dir: Path, capsys: pytest.Cap
     run_dir.mkdir()
     records = [{"k": "end", "rid": f"B1-{i:08d}#0", "cost": 0.0005} for i in range(N)]
     (run_dir / "attempts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    assert regen("verify", str(clean.folder)) == 1
+    assert regen_in_process("verify", str(clean.folder)) == 1
     assert ": cost_exceeds_journal: " in capsys.readouterr().out
     records += [{"k": "end", "ds": "B1", "rid": "B1-00000000#1", "cost": 0.02}]
     (run_dir / "attempts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    assert regen("verify", str(clean.folder)) == 0
+    assert regen_in_process("verify", str(clean.folder)) == 0
 
 
 def test_verify_json(clean: Dataset, kimi_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _rewrite(clean, _dup)
-    assert regen("verify", str(clean.folder), "--tokenizer", str(kimi_dir), "--json") == 1
+    assert regen_in_process("verify", str(clean.folder), "--tokenizer", str(kimi_dir), "--json") == 1
     out = json.loads(capsys.readouterr().out)
     assert out["ok"] is False
     [ds] = out["datasets"]
@@ -298,14 +288,14 @@ def test_verify_datasets_from_settings(
 ) -> None:
     settings = Path.cwd() / "s.toml"
     settings.write_text(f'[job]\ndatasets = ["{clean.folder}"]\n[tokenizer]\npath = "{kimi_dir}"\n')
-    assert regen("verify", "--settings", str(settings)) == 0
+    assert regen_in_process("verify", "--settings", str(settings)) == 0
     assert "B1: 30 rows" in capsys.readouterr().out
 
 
 def test_verify_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert regen("verify") == 2
+    assert regen_in_process("verify") == 2
     assert capsys.readouterr().err.startswith("regen: no datasets")
-    assert regen("verify", str(tmp_path / "nope")) == 2
+    assert regen_in_process("verify", str(tmp_path / "nope")) == 2
     err = capsys.readouterr().err
     assert err.startswith("regen: ") and "Traceback" not in err
 
@@ -313,7 +303,7 @@ def test_verify_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 def test_verify_bad_tokenizer_is_one_line(
     clean: Dataset, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert regen("verify", str(clean.folder), "--tokenizer", str(tmp_path / "none")) == 1
+    assert regen_in_process("verify", str(clean.folder), "--tokenizer", str(tmp_path / "none")) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "tokenizer folder does not exist" in err
 
@@ -331,7 +321,7 @@ def _load(path: Path) -> list[dict[str, Any]]:
 
 
 def test_specforge_export(clean: Dataset, capsys: pytest.CaptureFixture[str]) -> None:
-    assert regen("export", str(clean.folder)) == 0
+    assert regen_in_process("export", str(clean.folder)) == 0
     out_path = clean.folder / "export.specforge.jsonl"
     records = _load(out_path)
     rows = {r["id"]: r for r in _read_rows(clean)}
@@ -375,7 +365,7 @@ def test_specforge_max_length_and_mask(clean: Dataset, tmp_path: Path) -> None:
 
 
 def test_conversations_export(clean: Dataset, capsys: pytest.CaptureFixture[str]) -> None:
-    assert regen("export", "--format", "conversations", str(clean.folder)) == 0
+    assert regen_in_process("export", "--format", "conversations", str(clean.folder)) == 0
     assert "reasoning" in capsys.readouterr().err  # the §6 warning
     records = _load(clean.folder / "export.conversations.jsonl")
     rows = {r["id"]: r for r in _read_rows(clean)}
@@ -399,7 +389,7 @@ def test_export_refuses_mixed_tokenizers_and_leaves_nothing(
 
     _rewrite(clean, mix)
     target = tmp_path / "out" / "train.jsonl"
-    assert regen("export", str(clean.folder), "--status", "ok,truncated", "--output", str(target)) == 1
+    assert regen_in_process("export", str(clean.folder), "--status", "ok,truncated", "--output", str(target)) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "tokenizer files differ" in err
     assert not target.exists()
@@ -407,7 +397,7 @@ def test_export_refuses_mixed_tokenizers_and_leaves_nothing(
 
 
 def test_export_keeps_previous_file_on_failure(clean: Dataset) -> None:
-    assert regen("export", str(clean.folder)) == 0
+    assert regen_in_process("export", str(clean.folder)) == 0
     path = clean.folder / "export.specforge.jsonl"
     before = path.read_bytes()
     _rewrite(clean, _dup)
@@ -420,18 +410,18 @@ def test_export_keeps_previous_file_on_failure(clean: Dataset) -> None:
 def test_specforge_refuses_rows_without_ids(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ds = write_prompts(tmp_path / "B3", sample_conversations(3))
     write_rows(ds, [make_row(p) for p in prompts_of(ds)])
-    assert regen("export", str(ds.folder)) == 1
+    assert regen_in_process("export", str(ds.folder)) == 1
     assert "no token ids" in capsys.readouterr().err
     assert not (ds.folder / "export.specforge.jsonl").exists()
     # Conversations need only text.
-    assert regen("export", "--format", "conversations", str(ds.folder)) == 0
+    assert regen_in_process("export", "--format", "conversations", str(ds.folder)) == 0
 
 
 def test_export_usage(clean: Dataset, capsys: pytest.CaptureFixture[str]) -> None:
-    assert regen("export", "--status", "ok,done", str(clean.folder)) == 2
+    assert regen_in_process("export", "--status", "ok,done", str(clean.folder)) == 2
     assert "unknown status done" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
-        _parser().parse_args(["export", "--max-length", "0", str(clean.folder)])
+        build_parser().parse_args(["export", "--max-length", "0", str(clean.folder)])
     assert exit_info.value.code == 2
 
 
@@ -444,7 +434,7 @@ def test_export_json_and_several_datasets(
         write_rows(ds, [make_row(p, tokenizer=kimi) for p in prompts_of(ds)])
         folders.append(str(ds.folder))
     out = tmp_path / "all.jsonl"
-    assert regen("export", *folders, "--output", str(out), "--json") == 0
+    assert regen_in_process("export", *folders, "--output", str(out), "--json") == 0
     summary = json.loads(capsys.readouterr().out)
     assert [d["written"] for d in summary["datasets"]] == [4, 4]
     assert {r["id"][:2] for r in _load(out)} == {"A1", "A2"}

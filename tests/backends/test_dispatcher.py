@@ -5,28 +5,15 @@ from __future__ import annotations
 import asyncio
 import random
 import subprocess
-from collections import Counter
 from pathlib import Path
 
-import orjson
 import pytest
 
 from regen.engine.job.job import Job, JobState, StopReason
-from tests.backends.conftest import BackendCase
-from tests.conftest import read_rows, write_dataset
-from tests.test_cli import kill_at_random_moments, regen
-
-
-def one_row_per_prompt(folder: Path, expected: int) -> list[dict]:
-    rows = read_rows(folder)
-    lines = Counter(row["line"] for row in rows)
-    assert len(rows) == expected and set(lines) == set(range(expected)), f"{len(rows)} rows for {expected}"
-    assert max(lines.values()) == 1
-    return rows
-
-
-def journal(path: Path) -> list[dict]:
-    return [orjson.loads(line) for line in path.read_bytes().splitlines()] if path.exists() else []
+from tests.support.backend_cases import BackendCase
+from tests.support.datasets import one_row_per_prompt, read_rows, write_dataset
+from tests.support.journals import journal
+from tests.support.processes import kill_at_random_moments, regen_argv
 
 
 async def test_every_prompt_gets_exactly_one_row(backend_case: BackendCase, tmp_path: Path) -> None:
@@ -116,7 +103,7 @@ def test_sigkill_then_resume_loses_and_duplicates_nothing(backend_case: BackendC
     kills = kill_at_random_moments(settings, backend_case.env, random.Random(23), 3, low, high)
     assert kills >= 2, "the job finished too fast to be killed"
     final = subprocess.run(
-        regen("run", "--headless", "--settings", str(settings)),
+        regen_argv("run", "--headless", "--settings", str(settings)),
         env=backend_case.env,
         capture_output=True,
         text=True,

@@ -35,10 +35,12 @@ from regen.engine.schema import budget_lane
 from regen.sim.openrouter.server import OpenRouterSim
 from regen.sim.sglang.server import SGLangSim
 from regen.sim.sglang.tokens import SimTokenizer
-from tests.backends.conftest import BOTH, _openrouter, _sglang, journal, one_row_per_prompt
-from tests.conftest import SIM_KEY, fast_sim_config, write_dataset
-from tests.sglang_sim import fast_config
-from tests.test_cli import ENV, regen, wait_for_attempts
+from tests.support.backend_cases import BOTH, openrouter_case, sglang_case
+from tests.support.datasets import one_row_per_prompt, write_dataset
+from tests.support.journals import journal
+from tests.support.openrouter_sim import SIM_KEY, fast_sim_config
+from tests.support.processes import ENV, regen_argv, wait_for_attempts
+from tests.support.sglang_sim import fast_config
 
 
 def spend_by_backend(attempts: Path) -> dict[str, Decimal]:
@@ -303,7 +305,7 @@ def test_backends_settings_are_checked_with_the_key_named(tmp_path: Path) -> Non
     # The command line refuses bad settings with exit code 2 and one line naming the key.
     (tmp_path / "settings.toml").write_text("[job]\nbackends = []\n")
     done = subprocess.run(
-        regen("run", "--headless", "--settings", str(tmp_path / "settings.toml")),
+        regen_argv("run", "--headless", "--settings", str(tmp_path / "settings.toml")),
         env=ENV,
         capture_output=True,
         text=True,
@@ -343,17 +345,8 @@ def test_recovery_puts_each_attempt_on_its_backends_ledger(tmp_path: Path) -> No
 @pytest.fixture
 def both_sims(tmp_path: Path, sglang_model: Path) -> Iterator[tuple[Any, Any]]:
     """Both simulators in processes of their own, for a job run as `regen run --headless`."""
-    paid = _openrouter(tmp_path)
-    gpus = _sglang(tmp_path, sglang_model)
-    paid_case = next(paid)
-    try:
-        gpu_case = next(gpus)
-        try:
-            yield paid_case, gpu_case
-        finally:
-            gpus.close()
-    finally:
-        paid.close()
+    with openrouter_case(tmp_path) as paid_case, sglang_case(tmp_path, sglang_model) as gpu_case:
+        yield paid_case, gpu_case
 
 
 def test_sigkill_then_resume_keeps_each_backends_accounting(both_sims: tuple[Any, Any], tmp_path: Path) -> None:
@@ -371,7 +364,7 @@ def test_sigkill_then_resume_keeps_each_backends_accounting(both_sims: tuple[Any
         # In a session of its own: the SIGKILL takes the job and its tokenizer workers at once,
         # as a machine going down would, and leaves no process behind.
         proc = subprocess.Popen(
-            regen("run", "--headless", "--settings", str(settings)),
+            regen_argv("run", "--headless", "--settings", str(settings)),
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -386,7 +379,7 @@ def test_sigkill_then_resume_keeps_each_backends_accounting(both_sims: tuple[Any
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     final = subprocess.run(
-        regen("run", "--headless", "--settings", str(settings)), env=env, capture_output=True, text=True, timeout=300
+        regen_argv("run", "--headless", "--settings", str(settings)), env=env, capture_output=True, text=True, timeout=300
     )
     assert final.returncode == 0, final.stdout[-2000:] + final.stderr[-2000:]
     rows = one_row_per_prompt(a, 3000)

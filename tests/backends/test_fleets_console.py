@@ -27,7 +27,7 @@ from regen.engine.control.server import SOCKET_NAME
 from regen.engine.job.job import Job
 from regen.sim.openrouter.server import OpenRouterSim
 from regen.sim.sglang.server import SGLangSim
-from tests.conftest import write_dataset
+from tests.support.datasets import write_dataset
 
 
 async def wait_until(

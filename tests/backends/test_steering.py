@@ -24,9 +24,10 @@ from regen.engine.money.fleetplan import Work
 from regen.sim.openrouter.server import OpenRouterSim
 from regen.sim.sglang.server import SGLangSim
 from regen.sim.sglang.tokens import SimTokenizer
-from tests.backends.conftest import journal, one_row_per_prompt
-from tests.conftest import fast_sim_config, write_dataset
-from tests.sglang_sim import fast_config
+from tests.support.datasets import one_row_per_prompt, write_dataset
+from tests.support.journals import journal
+from tests.support.openrouter_sim import fast_sim_config
+from tests.support.sglang_sim import fast_config
 
 # Answers of 20-40 tokens on both simulators: the plan's expected tokens per prompt is their mean.
 TOKENS = {"output_len_min": 20, "output_len_max": 40}

@@ -14,7 +14,7 @@ from regen.console.palette import RegenCommands
 from regen.console.scripted import ScriptedSource, SimulatedJob
 from regen.console.widgets.cost import CostPane, estimate_words
 from regen.console.widgets.spark import ZeroBasedBars
-from tests.console.conftest import make_app, settle
+from tests.support.console_app import make_app, settle
 
 SIZE = (140, 40)
 

@@ -12,8 +12,7 @@ from regen.console.screens import DeadlineScreen, HelpScreen, LaneScreen
 from regen.console.scripted import ScriptedSource, SimulatedJob
 from regen.console.widgets.cost import CostPane
 from regen.console.widgets.fleets import FleetsPane
-from tests.console.conftest import make_app, scripted, settle
-from tests.console.test_keys import footer_actions, log_text
+from tests.support.console_app import footer_actions, log_text, make_app, scripted, settle
 
 SIZE = (140, 42)
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from regen.console.scripted import ScriptedSource, SimulatedJob
 from regen.console.widgets.host import NO_HOST, HostPane, host_lines
-from tests.console.conftest import FROZEN_NOW, make_app, scripted, settle
+from tests.support.console_app import FROZEN_NOW, make_app, scripted, settle
 
 # What engine/host/monitor.py's view() gives for one host (tests/host checks the real one).
 HOST: dict[str, Any] = {

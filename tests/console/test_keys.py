@@ -20,23 +20,9 @@ from regen.console.screens import BudgetScreen, ConfirmScreen, HelpScreen, Provi
 from regen.console.scripted import ScriptedSource
 from regen.console.widgets.log import EventLog
 from regen.console.widgets.providers import ProvidersTable
-from regen.console.widgets.status import StatusStrip
-from tests.console.conftest import cell, make_app, scripted, settle
+from tests.support.console_app import cell, footer_actions, log_text, make_app, scripted, settle, status_text
 
 SIZE = (120, 40)
-
-
-def footer_actions(app: RegenApp) -> set[str]:
-    """Actions the footer offers now (enabled)."""
-    return {b.binding.action for b in app.screen.active_bindings.values() if b.enabled}
-
-
-def log_text(app: RegenApp) -> str:
-    return "\n".join(line.text for line in app.query_one(EventLog).lines)
-
-
-def status_text(app: RegenApp) -> str:
-    return str(app.query_one(StatusStrip).render())
 
 
 async def test_p_pauses_then_resumes_and_the_footer_follows() -> None:

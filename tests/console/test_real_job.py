@@ -15,14 +15,14 @@ from regen.console.app import RegenApp
 from regen.console.client import SocketSource
 from regen.console.options import ConsoleOptions
 from regen.console.screens import ConfirmScreen
-from regen.console.widgets.log import EventLog
 from regen.console.widgets.providers import ProvidersTable
 from regen.engine.config.settings import Settings
 from regen.engine.control.headless import run_headless
 from regen.engine.control.server import SOCKET_NAME
 from regen.engine.job.job import Job, JobState
 from regen.sim.openrouter.server import OpenRouterSim
-from tests.conftest import write_dataset
+from tests.support.console_app import log_text
+from tests.support.datasets import write_dataset
 
 
 async def wait_until(pilot: Pilot[Any], condition: Callable[[], bool], timeout: float = 20.0) -> None:
@@ -32,10 +32,6 @@ async def wait_until(pilot: Pilot[Any], condition: Callable[[], bool], timeout: 
     while not condition():
         assert loop.time() < deadline, "condition not reached"
         await pilot.pause(0.05)
-
-
-def log_text(app: RegenApp) -> str:
-    return "\n".join(line.text for line in app.query_one(EventLog).lines)
 
 
 async def test_the_console_watches_and_steers_a_real_job(

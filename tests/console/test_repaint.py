@@ -17,13 +17,9 @@ from regen.console.widgets.footer import RegenFooter
 from regen.console.widgets.providers import ProvidersPane, ProvidersTable
 from regen.console.widgets.status import StatusStrip
 from regen.console.widgets.throughput import ThroughputPane
-from tests.console.conftest import cell, make_app, scripted, settle
+from tests.support.console_app import cell, make_app, scripted, settle, status_text
 
 SIZE = (120, 40)
-
-
-def status_text(app: RegenApp) -> str:
-    return str(app.query_one(StatusStrip).render())
 
 
 def footer_words(app: RegenApp) -> list[str]:

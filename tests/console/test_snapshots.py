@@ -25,7 +25,7 @@ from regen.console.widgets.host import HostPane
 from regen.console.widgets.log import EventLog
 from regen.console.widgets.providers import ProvidersPane
 from regen.console.widgets.throughput import ThroughputPane
-from tests.console.conftest import FROZEN_NOW, make_app, settle
+from tests.support.console_app import FROZEN_NOW, make_app, settle
 
 SnapCompare = Callable[..., bool]
 

@@ -14,8 +14,9 @@ import pytest
 from regen.engine.host.errors import AuthFailed, HostKeyRefused, HostSetupError, HostUnreachable
 from regen.engine.host.inspect import inspect_host
 from regen.engine.host.ssh import HostConnection
-from tests.host.conftest import HostFactory, regen, write_settings
-from tests.host.sshd import SshServer, free_port, keygen
+from tests.support.hosts import HostFactory, write_settings
+from tests.support.processes import free_port, run_regen
+from tests.support.sshd import SshServer, keygen
 
 
 def fingerprint(public_key: Path) -> str:
@@ -94,7 +95,7 @@ def test_the_cli_refuses_an_unknown_key_exit_1(
         tmp_path / "s.toml", [make_host(sshd, tree, known_hosts=known)], tmp_path / "ws"
     )
     calls = sshd.calls()
-    done = regen("inspect", "--settings", str(settings))
+    done = run_regen("inspect", "--settings", str(settings))
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert fingerprint(sshd.host_key.with_suffix(".pub")) in done.stderr
     assert sshd.calls() == calls

@@ -14,8 +14,9 @@ from regen.engine.data.datasets import Dataset
 from regen.engine.data.scan import scan
 from regen.engine.host.inspect import format_report, inspect_host
 from regen.engine.host.ssh import HostConnection
-from tests.host.conftest import B1_BAD, HostFactory, regen, write_settings
-from tests.host.sshd import SshServer, free_port
+from tests.support.hosts import B1_BAD, HostFactory, write_settings
+from tests.support.processes import free_port, run_regen
+from tests.support.sshd import SshServer
 
 
 def no_x_anywhere(*folders: Path) -> None:
@@ -115,7 +116,7 @@ def test_cli_json_exit_0_and_1_with_an_unreachable_host(
     down = make_host(sshd, tree, name="gpu2", port=free_port(), connect_timeout_s=2.0)
     settings = write_settings(tmp_path / "settings.toml", [good, down], tmp_path / "ws")
 
-    done = regen("inspect", "--json", "--settings", str(settings), "--host", "gpu1")
+    done = run_regen("inspect", "--json", "--settings", str(settings), "--host", "gpu1")
     assert done.returncode == 0, done.stderr
     hosts = json.loads(done.stdout)["hosts"]
     assert [h["name"] for h in hosts] == ["gpu1"] and hosts[0]["ok"]
@@ -123,7 +124,7 @@ def test_cli_json_exit_0_and_1_with_an_unreachable_host(
     assert {"name", "path", "lines", "valid", "invalid", "bytes", "sha256", "results"} <= b1.keys()
     assert b1["invalid"][0] == {"line": 5, "reason": "blank line"}
 
-    both = regen("inspect", "--json", "--settings", str(settings))
+    both = run_regen("inspect", "--json", "--settings", str(settings))
     assert both.returncode == 1, both.stderr
     hosts = json.loads(both.stdout)["hosts"]
     assert [h["name"] for h in hosts] == ["gpu1", "gpu2"]
@@ -131,7 +132,7 @@ def test_cli_json_exit_0_and_1_with_an_unreachable_host(
     assert not hosts[1]["ok"] and "cannot connect" in hosts[1]["error"] and "gpu2" in hosts[1]["error"]
     assert "Traceback" not in both.stderr and "gpu2" in both.stderr
 
-    text = regen("inspect", "--settings", str(settings))
+    text = run_regen("inspect", "--settings", str(settings))
     assert text.returncode == 1
     assert "gpu1 (127.0.0.1" in text.stdout and "3 datasets" in text.stdout
     assert "gpu2 (127.0.0.1" in text.stdout and "unreachable" in text.stdout
@@ -166,7 +167,7 @@ def test_cli_bad_usage_exits_2_with_one_line(
         write_settings(path, [make_host(sshd, tree)], tmp_path / "ws")
     else:
         path.write_text(settings_text)
-    done = regen("inspect", "--settings", str(path), *args)
+    done = run_regen("inspect", "--settings", str(path), *args)
     assert done.returncode == 2
     assert expected in done.stderr and "Traceback" not in done.stderr
     assert all(line.startswith("regen: ") for line in done.stderr.splitlines())
@@ -178,7 +179,7 @@ def test_the_python_setting_is_an_interpreter_not_a_shell_line(
     marker = tmp_path / "ran"
     host = make_host(sshd, tree, python=f"python3; touch {marker}")
     settings = write_settings(tmp_path / "settings.toml", [host], tmp_path / "ws")
-    done = regen("inspect", "--settings", str(settings))
+    done = run_regen("inspect", "--settings", str(settings))
     assert done.returncode == 1 and "not found on the host" in done.stderr
     assert not marker.exists()
 
@@ -194,7 +195,7 @@ def test_old_python_on_the_host_is_named(
     fake.chmod(0o755)
     host = make_host(sshd, tree, python=str(fake))
     settings = write_settings(tmp_path / "settings.toml", [host], tmp_path / "ws")
-    done = regen("inspect", "--settings", str(settings))
+    done = run_regen("inspect", "--settings", str(settings))
     assert done.returncode == 1
     assert "regen needs Python 3.10 or newer on the host" in done.stderr, done.stderr
 

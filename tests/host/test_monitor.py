@@ -16,9 +16,9 @@ from regen.engine.config.settings import Settings
 from regen.engine.host.monitor import HostMonitor
 from regen.engine.job.job import Job, JobError
 from regen.sim.openrouter.server import OpenRouterSim
-from tests.conftest import write_dataset
-from tests.host.conftest import HostFactory
-from tests.host.sshd import SshServer
+from tests.support.datasets import write_dataset
+from tests.support.hosts import HostFactory
+from tests.support.sshd import SshServer
 
 
 async def until(check: Callable[[], bool], timeout: float = 20.0) -> None:

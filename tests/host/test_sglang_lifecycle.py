@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.host.conftest import need_sshd, regen
-from tests.host.gpuhost import GpuHost, group_members, make_gpu_host
-from tests.sglang_sim import ROOT, free_port, standin_env, start_standin, stop_group
+from tests.support.gpuhost import GpuHost, group_members, make_gpu_host
+from tests.support.processes import ROOT, free_port, run_regen
+from tests.support.sglang_sim import standin_env, start_standin, stop_group
+from tests.support.sshd import need_sshd
 
 
 @pytest.fixture
@@ -38,7 +39,7 @@ def settings(host: GpuHost, tmp_path: Path, **extra: object) -> Path:
 
 def test_start_status_stop(host: GpuHost, tmp_path: Path) -> None:
     conf = settings(host, tmp_path)
-    started = regen("sglang", "start", "--settings", str(conf), timeout=120)
+    started = run_regen("sglang", "start", "--settings", str(conf), timeout=120)
     assert started.returncode == 0, started.stderr + started.stdout
     out = started.stdout
     # The phases as progress, in order, then the readiness probe through the tunnel.
@@ -66,14 +67,14 @@ def test_start_status_stop(host: GpuHost, tmp_path: Path) -> None:
     assert os.readlink(f"/proc/{pid}/fd/1") == str(host.work / f"sglang-{host.port}.log")
     assert "The server is fired up and ready to roll!" in host.log()
 
-    again = regen("sglang", "start", "--json", "--settings", str(conf), timeout=60)
+    again = run_regen("sglang", "start", "--json", "--settings", str(conf), timeout=60)
     assert again.returncode == 0, again.stderr
     assert "already running" in again.stderr  # progress on stderr, only the JSON on stdout
     (result,) = json.loads(again.stdout)["hosts"]
     assert result["ok"] and result["already_running"] and result["pid"] == pid
     assert host.record()["pid"] == pid  # type: ignore[index]
 
-    status = regen("sglang", "status", "--json", "--settings", str(conf), timeout=60)
+    status = run_regen("sglang", "status", "--json", "--settings", str(conf), timeout=60)
     assert status.returncode == 0, status.stderr
     (entry,) = json.loads(status.stdout)["hosts"]
     assert entry["state"] == "ready" and entry["alive"] and entry["ready"]
@@ -83,28 +84,28 @@ def test_start_status_stop(host: GpuHost, tmp_path: Path) -> None:
     assert entry["running"] == 0 and entry["queued"] == 0 and entry["kv_usage"] == 0
     busy = [g for g in entry["gpus"] if g["processes"]]
     assert [p["pid"] for g in busy for p in g["processes"]] == [pid, pid]  # tp 2: two GPUs held
-    text = regen("sglang", "status", "--settings", str(conf), timeout=60)
+    text = run_regen("sglang", "status", "--settings", str(conf), timeout=60)
     assert "gpu1: ready · pid" in text.stdout and "sglang 0.5.23" in text.stdout
 
-    stopped = regen("sglang", "stop", "--settings", str(conf), timeout=60)
+    stopped = run_regen("sglang", "stop", "--settings", str(conf), timeout=60)
     assert stopped.returncode == 0, stopped.stderr
     assert "nothing of its process group is left" in stopped.stdout and "TERM" in stopped.stdout
     assert group_members(pid) == []
     assert host.record() is None
-    after = json.loads(regen("sglang", "status", "--json", "--settings", str(conf)).stdout)["hosts"][0]
+    after = json.loads(run_regen("sglang", "status", "--json", "--settings", str(conf)).stdout)["hosts"][0]
     assert after["state"] == "stopped" and not after["alive"]
     assert all(not g["processes"] for g in after["gpus"])
     # Stopping what is not running is said, and is not a failure.
-    twice = regen("sglang", "stop", "--settings", str(conf))
+    twice = run_regen("sglang", "stop", "--settings", str(conf))
     assert twice.returncode == 0 and "no server regen started is running" in twice.stdout
 
 
 def test_stop_kills_a_group_that_ignores_term(host: GpuHost, tmp_path: Path) -> None:
     host.set_sim(faults={"ignore_sigterm": True})
     conf = settings(host, tmp_path, stop_grace_s=1.0)
-    assert regen("sglang", "start", "--settings", str(conf), timeout=120).returncode == 0
+    assert run_regen("sglang", "start", "--settings", str(conf), timeout=120).returncode == 0
     pid = host.record()["pid"]  # type: ignore[index]
-    stopped = regen("sglang", "stop", "--settings", str(conf), timeout=60)
+    stopped = run_regen("sglang", "stop", "--settings", str(conf), timeout=60)
     assert stopped.returncode == 0, stopped.stderr
     assert "TERM then KILL" in stopped.stdout
     assert group_members(pid) == []
@@ -114,7 +115,7 @@ def test_cuda_graph_failure_is_reported_in_seconds(host: GpuHost, tmp_path: Path
     host.set_sim(faults={"startup_fail_at": "cuda_graph"})
     conf = settings(host, tmp_path, ready_timeout_s=900.0)
     began = time.monotonic()
-    failed = regen("sglang", "start", "--settings", str(conf), timeout=120)
+    failed = run_regen("sglang", "start", "--settings", str(conf), timeout=120)
     took = time.monotonic() - began
     assert failed.returncode == 1, failed.stdout
     # Told by the log, long before the 900 s readiness limit could say anything.
@@ -128,14 +129,14 @@ def test_cuda_graph_failure_is_reported_in_seconds(host: GpuHost, tmp_path: Path
 
 def test_unknown_flag_is_refused_before_launch(host: GpuHost, tmp_path: Path) -> None:
     conf = settings(host, tmp_path, launch_args=["--mem-fraction-static", "0.8", "--no-such-flag", "1"])
-    refused = regen("sglang", "start", "--settings", str(conf), timeout=120)
+    refused = run_regen("sglang", "start", "--settings", str(conf), timeout=120)
     assert refused.returncode == 1
     assert "--no-such-flag is not a flag of this sglang's launch_server" in refused.stderr
     assert "--mem-fraction-static" not in refused.stderr  # a real flag is not blamed
     assert host.record() is None and not host.log()  # nothing was launched
     # An ambiguous prefix (0.5.23 split --cuda-graph-max-bs in two) is refused too, naming both.
     conf = settings(host, tmp_path, launch_args=["--cuda-graph-max-bs", "16"])
-    ambiguous = regen("sglang", "start", "--settings", str(conf), timeout=120)
+    ambiguous = run_regen("sglang", "start", "--settings", str(conf), timeout=120)
     assert ambiguous.returncode == 1
     assert "--cuda-graph-max-bs is ambiguous" in ambiguous.stderr
     assert "--cuda-graph-max-bs-decode" in ambiguous.stderr
@@ -151,7 +152,7 @@ def test_preflight_refuses_busy_gpus_busy_port_and_a_model_without_config(host: 
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and "Load weight begin" not in (tmp_path / "other.log").read_text():
             time.sleep(0.05)
-        busy = regen("sglang", "start", "--settings", str(conf), timeout=120)
+        busy = run_regen("sglang", "start", "--settings", str(conf), timeout=120)
         assert busy.returncode == 1, busy.stdout + (tmp_path / "other.log").read_text()[-2000:]
         assert f"GPUs in use by compute processes: GPU 0: pid {other.pid}" in busy.stderr
     finally:
@@ -159,20 +160,20 @@ def test_preflight_refuses_busy_gpus_busy_port_and_a_model_without_config(host: 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", host.port))
         taken.listen()
-        port = regen("sglang", "start", "--settings", str(conf), timeout=120)
+        port = run_regen("sglang", "start", "--settings", str(conf), timeout=120)
     assert port.returncode == 1
     assert f"port {host.port} on 127.0.0.1 is already in use on the host" in port.stderr
     (host.model / "config.json").unlink()
-    model = regen("sglang", "start", "--settings", str(conf), timeout=120)
+    model = run_regen("sglang", "start", "--settings", str(conf), timeout=120)
     assert model.returncode == 1 and f"{host.model} has no config.json" in model.stderr
     assert host.record() is None
 
 
 def test_other_flags_while_running_are_refused(host: GpuHost, tmp_path: Path) -> None:
     conf = settings(host, tmp_path)
-    assert regen("sglang", "start", "--settings", str(conf), timeout=120).returncode == 0
+    assert run_regen("sglang", "start", "--settings", str(conf), timeout=120).returncode == 0
     changed = settings(host, tmp_path, launch_args=["--max-running-requests", "64"])
-    refused = regen("sglang", "start", "--settings", str(changed), timeout=60)
+    refused = run_regen("sglang", "start", "--settings", str(changed), timeout=60)
     assert refused.returncode == 1
     assert "already running on port" in refused.stderr and "with other flags" in refused.stderr
 
@@ -180,11 +181,11 @@ def test_other_flags_while_running_are_refused(host: GpuHost, tmp_path: Path) ->
 def test_usage_errors(tmp_path: Path) -> None:
     empty = tmp_path / "settings.toml"
     empty.write_text("")
-    no_hosts = regen("sglang", "status", "--settings", str(empty))
+    no_hosts = run_regen("sglang", "status", "--settings", str(empty))
     assert no_hosts.returncode == 2 and "no GPU hosts" in no_hosts.stderr
     bad = tmp_path / "bad.toml"
     bad.write_text('[sglang]\nlaunch_args = ["--port", "1"]\n')
-    refused = regen("sglang", "start", "--settings", str(bad))
+    refused = run_regen("sglang", "start", "--settings", str(bad))
     assert refused.returncode == 2 and "regen sets --model-path" in refused.stderr
     assert "Traceback" not in refused.stderr
     assert ROOT.exists()

@@ -8,18 +8,16 @@ import json
 import os
 import signal
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.conftest import read_rows, write_dataset
-from tests.host.conftest import need_sshd, regen
-from tests.host.gpuhost import GpuHost, group_members, make_gpu_host
-from tests.host.test_sglang_run import _start_job, _wait_rows
+from tests.support.datasets import read_rows, write_dataset
+from tests.support.gpuhost import GpuHost, group_members, make_gpu_host, sim_state
+from tests.support.processes import run_regen, start_headless_run, wait_rows
+from tests.support.sshd import need_sshd
 
 PROMPTS = [[{"role": "user", "content": f"question {i}: tell me about topic {i % 9}"}] for i in range(80)]
 SLOW = {
@@ -46,11 +44,6 @@ def pair(tmp_path: Path) -> Iterator[tuple[GpuHost, GpuHost]]:
     finally:
         one.cleanup()
         two.cleanup()
-
-
-def state(host: GpuHost) -> dict[str, Any]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{host.port}/_sim/state", timeout=10) as r:
-        return dict(json.loads(r.read()))
 
 
 def settings(one: GpuHost, two: GpuHost, tmp_path: Path, data: Path) -> Path:
@@ -83,16 +76,16 @@ def test_two_workers_behind_the_router_one_killed_mid_run(pair: tuple[GpuHost, G
     one.set_sim(**SLOW)
     data = write_dataset(tmp_path, "A", PROMPTS)
     conf = settings(one, two, tmp_path, data)
-    started = regen("sglang", "start", "--settings", str(conf), timeout=180)
+    started = run_regen("sglang", "start", "--settings", str(conf), timeout=180)
     assert started.returncode == 0, started.stderr + started.stdout
     assert "every host ready (2)" in started.stdout
 
     log = tmp_path / "job.log"
-    job = _start_job(conf, log)
+    job = start_headless_run(conf, log)
     try:
-        _wait_rows(data, 10, job, log)
+        wait_rows(data, 10, job, log)
         before = read_rows(data)
-        served_two = {r["rid"]: r for r in state(two)["requests"]}
+        served_two = {r["rid"]: r for r in sim_state(two)["requests"]}
         assert {r["provider"] for r in before} == {"gpu1", "gpu2"}  # round robin over both hosts
         # gpu2's server dies (its whole process group, as a crash takes it).
         record = json.loads((one.work / f"sglang-{two.port}.pid").read_text())
@@ -107,7 +100,7 @@ def test_two_workers_behind_the_router_one_killed_mid_run(pair: tuple[GpuHost, G
             job.wait()
     rows = read_rows(data)
     assert sorted(Counter(r["line"] for r in rows).items()) == [(i, 1) for i in range(len(PROMPTS))]
-    served_one = {r["rid"]: r for r in state(one)["requests"]}
+    served_one = {r["rid"]: r for r in sim_state(one)["requests"]}
     for row in rows:
         record_of = served_one if row["provider"] == "gpu1" else served_two
         assert row["provider"] in ("gpu1", "gpu2")

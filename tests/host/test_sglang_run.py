@@ -10,10 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,9 +18,10 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.conftest import read_rows, write_dataset
-from tests.host.conftest import ENV, need_sshd, regen
-from tests.host.gpuhost import GpuHost, make_gpu_host
+from tests.support.datasets import read_rows, write_dataset
+from tests.support.gpuhost import GpuHost, make_gpu_host, sim_state
+from tests.support.processes import run_regen, start_headless_run, wait_rows
+from tests.support.sshd import need_sshd
 
 PROMPTS = [[{"role": "user", "content": f"question {i}: tell me about topic {i % 9}"}] for i in range(60)]
 
@@ -67,13 +64,8 @@ def run_settings(host: GpuHost, tmp_path: Path, datasets: list[Path], **job: Any
     return path
 
 
-def sim_state(host: GpuHost) -> dict[str, Any]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{host.port}/_sim/state", timeout=10) as r:
-        return dict(json.loads(r.read()))
-
-
 def started(host: GpuHost, conf: Path) -> None:
-    done = regen("sglang", "start", "--settings", str(conf), timeout=120)
+    done = run_regen("sglang", "start", "--settings", str(conf), timeout=120)
     assert done.returncode == 0, done.stderr + done.stdout
 
 
@@ -98,33 +90,11 @@ def test_a_run_through_the_tunnel_carries_the_servers_ids(host: GpuHost, tmp_pat
     data = write_dataset(tmp_path, "A", PROMPTS)
     conf = run_settings(host, tmp_path, [data])
     started(host, conf)
-    run = regen("run", "--headless", "--settings", str(conf), timeout=180)
+    run = run_regen("run", "--headless", "--settings", str(conf), timeout=180)
     assert run.returncode == 0, run.stderr[-3000:]
     check_rows(host, data)
     # Nothing of the run is left on this machine's ports: the tunnel closed with the job.
     assert host.sshd.sessions() == []
-
-
-def _start_job(conf: Path, log: Path) -> subprocess.Popen[bytes]:
-    out = open(log, "wb")  # noqa: SIM115 - the job's output for its life
-    try:
-        return subprocess.Popen(
-            [sys.executable, "-m", "regen.cli.main", "run", "--headless", "--settings", str(conf)],
-            env=ENV, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-        )
-    finally:
-        out.close()
-
-
-def _wait_rows(data: Path, at_least: int, proc: subprocess.Popen[bytes], log: Path, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    results = data / "raw_responses.jsonl"
-    while time.monotonic() < deadline:
-        if results.exists() and results.read_bytes().count(b"\n") >= at_least:
-            return
-        assert proc.poll() is None, log.read_text()[-3000:]
-        time.sleep(0.05)
-    raise AssertionError(f"fewer than {at_least} rows in {timeout} s:\n{log.read_text()[-3000:]}")
 
 
 def test_sigkill_of_the_job_then_resume(host: GpuHost, tmp_path: Path) -> None:
@@ -135,15 +105,15 @@ def test_sigkill_of_the_job_then_resume(host: GpuHost, tmp_path: Path) -> None:
     conf = run_settings(host, tmp_path, [data])
     started(host, conf)
     log = tmp_path / "job1.log"
-    job = _start_job(conf, log)
-    _wait_rows(data, 5, job, log)
+    job = start_headless_run(conf, log)
+    wait_rows(data, 5, job, log)
     job.send_signal(signal.SIGKILL)
     job.wait(10)
     # The job died with requests in flight: the server still runs them, or has aborted them when
     # the tunnel's connection closed (either is what a GPU host would see).
     state = sim_state(host)
     assert set(state["live_rids"]) | set(state["aborted_rids"])
-    again = regen("run", "--headless", "--settings", str(conf), timeout=240)
+    again = run_regen("run", "--headless", "--settings", str(conf), timeout=240)
     assert again.returncode == 0, again.stderr[-3000:]
     check_rows(host, data)
 
@@ -155,9 +125,9 @@ def test_the_tunnel_dropped_mid_run(host: GpuHost, tmp_path: Path) -> None:
     conf = run_settings(host, tmp_path, [data], max_attempts=8)
     started(host, conf)
     log = tmp_path / "job.log"
-    job = _start_job(conf, log)
+    job = start_headless_run(conf, log)
     try:
-        _wait_rows(data, 5, job, log)
+        wait_rows(data, 5, job, log)
         live_before = set(sim_state(host)["live_rids"])
         assert live_before
         # The host goes away under the run: every SSH connection (the job's one) is cut.

@@ -16,7 +16,7 @@ from regen.engine.data.datasets import Dataset
 from regen.engine.data.scan import scan
 from regen.engine.host.scripts import survey as survey_module
 from regen.engine.host.scripts.survey import EXACT_BELOW, LengthHistogram, _split, survey
-from tests.host.conftest import ENV
+from tests.support.processes import ENV
 
 
 def write_mixed(path: Path, lines: int, seed: int = 7) -> None:

@@ -17,8 +17,9 @@ from regen.engine.config.loading import load_settings
 from regen.engine.data.datasets import discover
 from regen.engine.host.ssh import HostConnection
 from regen.engine.host.transfer import pull, push
-from tests.host.conftest import ENV, HostFactory, regen, write_settings
-from tests.host.sshd import SshServer
+from tests.support.hosts import HostFactory, write_settings
+from tests.support.processes import ENV, run_regen
+from tests.support.sshd import SshServer
 
 TOKENIZER_FILES = {
     "tokenizer_config.json",
@@ -41,7 +42,7 @@ def test_pull_brings_datasets_and_tokenizer_verified_and_a_run_uses_them(
 ) -> None:
     ws = tmp_path / "ws"
     settings = write_settings(tmp_path / "settings.toml", [make_host(sshd, tree)], ws)
-    done = regen("pull", "--settings", str(settings))
+    done = run_regen("pull", "--settings", str(settings))
     assert done.returncode == 0, done.stderr
     for name in ("B1", "$(touch x)", "a b;c"):
         local = ws / "datasets" / name / "prompts.jsonl"
@@ -54,7 +55,7 @@ def test_pull_brings_datasets_and_tokenizer_verified_and_a_run_uses_them(
     assert not list(ws.rglob("*.part")) and not (tmp_path / "x").exists() and not (Path.home() / "x").exists()
     assert "'a b;c' is not usable" in done.stderr, "the odd names are flagged"
 
-    again = regen("pull", "--settings", str(settings), "--json")
+    again = run_regen("pull", "--settings", str(settings), "--json")
     assert again.returncode == 0
     report = json.loads(again.stdout)
     assert report["ok"] and {f["action"] for f in report["files"]} == {"up to date"}
@@ -69,11 +70,11 @@ def test_a_run_uses_pulled_datasets(
 ) -> None:
     ws = tmp_path / "ws"
     settings = write_settings(tmp_path / "settings.toml", [make_host(sshd, tree)], ws)
-    assert regen("pull", "--settings", str(settings), "B1").returncode == 0
+    assert run_regen("pull", "--settings", str(settings), "B1").returncode == 0
     loaded = load_settings(settings)
     assert [d.name for d in discover(loaded.job.datasets, loaded.job.dataset_roots)] == ["B1"]
     # The pulled tokenizer is the one a run loads (and, holding its own code, it asks for trust first).
-    verify = regen("verify", "--settings", str(settings))
+    verify = run_regen("verify", "--settings", str(settings))
     assert f"{ws / 'tokenizer'}: this tokenizer runs its own Python code" in verify.stderr
     explicit = tmp_path / "explicit.toml"
     explicit.write_text(
@@ -93,7 +94,7 @@ def test_pull_never_replaces_a_local_file_that_differs(
     local.parent.mkdir(parents=True)
     local.write_bytes(b'{"messages": [{"role": "user", "content": "mine"}]}\n')
     before = local.read_bytes()
-    done = regen("pull", "--settings", str(settings), "B1")
+    done = run_regen("pull", "--settings", str(settings), "B1")
     assert done.returncode == 1 and "exists and differs from the host's file" in done.stderr
     assert local.read_bytes() == before
 
@@ -102,7 +103,7 @@ def test_pull_of_an_unknown_dataset_names_what_there_is(
     sshd: SshServer, tree: dict[str, Path], make_host: HostFactory, tmp_path: Path
 ) -> None:
     settings = write_settings(tmp_path / "settings.toml", [make_host(sshd, tree)], tmp_path / "ws")
-    done = regen("pull", "--settings", str(settings), "B9")
+    done = run_regen("pull", "--settings", str(settings), "B9")
     assert done.returncode == 1
     assert "no dataset 'B9'" in done.stderr and "found: $(touch x), B1, a b;c" in done.stderr
 
@@ -144,7 +145,7 @@ def test_an_interrupted_pull_resumes_where_it_stopped(
     got = part.stat().st_size
     assert 0 < got < total and not (dest / "prompts.jsonl").exists(), "nothing whole is in place yet"
 
-    done = regen("pull", "--settings", str(settings), "big", "--json")
+    done = run_regen("pull", "--settings", str(settings), "big", "--json")
     assert done.returncode == 0, done.stderr
     files = {f["file"]: f for f in json.loads(done.stdout)["files"]}
     resumed = files["big/prompts.jsonl"]
@@ -251,16 +252,16 @@ def test_the_push_command_exits_1_on_a_refusal_and_0_when_in_step(
 ) -> None:
     ws = tmp_path / "ws"
     settings = write_settings(tmp_path / "settings.toml", [make_host(sshd, own_tree)], ws)
-    assert regen("pull", "--settings", str(settings), "B1").returncode == 0
+    assert run_regen("pull", "--settings", str(settings), "B1").returncode == 0
     remote = own_tree["b1"] / "raw_responses.jsonl"
     host_rows = remote.read_bytes()
     local = ws / "datasets" / "B1" / "raw_responses.jsonl"
     local.write_bytes(rows(99) + host_rows)
-    done = regen("push", "--settings", str(settings))
+    done = run_regen("push", "--settings", str(settings))
     assert done.returncode == 1 and "B1/raw_responses.jsonl" in done.stderr and "not a prefix" in done.stderr
     assert "Traceback" not in done.stderr and remote.read_bytes() == host_rows
     local.write_bytes(host_rows + rows(10))
-    done = regen("push", "--settings", str(settings), "--json")
+    done = run_regen("push", "--settings", str(settings), "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["files"] == [
         {
@@ -280,7 +281,7 @@ def test_push_to_a_dataset_the_host_lacks_is_refused(
     (ws / "datasets" / "local-only").mkdir(parents=True)
     (ws / "datasets" / "local-only" / "raw_responses.jsonl").write_bytes(rows(0))
     settings = write_settings(tmp_path / "settings.toml", [make_host(sshd, tree)], ws)
-    done = regen("push", "--settings", str(settings))
+    done = run_regen("push", "--settings", str(settings))
     assert done.returncode == 1 and "the host has no dataset 'local-only'" in done.stderr
 
 
@@ -289,7 +290,7 @@ def test_odd_names_given_on_the_command_line_are_only_names(
 ) -> None:
     ws = tmp_path / "ws"
     settings = write_settings(tmp_path / "settings.toml", [make_host(sshd, tree)], ws)
-    done = regen("pull", "--settings", str(settings), "$(touch x)", "a b;c", cwd=tmp_path)
+    done = run_regen("pull", "--settings", str(settings), "$(touch x)", "a b;c", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     for name in ("$(touch x)", "a b;c"):
         assert sha(ws / "datasets" / name / "prompts.jsonl") == sha(tree["data"] / name / "prompts.jsonl")

@@ -8,7 +8,7 @@ from decimal import Decimal
 import pytest
 
 from regen.sim.openrouter.server import OpenRouterSim
-from tests.sim.conftest import MGMT, Api
+from tests.support.openrouter_http import MGMT, Api
 
 
 async def test_auth_401_bodies(api: Api, osim: OpenRouterSim) -> None:

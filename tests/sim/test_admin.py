@@ -16,9 +16,8 @@ from pydantic import ValidationError
 from regen.sim.configs import patched
 from regen.sim.openrouter.config import SimConfig, SimConfigError, load_sim_config
 from regen.sim.openrouter.server import OpenRouterSim
-from tests.sim.conftest import KEY, Api
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.openrouter_http import KEY, Api
+from tests.support.processes import ROOT
 
 
 async def test_state_route(api: Api, osim: OpenRouterSim) -> None:

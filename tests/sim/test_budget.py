@@ -11,7 +11,7 @@ import pytest
 
 from regen.sim.openrouter.chat import estimate_prompt_tokens
 from regen.sim.openrouter.server import OpenRouterSim
-from tests.sim.conftest import PROMPT, Api, endpoint
+from tests.support.openrouter_http import PROMPT, Api, endpoint
 
 FIREWORKS = {"only": ["fireworks"]}
 MAX_TOKENS = 60_000  # 60000 x $2.40/M = $0.144 held per request at Fireworks

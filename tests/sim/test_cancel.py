@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from regen.sim.openrouter.server import OpenRouterSim
-from tests.sim.conftest import KEY, Api, endpoint
+from tests.support.openrouter_http import KEY, Api, endpoint
 
 TOKENS = 200
 

@@ -6,7 +6,7 @@ import re
 from decimal import Decimal
 
 from regen.sim.openrouter.server import OpenRouterSim
-from tests.sim.conftest import PROMPT, Api, endpoint
+from tests.support.openrouter_http import PROMPT, Api, endpoint
 
 GEN_ID = re.compile(r"^gen-\d{10}-[A-Za-z0-9]{20}$")
 ONLY_FIREWORKS = {"only": ["fireworks"]}

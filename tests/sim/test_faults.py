@@ -12,7 +12,7 @@ import pytest
 
 from regen.sim.openrouter.config import FAULT_CLASSES, HTTP_FAULTS
 from regen.sim.openrouter.server import OpenRouterSim
-from tests.sim.conftest import KEY, Api, parse_sse
+from tests.support.openrouter_http import KEY, Api, parse_sse
 
 FIREWORKS = {"only": ["fireworks"]}
 HTTP_EXPECT: dict[str, tuple[int, str | None]] = {

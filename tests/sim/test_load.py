@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from regen.sim.openrouter.server import OpenRouterSim
-from tests.sim.conftest import KEY, quick
+from tests.support.openrouter_http import KEY, quick
 
 STREAMS = 2000
 TOKENS = 20

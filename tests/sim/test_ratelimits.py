@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from regen.sim.configs import patched
 from regen.sim.openrouter.server import OpenRouterSim
-from tests.sim.conftest import Api
+from tests.support.openrouter_http import Api
 
 FREE = "moonshotai/kimi-k2.5:free"
 

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from regen.sim.openrouter.server import OpenRouterSim
-from tests.sim.conftest import Api
+from tests.support.openrouter_http import Api
 
 NATIVE_OR_BETTER = ["int4", "fp8", "bf16", "unknown"]
 

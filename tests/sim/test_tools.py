@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from regen.sim.openrouter.server import OpenRouterSim
-from tests.sim.conftest import Api, StreamReply
+from tests.support.openrouter_http import Api, StreamReply
 
 WEATHER = {
     "type": "function",

@@ -11,24 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.sglang_sim import ROOT, model_folder
+from tests.support.processes import ENV, regen_argv
+from tests.support.sglang_sim import model_folder
 
-ENV_EXTRA = {"PYTHONPATH": str(ROOT / "src"), "PYTHONUNBUFFERED": "1"}
 QUICK = {"time_scale": 0.01, "output_len_min": 4, "output_len_max": 12}
 
 
-def regen(*args: str) -> list[str]:
-    return [sys.executable, "-m", "regen.cli.main", *args]
-
-
-def env() -> dict[str, str]:
-    import os
-
-    return {**os.environ, **ENV_EXTRA}
-
-
 def start(argv: list[str]) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(argv, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(argv, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     assert line.startswith("regen sim sglang listening on http://127.0.0.1:"), line
@@ -55,7 +45,7 @@ def test_port_zero_prints_the_url_and_serves(tmp_path: Path, entry: str) -> None
     config = tmp_path / "sim.toml"
     config.write_text("\n".join(f"{k} = {v}" for k, v in QUICK.items()) + "\n")
     if entry == "regen":
-        argv = regen("sim", "sglang", "--port", "0", "--config", str(config))
+        argv = regen_argv("sim", "sglang", "--port", "0", "--config", str(config))
     else:
         argv = [sys.executable, "-m", "regen.sim", "sglang", "--port", "0", "--config", str(config)]
     proc, url = start(argv)
@@ -78,7 +68,7 @@ def test_served_tokenizer_comes_from_tokenizer_flag(tmp_path: Path) -> None:
     folder = model_folder(tmp_path / "tok", "chatml")
     config = tmp_path / "sim.json"
     config.write_text(json.dumps({**QUICK, "served_model_name": "chatml-test"}))
-    proc, url = start(regen("sim", "sglang", "--port", "0", "--config", str(config), "--tokenizer", str(folder)))
+    proc, url = start(regen_argv("sim", "sglang", "--port", "0", "--config", str(config), "--tokenizer", str(folder)))
     try:
         ready(url)
         with urllib.request.urlopen(url + "/_sim/state", timeout=10) as r:
@@ -107,8 +97,8 @@ def test_served_tokenizer_comes_from_tokenizer_flag(tmp_path: Path) -> None:
 def test_bad_config_is_one_line_and_exit_2(tmp_path: Path, content: str, suffix: str, needle: str) -> None:
     config = tmp_path / f"sim{suffix}"
     config.write_text(content)
-    done = subprocess.run(regen("sim", "sglang", "--port", "0", "--config", str(config)),
-                          env=env(), capture_output=True, text=True, timeout=60)
+    done = subprocess.run(regen_argv("sim", "sglang", "--port", "0", "--config", str(config)),
+                          env=ENV, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
@@ -118,13 +108,13 @@ def test_bad_config_is_one_line_and_exit_2(tmp_path: Path, content: str, suffix:
 
 
 def test_missing_config_and_bad_tokenizer_exit_2(tmp_path: Path) -> None:
-    done = subprocess.run(regen("sim", "sglang", "--config", str(tmp_path / "none.json")),
-                          env=env(), capture_output=True, text=True, timeout=60)
+    done = subprocess.run(regen_argv("sim", "sglang", "--config", str(tmp_path / "none.json")),
+                          env=ENV, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "cannot read" in done.stderr and "Traceback" not in done.stderr
     empty = tmp_path / "empty"
     empty.mkdir()
-    done = subprocess.run(regen("sim", "sglang", "--tokenizer", str(empty)),
-                          env=env(), capture_output=True, text=True, timeout=60)
+    done = subprocess.run(regen_argv("sim", "sglang", "--tokenizer", str(empty)),
+                          env=ENV, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith(f"regen: {empty}: cannot load the tokenizer")
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
@@ -137,8 +127,8 @@ def test_port_in_use_exits_1(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        done = subprocess.run(regen("sim", "sglang", "--port", str(port)),
-                              env=env(), capture_output=True, text=True, timeout=60)
+        done = subprocess.run(regen_argv("sim", "sglang", "--port", str(port)),
+                              env=ENV, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert f"regen: cannot listen on 127.0.0.1:{port}" in done.stderr and "Traceback" not in done.stderr
 
@@ -146,8 +136,8 @@ def test_port_in_use_exits_1(tmp_path: Path) -> None:
 def test_a_crash_exits_1_with_the_reason(tmp_path: Path) -> None:
     config = tmp_path / "sim.json"
     config.write_text(json.dumps({**QUICK, "faults": {"startup_fail_at": "cuda_graph"}}))
-    done = subprocess.run(regen("sim", "sglang", "--port", "0", "--config", str(config)),
-                          env=env(), capture_output=True, text=True, timeout=60)
+    done = subprocess.run(regen_argv("sim", "sglang", "--port", "0", "--config", str(config)),
+                          env=ENV, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert "Capture cuda graph failed" in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("regen: the simulated SGLang server died")

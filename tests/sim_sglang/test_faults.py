@@ -10,8 +10,8 @@ import pytest
 
 from regen.sim.sglang.logs import SimLog
 from regen.sim.sglang.tokens import SimTokenizer
-from tests.sglang_sim import fast_config, running_sim
-from tests.sim_sglang.conftest import SGApi, parse_sse
+from tests.support.sglang_http import SGApi, parse_sse
+from tests.support.sglang_sim import fast_config, running_sim
 
 
 async def test_no_faults_by_default(api: SGApi) -> None:

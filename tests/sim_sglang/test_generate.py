@@ -6,8 +6,8 @@ import orjson
 import pytest
 
 from regen.sim.sglang.tokens import SimTokenizer
-from tests.sglang_sim import fast_config, running_sim
-from tests.sim_sglang.conftest import SGApi
+from tests.support.sglang_http import SGApi
+from tests.support.sglang_sim import fast_config, running_sim
 
 META_KEYS = [
     "id",

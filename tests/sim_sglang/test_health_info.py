@@ -9,8 +9,8 @@ import pytest
 
 from regen.sim.sglang.logs import SimLog
 from regen.sim.sglang.tokens import SimTokenizer
-from tests.sglang_sim import fast_config, running_sim
-from tests.sim_sglang.conftest import SGApi
+from tests.support.sglang_http import SGApi
+from tests.support.sglang_sim import fast_config, running_sim
 
 
 async def _status(session: aiohttp.ClientSession, url: str) -> int | None:

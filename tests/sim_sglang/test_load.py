@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from regen.sim.sglang.tokens import SimTokenizer
-from tests.sglang_sim import fast_config, running_sim
+from tests.support.sglang_sim import fast_config, running_sim
 
 STREAMS = 512
 TOKENS = 40

@@ -10,8 +10,8 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from regen.sim.sglang.tokens import SimTokenizer
-from tests.sglang_sim import fast_config, running_sim
-from tests.sim_sglang.conftest import SGApi
+from tests.support.sglang_http import SGApi
+from tests.support.sglang_sim import fast_config, running_sim
 
 SCHED_LABELS = {"model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank"}
 TOK_LABELS = {"model_name", "engine_type"}

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.sglang_sim import (
-    free_port,
+from tests.support.processes import free_port
+from tests.support.sglang_sim import (
     group_alive,
     model_folder,
     standin_env,

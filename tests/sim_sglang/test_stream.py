@@ -8,7 +8,7 @@ import itertools
 import aiohttp
 import orjson
 
-from tests.sim_sglang.conftest import SGApi, parse_sse
+from tests.support.sglang_http import SGApi, parse_sse
 
 
 async def test_chunks_are_cumulative_and_end_with_done(api: SGApi) -> None:

@@ -21,8 +21,8 @@ from regen.engine.control.headless import run_headless
 from regen.engine.control.server import SOCKET_NAME
 from regen.engine.job.job import Job, JobState
 from regen.sim.sglang.tokens import SimTokenizer
-from tests.backends.sglang.conftest import recording_sim, slow_config
-from tests.conftest import write_dataset
+from tests.support.datasets import write_dataset
+from tests.support.recording_sim import recording_sim, slow_config
 
 
 def servers_running(app: RegenApp) -> bool:

@@ -8,24 +8,12 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-import orjson
-
 from regen.engine.config.settings import Settings
 from regen.engine.job.job import Job, StopReason
 from regen.sim.sglang.tokens import SimTokenizer
-from tests.backends.sglang.conftest import RecordingSim, recording_sim, sim_config, slow_config
-from tests.conftest import read_rows, write_dataset
-
-
-def journal(settings: Settings, name: str = "attempts.jsonl") -> list[dict]:
-    path = settings.job.run_dir / name
-    return [orjson.loads(line) for line in path.read_bytes().splitlines()] if path.exists() else []
-
-
-def one_row_each(folder: Path, n: int) -> list[dict]:
-    rows = read_rows(folder)
-    assert sorted(row["line"] for row in rows) == list(range(n))
-    return rows
+from tests.support.datasets import one_row_per_prompt, read_rows, write_dataset
+from tests.support.journals import journal
+from tests.support.recording_sim import RecordingSim, recording_sim, sim_config, slow_config
 
 
 async def wait_for(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
@@ -49,7 +37,7 @@ async def test_stop_cancel_aborts_every_rid_in_flight(
         await job.handle_command("stop", {"cancel": True}, "test")
         outcome = await runner
         assert outcome.reason is StopReason.OPERATOR
-        cancelled = {r["rid"] for r in journal(settings) if r["k"] == "end" and r["outcome"] == "cancelled"}
+        cancelled = {r["rid"] for r in journal(settings.job.run_dir / "attempts.jsonl") if r["k"] == "end" and r["outcome"] == "cancelled"}
         assert len(cancelled) == 16
         assert cancelled <= set(server.abort_calls), "an /abort_request for every cancelled rid"
         await wait_for(lambda: cancelled <= set(server.served))
@@ -74,8 +62,8 @@ async def test_a_503_storm_lowers_the_concurrency_and_every_prompt_still_gets_it
         assert runner.result().reason is StopReason.DONE
         assert lowest < 64 and job.lanes[0].limit.backoffs > 0
         assert job.snapshot()["errors"]["overloaded"] > 0
-    one_row_each(data, 300)
-    ends = [r for r in journal(settings) if r["k"] == "end" and r["outcome"] == "overloaded"]
+    one_row_per_prompt(data, 300)
+    ends = [r for r in journal(settings.job.run_dir / "attempts.jsonl") if r["k"] == "end" and r["outcome"] == "overloaded"]
     assert ends and all(r["http"] == 503 for r in ends)
 
 
@@ -91,12 +79,12 @@ async def test_dropped_streams_and_server_aborts_are_retried_into_one_row(
         assert (await job.run()).reason is StopReason.DONE
         injected = server.faults_injected
         assert injected.get("drop", 0) > 5 and injected.get("abort", 0) > 5
-        outcomes = Counter(r["outcome"] for r in journal(settings) if r["k"] == "end")
+        outcomes = Counter(r["outcome"] for r in journal(settings.job.run_dir / "attempts.jsonl") if r["k"] == "end")
         assert outcomes["network"] >= 1 and outcomes["abort"] >= 1
-        cut = {r["rid"] for r in journal(settings) if r["k"] == "end" and r["outcome"] == "network"}
+        cut = {r["rid"] for r in journal(settings.job.run_dir / "attempts.jsonl") if r["k"] == "end" and r["outcome"] == "network"}
         # A stream cut mid-way may still be generating on the server: its rid is aborted there.
         assert cut & set(server.abort_calls)
-    rows = one_row_each(data, 120)
+    rows = one_row_per_prompt(data, 120)
     for row in rows:
         assert server.served[row["generation_id"]]["output_ids"] == row["output_ids"]
     # A failed attempt used the GPU too: its share is in the ledger, as waste.
@@ -116,7 +104,7 @@ async def test_a_prompt_the_server_refuses_is_given_up_at_once(
         outcome = await job.run()
     assert outcome.reason is StopReason.FAILED_PROMPTS
     assert sorted(row["line"] for row in read_rows(data)) == [0, 1, 2, 4, 5]
-    [gave_up] = [r for r in journal(settings) if r["k"] == "gave_up"]
+    [gave_up] = [r for r in journal(settings.job.run_dir / "attempts.jsonl") if r["k"] == "gave_up"]
     assert gave_up["line"] == 3 and gave_up["attempts"] == 1 and "context length" in gave_up["why"]
 
 
@@ -138,10 +126,10 @@ async def test_the_server_gone_holds_dispatch_and_its_return_ends_the_outage(
     async with recording_sim(sim_config(), sim_tok, port=port) as second:
         assert (await runner).reason is StopReason.DONE, "no prompt ran out of attempts in the outage"
         assert second.served
-    one_row_each(data, 200)
-    unsent = [r for r in journal(settings) if r["k"] == "end" and r.get("sent") is False]
+    one_row_per_prompt(data, 200)
+    unsent = [r for r in journal(settings.job.run_dir / "attempts.jsonl") if r["k"] == "end" and r.get("sent") is False]
     assert unsent and all(r["cost"] == "0" and r["outcome"] == "unreachable" for r in unsent)
-    events = [e["event"] for e in journal(settings, "events.jsonl")]
+    events = [e["event"] for e in journal(settings.job.run_dir / "events.jsonl")]
     assert "outage" in events and "outage_end" in events
 
 

@@ -11,8 +11,8 @@ import orjson
 from regen.engine.config.settings import Settings
 from regen.engine.job.job import Job, StopReason
 from regen.sim.sglang.tokens import SimTokenizer
-from tests.backends.sglang.conftest import recording_sim, sim_config, slow_config
-from tests.conftest import read_rows, write_dataset
+from tests.support.datasets import read_rows, write_dataset
+from tests.support.recording_sim import recording_sim, sim_config, slow_config
 
 
 async def test_metrics_are_polled_into_the_snapshot(

@@ -24,7 +24,7 @@ from regen.engine.backends.sglang.wire import (
 from regen.engine.data.tokenizer import TargetTokenizer, TokenizerSpec
 from regen.engine.job.concurrency import AdaptiveLimit
 from regen.sim.sglang.server import SGLangSim
-from tests.tokenizers_fixture import build_tokenizer
+from tests.support.tokenizers import build_tokenizer
 
 
 def chunk(n: int, finish: object = None) -> bytes:

@@ -21,8 +21,8 @@ from regen.engine.data.tokenizer import TargetTokenizer, TokenizerSpec
 from regen.engine.data.verify import verify_dataset
 from regen.engine.job.job import Job, JobError, StopReason
 from regen.sim.sglang.tokens import SimTokenizer
-from tests.backends.sglang.conftest import SERVED, RecordingSim, recording_sim, sim_config
-from tests.conftest import read_rows, write_dataset
+from tests.support.datasets import read_rows, write_dataset
+from tests.support.recording_sim import SERVED, RecordingSim, recording_sim, sim_config
 
 PROMPTS = [
     [{"role": "user", "content": f"question {i}: explain topic {i % 7} " + "é" * (i % 5)}] for i in range(40)

@@ -13,7 +13,7 @@ from regen.engine.backends.sglang.backend import SGLangBackend
 from regen.engine.config.example import example_toml
 from regen.engine.config.loading import SettingsError, load_settings
 from regen.engine.config.settings import Settings
-from tests.test_cli import ENV, regen
+from tests.support.processes import ENV, regen_argv
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -73,7 +73,7 @@ def test_bad_values_name_their_key(tmp_path: Path, body: str, key: str) -> None:
 def test_regen_run_refuses_the_settings_with_exit_code_2(tmp_path: Path) -> None:
     path = write(tmp_path, '[job]\nbackend = "sglang"\n[tokenizer]\npath = "tok"\n')
     done = subprocess.run(
-        regen("run", "--headless", "--settings", str(path)), env=ENV, capture_output=True, text=True, timeout=60
+        regen_argv("run", "--headless", "--settings", str(path)), env=ENV, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 2
     assert "sglang.urls" in done.stderr and "Traceback" not in done.stderr

@@ -182,7 +182,7 @@ class SimTokenizer:
 # The built-in tokenizer: when `regen sim sglang` gets no --tokenizer, it serves a small byte-level
 # BPE trained on the simulator's own words, with Kimi K2.5's special tokens and chat format
 # (docs/sglang.md, docs/data-contract.md §8), so a bare simulator still speaks in real ids. The
-# tests' tokenizers (tests/tokenizers_fixture.py) use the same tokens and template.
+# tests' tokenizers (tests/support/tokenizers.py) use the same tokens and template.
 KIMI_SPECIALS = [
     "[BOS]",
     "[EOS]",

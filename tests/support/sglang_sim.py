@@ -1,7 +1,7 @@
 """Reusable helpers for tests that need "SGLang": the simulator in-process, as `regen sim sglang`, or
 through the stand-in `python -m sglang.launch_server` exactly as a GPU host runs it.
 
-    from tests.sglang_sim import fast_config, model_folder, running_sim, standin_env, start_standin
+    from tests.support.sglang_sim import fast_config, model_folder, running_sim, standin_env, start_standin
 
     async with running_sim(fast_config(), tokenizer_dir) as sim:      # in this process, ready
         url = sim.base_url                                            # http://127.0.0.1:PORT
@@ -11,8 +11,8 @@ through the stand-in `python -m sglang.launch_server` exactly as a GPU host runs
     # remote command (what regen runs over SSH): <python> -m sglang.launch_server --model-path <model> ...
     proc = start_standin(model, port, env=env, extra=["--tp", "8"])   # local Popen in its own group
 
-The stand-in needs nothing but this repository and the venv's packages: PYTHONPATH carries the
-stand-in folder (its `sglang` package) and the repository root (for `engine`).
+The stand-in (tests/support/standin/) needs nothing but this repository and the venv's packages:
+PYTHONPATH carries the stand-in folder (its `sglang` package) and the repository's src/ (for `regen`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,16 +33,14 @@ from regen.sim.sglang.launch import CONFIG_ENV
 from regen.sim.sglang.logs import SimLog
 from regen.sim.sglang.server import SGLangSim
 from regen.sim.sglang.tokens import SimTokenizer
-from tests.tokenizers_fixture import build_tokenizer
+from tests.support.processes import ROOT
+from tests.support.tokenizers import build_tokenizer
 
-ROOT = Path(__file__).resolve().parent.parent
-STANDIN = ROOT / "src" / "regen" / "sim" / "sglang" / "standin"
+STANDIN = Path(__file__).resolve().parent / "standin"
 
 __all__ = [
-    "ROOT",
     "STANDIN",
     "fast_config",
-    "free_port",
     "model_folder",
     "running_sim",
     "standin_env",
@@ -112,12 +109,6 @@ async def running_sim(
         yield sim
     finally:
         await sim.stop()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def standin_env(tmp: Path, config: dict[str, Any] | None = None, **extra: str) -> dict[str, str]:

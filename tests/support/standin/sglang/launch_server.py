@@ -1,7 +1,7 @@
 """Stand-in for `python -m sglang.launch_server`: SGLang's flags, the simulator behind them.
 
-Runs with the standard library plus regen's own packages; when `engine` is not importable (regen not
-installed in this Python), the repository this file lives in is put on the path.
+Runs with the standard library plus regen's own packages; when `regen` is not importable (regen not
+installed in this Python), the `src/` folder of the repository this file lives in is put on the path.
 """
 
 import sys
@@ -12,7 +12,8 @@ def _engine_importable() -> None:
     try:
         import regen.sim.sglang.launch  # noqa: F401
     except ImportError:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[5]))
+        repository = Path(__file__).resolve().parents[4]  # this file is tests/support/standin/sglang/...
+        sys.path.insert(0, str(repository / "src"))
 
 
 if __name__ == "__main__":

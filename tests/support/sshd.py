@@ -1,4 +1,4 @@
-"""A real OpenSSH server on a loopback port, for the host tests and bench/inspect.py.
+"""A real OpenSSH server on a loopback port, for the host tests and bench/inspect_host.py.
 
 It runs as the current user with its own throw-away host and client keys, its own sshd_config
 (no PAM, keys only, an AuthorizedKeysFile of its own) and a PATH, set through sshd's SetEnv, whose
@@ -16,6 +16,8 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.support.processes import free_port
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 # Privilege separation needs this folder when sshd starts as root; the Debian service makes it.
@@ -50,10 +52,12 @@ echo "$$ end $(date +%s.%N) $1" >> "$here/calls.log"
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def need_sshd() -> None:
+    """Fail (not skip) without sshd: the GPU-host tests are part of the suite."""
+    import pytest  # here, not at the top: bench/ uses this module outside pytest
+
+    if not Path(SSHD).exists():
+        pytest.fail(f"{SSHD} is missing: the GPU-host tests need openssh-server (.ci/run installs it)")
 
 
 def keygen(path: Path, kind: str = "ed25519") -> Path:

@@ -10,13 +10,15 @@ import json
 import os
 import signal
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from regen.sim.sglang.launch import CONFIG_ENV
-from tests.host.sshd import SshServer, make_server
-from tests.sglang_sim import ROOT, STANDIN, free_port, model_folder
+from tests.support.processes import ROOT, free_port
+from tests.support.sglang_sim import STANDIN, model_folder
+from tests.support.sshd import SshServer, make_server
 
 # The simulator's startup in well under a second; a couple of helper processes in the server's group.
 FAST_SIM: dict[str, Any] = {
@@ -165,3 +167,9 @@ def make_gpu_host(root: Path, *, gpus: int = 8) -> GpuHost:
     )
     host.set_sim()
     return host
+
+
+def sim_state(host: GpuHost) -> dict[str, Any]:
+    """The host's stand-in server's own record (GET /_sim/state on its port)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{host.port}/_sim/state", timeout=10) as r:
+        return dict(json.loads(r.read()))

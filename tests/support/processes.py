@@ -1,0 +1,185 @@
+"""The `regen` command as tests run it, and the processes around it: where the repository is, the
+environment a child Python needs, a free port, and waiting for a job to get somewhere or to be gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+# A child Python imports regen from this checkout's src/, and never sees the operator's own key.
+ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTHONUNBUFFERED": "1"}
+ENV.pop("OPENROUTER_API_KEY", None)
+
+
+def regen_argv(*args: str) -> list[str]:
+    """The command line of `regen ARGS`: this interpreter, this checkout's regen (run it with ENV)."""
+    return [sys.executable, "-m", "regen.cli.main", *args]
+
+
+def run_regen(
+    *args: str, cwd: Path | None = None, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`regen ARGS` in a process of its own, to its end: its exit code and output as text."""
+    return subprocess.run(
+        regen_argv(*args),
+        capture_output=True,
+        text=True,
+        env=ENV if env is None else env,
+        cwd=cwd,
+        timeout=timeout,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def regen_in_process(*args: str) -> int:
+    """`regen ARGS` in this process (its output reaches capsys); its exit code."""
+    from regen.cli.main import main
+
+    return main(list(args))
+
+
+def start_headless_run(settings: Path, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """`regen run --headless --settings SETTINGS` in the background, its output to `log`."""
+    out = open(log, "wb")  # noqa: SIM115 - the job's output for its life
+    try:
+        return subprocess.Popen(
+            regen_argv("run", "--headless", "--settings", str(settings)),
+            env=ENV if env is None else env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    finally:
+        out.close()
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def settings_file(tmp_path: Path, base_url: str, datasets: list[Path], **job: object) -> Path:
+    """tmp_path/settings.toml for a headless OpenRouter job at `base_url`, run folder tmp_path/run."""
+    path = tmp_path / "settings.toml"
+    job_lines = "\n".join(f"{k} = {json.dumps(v)}" for k, v in job.items())
+    path.write_text(
+        f'[openrouter]\nbase_url = "{base_url}"\nmax_tokens = 64\n'
+        f"[job]\ndatasets = {json.dumps([str(d) for d in datasets])}\n"
+        f'run_dir = "{tmp_path / "run"}"\nbackoff_base_s = 0.01\nbackoff_max_s = 0.1\n{job_lines}\n'
+        "[headless]\nstatus_interval_s = 0.2\n"
+    )
+    return path
+
+
+# -- waiting ------------------------------------------------------------------------------------
+
+
+def wait_gone(pid: int, timeout_s: float = 10.0) -> None:
+    """Wait until process `pid` has exited."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"process {pid} did not end")
+
+
+def wait_for_attempts(journal: Path, ends: int, timeout_s: float = 60.0) -> None:
+    """Wait until the attempt journal holds `ends` settled attempts: the job is under way."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if journal.exists() and journal.read_bytes().count(b'"k":"end"') >= ends:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{journal}: fewer than {ends} attempts after {timeout_s} s")
+
+
+def wait_rows(data: Path, at_least: int, proc: subprocess.Popen[bytes], log: Path, timeout: float = 120) -> None:
+    """Wait until the dataset folder `data` holds `at_least` rows, while the job `proc` (output in
+    `log`) still runs."""
+    deadline = time.monotonic() + timeout
+    results = data / "raw_responses.jsonl"
+    while time.monotonic() < deadline:
+        if results.exists() and results.read_bytes().count(b"\n") >= at_least:
+            return
+        assert proc.poll() is None, log.read_text()[-3000:]
+        time.sleep(0.05)
+    raise AssertionError(f"fewer than {at_least} rows in {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+def children_of(pid: int) -> list[int]:
+    """The live processes whose parent is `pid` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            # The name in parentheses may hold spaces: the fields after its last ")" are fixed.
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def assert_gone(pids: list[int], timeout_s: float = 15.0) -> None:
+    """Every one of `pids` ends within `timeout_s` (what a killed job started ends with it)."""
+    deadline = time.monotonic() + timeout_s
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = [pid for pid in alive if _alive(pid)]
+        time.sleep(0.05)
+    assert not alive, f"processes the killed job started outlived it: {alive}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"  # a zombie has ended; it waits for init to reap it
+
+
+def kill_at_random_moments(
+    settings: Path, env: dict[str, str], rng: random.Random, times: int, low: float, high: float
+) -> int:
+    """Start the headless job and SIGKILL it a random delay after it sent its first request (a
+    start on a busy machine can take longer than the delay), `times` times; returns the kills."""
+    kills = 0
+    attempts = settings.parent / "run" / "attempts.jsonl"
+    for _ in range(times):
+        before = attempts.read_bytes().count(b'"k":"start"') if attempts.exists() else 0
+        proc = subprocess.Popen(
+            regen_argv("run", "--headless", "--settings", str(settings)),
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            if attempts.exists() and attempts.read_bytes().count(b'"k":"start"') > before:
+                break
+            time.sleep(0.02)
+        time.sleep(rng.uniform(low, high))
+        if proc.poll() is None:
+            children = children_of(proc.pid)
+            proc.kill()
+            kills += 1
+            proc.wait()
+            # What the job started (its tokenizer workers) ends with it (src/regen/engine/lifetime.py).
+            assert_gone(children)
+        proc.wait()
+    return kills
