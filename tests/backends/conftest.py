@@ -214,7 +214,7 @@ def backend_case(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Bac
         yield from _openrouter(tmp_path)
 
 
-# -- both fleets in one job (tests/backends/test_fleets.py, test_steering.py) -----------------------
+# -- both fleets in one job (tests/backends/test_fleets.py, test_deadline_control.py) -----------------------
 
 BOTH = ["sglang", "openrouter"]
 

@@ -29,10 +29,9 @@ from regen.engine.data.tokenizer import TokenizerError, TokenizerSpec
 from regen.engine.host.errors import HostError
 from regen.engine.host.monitor import HostMonitor
 from regen.engine.job.commands import run_command
-from regen.engine.job.deadline_control import FleetSteering
-from regen.engine.job.dispatch import Dispatcher, LaneSteering
+from regen.engine.job.deadline_control import DeadlineControl
+from regen.engine.job.dispatch import Dispatcher
 from regen.engine.job.lanes import Lane, LaneCeilings
-from regen.engine.job.settle import Settler
 from regen.engine.job.snapshot import SnapshotBuilder
 from regen.engine.job.stats import JobStats, StatusRules
 from regen.engine.job.usage_bound import UsageBound
@@ -81,26 +80,20 @@ class Job:
         # dollar budget on OpenRouter's, none on GPU time), statistics, settling and in-flight limit.
         for chosen in backends:
             budget = to_dollars(settings.job.budget_usd) if chosen.unit == "usd" else None
-            ledger = Ledger(budget, unit=chosen.unit)
-            stats = JobStats(settings.stats.window_s)
-            steering = LaneSteering(self.dispatcher, self)
-            settler = Settler(
-                settings.job, chosen, ledger, stats, self.datasets, self.results, self.events, steering
-            )
-            steering.lane = self.dispatcher.add_lane(chosen, ledger, stats, settler)
+            self.dispatcher.add_lane(chosen, Ledger(budget, unit=chosen.unit), JobStats(settings.stats.window_s), self)
         self.lanes = self.dispatcher.lanes
-        # The deadline controller (engine/job/deadline_control.py): the live plan over the fleets, and with a GPU
-        # lane, a dollar lane and a deadline, OpenRouter's in-flight ceiling through the lanes' hook.
-        self.fleet = FleetSteering(settings, self.dispatcher, self.datasets, self.events)
-        if self.fleet.paid is not None and self.fleet.gpus:
-            self.dispatcher.ceilings = self.fleet
+        # The deadline control (engine/job/deadline_control.py): the live plan over the fleets, and with a
+        # GPU lane, a dollar lane and a deadline, OpenRouter's in-flight ceiling through the lanes' hook.
+        self.deadline_control = DeadlineControl(settings, self.dispatcher, self.datasets, self.events)
+        if self.deadline_control.paid is not None and self.deadline_control.gpus:
+            self.dispatcher.ceilings = self.deadline_control
         self._snapshots = SnapshotBuilder(
             dispatcher=self.dispatcher,
             datasets=self.datasets,
             rules=StatusRules(settings.stats.fail_error_share, settings.stats.slow_factor),
             expected_output_tokens=settings.stats.expected_output_tokens,
             started_mono=self.started_mono,
-            fleet=self.fleet,
+            deadline_control=self.deadline_control,
         )
         self._stop_mode: str | None = None
         self._background: set[asyncio.Task[None]] = set()
@@ -165,10 +158,10 @@ class Job:
             **split,
         )
         first = journals[self.lanes[0].name]
-        self.fleet.restore(first.deadline, first.first_start_ts)
-        if self.fleet.shown:
+        self.deadline_control.restore(first.deadline, first.first_start_ts)
+        if self.deadline_control.shown:
             # The plan before the start, from the settings' rates (docs/fleets.md, "In the job").
-            plan = self.fleet.tick().plan
+            plan = self.deadline_control.tick().plan
             self.events.event("fleet_plan", reason=plan.reason, fits=plan.fits, plan=plan.to_dict())
 
     def _read_journals(self) -> dict[str, JournalState]:
@@ -244,8 +237,8 @@ class Job:
             for work in lane.backend.tasks():
                 task = loop.create_task(work)
                 self._background.add(task)
-        steering = loop.create_task(self.fleet.run())
-        self._background.add(steering)
+        pacing = loop.create_task(self.deadline_control.run())
+        self._background.add(pacing)
         self.hosts.start()
         try:
             await self.dispatcher.run()
@@ -272,7 +265,7 @@ class Job:
                     lane.name: {"spent": str(lane.ledger.spent), "unit": lane.ledger.unit, "rows": lane.stats.counters.rows}
                     for lane in self.lanes
                 }
-            deadline = self.fleet.deadline_ts
+            deadline = self.deadline_control.deadline_ts
             if deadline is not None:
                 split["deadline"] = {"at": deadline, "early_s": deadline - time.time()}
             self.events.event(
@@ -398,13 +391,14 @@ class Job:
     def set_deadline(self, text: str | None, origin: str = "operator") -> str:
         """A new deadline ("12h" from now, "06:30" next), or None for none: journaled, re-planned at once."""
         self._check_live()
-        message = self.fleet.set_deadline(text, origin)
-        # As after every command: a cleared deadline lifts OpenRouter's ceiling without a `steer`.
+        message = self.deadline_control.set_deadline(text, origin)
+        # As after every command: a cleared deadline lifts OpenRouter's ceiling without a ceiling change
+        # being journaled (`steer`).
         self.dispatcher.wake()
         return message
 
     def set_lane_ceilings(self, ceilings: LaneCeilings | None) -> None:
-        """Plug in the steering hook (engine/job/lanes.py `LaneCeilings`): a ceiling per lane, read
+        """Plug in the ceiling hook (engine/job/lanes.py `LaneCeilings`): a ceiling per lane, read
         at every dispatch decision; None takes it out."""
         self.dispatcher.ceilings = ceilings
         self.dispatcher.wake()

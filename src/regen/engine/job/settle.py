@@ -49,8 +49,8 @@ class Flight:
     released: bool = False
 
 
-class Steering(Protocol):
-    """What settling asks of the dispatcher and the job."""
+class SettleHooks(Protocol):
+    """What settling asks of the dispatcher and the job, for its lane (engine/job/dispatch.py `LaneHooks`)."""
 
     def retry(self, item: WorkItem, ready_at: float) -> None: ...
     def put_back(self, item: WorkItem) -> None: ...
@@ -76,7 +76,7 @@ class Settler:
         datasets: dict[str, DatasetState],
         results: ResultsWriter,
         events: EventLog,
-        steering: Steering,
+        hooks: SettleHooks,
     ) -> None:
         self.job = job
         self.backend = backend
@@ -85,7 +85,7 @@ class Settler:
         self.datasets = datasets
         self.results = results
         self.events = events
-        self.steering = steering
+        self.hooks = hooks
         self.breakdown = SpendBreakdown()
         self.pool: TokenizePool | None = None
         self.quarantined = 0
@@ -147,12 +147,12 @@ class Settler:
                 row = await self.pool.fill(row, prompt.request_messages)
             except TokenizeError as exc:
                 await self.results.journal(record)
-                self.steering.fatal(StopReason.FATAL, f"tokenizing failed: {exc}")
+                self.hooks.fatal(StopReason.FATAL, f"tokenizing failed: {exc}")
                 return
         await self.results.commit_row(prompt.dataset, record, row)
         self._progress(prompt, status, outcome.completion_tokens, mono)
-        self.steering.reached(flight.launched_at)
-        self.steering.succeeded(mono)
+        self.hooks.reached(flight.launched_at)
+        self.hooks.succeeded(mono)
 
     def _account(
         self,
@@ -272,10 +272,10 @@ class Settler:
             route_id = self.backend.route_id(route)
             if route_id not in self.backend.excluded:
                 try:
-                    self.steering.exclude_route(route_id, "guard")
+                    self.hooks.exclude_route(route_id, "guard")
                 except JobError as exc:
-                    self.steering.fatal(StopReason.FATAL, f"precision guard: {why}; {exc}")
-        self.steering.retry(item, time.monotonic())
+                    self.hooks.fatal(StopReason.FATAL, f"precision guard: {why}; {exc}")
+        self.hooks.retry(item, time.monotonic())
 
     def _failed(
         self, item: WorkItem, failure: Failure, route: ProviderStats | None, launched_at: float
@@ -297,22 +297,22 @@ class Settler:
             # Not this prompt's fault: its attempt is given back, and the dispatcher decides
             # whether the backend is down (docs/faults.md, outages).
             item.run_attempts -= 1
-            self.steering.unreachable(item, failure)
+            self.hooks.unreachable(item, failure)
             return
-        self.steering.reached(launched_at)
+        self.hooks.reached(launched_at)
         if failure.hold_s is not None:
-            self.steering.hold(failure.hold_s, failure.message[:200])
+            self.hooks.hold(failure.hold_s, failure.message[:200])
         elif failure.throttle:
-            self.steering.throttled(time.monotonic())
+            self.hooks.throttled(time.monotonic())
         if failure.refused:
             counters.refusal_streak += 1
             if counters.refusal_streak >= REFUSAL_STREAK_FATAL and counters.rows == 0:
                 why = failure.streak_hint or "every request is refused"
-                self.steering.fatal(StopReason.FATAL, f"{why}: {failure.message}")
+                self.hooks.fatal(StopReason.FATAL, f"{why}: {failure.message}")
                 return
         if failure.disposition is Disposition.FATAL:
-            self.steering.fatal(StopReason(failure.stop_reason), self.backend.describe_fatal(failure))
-            self.steering.put_back(item)
+            self.hooks.fatal(StopReason(failure.stop_reason), self.backend.describe_fatal(failure))
+            self.hooks.put_back(item)
             return
         if failure.disposition is Disposition.GIVE_UP or item.run_attempts >= self.job.max_attempts:
             self._give_up(item, failure)
@@ -321,7 +321,7 @@ class Settler:
         delay = self._random.uniform(0, bound)
         if failure.retry_after_s is not None:
             delay = max(delay, failure.retry_after_s)
-        self.steering.retry(item, time.monotonic() + delay)
+        self.hooks.retry(item, time.monotonic() + delay)
 
     def _give_up(self, item: WorkItem, failure: Failure) -> None:
         self.datasets[item.prompt.dataset].failed += 1
@@ -413,7 +413,7 @@ class Settler:
                 pending.rid, self.backend.name, pending.generation_id, pending.outcome, billed, delta, time.time()
             )
         )
-        self.steering.wake()
+        self.hooks.wake()
 
     async def finish_reconciling(self, wait: bool) -> None:
         """Give cost lookups a short grace so the summary is exact; what is left stays estimated in

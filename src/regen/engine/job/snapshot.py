@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Mapping
 from decimal import Decimal
 
-from regen.engine.job.deadline_control import FleetSteering, remaining_needs
+from regen.engine.job.deadline_control import DeadlineControl, remaining_needs
 from regen.engine.job.dispatch import Dispatcher
 from regen.engine.job.lanes import Lane
 from regen.engine.job.stats import StatusRules, route_views
@@ -44,14 +44,14 @@ class SnapshotBuilder:
         rules: StatusRules,
         expected_output_tokens: int,
         started_mono: float,
-        fleet: FleetSteering | None = None,
+        deadline_control: DeadlineControl | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.datasets = datasets
         self.rules = rules
         self.expected_output_tokens = expected_output_tokens
         self.started_mono = started_mono
-        self.fleet = fleet
+        self.deadline_control = deadline_control
         self._plans: dict[str, tuple[float, BudgetPlanView]] = {}  # per lane: when, the answer
 
     def plan(self, lane: Lane, now: float) -> BudgetPlanView | None:
@@ -207,9 +207,9 @@ class SnapshotBuilder:
             "hosts": hosts,
             "lanes": views,
         }
-        fleet = self.fleet
-        if fleet is not None and fleet.shown:
-            snapshot["fleet"] = fleet.view()
+        control = self.deadline_control
+        if control is not None and control.shown:
+            snapshot["fleet"] = control.view()
         return snapshot
 
 
