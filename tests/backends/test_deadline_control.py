@@ -102,9 +102,11 @@ async def test_openrouter_idles_while_the_gpus_make_the_deadline_and_rises_when_
     # The plan's offers share the lane's flat-out rate as OpenRouter shared the requests.
     offers = job.deadline_control.offers(Work(30_000, 1_000, 20_000), 40.0)
     assert sum(p.tokens_per_s or 0.0 for p in offers) == pytest.approx(16 * 40.0)
-    served = Counter({paid.backend.route_id(name): stats.requests for name, stats in paid.stats.routes.items()})
+    routes = paid.backend.routes
+    assert routes is not None
+    served = Counter({routes.route_id(name): stats.requests for name, stats in paid.stats.routes.items()})
     for offer in offers:
-        share = served[paid.backend.route_id(offer.price.route)] / sum(served.values())
+        share = served[routes.route_id(offer.price.route)] / sum(served.values())
         assert offer.tokens_per_s == pytest.approx(16 * 40.0 * share)
     steers = [e for e in journal(job.run_dir / "events.jsonl") if e["event"] == "steer"]
     assert steers[0]["ceiling"] == 0 and "GPUs alone make the deadline" in steers[0]["reason"]

@@ -132,15 +132,13 @@ AccountView = OpenRouterAccount | SGLangAccount
 
 
 class BackendView(TypedDict):
-    """The backend's own part of its lane's view."""
+    """The backend's own part of its lane's view; what its abilities add (the routes excluded, the
+    precisions allowed) the snapshot's builder reads from them (engine/backends/base.py)."""
 
     name: str
     unit: str
     model: str
-    supports_exclude: bool
     routes: list[RouteView]
-    excluded: list[str]
-    allowed_precisions: list[str] | None
     account: AccountView
 
 

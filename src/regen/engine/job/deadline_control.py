@@ -184,13 +184,14 @@ class DeadlineControl:
         (its concurrency x one request's rate) shared as OpenRouter has shared the requests so far;
         before any, all on the cheapest, where price-sorted routing sends them."""
         paid = self.paid
-        if paid is None or paid.closed is not None:
+        routes = None if paid is None or paid.closed is not None else paid.backend.routes
+        if paid is None or routes is None:
             return ()
-        prices = paid.backend.prices()
+        prices = routes.prices()
         if not prices:
             return ()
         flat_out = paid.limit.configured * request_rate
-        route_id = paid.backend.route_id
+        route_id = routes.route_id
         served: dict[str, int] = {}
         for name, stats in paid.stats.routes.items():
             served[route_id(name)] = served.get(route_id(name), 0) + stats.requests

@@ -118,7 +118,10 @@ class Job:
             crashed = [unsettled for journal in journals.values() for unsettled in journal.crashed]
             self.datasets.update(await load_progress(scanned, crashed, self.settings.job.dataset_token_budget))
             for lane in self.lanes:
-                await lane.backend.open(LaneContext(self, lane), journals[lane.name].excluded)
+                routes = lane.backend.routes
+                if routes is not None:
+                    routes.restore(journals[lane.name].excluded)
+                await lane.backend.open(LaneContext(self, lane))
             pool = await self._start_tokenizer()
             for lane in self.lanes:
                 lane.settler.pool = pool
@@ -141,12 +144,17 @@ class Job:
             lane.settler.restore(journals[lane.name])
             lane.spent_at_start = journals[lane.name].spent
         # Before the start event and any attempt: the first start's base must predate every bill.
-        self._usage_bounds = [UsageBound(lane.settler, self.events, journals[lane.name]) for lane in self.lanes]
+        self._usage_bounds = [
+            UsageBound(account, lane.settler, self.events, journals[lane.name])
+            for lane in self.lanes
+            if (account := lane.backend.account) is not None
+        ]
         for bound in self._usage_bounds:
             await bound.begin()
         self.dispatcher.queue = self._work_queue(scanned, journals[self.lanes[0].name])
         split = {"backends": [lane.name for lane in self.lanes]} if len(self.lanes) > 1 else {}
         paid = self.dispatcher.budget_lane
+        routes = paid.backend.routes
         self.events.event(
             "start",
             pid=os.getpid(),
@@ -154,7 +162,7 @@ class Job:
             budget=str(paid.ledger.budget),
             spent=str(paid.ledger.spent),
             concurrency=paid.limit.configured,
-            excluded=sorted(paid.backend.excluded),
+            excluded=[] if routes is None else sorted(routes.excluded),
             **split,
         )
         first = journals[self.lanes[0].name]
@@ -332,18 +340,21 @@ class Job:
         excluded (OpenRouter's providers), else the one holding the budget."""
         if backend is not None:
             return self._lane(backend)
-        steerable = [lane for lane in self.lanes if lane.backend.supports_exclude]
-        return steerable[0] if steerable else self.dispatcher.budget_lane
+        with_routes = [lane for lane in self.lanes if lane.backend.routes is not None]
+        return with_routes[0] if with_routes else self.dispatcher.budget_lane
 
     def exclude(self, name: str, *, origin: str = "operator", backend: str | None = None) -> str:
         """Stop routing to a route (slug or display name); later requests keep away from it."""
         self._check_live()
         lane = self._route_lane(backend)
-        route = lane.backend.route_id(name)
-        if route in lane.backend.excluded:
+        routes = lane.backend.routes
+        if routes is None:
+            raise JobError(f"{lane.backend.title} has no routes to exclude: it decides where every request goes")
+        route = routes.route_id(name)
+        if route in routes.excluded:
             return f"{route} is already excluded"
         try:
-            message = lane.backend.exclude(route, origin)
+            message = routes.exclude(route, origin)
         except BackendError as exc:
             raise JobError(str(exc)) from None
         self.events.event("exclude", provider=route, source=origin, **self.dispatcher.lane_fields(lane))
@@ -353,10 +364,13 @@ class Job:
     def include(self, name: str, *, origin: str = "operator", backend: str | None = None) -> str:
         self._check_live()
         lane = self._route_lane(backend)
-        route = lane.backend.route_id(name)
-        if route not in lane.backend.excluded:
+        routes = lane.backend.routes
+        if routes is None:
+            return f"{name.strip()} is not excluded"  # nothing is, where there are no routes to exclude
+        route = routes.route_id(name)
+        if route not in routes.excluded:
             return f"{route} is not excluded"
-        message = lane.backend.include(route)
+        message = routes.include(route)
         self.events.event("include", provider=route, source=origin, **self.dispatcher.lane_fields(lane))
         self.dispatcher.wake()
         return message

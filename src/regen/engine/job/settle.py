@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Protocol
 
-from regen.engine.backends.base import AttemptOutcome, Backend, Disposition, Failure
+from regen.engine.backends.base import Account, AttemptOutcome, Backend, Disposition, Failure
 from regen.engine.config.settings import JobSettings
 from regen.engine.data.datasets import Prompt
 from regen.engine.data.tokenize_pool import TokenizePool
@@ -86,6 +86,10 @@ class Settler:
         self.results = results
         self.events = events
         self.hooks = hooks
+        # The backend's abilities (engine/backends/base.py), read once: None where it has none.
+        self.guard = backend.guard
+        self.routes = backend.routes
+        self.account = backend.account
         self.breakdown = SpendBreakdown()
         self.pool: TokenizePool | None = None
         self.quarantined = 0
@@ -108,8 +112,8 @@ class Settler:
                 failure = Failure(
                     Disposition.RETRY, "finish", f"finish_reason {outcome.finish_reason} not accepted"
                 )
-            else:
-                violation = self.backend.reject(outcome)
+            elif self.guard is not None:
+                violation = self.guard.reject(outcome)
         result = "quarantined" if violation else (status if failure is None else failure.error_class)
         assert result is not None
         mono = time.monotonic()
@@ -268,9 +272,10 @@ class Settler:
         self.quarantined += 1
         await self.results.quarantine({**row, "quarantine_reason": why})
         self.events.event("quarantine", prompt=item.prompt.id, provider=route, reason=why)
-        if route:
-            route_id = self.backend.route_id(route)
-            if route_id not in self.backend.excluded:
+        routes = self.routes
+        if route and routes is not None:
+            route_id = routes.route_id(route)
+            if route_id not in routes.excluded:
                 try:
                     self.hooks.exclude_route(route_id, "guard")
                 except JobError as exc:
@@ -394,13 +399,16 @@ class Settler:
             self.reconcile_later(Unsettled(crashed.rid, crashed.dataset, crashed.line, handle, cost, outcome))
 
     def reconcile_later(self, pending: Unsettled) -> None:
-        task = asyncio.get_running_loop().create_task(self._reconcile(pending))
+        account = self.account
+        if account is None:
+            return  # no bill comes later: what the backend charged is all there is to know
+        task = asyncio.get_running_loop().create_task(self._reconcile(account, pending))
         self._reconciling.add(task)
         task.add_done_callback(self._reconciling.discard)
 
-    async def _reconcile(self, pending: Unsettled) -> None:
-        """Replace an estimate with what the backend billed for that attempt."""
-        billed = await self.backend.reconcile(pending)
+    async def _reconcile(self, account: Account, pending: Unsettled) -> None:
+        """Replace an estimate with what the backend's account billed for that attempt."""
+        billed = await account.reconcile(pending)
         if billed is None:
             return
         delta = self.ledger.confirm(pending.estimate, billed)
