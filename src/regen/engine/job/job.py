@@ -39,6 +39,7 @@ from regen.engine.job.workqueue import WorkQueue
 from regen.engine.money.ledger import Ledger, to_dollars
 from regen.engine.run.events import EVENTS_FILE, EventLog
 from regen.engine.run.inputs import Scanned, load_progress, scan_datasets
+from regen.engine.run.records import route_event, start_event
 from regen.engine.run.recovery import JournalState, read_journals
 from regen.engine.run.results import ATTEMPTS_FILE, ResultsWriter
 from regen.engine.run.runlock import RunLock, RunLocked
@@ -152,18 +153,19 @@ class Job:
         for bound in self._usage_bounds:
             await bound.begin()
         self.dispatcher.queue = self._work_queue(scanned, journals[self.lanes[0].name])
-        split = {"backends": [lane.name for lane in self.lanes]} if len(self.lanes) > 1 else {}
         paid = self.dispatcher.budget_lane
         routes = paid.backend.routes
-        self.events.event(
-            "start",
-            pid=os.getpid(),
-            datasets=list(self.datasets),
-            budget=str(paid.ledger.budget),
-            spent=str(paid.ledger.spent),
-            concurrency=paid.limit.configured,
-            excluded=[] if routes is None else sorted(routes.excluded),
-            **split,
+        self.events.write(
+            start_event(
+                os.getpid(),
+                list(self.datasets),
+                paid.ledger.budget,
+                paid.ledger.spent,
+                paid.limit.configured,
+                [] if routes is None else sorted(routes.excluded),
+                [lane.name for lane in self.lanes] if len(self.lanes) > 1 else None,
+                time.time(),
+            )
         )
         first = journals[self.lanes[0].name]
         self.deadline_control.restore(first.deadline, first.first_start_ts)
@@ -335,6 +337,10 @@ class Job:
     def _lane(self, backend: str) -> Lane:
         return self.dispatcher.lane(backend.strip().lower())
 
+    def _named(self, lane: Lane) -> str | None:
+        """The lane an event names: in a job with several (engine/job/dispatch.py `lane_fields`)."""
+        return self.dispatcher.lane_fields(lane).get("backend")
+
     def _route_lane(self, backend: str | None) -> Lane:
         """The lane an exclude or include is for: the one named, else the first whose routes can be
         excluded (OpenRouter's providers), else the one holding the budget."""
@@ -357,7 +363,7 @@ class Job:
             message = routes.exclude(route, origin)
         except BackendError as exc:
             raise JobError(str(exc)) from None
-        self.events.event("exclude", provider=route, source=origin, **self.dispatcher.lane_fields(lane))
+        self.events.write(route_event("exclude", route, origin, self._named(lane), time.time()))
         self.dispatcher.wake()
         return message
 
@@ -371,7 +377,7 @@ class Job:
         if route not in routes.excluded:
             return f"{route} is not excluded"
         message = routes.include(route)
-        self.events.event("include", provider=route, source=origin, **self.dispatcher.lane_fields(lane))
+        self.events.write(route_event("include", route, origin, self._named(lane), time.time()))
         self.dispatcher.wake()
         return message
 
