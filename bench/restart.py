@@ -61,7 +61,7 @@ def build(rows: int) -> tuple[Path, Path]:
             p.write(raw + b"\n")
             prompt = validate_line(raw, folder.name, line)
             assert not isinstance(prompt, str)
-            rid = f"{prompt.id}#0"
+            rid, gen = f"{prompt.id}#0", f"gen-{line:012d}"
             row = {
                 "schema_version": 1,
                 "id": prompt.id,
@@ -75,7 +75,7 @@ def build(rows: int) -> tuple[Path, Path]:
                 "model": "moonshotai/kimi-k2.5",
                 "served_model": "moonshotai/kimi-k2.5-0127",
                 "provider": "DeepInfra",
-                "generation_id": f"gen-{line:012d}",
+                "generation_id": gen,
                 "finish_reason": "stop",
                 "native_finish_reason": "stop",
                 "reasoning": REASONING,
@@ -99,7 +99,6 @@ def build(rows: int) -> tuple[Path, Path]:
             }
             r.write(orjson.dumps(row) + b"\n")
             # The attempt's journal as the job writes it (engine/run/records.py).
-            gen = row["generation_id"]
             j.write(orjson.dumps(start_record(rid, folder.name, line, RESERVED, "openrouter", STARTED)) + b"\n")
             j.write(orjson.dumps(gen_record(rid, gen)) + b"\n")
             j.write(
