@@ -1,6 +1,6 @@
-"""The two-fleet plan and its steering on the story's case: cost against brute force, finish against the deadline.
+"""The two-fleet plan and its pacing on the story's case: cost against brute force, finish against the deadline.
 
-The claims (issue 13), on the story's case: 6 datasets of 10M output tokens, a GPU fleet at about
+What is measured, on the story's case (the two-fleet job of docs/fleets.md at full size): 6 datasets of 10M output tokens, a GPU fleet at about
 1,000 tokens/s (43.2M tokens in 12 hours, so 16.8M must be bought), OpenRouter from $2.20/M, a
 12-hour deadline and a $100 budget.
 
@@ -10,15 +10,16 @@ The claims (issue 13), on the story's case: 6 datasets of 10M output tokens, a G
     of `--grid` tokens, the cheapest feasible one taken. A split is a schedule: each provider runs
     at its share / the time, within its rate; when a token is made does not change what it costs.
     A few more deadlines are planned and brute-forced too.
-(b) The steering controller, in a discrete-time simulation of the whole run (tests/support/fleet_sim.py:
+(b) The pacer (engine/money/fleetplan/pacing.py), in a discrete-time simulation of the whole run
+    (tests/support/fleet_sim.py:
     a fluid GPU fleet with seeded noise, whole OpenRouter requests with noisy per-request rates,
     routed cheapest first under each provider's concurrency cap, dispatch gated by the ledger's
     rule), finishes within 10% of its deadline and never spends past the budget. A baseline in the
     same run: the same simulation flat out (no deadline, OpenRouter at its full concurrency).
-(c) With the budget short of the deadline, the controller spends it by the deadline and never past
+(c) With the budget short of the deadline, the pacer spends it by the deadline and never past
     it, and the run ends within 10% of the earliest deadline the plan said fits.
 
-(b) is the controller in a simulated loop on a simulated clock (12 hours in seconds); the real job
+(b) is the pacer in a simulated loop on a simulated clock (12 hours in seconds); the real job
 against the two HTTP simulators, scaled down in time, is bench/fleet_run.py.
 
     .venv/bin/python bench/fleet_plan.py              # about a minute
@@ -42,8 +43,8 @@ for path in (ROOT, ROOT / "bench"):
 
 from throughput import machine, revision, write_md  # noqa: E402 - the sibling benchmark's helpers
 
-from regen.engine.money.fleetplan import Provider, Work, fill, plan_fleets  # noqa: E402
-from regen.engine.money.fleetplan.steer import Steering  # noqa: E402
+from regen.engine.money.fleetplan import RouteOffer, Work, fill, plan_fleets  # noqa: E402
+from regen.engine.money.fleetplan.pacing import Pacer  # noqa: E402
 from tests.support.fleet_sim import Sim, SimProvider  # noqa: E402
 
 MD_START = "<!-- bench:fleet-plan:start -->"
@@ -69,11 +70,11 @@ SEEDS = [1, 2, 3]
 SHORT_BUDGETS = [Decimal(30), Decimal(20)]
 
 
-def sim_providers() -> list[Provider]:
+def sim_providers() -> list[RouteOffer]:
     return Sim(WORK, DEADLINE, BUDGET, PROVIDERS, lambda t: GPU_RATE, request_tokens_per_s=REQUEST_RATE).sustainable()
 
 
-def brute_force(need: int, providers: list[Provider], seconds: float, grid: int) -> tuple[Decimal, tuple[int, ...]] | None:
+def brute_force(need: int, providers: list[RouteOffer], seconds: float, grid: int) -> tuple[Decimal, tuple[int, ...]] | None:
     """The cheapest split of `need` tokens over `providers` on a grid, each within rate x time; None: none fits."""
     caps = [p.capacity(seconds) for p in providers]
     steps = -(-need // grid)
@@ -133,7 +134,7 @@ def gpu_changing(t: float) -> float:
 
 def part_b() -> tuple[list[str], bool]:
     lines = [
-        "| GPUs | seed | steering | finished (h) | / deadline | spent $ | plan at start $ | cheapest in hindsight $ "
+        "| GPUs | seed | pacing | finished (h) | / deadline | spent $ | plan at start $ | cheapest in hindsight $ "
         "| over budget, max $ | cheap / mid / fast / dearest (M tokens) |",
         "|---|---:|---|---:|---:|---:|---:|---:|---:|---|",
     ]
@@ -141,21 +142,21 @@ def part_b() -> tuple[list[str], bool]:
     start_plan = plan_fleets(Work(WORK, WORK // REQUEST_TOKENS, 0), DEADLINE, GPU_RATE, sim_providers(), BUDGET)
     for name, gpu in (("steady 1,000 tok/s", gpu_steady), ("1,000 -> 600 -> 1,300", gpu_changing)):
         for seed in SEEDS:
-            for steered in (True, False):
-                steering = Steering(MAX_IN_FLIGHT, gpu_tokens_per_s=GPU_RATE, request_tokens_per_s=REQUEST_RATE) if steered else None
+            for paced in (True, False):
+                pacer = Pacer(MAX_IN_FLIGHT, gpu_tokens_per_s=GPU_RATE, request_tokens_per_s=REQUEST_RATE) if paced else None
                 sim = Sim(WORK, DEADLINE, BUDGET, PROVIDERS, gpu, request_tokens=REQUEST_TOKENS,
                           request_tokens_per_s=REQUEST_RATE, max_in_flight=MAX_IN_FLIGHT, seed=seed,
-                          steering=steering)
+                          pacer=pacer)
                 r = sim.run()
                 finished = r.finished_s or float("nan")
                 share = finished / DEADLINE
-                if steered:
+                if paced:
                     ok &= r.finished_s is not None and abs(share - 1) <= 0.10 and r.max_spent_over_budget <= 0
                 # What the tokens OpenRouter carried would have cost had the GPUs' curve been known.
                 hindsight = fill(Work(WORK), r.openrouter_tokens, sim_providers(), finished).usd
                 mix = " / ".join(f"{r.by_provider[p.route] / 1e6:.2f}" for p in PROVIDERS)
                 lines.append(
-                    f"| {name} | {seed} | {'controller' if steered else 'flat out'} | {finished / HOUR:.3f} "
+                    f"| {name} | {seed} | {'pacer' if paced else 'flat out'} | {finished / HOUR:.3f} "
                     f"| {share:.4f} | {r.spent:.2f} | {start_plan.cost:.2f} | {hindsight:.2f} "
                     f"| {max(r.max_spent_over_budget, Decimal(0)):.2f} | {mix} |"
                 )
@@ -163,7 +164,7 @@ def part_b() -> tuple[list[str], bool]:
 
 
 def part_c() -> tuple[list[str], bool]:
-    """A budget short of the deadline: the controller spends it by the deadline, the GPUs finish the rest."""
+    """A budget short of the deadline: the pacer spends it by the deadline, the GPUs finish the rest."""
     lines = [
         "| budget $ | seed | finished (h) | plan's earliest deadline (h) | finished / earliest | spent $ "
         "| over budget, max $ | done by the deadline (plan's share) |",
@@ -174,9 +175,9 @@ def part_c() -> tuple[list[str], bool]:
         plan = plan_fleets(Work(WORK, WORK // REQUEST_TOKENS, 0), DEADLINE, GPU_RATE, sim_providers(), budget)
         earliest = plan.earliest_s or float("nan")
         for seed in SEEDS[:2]:
-            steering = Steering(MAX_IN_FLIGHT, gpu_tokens_per_s=GPU_RATE, request_tokens_per_s=REQUEST_RATE)
+            pacer = Pacer(MAX_IN_FLIGHT, gpu_tokens_per_s=GPU_RATE, request_tokens_per_s=REQUEST_RATE)
             sim = Sim(WORK, DEADLINE, budget, PROVIDERS, gpu_steady, request_tokens=REQUEST_TOKENS,
-                      request_tokens_per_s=REQUEST_RATE, max_in_flight=MAX_IN_FLIGHT, seed=seed, steering=steering,
+                      request_tokens_per_s=REQUEST_RATE, max_in_flight=MAX_IN_FLIGHT, seed=seed, pacer=pacer,
                       record_at=DEADLINE)
             r = sim.run()
             finished = r.finished_s or float("nan")
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                  f"earliest deadline the plan said fits: {'holds' if c_ok else 'does NOT hold'}.")
     note_b = ("Cheapest in hindsight: the tokens OpenRouter carried in that run at the cheapest split the "
               "providers' rates allow over the run's duration, as if the GPUs' curve had been known at the start.")
-    verdict_b = ("(b) every steered run finishes within 10% of the deadline, never past the budget: "
+    verdict_b = ("(b) every paced run finishes within 10% of the deadline, never past the budget: "
                  f"{'holds' if b_ok else 'does NOT hold'}.")
     providers = "; ".join(
         f"{p.route} ${p.usd_per_m}/M, {'no cap' if p.max_in_flight is None else f'{p.max_in_flight} in flight = {p.max_in_flight * REQUEST_RATE:,.0f} tok/s'}"
@@ -214,10 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     setup = (f"Work {WORK / 1e6:.0f}M output tokens, GPUs {GPU_RATE:,.0f} tok/s, deadline {DEADLINE / HOUR:.0f} h, "
              f"budget ${BUDGET}; providers: {providers}; requests of {REQUEST_TOKENS:,} tokens at "
              f"{REQUEST_RATE:.0f} tok/s each (lognormal noise sigma 0.10 per request, and on the GPU rate per "
-             f"5 s step), at most {MAX_IN_FLIGHT} in flight; the controller is fed every 5 s.")
+             f"5 s step), at most {MAX_IN_FLIGHT} in flight; the pacer is fed every 5 s.")
     body = ["(a) The plan against brute force", "", *a_lines, "", verdict_a, "",
-            "(b) The controller in the simulated run", "", *b_lines, "", note_b, "", verdict_b, "",
-            "(c) The budget short of the deadline (steady GPUs, the controller)", "", *c_lines, "", verdict_c]
+            "(b) The pacer in the simulated run", "", *b_lines, "", note_b, "", verdict_b, "",
+            "(c) The budget short of the deadline (steady GPUs, the pacer)", "", *c_lines, "", verdict_c]
     print("\n".join([setup, "", *body, f"(took {elapsed:.0f} s)"]))
     if args.write_md:
         given = sys.argv[1:] if argv is None else argv

@@ -1,16 +1,16 @@
 """The two-fleet job for real: `regen run --headless` against both simulators, scaled down in time.
 
-The story's case (issue 13; bench/fleet_plan.py plans it at full size): 60M output tokens over 6
+The story's case (the two-fleet job of docs/fleets.md; bench/fleet_plan.py plans it at full size): 60M output tokens over 6
 datasets, a GPU fleet at about 1,000 tokens/s that makes 72% of the work by a 12-hour deadline,
 OpenRouter from $2.20/M for the rest, $100 of budget. Here the same proportions in minutes: the
 GPUs (`regen sim sglang`, its own process) make `--gpu-tokens-per-s` (nominal: max_running x
 decode rate / time_scale), the work is sized so that they make 72% of it by `--deadline-s`, the
 budget is the story's $100 per 60M tokens of work, and OpenRouter (`regen sim openrouter`, its own
 process, the simulator's catalogue from $2.20/M) carries the rest. The job is the real one, a
-process of its own, with the deadline controller in it (engine/job/deadline_control.py).
+process of its own, with the deadline control in it (engine/job/deadline_control.py).
 
 Two runs on fresh simulators and run folders:
-- steered: `job.deadline` set; the claim is that it finishes within 10% of the deadline, never
+- paced: `job.deadline` set; the claim is that it finishes within 10% of the deadline, never
   past the budget;
 - flat out (the baseline in the same run): no deadline, both fleets as fast as they go; it finishes
   early and buys more of the work from OpenRouter. The ratio of the two runs' dollars is the saving.
@@ -74,7 +74,7 @@ class Result:
     billed: Decimal
     budget: float
     plan: dict[str, Any] | None
-    steers: int
+    ceiling_moves: int
 
 
 def make_datasets(root: Path, prompts: int) -> list[Path]:
@@ -211,7 +211,7 @@ def one_run(name: str, args: argparse.Namespace, deadline_s: float | None, promp
         billed,
         budget,
         plan,
-        sum(1 for e in events if e["event"] == "steer"),
+        sum(1 for e in events if e["event"] == "steer"),  # a ceiling move's event (docs/fleets.md)
     )
 
 
@@ -233,26 +233,26 @@ def main() -> int:
     work = args.gpu_tokens_per_s * args.deadline_s / GPU_SHARE
     prompts = int(work / (sum(TOKENS) / 2))
     budget = round(work * BUDGET_PER_TOKEN, 6)
-    steered = one_run("steered", args, args.deadline_s, prompts, budget)
+    paced = one_run("paced", args, args.deadline_s, prompts, budget)
     flat = one_run("flat-out", args, None, prompts, budget)
     lines = [
         "| run | deadline | finished | / deadline | GPU tokens (rows) | OpenRouter tokens (rows) | plan at start: OpenRouter tokens, $ | spent $ | billed $ | budget $ | ceiling moves |",
         "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|",
     ]
-    for r in (steered, flat):
+    for r in (paced, flat):
         ratio = f"{r.finished_s / args.deadline_s:.3f}"
         plan = "-" if r.plan is None else f"{r.plan['openrouter_tokens']:,}, {r.plan['cost']:.4f}"
         lines.append(
             f"| {r.name} | {'-' if r.deadline_s is None else f'{r.deadline_s:.0f} s'} | {r.finished_s:.1f} s | {ratio} | "
             f"{r.gpu_tokens:,} ({r.gpu_rows:,}) | {r.openrouter_tokens:,} ({r.openrouter_rows:,}) | {plan} | "
-            f"{r.spent:.4f} | {r.billed:.4f} | {r.budget:.4f} | {r.steers} |"
+            f"{r.spent:.4f} | {r.billed:.4f} | {r.budget:.4f} | {r.ceiling_moves} |"
         )
-    within = abs(steered.finished_s / args.deadline_s - 1) <= 0.10
-    honest = all(r.spent <= Decimal(str(r.budget)) for r in (steered, flat))
-    saving = float(steered.spent / flat.spent) if flat.spent else float("nan")
+    within = abs(paced.finished_s / args.deadline_s - 1) <= 0.10
+    honest = all(r.spent <= Decimal(str(r.budget)) for r in (paced, flat))
+    saving = float(paced.spent / flat.spent) if flat.spent else float("nan")
     verdict = [
-        f"Steered: finished at {steered.finished_s / args.deadline_s:.1%} of the deadline (within 10%: "
-        f"{'holds' if within else 'MISSED'}); spent ${steered.spent:.4f} of ${steered.budget:.4f}, "
+        f"Paced: finished at {paced.finished_s / args.deadline_s:.1%} of the deadline (within 10%: "
+        f"{'holds' if within else 'MISSED'}); spent ${paced.spent:.4f} of ${paced.budget:.4f}, "
         f"{saving:.2f} of what the flat-out run spent (${flat.spent:.4f}), which finished at "
         f"{flat.finished_s / args.deadline_s:.1%} of the deadline. Never past the budget: {'holds' if honest else 'BROKEN'}.",
     ]
@@ -266,7 +266,7 @@ def main() -> int:
             f"GPUs {args.gpu_tokens_per_s:,.0f} tok/s nominal ({RUNNING} running x {DECODE:.0f} tok/s, time_scale "
             f"{RUNNING * DECODE / args.gpu_tokens_per_s:.2f}), so they make {GPU_SHARE:.0%} of the work by the deadline; "
             f"OpenRouter simulator time_scale {args.openrouter_time_scale}, {args.concurrency} in flight per lane at most; "
-            f"steering every {args.interval_s:g} s, smoothing {args.smoothing_s:g} s.\n\n"
+            f"pacing every {args.interval_s:g} s, smoothing {args.smoothing_s:g} s.\n\n"
         )
         write_md(header + text, MD_START, MD_END, heading="Both fleets, one deadline: the real job")
     return 0 if within and honest else 1

@@ -22,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
+from decimal import Decimal
 from pathlib import Path
 
 import orjson
@@ -31,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from regen.engine.data.datasets import Dataset
 from regen.engine.data.scan import scan
 from regen.engine.run.inputs import check_rows_match
+from regen.engine.run.records import end_record, gen_record, start_record
 from regen.engine.run.recovery import read_journals, read_rows
 
 OUT = Path(__file__).resolve().parent / "out" / "restart"
@@ -38,6 +40,8 @@ OUT = Path(__file__).resolve().parent / "out" / "restart"
 # (they are tokenized locally; a row with ids is about 3x longer and the parse scales with bytes).
 ANSWER = "Mixture-of-experts layers route each token to a few experts. " * 3
 REASONING = "The user asks about routing; explain gating and load balancing briefly. " * 2
+RESERVED, COST = Decimal("0.27"), Decimal("0.000408")
+STARTED, ENDED = 1796119200.0, 1796119204.1  # the rows' started_at and created_at
 
 
 def build(rows: int) -> tuple[Path, Path]:
@@ -57,7 +61,7 @@ def build(rows: int) -> tuple[Path, Path]:
             p.write(raw + b"\n")
             prompt = validate_line(raw, folder.name, line)
             assert not isinstance(prompt, str)
-            rid = f"{prompt.id}#0"
+            rid, gen = f"{prompt.id}#0", f"gen-{line:012d}"
             row = {
                 "schema_version": 1,
                 "id": prompt.id,
@@ -71,7 +75,7 @@ def build(rows: int) -> tuple[Path, Path]:
                 "model": "moonshotai/kimi-k2.5",
                 "served_model": "moonshotai/kimi-k2.5-0127",
                 "provider": "DeepInfra",
-                "generation_id": f"gen-{line:012d}",
+                "generation_id": gen,
                 "finish_reason": "stop",
                 "native_finish_reason": "stop",
                 "reasoning": REASONING,
@@ -94,12 +98,12 @@ def build(rows: int) -> tuple[Path, Path]:
                 "created_at": "2026-12-01T10:00:04.100Z",
             }
             r.write(orjson.dumps(row) + b"\n")
-            j.write(orjson.dumps({"k": "start", "rid": rid, "ds": folder.name, "line": line, "reserved": "0.27"}) + b"\n")
-            j.write(orjson.dumps({"k": "gen", "rid": rid, "gen": row["generation_id"]}) + b"\n")
+            # The attempt's journal as the job writes it (engine/run/records.py).
+            j.write(orjson.dumps(start_record(rid, folder.name, line, RESERVED, "openrouter", STARTED)) + b"\n")
+            j.write(orjson.dumps(gen_record(rid, gen)) + b"\n")
             j.write(
                 orjson.dumps(
-                    {"k": "end", "rid": rid, "ds": folder.name, "line": line, "gen": row["generation_id"],
-                     "outcome": "ok", "cost": "0.000408", "est": False, "ctok": 180}
+                    end_record(rid, folder.name, line, gen, "openrouter", "ok", COST, False, ENDED, ctok=180)
                 ) + b"\n"
             )
     return folder, run_dir

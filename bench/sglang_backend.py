@@ -1,6 +1,6 @@
 """The SGLang backend against a bare aiohttp loop, at 512 in flight, on the SGLang simulator.
 
-The claim (issue 12; the client must never be what limits the run): against the SGLang simulator on
+The claim (the client must never be what limits the run): against the SGLang simulator on
 loopback, in the same run and at 512 requests in flight, regen's job on the SGLang backend delivers
 at least 80% of the output throughput (output tokens/s) of a bare aiohttp + orjson loop posting the
 same `/generate` bodies.

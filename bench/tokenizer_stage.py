@@ -84,7 +84,7 @@ def reference_rate(tok: TargetTokenizer, cases: list[tuple[dict[str, Any], list[
     texts = []
     for row, messages in cases:
         texts.append(tok.render(messages))
-        texts.append(tok.openrouter_text(row["reasoning"], row["content"], row["finish_reason"])[0])
+        texts.append(tok.output_text(row["reasoning"], row["content"], row["finish_reason"])[0])
     t0 = time.perf_counter()
     enc = tok._tok(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"]
     elapsed = time.perf_counter() - t0

@@ -2,7 +2,7 @@
 while the other runs on, and d changes the deadline.
 
 The job is the console's scripted one (console/scripted.py: the engine's snapshot types, deadline
-parser and steering controller), run as its own process by `python -m regen.console.launch --fleets`.
+parser and pacer), run as its own process by `python -m regen.console.launch --fleets`.
 """
 
 from __future__ import annotations

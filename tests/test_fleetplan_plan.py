@@ -10,7 +10,7 @@ from fractions import Fraction
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from regen.engine.money.fleetplan import Provider, Work, earliest_seconds, fill, plan_fleets
+from regen.engine.money.fleetplan import RouteOffer, Work, earliest_seconds, fill, plan_fleets
 from regen.engine.money.ledger import PER_MILLION, RoutePrice
 from regen.engine.money.planner import DatasetNeed
 
@@ -18,8 +18,8 @@ HOUR = 3600.0
 STORY = Work(60_000_000, 60_000, 0)  # 6 datasets x 10M output tokens
 
 
-def provider(route: str, per_m: str, rate: float | None, prompt_per_m: str = "0") -> Provider:
-    return Provider(
+def provider(route: str, per_m: str, rate: float | None, prompt_per_m: str = "0") -> RouteOffer:
+    return RouteOffer(
         RoutePrice(route, Decimal(prompt_per_m) / PER_MILLION, Decimal(per_m) / PER_MILLION), rate
     )
 
@@ -159,10 +159,10 @@ capacities = st.one_of(st.none(), st.integers(0, 40))
 
 
 @st.composite
-def instances(draw: st.DrawFn) -> tuple[Work, list[Provider], int]:
+def instances(draw: st.DrawFn) -> tuple[Work, list[RouteOffer], int]:
     count = draw(st.integers(1, 3))
     providers = [
-        Provider(
+        RouteOffer(
             RoutePrice(
                 f"p{i}", Decimal(draw(st.integers(0, 5))) / PER_MILLION, Decimal(draw(prices)) / PER_MILLION
             ),
@@ -175,12 +175,12 @@ def instances(draw: st.DrawFn) -> tuple[Work, list[Provider], int]:
     return work, providers, draw(st.integers(0, output))
 
 
-def exact_cost(work: Work, p: Provider, tokens: int) -> Fraction:
+def exact_cost(work: Work, p: RouteOffer, tokens: int) -> Fraction:
     share = Fraction(tokens, work.output_tokens)
     return tokens * Fraction(p.price.completion) + work.prompt_tokens * share * Fraction(p.price.prompt)
 
 
-def brute_cheapest(work: Work, providers: list[Provider], need: int) -> Fraction | None:
+def brute_cheapest(work: Work, providers: list[RouteOffer], need: int) -> Fraction | None:
     best: Fraction | None = None
     ranges = [
         range(need + 1 if p.tokens_per_s is None else min(need, int(p.tokens_per_s)) + 1) for p in providers
@@ -193,7 +193,7 @@ def brute_cheapest(work: Work, providers: list[Provider], need: int) -> Fraction
     return best
 
 
-def brute_most_tokens(work: Work, providers: list[Provider], need: int, money: Fraction) -> int:
+def brute_most_tokens(work: Work, providers: list[RouteOffer], need: int, money: Fraction) -> int:
     ranges = [
         range(need + 1 if p.tokens_per_s is None else min(need, int(p.tokens_per_s)) + 1) for p in providers
     ]
@@ -212,7 +212,7 @@ CLOSE = Fraction(1, 10**18)  # Decimal's 28 digits against exact fractions
 
 @settings(max_examples=300, deadline=None)
 @given(instances())
-def test_cheapest_first_is_the_cheapest_split(instance: tuple[Work, list[Provider], int]) -> None:
+def test_cheapest_first_is_the_cheapest_split(instance: tuple[Work, list[RouteOffer], int]) -> None:
     work, providers, need = instance
     split = fill(work, need, providers, 1.0)  # one second: capacity = rate
     best = brute_cheapest(work, providers, need)
@@ -226,7 +226,7 @@ def test_cheapest_first_is_the_cheapest_split(instance: tuple[Work, list[Provide
 @settings(max_examples=200, deadline=None)
 @given(instances(), st.integers(0, 2000))
 def test_cheapest_first_buys_the_most_tokens_the_money_allows(
-    instance: tuple[Work, list[Provider], int], micro_dollars: int
+    instance: tuple[Work, list[RouteOffer], int], micro_dollars: int
 ) -> None:
     work, providers, need = instance
     money = Decimal(micro_dollars) / PER_MILLION
@@ -238,7 +238,7 @@ def test_cheapest_first_buys_the_most_tokens_the_money_allows(
 @settings(max_examples=150, deadline=None)
 @given(instances(), st.integers(0, 5), st.integers(0, 3000))
 def test_the_earliest_deadline_is_the_first_second_that_fits(
-    instance: tuple[Work, list[Provider], int], gpu: int, micro_dollars: int
+    instance: tuple[Work, list[RouteOffer], int], gpu: int, micro_dollars: int
 ) -> None:
     work, providers, _ = instance
     budget = Decimal(micro_dollars) / PER_MILLION
@@ -246,7 +246,7 @@ def test_the_earliest_deadline_is_the_first_second_that_fits(
     def meets(seconds: int) -> bool:
         need = work.output_tokens - min(work.output_tokens, gpu * seconds)
         caps = [
-            Provider(p.price, None if p.tokens_per_s is None else p.tokens_per_s * seconds) for p in providers
+            RouteOffer(p.price, None if p.tokens_per_s is None else p.tokens_per_s * seconds) for p in providers
         ]
         best = brute_cheapest(work, caps, need)
         return best is not None and best <= Fraction(budget)
@@ -278,7 +278,7 @@ def test_any_inputs_give_a_consistent_plan(
     dollars: int | None,
 ) -> None:
     providers = [
-        Provider(RoutePrice(f"p{i}", Decimal(0), Decimal(c) / 10 / PER_MILLION), r)
+        RouteOffer(RoutePrice(f"p{i}", Decimal(0), Decimal(c) / 10 / PER_MILLION), r)
         for i, (c, r) in enumerate(offers)
     ]
     budget = None if dollars is None else Decimal(dollars)

@@ -71,7 +71,8 @@ async def test_a_provider_serving_outside_the_allowlist_is_quarantined_and_exclu
     assert quarantined and all(q["provider"] == "DeepInfra" for q in quarantined)
     assert "fp4" in quarantined[0]["quarantine_reason"]
     assert len(quarantined) <= 4, "excluded after the first offence: only what was in flight"
-    assert "deepinfra" in job.lanes[0].backend.excluded
+    routes = job.lanes[0].backend.routes
+    assert routes is not None and "deepinfra" in routes.excluded
     events = [orjson.loads(x) for x in (job.run_dir / "events.jsonl").read_bytes().splitlines()]
     assert any(
         e["event"] == "exclude" and e["provider"] == "deepinfra" and e["source"] == "guard" for e in events
@@ -83,7 +84,8 @@ async def test_a_provider_serving_outside_the_allowlist_is_quarantined_and_exclu
     # The exclusion survives a restart (rebuilt from the event journal).
     again = Job(make_settings(sim.base_url, [a]))
     await again.prepare()
-    assert "deepinfra" in again.lanes[0].backend.excluded
+    routes = again.lanes[0].backend.routes
+    assert routes is not None and "deepinfra" in routes.excluded
     await again.run()
 
 

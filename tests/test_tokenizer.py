@@ -251,7 +251,7 @@ R, C = "The user asks 1+1. 東京 😀", "It is 2.\n\nDone."
 
 
 def test_openrouter_stop(kimi: TargetTokenizer) -> None:
-    ids, appended = kimi.openrouter_output_ids(R, C, "stop")
+    ids, appended = kimi.retokenize(R, C, "stop")
     assert appended is True
     assert ids[-1] == kimi.end_of_turn_id
     assert ids.count(kimi.think_end_id) == 1
@@ -260,63 +260,63 @@ def test_openrouter_stop(kimi: TargetTokenizer) -> None:
 
 
 def test_openrouter_length_with_content(kimi: TargetTokenizer) -> None:
-    ids, appended = kimi.openrouter_output_ids(R, C, "length")
+    ids, appended = kimi.retokenize(R, C, "length")
     assert appended is False
     assert ids[-1] != kimi.end_of_turn_id
     assert kimi.decode(ids) == R + THINK_END + C
 
 
 def test_openrouter_length_without_content(kimi: TargetTokenizer) -> None:
-    ids, appended = kimi.openrouter_output_ids(R, "", "length")
+    ids, appended = kimi.retokenize(R, "", "length")
     assert appended is False
     assert kimi.think_end_id not in ids
     assert kimi.decode(ids) == R
 
 
 def test_openrouter_instant_mode(kimi: TargetTokenizer) -> None:
-    ids, appended = kimi.openrouter_output_ids("ignored reasoning", C, "stop", thinking=False)
+    ids, appended = kimi.retokenize("ignored reasoning", C, "stop", thinking=False)
     assert appended is True
     assert kimi.decode(ids) == C + "<|im_end|>"
-    ids, appended = kimi.openrouter_output_ids("", C, "length", thinking=False)
+    ids, appended = kimi.retokenize("", C, "length", thinking=False)
     assert (kimi.decode(ids), appended) == (C, False)
 
 
 def test_openrouter_bad_finish(kimi: TargetTokenizer) -> None:
     with pytest.raises(TokenizeError, match="abort"):
-        kimi.openrouter_output_ids(R, C, "abort")
+        kimi.retokenize(R, C, "abort")
 
 
 def test_chatml_outputs(chatml: TargetTokenizer) -> None:
-    ids, appended = chatml.openrouter_output_ids("", C, "stop")
+    ids, appended = chatml.retokenize("", C, "stop")
     assert appended and chatml.decode(ids) == C + "<|im_end|>"
-    _, appended, reasoning, content = chatml.sglang_output_ids(chatml.encode(C), "stop")
+    _, appended, reasoning, content = chatml.keep_server_ids(chatml.encode(C), "stop")
     assert (appended, reasoning, content) == (True, "", C)
 
 
 def test_sglang_appends_missing_terminator(kimi: TargetTokenizer) -> None:
     body = kimi.encode(R + THINK_END + C)
-    ids, appended, reasoning, content = kimi.sglang_output_ids(body, "stop")
+    ids, appended, reasoning, content = kimi.keep_server_ids(body, "stop")
     assert appended is True and ids == [*body, kimi.end_of_turn_id]
     assert (reasoning, content) == (R, C)
 
 
 def test_sglang_keeps_present_terminator(kimi: TargetTokenizer) -> None:
     body = [*kimi.encode(R + THINK_END + C), kimi.end_of_turn_id]
-    ids, appended, reasoning, content = kimi.sglang_output_ids(body, "stop")
+    ids, appended, reasoning, content = kimi.keep_server_ids(body, "stop")
     assert appended is False and ids == body
     assert (reasoning, content) == (R, C)
 
 
 def test_sglang_splits_at_first_think_end(kimi: TargetTokenizer) -> None:
     body = kimi.encode("first" + THINK_END + "middle" + THINK_END + "last")
-    _, _, reasoning, content = kimi.sglang_output_ids(body, "stop")
+    _, _, reasoning, content = kimi.keep_server_ids(body, "stop")
     assert reasoning == "first"
     assert content == "middle</think>last"
 
 
 def test_sglang_truncated_inside_thinking(kimi: TargetTokenizer) -> None:
     body = kimi.encode("still thinking about")
-    ids, appended, reasoning, content = kimi.sglang_output_ids(body, "length")
+    ids, appended, reasoning, content = kimi.keep_server_ids(body, "length")
     assert (ids, appended, reasoning, content) == (body, False, "still thinking about", "")
 
 
@@ -351,7 +351,7 @@ async def test_pool_matches_direct_calls(kimi_dir: Path, kimi: TargetTokenizer) 
         filled = await asyncio.gather(*(pool.fill(dict(row), msgs) for row, msgs in cases))
         assert pool.batches >= len(cases) // 16
         for (row, msgs), out in zip(cases, filled, strict=True):
-            ids, appended = kimi.openrouter_output_ids(row["reasoning"], row["content"], row["finish_reason"])
+            ids, appended = kimi.retokenize(row["reasoning"], row["content"], row["finish_reason"])
             assert out["prompt_ids"] == kimi.prompt_ids(msgs)
             assert out["output_ids"] == ids
             assert out["terminator_appended"] is appended
@@ -362,7 +362,13 @@ async def test_pool_matches_direct_calls(kimi_dir: Path, kimi: TargetTokenizer) 
 
         # SGLang rows keep the server's ids and get their text from them.
         body = kimi.encode(R + THINK_END + C)
-        row = {"id": "S-00000000", "backend": "sglang", "finish_reason": "stop", "output_ids": body}
+        row = {
+            "id": "S-00000000",
+            "backend": "sglang",
+            "finish_reason": "stop",
+            "output_ids": body,
+            "output_ids_source": "server",
+        }
         out = await pool.fill(row, USER)
         assert out["output_ids"] == [*body, kimi.end_of_turn_id]
         assert out["terminator_appended"] is True

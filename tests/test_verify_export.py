@@ -240,7 +240,7 @@ def test_sglang_rows(tmp_path: Path, kimi: TargetTokenizer) -> None:
             server = kimi.encode("cut while thinking")
         if p.line == 4:
             server.append(kimi.end_of_turn_id)  # the server kept its stop token
-        ids, appended, reasoning, content = kimi.sglang_output_ids(server, finish)
+        ids, appended, reasoning, content = kimi.keep_server_ids(server, finish)
         row = make_row(
             p, reasoning=reasoning, content=content, finish_reason=finish, cost=None, tokenizer=kimi
         )

@@ -229,7 +229,7 @@ async def test_the_gpus_lane_follows_their_healthy_queue_and_openrouter_takes_th
 
 
 class Ceilings:
-    """A steering hook as the planner's controller would plug in: a ceiling per lane."""
+    """A ceiling hook as the deadline control would plug in: a ceiling per lane."""
 
     def __init__(self, **ceilings: int | None) -> None:
         self.ceilings = ceilings
@@ -240,7 +240,7 @@ class Ceilings:
         return self.ceilings.get(lane)
 
 
-async def test_the_steering_hook_caps_a_lane_and_pause_takes_one_backend(
+async def test_the_ceiling_hook_caps_a_lane_and_pause_takes_one_backend(
     gpu_sim: SGLangSim, paid_sim: OpenRouterSim, fleet_settings: Callable[..., Settings], tmp_path: Path
 ) -> None:
     gpu_sim.apply_config(gpu_sim.config.model_copy(update={"time_scale": 0.05}))

@@ -12,7 +12,7 @@ from regen.console import format as fmt
 from regen.console.scripted import SIM_EPOCH, SimulatedJob
 from regen.console.widgets.fleets import fleet_lines, lane_lines, plan_lines, route_lines, shows_fleets
 from regen.engine.durations import duration
-from regen.engine.money.fleetplan import Provider, Work, plan_fleets
+from regen.engine.money.fleetplan import RouteOffer, Work, plan_fleets
 from regen.engine.money.ledger import RoutePrice
 from regen.engine.run.state import JobError
 
@@ -236,7 +236,7 @@ def test_the_scripted_plan_is_the_engines_plan_and_time_left_counts_down() -> No
     in_flight = sum(p.in_flight for p in job.providers)
     measured = job.lanes["openrouter"].rates["output_tokens_per_s"] / in_flight if in_flight else request_rate
     providers = [
-        Provider(
+        RouteOffer(
             RoutePrice(p.slug, Decimal("0.6") / 1_000_000, Decimal(str(p.usd_per_m_output)) / 1_000_000),
             job.configured * p.weight / weight * measured,
         )

@@ -1,4 +1,4 @@
-"""A discrete-time simulation of one job over both fleets, with engine/money/fleetplan's controller in the loop.
+"""A discrete-time simulation of one job over both fleets, with engine/money/fleetplan's pacer in the loop.
 
 Not the real job: a fluid GPU fleet and whole OpenRouter requests on a simulated clock (no sleeping),
 so tests and bench/fleet_plan.py can replay hours in a second. What it models:
@@ -7,10 +7,10 @@ so tests and bench/fleet_plan.py can replay hours in a second. What it models:
 - OpenRouter requests of `request_tokens` output tokens stream at `request_tokens_per_s` each (noisy
   per request); OpenRouter routes a new request to the cheapest provider with room under its
   concurrency cap (its sustainable rate);
-- a request starts only while the in-flight count is under the controller's ceiling and the ledger's
+- a request starts only while the in-flight count is under the pacer's ceiling and the ledger's
   gate holds (spent + reserved + its worst case <= budget), as engine/job/dispatch.py's does;
 - lowering the ceiling cancels nothing: requests above it drain as they finish;
-- the controller is fed every `tick_s` with the rates measured over the last `window_s`.
+- the pacer is fed every `tick_s` with the rates measured over the last `window_s`.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from regen.engine.money.fleetplan import Provider, Work
-from regen.engine.money.fleetplan.steer import Facts, Steering
+from regen.engine.money.fleetplan import RouteOffer, Work
+from regen.engine.money.fleetplan.pacing import Facts, Pacer
 from regen.engine.money.ledger import PER_MILLION, RoutePrice
 
 
@@ -62,14 +62,14 @@ class Sim:
     tick_s: float = 5.0
     window_s: float = 60.0
     seed: int = 1
-    steering: Steering | None = None  # None: no controller, OpenRouter flat out at max_in_flight
+    pacer: Pacer | None = None  # None: no pacer, OpenRouter flat out at max_in_flight
     limit_s: float = 10 * 86_400.0
     record_at: float | None = None  # when to note the tokens made so far (e.g. at the deadline)
 
-    def sustainable(self) -> list[Provider]:
+    def sustainable(self) -> list[RouteOffer]:
         """The providers as the plan sees them: price and cap x per-request rate."""
         return [
-            Provider(
+            RouteOffer(
                 RoutePrice(p.route, Decimal(0), p.usd_per_m / PER_MILLION),
                 None if p.max_in_flight is None else p.max_in_flight * self.request_tokens_per_s,
             )
@@ -81,7 +81,7 @@ class Sim:
         prices = {p.route: p.usd_per_m / PER_MILLION for p in self.providers}
         dearest = max(prices.values(), default=Decimal(0))
         order = sorted(self.providers, key=lambda p: (p.usd_per_m, p.route))
-        providers = tuple(self.sustainable())
+        offers = tuple(self.sustainable())
         # Each request: [provider, tokens still to stream, tokens streamed, its rate]; settled (billed) at its end.
         flying: list[list[object]] = []
         undispatched = self.work_tokens
@@ -91,7 +91,7 @@ class Sim:
         by_provider = {p.route: 0 for p in self.providers}
         gpu_window: deque[tuple[float, int]] = deque()
         or_window: deque[tuple[float, int, int]] = deque()  # (time, tokens streamed, in flight)
-        ceiling: int | None = self.max_in_flight if self.steering is None else None
+        ceiling: int | None = self.max_in_flight if self.pacer is None else None
         ceilings: list[tuple[float, int | None]] = []
         reasons: list[str] = []
         gpu_carry = 0.0
@@ -102,11 +102,11 @@ class Sim:
                 made_at = gpu_made + or_made
             if t >= next_tick:
                 next_tick += self.tick_s
-                if self.steering is not None:
-                    steer = self.steering.update(self._facts(t, gpu_made, or_made, gpu_window, or_window,
-                                                             len(flying), spent, flying, dearest, providers))
-                    ceiling = steer.ceiling
-                    reasons.append(steer.reason)
+                if self.pacer is not None:
+                    decision = self.pacer.update(self._facts(t, gpu_made, or_made, gpu_window, or_window,
+                                                             len(flying), spent, flying, dearest, offers))
+                    ceiling = decision.ceiling
+                    reasons.append(decision.reason)
                 ceilings.append((t, ceiling))
             # Dispatch up to the ceiling, through the ledger's gate, cheapest provider with room.
             limit = self.max_in_flight if ceiling is None else min(ceiling, self.max_in_flight)
@@ -181,7 +181,7 @@ class Sim:
         spent: Decimal,
         flying: list[list[object]],
         dearest: Decimal,
-        providers: tuple[Provider, ...],
+        offers: tuple[RouteOffer, ...],
     ) -> Facts:
         span = len(gpu_window) * self.dt_s
         gpu_rate = sum(m for _, m in gpu_window) / span if span else None
@@ -197,5 +197,5 @@ class Sim:
             in_flight=in_flight,
             budget_left=budget_left,
             deadline=self.deadline_s,
-            providers=providers,
+            offers=offers,
         )

@@ -194,7 +194,7 @@ def make_row(
     if tokenizer is not None:
         think = tokenizer.thinking if thinking is None else thinking
         prompt_ids = tokenizer.prompt_ids(prompt.messages)
-        output_ids, appended = tokenizer.openrouter_output_ids(reasoning, content, finish_reason, think)
+        output_ids, appended = tokenizer.retokenize(reasoning, content, finish_reason, think)
         info = tokenizer.info()
         info["template_kwargs"] = {**info["template_kwargs"], "thinking": think}
         row.update(

@@ -25,8 +25,8 @@ from regen.engine.control.server import PROTOCOL_VERSION
 from regen.engine.durations import duration
 from regen.engine.job.commands import run_command
 from regen.engine.job.stats import StatusRules, judge, percentile
-from regen.engine.money.fleetplan import DeadlineError, Provider, Work, parse_deadline, resolve_deadline
-from regen.engine.money.fleetplan.steer import Facts, Steer, Steering
+from regen.engine.money.fleetplan import DeadlineError, RouteOffer, Work, parse_deadline, resolve_deadline
+from regen.engine.money.fleetplan.pacing import Facts, PaceDecision, Pacer
 from regen.engine.money.ledger import WASTE_CAUSES, RoutePrice
 from regen.engine.run.state import JobError
 from regen.engine.schema import (
@@ -214,8 +214,8 @@ class SimulatedJob:
         self.gpu_configured = GPU_CONCURRENCY
         self.deadline: str | None = None
         self.deadline_ts: float | None = None
-        self.steering: Steering | None = None
-        self.steer: Steer | None = None
+        self.steering: Pacer | None = None
+        self.steer: PaceDecision | None = None
         if fleets:
             self.lanes = {
                 "sglang": _Lane("sglang", "SGLang", "gpu_s"),
@@ -226,7 +226,7 @@ class SimulatedJob:
                 GPU_CONCURRENCY / len(self.workers) * TOKENS_PER_ROW / (w.ttft_s + TOKENS_PER_ROW / w.tokens_per_s)
                 for w in self.workers
             )
-            self.steering = Steering(concurrency, gpu_tokens_per_s=expected_gpu, request_tokens_per_s=40.0)
+            self.steering = Pacer(concurrency, gpu_tokens_per_s=expected_gpu, request_tokens_per_s=40.0)
             if deadline is not None:
                 self.set_deadline(deadline, "settings")
                 self.events.clear()
@@ -534,7 +534,7 @@ class SimulatedJob:
         return Work(round(rows * TOKENS_PER_ROW), rows, rows * PROMPT_TOKENS)
 
     def _steer(self) -> None:
-        """One tick of the engine's deadline controller on what the simulation measured."""
+        """One tick of the engine's pacer on what the simulation measured."""
         assert self.steering is not None
         lane = self.lanes["openrouter"]
         in_flight = sum(p.in_flight for p in self.providers)
@@ -544,7 +544,7 @@ class SimulatedJob:
         total_weight = sum(p.weight for p in serving) or 1.0
         request_rate = per_request or self.steering.request_tokens_per_s
         providers = tuple(
-            Provider(
+            RouteOffer(
                 RoutePrice(p.slug, Decimal(str(PROMPT_USD_PER_M)) / 1_000_000, Decimal(str(p.usd_per_m_output)) / 1_000_000),
                 self.configured * p.weight / total_weight * request_rate,
             )
@@ -558,7 +558,7 @@ class SimulatedJob:
             in_flight=in_flight,
             budget_left=Decimal(str(round(self.budget - self.spent, 6))),
             deadline=self.deadline_ts,
-            providers=providers,
+            offers=providers,
         )
         self.steer = self.steering.update(facts)
 

@@ -132,15 +132,13 @@ AccountView = OpenRouterAccount | SGLangAccount
 
 
 class BackendView(TypedDict):
-    """The backend's own part of its lane's view."""
+    """The backend's own part of its lane's view; what its abilities add (the routes excluded, the
+    precisions allowed) the snapshot's builder reads from them (engine/backends/base.py)."""
 
     name: str
     unit: str
     model: str
-    supports_exclude: bool
     routes: list[RouteView]
-    excluded: list[str]
-    allowed_precisions: list[str] | None
     account: AccountView
 
 
@@ -363,7 +361,7 @@ class LaneView(TypedDict):
     in_flight: int
     concurrency: ConcurrencyView
     suggested: int | None  # the backend's own ceiling (SGLang's /metrics), None: no opinion
-    ceiling: int | None  # the steering hook's ceiling, None: flat out
+    ceiling: int | None  # the ceiling hook's ceiling (the deadline control's), None: flat out
     rates: RatesView
     money: MoneyView
     plan: BudgetPlanView | None  # the budget planner on live figures; None: no budget (GPU time)
@@ -405,15 +403,17 @@ class FleetPlanView(TypedDict):
 
 
 class FleetView(TypedDict):
-    """The two-fleet plan and the deadline controller (engine/job/deadline_control.py, docs/fleets.md): present
+    """The two-fleet plan and the deadline control (engine/job/deadline_control.py, docs/fleets.md): present
     in a job with several backends or a deadline."""
 
     deadline: str | None  # as set ("12h", "06:30"); None: no deadline
     deadline_ts: float | None  # its resolved instant, epoch seconds (journaled: a restart keeps it)
     time_left_s: float | None  # to the deadline; negative once it has passed
-    steered: bool  # OpenRouter's share follows the deadline (a GPU lane, a dollar lane and a deadline)
+    # OpenRouter's share is paced to the deadline (a GPU lane, a dollar lane and a deadline); the key
+    # keeps its protocol name
+    steered: bool
     ceiling: int | None  # OpenRouter's in-flight ceiling now; None: no limit
-    reason: str  # the controller's one line: what moved and why, or what does fit
+    reason: str  # the pacer's one line: what moved and why, or what does fit
     plan: FleetPlanView  # the live plan
     fits: bool  # the plan meets the deadline within the budget
     eta_s: float | None  # the work left at the pace measured now, both fleets together

@@ -150,7 +150,7 @@ async def test_cancel_of_an_attempt_sends_its_abort_without_holding_up_the_close
         def budget_left(self) -> object: ...
         def suggest_concurrency(self, ceiling: int | None, reason: str) -> None: ...
 
-    await backend.open(Context(), {})  # type: ignore[arg-type]
+    await backend.open(Context())  # type: ignore[arg-type]
     sim.apply_config(sim.config.model_copy(update={"time_scale": 1.0, "output_len_min": 200, "output_len_max": 300}))
     prompt = Prompt("A", 0, "0" * 64, [{"role": "user", "content": "hello"}])
     handles: list[str | None] = []

@@ -123,48 +123,17 @@ OnHandle = Callable[[str | None], None]
 OnRoute = Callable[[str], None]
 
 
-class Backend(Protocol):
-    """A generation backend: one attempt at a time, many at once, nothing else of the job."""
-
-    name: str  # "openrouter" | "sglang": the rows' `backend`
-    unit: str  # the ledger's unit: "usd" | "gpu_s"
-    model: str  # the model the rows name
-    supports_exclude: bool  # the console offers exclude keys only when true
-    thinking: bool  # requests ask the model to reason
-    thinking_setting: str  # the setting that decides `thinking`, for messages
-    title: str  # the backend's name in operators' messages ("OpenRouter")
-    base_url: str  # where requests go, for a console's hello
-    requests_per_minute: int | None  # a cap the backend's platform imposes, None for none
+class Routes(Protocol):
+    """An ability: routes the backend chooses among, each with its per-token prices, that the operator
+    (or the precision guard) can exclude: OpenRouter's providers. A backend without it sends every
+    request where it alone decides (SGLang's servers)."""
 
     @property
     def excluded(self) -> Mapping[str, str]:
         """Route id -> who excluded it ("operator", "console", "guard", ...)."""
 
-
-    def check(self) -> None:
-        """Settings problems found before any work (a missing key); raises BackendError."""
-
-    async def open(self, context: JobContext, excluded: Mapping[str, str]) -> None:
-        """Connect and check everything a run needs; raises BackendError with the reason.
-
-        `excluded` holds the routes earlier runs excluded, with who excluded them.
-        """
-
-    def reservation(self, prompt: Prompt) -> Decimal:
-        """The most this prompt's attempt can cost, in the ledger's unit."""
-
-    async def attempt(self, prompt: Prompt, rid: str, on_handle: OnHandle, on_route: OnRoute) -> AttemptOutcome:
-        """Run one attempt, without retries; never raises for server or network trouble.
-
-        `on_handle` is called as soon as the handle is known (the job journals it at once), and
-        `on_route` when the serving route is.
-        """
-
-    def charge(self, outcome: AttemptOutcome, reserved: Decimal) -> tuple[Decimal, bool]:
-        """What the attempt cost and whether that is an estimate (then `reconcile` may correct it)."""
-
-    def reject(self, outcome: AttemptOutcome) -> str | None:
-        """Why an otherwise good answer must not become a row (e.g. the precision guard), or None."""
+    def restore(self, excluded: Mapping[str, str]) -> None:
+        """The routes earlier runs excluded, with who excluded them; called before `open`."""
 
     def route_id(self, name: str) -> str:
         """The stable id (routing slug) of a route named by a response or an operator."""
@@ -178,7 +147,84 @@ class Backend(Protocol):
         """Route to `route` again; returns the operator's message."""
 
     def prices(self) -> list[RoutePrice]:
-        """Per-token prices of the routes allowed now (empty when the unit is not money)."""
+        """Per-token prices of the routes allowed now, for the planners (docs/money.md, docs/fleets.md)."""
+
+
+class PrecisionGuard(Protocol):
+    """An ability: the precisions a route must serve at, and the after-the-fact veto on an answer
+    served at another (OpenRouter's precision guard: the answer is quarantined, its route excluded)."""
+
+    @property
+    def allowed_precisions(self) -> list[str] | None:
+        """The precisions the settings allow, None: any."""
+
+    def reject(self, outcome: AttemptOutcome) -> str | None:
+        """Why an otherwise good answer must not become a row, or None. Called once per answer:
+        cheap (a lookup)."""
+
+
+class Account(Protocol):
+    """An ability: an account that bills each attempt after the fact and keeps a billed total
+    (OpenRouter's key: /generation and /key). Without it, what `charge` says is final (SGLang's
+    GPU time, measured at the attempt)."""
+
+    async def reconcile(self, pending: Unsettled) -> Decimal | None:
+        """The billed cost of an attempt settled on an estimate, or None when it cannot be known."""
+
+    async def account_usage(self, settle: bool) -> AccountUsage:
+        """The account's billed total now; with `settle`, once it has stopped changing (bills reach
+        it late). It bounds the money of attempts no bill can name (docs/money.md, "Bounded by the
+        key's usage")."""
+
+
+class Backend(Protocol):
+    """A generation backend: one attempt at a time, many at once, nothing else of the job.
+
+    Every backend implements this core. What only some can do is an ability (`routes`, `guard`,
+    `account`): the backend's own object for it, or None when it has none; the engine and the
+    console read these, never a stand-in that pretends.
+    """
+
+    name: str  # "openrouter" | "sglang": the rows' `backend`
+    unit: str  # the ledger's unit: "usd" | "gpu_s"
+    model: str  # the model the rows name
+    thinking: bool  # requests ask the model to reason
+    thinking_setting: str  # the setting that decides `thinking`, for messages
+    title: str  # the backend's name in operators' messages ("OpenRouter")
+    base_url: str  # where requests go, for a console's hello
+    requests_per_minute: int | None  # a cap the backend's platform imposes, None for none
+
+    @property
+    def routes(self) -> Routes | None:
+        """Routes that can be excluded, with their prices (the console offers exclude keys only then)."""
+
+    @property
+    def guard(self) -> PrecisionGuard | None:
+        """The after-the-fact veto on answers."""
+
+    @property
+    def account(self) -> Account | None:
+        """The account whose bills arrive after the attempt."""
+
+    def check(self) -> None:
+        """Settings problems found before any work (a missing key); raises BackendError."""
+
+    async def open(self, context: JobContext) -> None:
+        """Connect and check everything a run needs; raises BackendError with the reason."""
+
+    def reservation(self, prompt: Prompt) -> Decimal:
+        """The most this prompt's attempt can cost, in the ledger's unit."""
+
+    async def attempt(self, prompt: Prompt, rid: str, on_handle: OnHandle, on_route: OnRoute) -> AttemptOutcome:
+        """Run one attempt, without retries; never raises for server or network trouble.
+
+        `on_handle` is called as soon as the handle is known (the job journals it at once), and
+        `on_route` when the serving route is.
+        """
+
+    def charge(self, outcome: AttemptOutcome, reserved: Decimal) -> tuple[Decimal, bool]:
+        """What the attempt cost and whether that is an estimate (then the account's `reconcile`
+        may correct it)."""
 
     def row_request(self) -> dict[str, Any]:
         """The rows' `request` block: the sampling and length settings actually sent."""
@@ -191,13 +237,6 @@ class Backend(Protocol):
 
     def tasks(self) -> list[Coroutine[Any, Any, None]]:
         """Background work for the whole run (polling the account, watching servers)."""
-
-    async def reconcile(self, pending: Unsettled) -> Decimal | None:
-        """The billed cost of an attempt settled on an estimate, or None when it cannot be known."""
-
-    async def account_usage(self, settle: bool) -> AccountUsage | None:
-        """The account's billed total now; with `settle`, once it has stopped changing (bills reach
-        it late). None when the backend keeps no such figure."""
 
     def view(self) -> BackendView:
         """The backend's part of the snapshot."""

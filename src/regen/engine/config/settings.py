@@ -260,14 +260,14 @@ class JobSettings(_Section):
 
 
 class SteeringSettings(_Section):
-    """The deadline controller of a job on both fleets (docs/fleets.md, "Steering")."""
+    """The pacer of a job on both fleets: OpenRouter's share paced to the deadline (docs/fleets.md, "Pacing")."""
 
     gpu_tokens_per_s: float | None = Field(None, gt=0)
     """The GPU fleet's output tokens/s, planned with until the job has measured it; empty: unknown (the plan before the start counts the GPUs as making nothing)."""
     request_tokens_per_s: float = Field(30.0, gt=0)
     """One OpenRouter request's output tokens/s (time to the first token included), planned with until measured."""
     interval_s: float = Field(5.0, gt=0, le=3600)
-    """How often the controller re-plans and sets OpenRouter's in-flight ceiling."""
+    """How often the pacer re-plans and sets OpenRouter's in-flight ceiling."""
     smoothing_s: float = Field(60.0, gt=0, le=86400)
     """Time constant of the measured rates' moving averages."""
     margin: float = Field(0.05, ge=0, lt=1)

@@ -259,34 +259,63 @@ async def run_headless(
     """Run a prepared job to its end, printing status lines; installs SIGINT/SIGTERM handlers."""
     interval = job.settings.headless.status_interval_s if interval_s is None else interval_s
     loop = asyncio.get_running_loop()
-    signals_seen: list[int] = []
+    installed = _install_signals(loop, job, out)
+    control = await _open_control(job, out)
+    if on_ready is not None:
+        on_ready(job)
+    first = job.snapshot()
+    if "fleet" in first:
+        _say(out, plan_line(first["fleet"]))
+    # The events of prepare() (the plan before the start among them) are said above, not again.
+    cursor, _ = job.events_since(0)
+    runner = asyncio.ensure_future(job.run())
+    try:
+        outcome = await _follow(job, runner, cursor, interval, out)
+    finally:
+        for signum in installed:
+            loop.remove_signal_handler(signum)
+        if control is not None:
+            await control.push_now()
+            await control.close()
+    _say(out, status_line(job.snapshot()))
+    for line in summary_lines(job.snapshot(), outcome):
+        _say(out, line)
+    return outcome
+
+
+def _say(out: TextIO, line: str) -> None:
+    print(line, file=out, flush=True)
+
+
+def _install_signals(loop: asyncio.AbstractEventLoop, job: Job, out: TextIO) -> list[int]:
+    """SIGINT and SIGTERM stop the job: the first drains the requests in flight, a second cancels
+    them. Returns the signals whose handlers were installed (none where the loop cannot)."""
+    seen: list[int] = []
 
     def on_signal(signum: int) -> None:
-        signals_seen.append(signum)
+        seen.append(signum)
         reason = StopReason.SIGINT if signum == signal.SIGINT else StopReason.SIGTERM
         name = signal.Signals(signum).name
-        if len(signals_seen) == 1:
-            print(
-                f"{name}: draining {job.snapshot()['in_flight']} requests in flight (again to cancel them)",
-                file=out,
-                flush=True,
-            )
+        if len(seen) == 1:
+            _say(out, f"{name}: draining {job.snapshot()['in_flight']} requests in flight (again to cancel them)")
             job.stop(reason=reason, message=f"interrupted by {name}; in-flight requests drained")
         else:
-            print(
-                f"{name}: cancelling requests in flight; they are re-sent on the next run",
-                file=out,
-                flush=True,
-            )
+            _say(out, f"{name}: cancelling requests in flight; they are re-sent on the next run")
             job.stop(cancel=True, reason=reason)
 
-    installed = []
+    installed: list[int] = []
     for signum in (signal.SIGINT, signal.SIGTERM):
         try:
             loop.add_signal_handler(signum, on_signal, signum)
             installed.append(signum)
         except (NotImplementedError, RuntimeError):
             pass
+    return installed
+
+
+async def _open_control(job: Job, out: TextIO) -> ControlServer | None:
+    """The control socket consoles attach to; None, said once, when it cannot be made (the job
+    runs on without consoles)."""
     server = ControlServer(
         job.run_dir / SOCKET_NAME,
         snapshot=job.snapshot,
@@ -294,40 +323,21 @@ async def run_headless(
         job_info=job.info(),
         handle=job.handle_command,
     )
-    control: ControlServer | None = server
     try:
         await server.start()
     except OSError as exc:
-        print(
-            f"regen: warning: no control socket at {server.path} ({exc}); consoles cannot attach",
-            file=out,
-            flush=True,
-        )
-        control = None
-    if on_ready is not None:
-        on_ready(job)
-    first = job.snapshot()
-    if "fleet" in first:
-        print(plan_line(first["fleet"]), file=out, flush=True)
-    # The events of prepare() (the plan before the start among them) are said above, not again.
-    cursor, _ = job.events_since(0)
-    runner = asyncio.ensure_future(job.run())
-    try:
-        while not runner.done():
-            done, _ = await asyncio.wait({runner}, timeout=interval)
-            cursor, news = job.events_since(cursor)
-            for said in event_lines(news):
-                print(said, file=out, flush=True)
-            if not done:
-                print(status_line(job.snapshot()), file=out, flush=True)
-        outcome = runner.result()
-    finally:
-        for signum in installed:
-            loop.remove_signal_handler(signum)
-        if control is not None:
-            await control.push_now()
-            await control.close()
-    print(status_line(job.snapshot()), file=out, flush=True)
-    for line in summary_lines(job.snapshot(), outcome):
-        print(line, file=out, flush=True)
-    return outcome
+        _say(out, f"regen: warning: no control socket at {server.path} ({exc}); consoles cannot attach")
+        return None
+    return server
+
+
+async def _follow(job: Job, runner: asyncio.Future[Outcome], cursor: int, interval: float, out: TextIO) -> Outcome:
+    """The job's events as they happen and a status line every `interval`, until it ends."""
+    while not runner.done():
+        done, _ = await asyncio.wait({runner}, timeout=interval)
+        cursor, news = job.events_since(cursor)
+        for said in event_lines(news):
+            _say(out, said)
+        if not done:
+            _say(out, status_line(job.snapshot()))
+    return runner.result()

@@ -29,7 +29,7 @@ from array import array
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any
+from typing import Any, NamedTuple
 
 from regen.engine.data.tokenizer import TargetTokenizer, TokenizeError, TokenizerError, TokenizerSpec
 from regen.engine.lifetime import die_with_parent
@@ -81,43 +81,65 @@ def _unids(data: bytes) -> list[int]:
     return a.tolist()
 
 
-# A row's work is ("openrouter", messages, reasoning, content, finish_reason)
-#        or ("sglang", messages, output_ids bytes, finish_reason, None).
-# A result is ("ok", prompt_ids bytes, output_ids bytes, terminator_appended, reasoning, content)
-#           or ("error", message, None, None, None, None).
-RowWork = tuple[str, Any, Any, Any, Any]
-Result = tuple[str, Any, Any, Any, Any, Any]
+# What a row's `output_ids_source` says its output ids are (docs/data-contract.md §5.2, §5.3).
+SERVER = "server"  # the backend sent the server's own ids: kept, terminated, decoded into the text
+RETOKENIZED = "retokenized"  # the backend sent text: encoded here into the ids
 
 
-def fill_batch(tok: TargetTokenizer, jobs: Sequence[RowWork]) -> list[Result]:
+class RowWork(NamedTuple):
+    """One row's work for a worker (a NamedTuple pickles as a plain tuple does, with its fields named)."""
+
+    output_ids_source: str  # SERVER or RETOKENIZED: which of the fields below the worker reads
+    messages: list[dict[str, Any]]  # the prompt, rendered into the prompt ids
+    finish_reason: Any  # as the row has it: the tokenizer refuses all but "stop" and "length"
+    server_ids: bytes  # SERVER: the server's output ids, packed (`_ids`); b"" otherwise
+    reasoning: str  # RETOKENIZED: the row's text; "" otherwise
+    content: str
+
+
+class RowIds(NamedTuple):
+    """A worker's answer for one row: its ids packed, or why it has none."""
+
+    error: str | None  # None: tokenized
+    prompt_ids: bytes
+    output_ids: bytes
+    terminator_appended: bool
+    reasoning: str | None  # SERVER: the text the ids decode to, split; None otherwise
+    content: str | None
+
+
+def _failed(message: str) -> RowIds:
+    return RowIds(message, b"", b"", False, None, None)
+
+
+def fill_batch(tok: TargetTokenizer, jobs: Sequence[RowWork]) -> list[RowIds]:
     """Token ids for a batch of rows, one native encode call for all their texts."""
-    results: list[Result | None] = [None] * len(jobs)
+    results: list[RowIds | None] = [None] * len(jobs)
     texts: list[str] = []
     # (job index, prompt text index, output text index or -1, output ids, appended, reasoning, content)
     plan: list[tuple[int, int, int, list[int] | None, bool, str | None, str | None]] = []
-    sglang_bodies: list[tuple[int, list[int], bool]] = []
+    server_bodies: list[tuple[int, list[int], bool]] = []
     for i, job in enumerate(jobs):
-        kind, messages = job[0], job[1]
         try:
-            prompt_text = tok.render(messages)
-            if kind == "sglang":
-                server_ids = _unids(job[2])
-                appended = tok.terminate(server_ids, job[3])
-                body = server_ids[:-1] if job[3] == "stop" else server_ids
-                sglang_bodies.append((len(plan), body, appended))
+            prompt_text = tok.render(job.messages)
+            if job.output_ids_source == SERVER:
+                server_ids = _unids(job.server_ids)
+                appended = tok.terminate(server_ids, job.finish_reason)
+                body = server_ids[:-1] if job.finish_reason == "stop" else server_ids
+                server_bodies.append((len(plan), body, appended))
                 texts.append(prompt_text)
                 plan.append((i, len(texts) - 1, -1, server_ids, appended, None, None))
             else:
-                text_out, append = tok.openrouter_text(job[2], job[3], job[4])
+                text_out, append = tok.output_text(job.reasoning, job.content, job.finish_reason)
                 texts.append(prompt_text)
                 texts.append(text_out)
                 plan.append((i, len(texts) - 2, len(texts) - 1, None, append, None, None))
         except Exception as exc:
-            results[i] = ("error", f"{type(exc).__name__}: {exc}", None, None, None, None)
+            results[i] = _failed(f"{type(exc).__name__}: {exc}")
 
-    if sglang_bodies:
-        decoded = tok.decode_batch([body for _, body, _ in sglang_bodies])
-        for (p, _, _), text in zip(sglang_bodies, decoded, strict=True):
+    if server_bodies:
+        decoded = tok.decode_batch([body for _, body, _ in server_bodies])
+        for (p, _, _), text in zip(server_bodies, decoded, strict=True):
             split_reasoning, split_content = tok.split_text(text)
             i, pt, ot, kept, appended, _, _ = plan[p]
             plan[p] = (i, pt, ot, kept, appended, split_reasoning, split_content)
@@ -140,16 +162,16 @@ def fill_batch(tok: TargetTokenizer, jobs: Sequence[RowWork]) -> list[Result]:
         out = ids if ot < 0 else encoded[ot]
         if isinstance(prompt_ids, Exception) or isinstance(out, Exception):
             bad = prompt_ids if isinstance(prompt_ids, Exception) else out
-            results[i] = ("error", f"{type(bad).__name__}: {bad}", None, None, None, None)
+            results[i] = _failed(f"{type(bad).__name__}: {bad}")
             continue
         assert out is not None
         if ot >= 0 and appended:
             out = [*out, eot]
-        results[i] = ("ok", _ids(prompt_ids), _ids(out), appended, reasoning, content)
-    return [r if r is not None else ("error", "not tokenized", None, None, None, None) for r in results]
+        results[i] = RowIds(None, _ids(prompt_ids), _ids(out), appended, reasoning, content)
+    return [r if r is not None else _failed("not tokenized") for r in results]
 
 
-def _fill(jobs: list[RowWork]) -> list[Result]:
+def _fill(jobs: list[RowWork]) -> list[RowIds]:
     if _worker is None:
         raise TokenizerError(_worker_error or "tokenizer not loaded")
     return fill_batch(_worker, jobs)
@@ -182,8 +204,8 @@ class TokenizePool:
         self._max_in_flight = 2 * workers
         self._executor: ProcessPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._pending: list[tuple[RowWork, asyncio.Future[Result]]] = []
-        self._in_flight: set[asyncio.Future[list[Result]]] = set()
+        self._pending: list[tuple[RowWork, asyncio.Future[RowIds]]] = []
+        self._in_flight: set[asyncio.Future[list[RowIds]]] = set()
         self._rows_in_flight = 0
         self._timer: asyncio.TimerHandle | None = None
         self._closed = False
@@ -239,15 +261,15 @@ class TokenizePool:
     async def fill(self, row: dict[str, Any], messages: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """Set the row's ids, counts, ``output_ids_source``, ``terminator_appended`` and tokenizer block.
 
-        OpenRouter rows are retokenized from ``reasoning``/``content`` (docs/data-contract.md §5.3); SGLang
-        rows keep the server's ``output_ids`` (terminated per §5.2) and get ``reasoning`` and
-        ``content`` from them. The prompt is rendered from ``messages``. A row the SGLang backend
-        made already holds all of that (the ids it sent and got, the server's text) and only gets
-        its tokenizer block. Returns ``row``.
+        A row whose ``output_ids_source`` is "server" keeps the server's ``output_ids`` (terminated
+        per docs/data-contract.md §5.2) and gets ``reasoning`` and ``content`` from them; any other
+        is retokenized from its ``reasoning``/``content`` (§5.3). The prompt is rendered from
+        ``messages``. A server row that already holds its prompt ids (the SGLang backend sends ids
+        and splits the server's text itself) only gets its tokenizer block. Returns ``row``.
         """
         if self._closed or self._executor is None or self._loop is None:
             raise TokenizeError("tokenize pool is not running")
-        backend = row.get("backend")
+        server = row.get("output_ids_source") == SERVER
         finish = row.get("finish_reason")
         request = row.get("request")
         asked = request.get("thinking") if isinstance(request, dict) else None
@@ -257,7 +279,7 @@ class TokenizePool:
                 f"{row.get('id', '?')}: the request had thinking={asked} but the tokenizer's template "
                 f"renders thinking={self.thinking}; make tokenizer.thinking match the backend"
             )
-        if backend == "sglang" and row.get("output_ids_source") == "server" and row.get("prompt_ids"):
+        if server and row.get("prompt_ids"):
             # The backend sent these prompt ids, kept the server's output ids (terminated per
             # docs/data-contract.md §5.2) and split the server's text: nothing is re-rendered or
             # re-encoded, so there is nothing for a worker to do.
@@ -267,31 +289,30 @@ class TokenizePool:
             self.rows_filled += 1
             return row
         msgs = [dict(m) for m in messages]
-        job: RowWork
-        if backend == "sglang":
-            job = ("sglang", msgs, _ids(row.get("output_ids") or []), finish, None)
+        if server:
+            job = RowWork(SERVER, msgs, finish, _ids(row.get("output_ids") or []), "", "")
         else:
-            job = ("openrouter", msgs, row.get("reasoning") or "", row.get("content") or "", finish)
-        fut: asyncio.Future[Result] = self._loop.create_future()
+            job = RowWork(RETOKENIZED, msgs, finish, b"", row.get("reasoning") or "", row.get("content") or "")
+        fut: asyncio.Future[RowIds] = self._loop.create_future()
         self._pending.append((job, fut))
         if len(self._pending) >= self.max_batch:
             self._flush()
         elif self._timer is None:
             self._timer = self._loop.call_later(self.max_delay_s, self._on_timer)
-        status, a, b, appended, reasoning, content = await fut
-        if status != "ok":
-            raise TokenizeError(f"{row.get('id', '?')}: cannot tokenize: {a}")
-        prompt_ids = _unids(a)
-        output_ids = _unids(b)
+        done = await fut
+        if done.error is not None:
+            raise TokenizeError(f"{row.get('id', '?')}: cannot tokenize: {done.error}")
+        prompt_ids = _unids(done.prompt_ids)
+        output_ids = _unids(done.output_ids)
         row["prompt_ids"] = prompt_ids
         row["output_ids"] = output_ids
-        row["output_ids_source"] = "server" if backend == "sglang" else "retokenized"
-        row["terminator_appended"] = bool(appended)
+        row["output_ids_source"] = job.output_ids_source
+        row["terminator_appended"] = done.terminator_appended
         row["num_prompt_tokens"] = len(prompt_ids)
         row["num_output_tokens"] = len(output_ids)
-        if backend == "sglang":
-            row["reasoning"] = reasoning
-            row["content"] = content
+        if server:
+            row["reasoning"] = done.reasoning
+            row["content"] = done.content
         row["tokenizer"] = dict(self.info)
         self.rows_filled += 1
         return row
@@ -320,7 +341,7 @@ class TokenizePool:
             self._timer = self._loop.call_later(self.max_delay_s, self._on_timer)
 
     def _done(
-        self, batch: list[tuple[RowWork, asyncio.Future[Result]]], afut: asyncio.Future[list[Result]]
+        self, batch: list[tuple[RowWork, asyncio.Future[RowIds]]], afut: asyncio.Future[list[RowIds]]
     ) -> None:
         self._in_flight.discard(afut)
         self._rows_in_flight -= len(batch)
@@ -341,7 +362,7 @@ class TokenizePool:
             self._flush()
 
     @staticmethod
-    def _fail(batch: list[tuple[RowWork, asyncio.Future[Result]]], exc: BaseException) -> None:
+    def _fail(batch: list[tuple[RowWork, asyncio.Future[RowIds]]], exc: BaseException) -> None:
         for _, fut in batch:
             if not fut.done():
                 fut.set_exception(exc)

@@ -395,10 +395,12 @@ class TargetTokenizer:
 
     # -- outputs (§5.2, §5.3) ------------------------------------------------------------------
 
-    def openrouter_text(
+    def output_text(
         self, reasoning: str, content: str, finish_reason: str, thinking: bool | None = None
     ) -> tuple[str, bool]:
-        """``(text_out, append end-of-turn?)`` per the table of docs/data-contract.md §5.3."""
+        """``(text_out, append end-of-turn?)``: the text a row's ``reasoning`` and ``content`` stand
+        for, per the table of docs/data-contract.md §5.3 (what `retokenize` encodes and `regen
+        verify` decodes the ids against)."""
         if finish_reason not in FINISH_REASONS:
             raise TokenizeError(f"finish_reason {finish_reason!r} is neither stop nor length")
         thinking = self.thinking if thinking is None else thinking
@@ -415,20 +417,22 @@ class TargetTokenizer:
         # Cut off while still thinking: whether </think> was emitted is unknown, so it is left out.
         return reasoning, False
 
-    def openrouter_output_ids(
+    def retokenize(
         self, reasoning: str, content: str, finish_reason: str, thinking: bool | None = None
     ) -> tuple[list[int], bool]:
-        """Retokenized ``output_ids`` and ``terminator_appended`` for an OpenRouter row (§5.3)."""
-        text, append = self.openrouter_text(reasoning, content, finish_reason, thinking)
+        """``output_ids`` and ``terminator_appended`` encoded from a row's text, for a row whose
+        backend sent no ids (``output_ids_source: "retokenized"``, §5.3)."""
+        text, append = self.output_text(reasoning, content, finish_reason, thinking)
         ids = self.encode(text)
         if append:
             ids.append(self.end_of_turn_id)
         return ids, append
 
-    def sglang_output_ids(
+    def keep_server_ids(
         self, output_ids: Sequence[int], finish_reason: str, thinking: bool | None = None
     ) -> tuple[list[int], bool, str, str]:
-        """``(output_ids, terminator_appended, reasoning, content)`` from SGLang's ids (§5.2)."""
+        """``(output_ids, terminator_appended, reasoning, content)``: the server's own ids kept and
+        terminated, and the text they decode to split (``output_ids_source: "server"``, §5.2)."""
         ids = [int(i) for i in output_ids]
         appended = self.terminate(ids, finish_reason)
         body = ids[:-1] if finish_reason == "stop" else ids

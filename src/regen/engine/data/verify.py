@@ -484,7 +484,7 @@ class _Checker:
         reasoning, content = row["reasoning"], row["content"]
         if finish not in ("stop", "length"):
             return
-        text, append = tokenizer.openrouter_text(reasoning, content, finish, thinking)
+        text, append = tokenizer.output_text(reasoning, content, finish, thinking)
         expected_texts = [text + (tokenizer.end_of_turn_text if append else "")]
         if thinking and finish == "length" and not content:
             # SGLang keeps a </think> emitted just before the cut; retokenized rows leave it out.

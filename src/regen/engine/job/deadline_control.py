@@ -1,10 +1,11 @@
-"""The deadline controller in the job: measures the lanes, feeds engine/money/fleetplan's `Steering`, and
+"""The deadline control in the job: measures the lanes, feeds engine/money/fleetplan's `Pacer`, and
 answers the dispatcher's ceiling hook (engine/job/lanes.py `LaneCeilings`) for OpenRouter's lane.
 
-The rules it follows are in docs/fleets.md ("Steering" and "In the job"): the deadline's instant is
+The rules it follows are in docs/fleets.md ("Pacing" and "In the job"): the deadline's instant is
 resolved once and journaled (a restart keeps it), the plan is made before the start from the settings'
-rates and re-made every `steering.interval_s` from measured ones, OpenRouter's share is steered only in
-a job with a GPU lane, a dollar lane and a deadline, and a plan that stops fitting is said at once.
+rates and re-made every `steering.interval_s` (the `[steering]` section keeps its name on disk) from
+measured ones, OpenRouter's share is paced only in a job with a GPU lane, a dollar lane and a
+deadline, and a plan that stops fitting is said at once.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from regen.engine.durations import duration
 from regen.engine.job.dispatch import Dispatcher
 from regen.engine.job.lanes import Lane
 from regen.engine.money.deadline import parse_deadline, resolve_deadline
-from regen.engine.money.fleetplan.plan import Provider, Work, by_price
-from regen.engine.money.fleetplan.steer import Facts, Steer, Steering
+from regen.engine.money.fleetplan.pacing import Facts, PaceDecision, Pacer
+from regen.engine.money.fleetplan.plan import RouteOffer, Work, by_price
 from regen.engine.money.planner import DatasetNeed, remaining_output_tokens
 from regen.engine.run.events import EventLog
 from regen.engine.run.records import DeadlineEvent, deadline_event
@@ -55,7 +56,7 @@ class _Mark:
     busy_s: float
 
 
-class FleetSteering:
+class DeadlineControl:
     """OpenRouter's in-flight ceiling from the GPUs' measured pace and the deadline; the live plan."""
 
     def __init__(
@@ -74,7 +75,7 @@ class FleetSteering:
         self.gpus: list[Lane] = [lane for lane in lanes if lane.ledger.unit != DOLLARS]
         tuning = settings.steering
         self.interval_s = tuning.interval_s
-        self.controller = Steering(
+        self.pacer = Pacer(
             self.paid.limit.configured if self.paid is not None else 0,
             gpu_tokens_per_s=tuning.gpu_tokens_per_s,
             request_tokens_per_s=tuning.request_tokens_per_s,
@@ -84,7 +85,7 @@ class FleetSteering:
         )
         self.deadline_text: str | None = None
         self.deadline_ts: float | None = None
-        self.last: Steer | None = None
+        self.last: PaceDecision | None = None
         self._fits: bool | None = None
         self._marks: dict[str, _Mark] = {}
         self._openrouter_rate = 0.0
@@ -97,7 +98,7 @@ class FleetSteering:
         return len(self.dispatcher.lanes) > 1 or self.deadline_ts is not None
 
     @property
-    def steered(self) -> bool:
+    def paced(self) -> bool:
         """Whether OpenRouter's share follows the deadline: GPUs to lean on, dollars to save, a deadline."""
         return self.paid is not None and bool(self.gpus) and self.deadline_ts is not None
 
@@ -129,8 +130,8 @@ class FleetSteering:
             raise JobError(str(exc)) from None
         at = resolve_deadline(deadline, dt.datetime.now().astimezone())
         self._set(text.strip(), at, origin)
-        steer = self.tick()
-        return f"deadline {at:%a %H:%M:%S} ({duration(max(0.0, at.timestamp() - time.time()), 'fine')} from now): {steer.reason}"
+        decision = self.tick()
+        return f"deadline {at:%a %H:%M:%S} ({duration(max(0.0, at.timestamp() - time.time()), 'fine')} from now): {decision.reason}"
 
     def _set(self, text: str | None, at: dt.datetime | None, source: str) -> None:
         self.deadline_text = text
@@ -151,13 +152,13 @@ class FleetSteering:
 
     def lane_ceiling(self, lane: str) -> int | None:
         paid = self.paid
-        if paid is None or lane != paid.name or not self.steered:
+        if paid is None or lane != paid.name or not self.paced:
             return None
-        return self.controller.ceiling
+        return self.pacer.ceiling
 
     # -------------------------------------------------------------------------------- measuring
 
-    def _pace(self, lanes: list[Lane], now: float) -> tuple[float | None, float | None]:
+    def _measure(self, lanes: list[Lane], now: float) -> tuple[float | None, float | None]:
         """Output tokens/s of `lanes` since the last tick (None before any token or any span), and
         tokens per in-flight second over it: one request's rate, what a ceiling multiplies."""
         tokens = span = busy = 0.0
@@ -178,45 +179,46 @@ class FleetSteering:
             return None, None
         return tokens / span, (tokens / busy if busy > 0 else None)
 
-    def providers(self, work: Work, request_rate: float) -> tuple[Provider, ...]:
+    def offers(self, work: Work, request_rate: float) -> tuple[RouteOffer, ...]:
         """OpenRouter's allowed providers with the tokens/s each sustains: the lane's flat-out rate
         (its concurrency x one request's rate) shared as OpenRouter has shared the requests so far;
         before any, all on the cheapest, where price-sorted routing sends them."""
         paid = self.paid
-        if paid is None or paid.closed is not None:
+        routes = None if paid is None or paid.closed is not None else paid.backend.routes
+        if paid is None or routes is None:
             return ()
-        prices = paid.backend.prices()
+        prices = routes.prices()
         if not prices:
             return ()
         flat_out = paid.limit.configured * request_rate
-        route_id = paid.backend.route_id
+        route_id = routes.route_id
         served: dict[str, int] = {}
         for name, stats in paid.stats.routes.items():
             served[route_id(name)] = served.get(route_id(name), 0) + stats.requests
         counts = [served.get(route_id(price.route), 0) for price in prices]
         total = sum(counts)
         if total == 0:
-            cheapest = by_price(work, [Provider(price) for price in prices])[0].price.route
+            cheapest = by_price(work, [RouteOffer(price) for price in prices])[0].price.route
             counts = [1 if price.route == cheapest else 0 for price in prices]
             total = 1
-        return tuple(Provider(price, flat_out * count / total) for price, count in zip(prices, counts, strict=True))
+        return tuple(RouteOffer(price, flat_out * count / total) for price, count in zip(prices, counts, strict=True))
 
     def facts(self, now_mono: float | None = None) -> Facts:
         now_mono = time.monotonic() if now_mono is None else now_mono
         work = Work.of(remaining_needs(self.datasets, self.settings.stats.expected_output_tokens))
-        gpu_rate, _ = self._pace(self.gpus, now_mono)
+        gpu_rate, _ = self._measure(self.gpus, now_mono)
         paid = self.paid
         request_rate: float | None = None
         in_flight = 0
         budget_left: Decimal | None = None
         if paid is not None:
-            rate, request_rate = self._pace([paid], now_mono)
+            rate, request_rate = self._measure([paid], now_mono)
             if rate is not None:
                 self._openrouter_rate = rate
             in_flight = paid.in_flight
             if paid.ledger.budget is not None:
                 budget_left = paid.ledger.budget - paid.ledger.spent
-            self.controller.max_in_flight = paid.limit.configured
+            self.pacer.max_in_flight = paid.limit.configured
         return Facts(
             now=time.time(),
             work_left=work,
@@ -225,35 +227,36 @@ class FleetSteering:
             in_flight=in_flight,
             budget_left=budget_left,
             deadline=self.deadline_ts,
-            providers=self.providers(work, request_rate or self.controller.request_tokens_per_s),
+            offers=self.offers(work, request_rate or self.pacer.request_tokens_per_s),
         )
 
-    # --------------------------------------------------------------------------------- steering
+    # ----------------------------------------------------------------------------------- pacing
 
-    def tick(self, now_mono: float | None = None) -> Steer:
+    def tick(self, now_mono: float | None = None) -> PaceDecision:
         """Re-plan from what was measured since the last tick; journal what changed."""
-        before = self.controller.ceiling
-        steer = self.controller.update(self.facts(now_mono))
-        self.last = steer
-        if self.steered and steer.ceiling != before:
-            self.events.event("steer", ceiling=steer.ceiling, reason=steer.reason)
-            if before is not None and (steer.ceiling is None or steer.ceiling > before):
+        before = self.pacer.ceiling
+        decision = self.pacer.update(self.facts(now_mono))
+        self.last = decision
+        if self.paced and decision.ceiling != before:
+            # `steer`: the event's name on disk since before the pacer had its own (docs/fleets.md).
+            self.events.event("steer", ceiling=decision.ceiling, reason=decision.reason)
+            if before is not None and (decision.ceiling is None or decision.ceiling > before):
                 self.dispatcher.wake()
-        self._judge(steer)
-        return steer
+        self._judge(decision)
+        return decision
 
-    def _judge(self, steer: Steer) -> None:
+    def _judge(self, decision: PaceDecision) -> None:
         """Say once when the deadline stops (or starts again) being within reach."""
         if self.deadline_ts is None:
             self._fits = None
             return
-        fits = steer.plan.fits
+        fits = decision.plan.fits
         if fits == self._fits:
             return
         if not fits:
-            self.events.event("deadline_unreachable", reason=steer.plan.reason, detail=steer.reason)
+            self.events.event("deadline_unreachable", reason=decision.plan.reason, detail=decision.reason)
         elif self._fits is not None:
-            self.events.event("deadline_reachable", reason=steer.plan.reason)
+            self.events.event("deadline_reachable", reason=decision.plan.reason)
         self._fits = fits
 
     async def run(self) -> None:
@@ -265,28 +268,28 @@ class FleetSteering:
     # ------------------------------------------------------------------------------------- view
 
     def view(self) -> FleetView:
-        steer = self.last if self.last is not None else self.tick()
-        plan = steer.plan
+        decision = self.last if self.last is not None else self.tick()
+        plan = decision.plan
         now = time.time()
         left = None if self.deadline_ts is None else self.deadline_ts - now
         work = plan.output_tokens
-        pace = self.controller.gpu_tokens_per_s + self._openrouter_rate if self._marks else 0.0
+        pace = self.pacer.gpu_tokens_per_s + self._openrouter_rate if self._marks else 0.0
         paid = self.paid
         projected = None if paid is None else float(paid.ledger.spent + plan.cost)
         return {
             "deadline": self.deadline_text,
             "deadline_ts": self.deadline_ts,
             "time_left_s": left,
-            "steered": self.steered,
+            "steered": self.paced,
             "ceiling": self.lane_ceiling(paid.name) if paid is not None else None,
-            "reason": steer.reason if self.steered else plan.reason,
+            "reason": decision.reason if self.paced else plan.reason,
             "plan": plan.to_dict(),
             "fits": plan.fits,
             "eta_s": work / pace if pace > 0 else (0.0 if work <= 0 else None),
-            "gpu_tokens_per_s": self.controller.gpu_tokens_per_s,
+            "gpu_tokens_per_s": self.pacer.gpu_tokens_per_s,
             "openrouter_tokens_per_s": self._openrouter_rate,
-            "request_tokens_per_s": self.controller.request_tokens_per_s,
-            "aim_tokens_per_s": steer.openrouter_tokens_per_s,
+            "request_tokens_per_s": self.pacer.request_tokens_per_s,
+            "aim_tokens_per_s": decision.openrouter_tokens_per_s,
             "projected_usd": projected,
         }
 

@@ -3,7 +3,7 @@ drain, cancel.
 
 One work queue serves every lane (engine/job/lanes.py, one per backend). For each prompt taken, the
 first lane with room gets it; a lane's gates, in order: paused or closed, its in-flight limit (and
-the steering hook's ceiling), its outage (one probe at a time), a hold on all its routes (a
+the ceiling hook's ceiling), its outage (one probe at a time), a hold on all its routes (a
 platform-wide limit), its request-rate cap, then its money gate (docs/money.md): an attempt goes out
 only while that lane's spent + reserved + its own reservation fits the lane's budget. Each attempt
 is one task in the in-flight table; its bookkeeping is released in a done callback, so a task
@@ -47,13 +47,13 @@ OUTAGE_AFTER = 3
 PROBE_FIRST_S = 1.0
 PROBE_MAX_S = 60.0
 
-__all__ = ["Dispatcher", "LaneSteering", "Outage"]
+__all__ = ["Dispatcher", "LaneHooks", "Outage"]
 
 Stop = Callable[[StopReason, str], None]
 
 
 class JobHooks(Protocol):
-    """What a lane's settling asks of the job itself."""
+    """What a lane's settling asks of the job itself (through its `LaneHooks`)."""
 
     def fatal(self, reason: StopReason, message: str) -> None: ...
     def exclude_route(self, route: str, source: str, backend: str | None = None) -> None: ...
@@ -76,7 +76,7 @@ class Dispatcher:
         self.events = events
         self._stop = stop
         self.lanes: list[Lane] = []
-        self.ceilings: LaneCeilings | None = None  # the steering hook (engine/job/lanes.py)
+        self.ceilings: LaneCeilings | None = None  # the ceiling hook (engine/job/lanes.py)
         self.queue: WorkQueue | None = None
         self.paused = False
         self.stopping = False
@@ -85,16 +85,19 @@ class Dispatcher:
 
     # -------------------------------------------------------------------------------- lanes
 
-    def add_lane(self, backend: Backend, ledger: Ledger, stats: JobStats, settler: Settler) -> Lane:
-        """A lane for `backend`, after those added before it (the order of `job.backends`)."""
-        job = self.job
-        named = [limit for name, limit in job.backend_concurrency.items() if name == backend.name]
-        concurrency = named[0] if named else job.concurrency
+    def add_lane(self, backend: Backend, ledger: Ledger, stats: JobStats, job: JobHooks) -> Lane:
+        """A lane for `backend`, after those added before it (the order of `job.backends`), with its
+        settling, whose hooks are bound to it: what a failure holds, closes or stops is this lane."""
+        settings = self.job
+        named = [limit for name, limit in settings.backend_concurrency.items() if name == backend.name]
+        concurrency = named[0] if named else settings.concurrency
         limit = AdaptiveLimit(
-            concurrency, minimum=job.min_concurrency, adaptive=job.adaptive_concurrency, ceiling=concurrency
+            concurrency, minimum=settings.min_concurrency, adaptive=settings.adaptive_concurrency, ceiling=concurrency
         )
-        caps = [c for c in (job.requests_per_minute, backend.requests_per_minute) if c is not None]
-        lane = Lane(backend, ledger, stats, settler, limit, min(caps) if caps else None)
+        caps = [c for c in (settings.requests_per_minute, backend.requests_per_minute) if c is not None]
+        lane = Lane(backend, ledger, stats, limit, min(caps) if caps else None)
+        hooks = LaneHooks(self, job, lane)
+        lane.settler = Settler(settings, backend, ledger, stats, self.datasets, self.results, self.events, hooks)
         self.lanes.append(lane)
         return lane
 
@@ -297,7 +300,7 @@ class Dispatcher:
                     lane.settler.cancelled(flight)
             raise
 
-    # ------------------------------------------------------------------------------- steering
+    # ------------------------------------------------- what settling, backends and the job ask of it
 
     @property
     def in_flight(self) -> int:
@@ -398,17 +401,16 @@ class Dispatcher:
         self._changed.set()
 
 
-class LaneSteering:
-    """What one lane's settling asks of the dispatcher and the job (engine/job/settle.py `Steering`)."""
+class LaneHooks:
+    """What one lane's settling asks of the dispatcher and the job (engine/job/settle.py
+    `SettleHooks`), bound to that lane."""
 
-    def __init__(self, dispatcher: Dispatcher, job: JobHooks) -> None:
+    __slots__ = ("dispatcher", "job", "lane")
+
+    def __init__(self, dispatcher: Dispatcher, job: JobHooks, lane: Lane) -> None:
         self.dispatcher = dispatcher
         self.job = job
-        self.lane: Lane | None = None  # bound once the lane exists (it holds the settler)
-
-    def _lane(self) -> Lane:
-        assert self.lane is not None, "the steering is not bound to its lane"
-        return self.lane
+        self.lane = lane
 
     def retry(self, item: WorkItem, ready_at: float) -> None:
         self.dispatcher.retry(item, ready_at)
@@ -417,18 +419,18 @@ class LaneSteering:
         self.dispatcher.put_back(item)
 
     def hold(self, seconds: float, reason: str) -> None:
-        self.dispatcher.hold(self._lane(), seconds, reason)
+        self.dispatcher.hold(self.lane, seconds, reason)
 
     def throttled(self, now: float) -> None:
-        self.dispatcher.throttled(self._lane(), now)
+        self.dispatcher.throttled(self.lane, now)
 
     def succeeded(self, now: float) -> None:
-        self.dispatcher.succeeded(self._lane(), now)
+        self.dispatcher.succeeded(self.lane, now)
 
     def fatal(self, reason: StopReason, message: str) -> None:
         """With other lanes still open, a failure only this backend cannot get past closes its
         lane; the last open lane stops the job as a single backend does."""
-        dispatcher, lane = self.dispatcher, self._lane()
+        dispatcher, lane = self.dispatcher, self.lane
         others = [other for other in dispatcher.lanes if other is not lane and other.closed is None]
         if others and lane.closed is None:
             dispatcher.close_lane(lane, f"{reason.value}: {message}")
@@ -436,13 +438,13 @@ class LaneSteering:
             self.job.fatal(reason, message)
 
     def exclude_route(self, route: str, source: str) -> None:
-        self.job.exclude_route(route, source, self._lane().name)
+        self.job.exclude_route(route, source, self.lane.name)
 
     def wake(self) -> None:
         self.dispatcher.wake()
 
     def unreachable(self, item: WorkItem, failure: Failure) -> None:
-        self.dispatcher.unreachable(self._lane(), item, failure)
+        self.dispatcher.unreachable(self.lane, item, failure)
 
     def reached(self, launched_at: float) -> None:
-        self.dispatcher.reached(self._lane(), launched_at)
+        self.dispatcher.reached(self.lane, launched_at)

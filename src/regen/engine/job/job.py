@@ -29,10 +29,9 @@ from regen.engine.data.tokenizer import TokenizerError, TokenizerSpec
 from regen.engine.host.errors import HostError
 from regen.engine.host.monitor import HostMonitor
 from regen.engine.job.commands import run_command
-from regen.engine.job.deadline_control import FleetSteering
-from regen.engine.job.dispatch import Dispatcher, LaneSteering
+from regen.engine.job.deadline_control import DeadlineControl
+from regen.engine.job.dispatch import Dispatcher
 from regen.engine.job.lanes import Lane, LaneCeilings
-from regen.engine.job.settle import Settler
 from regen.engine.job.snapshot import SnapshotBuilder
 from regen.engine.job.stats import JobStats, StatusRules
 from regen.engine.job.usage_bound import UsageBound
@@ -40,6 +39,7 @@ from regen.engine.job.workqueue import WorkQueue
 from regen.engine.money.ledger import Ledger, to_dollars
 from regen.engine.run.events import EVENTS_FILE, EventLog
 from regen.engine.run.inputs import Scanned, load_progress, scan_datasets
+from regen.engine.run.records import route_event, start_event
 from regen.engine.run.recovery import JournalState, read_journals
 from regen.engine.run.results import ATTEMPTS_FILE, ResultsWriter
 from regen.engine.run.runlock import RunLock, RunLocked
@@ -81,26 +81,20 @@ class Job:
         # dollar budget on OpenRouter's, none on GPU time), statistics, settling and in-flight limit.
         for chosen in backends:
             budget = to_dollars(settings.job.budget_usd) if chosen.unit == "usd" else None
-            ledger = Ledger(budget, unit=chosen.unit)
-            stats = JobStats(settings.stats.window_s)
-            steering = LaneSteering(self.dispatcher, self)
-            settler = Settler(
-                settings.job, chosen, ledger, stats, self.datasets, self.results, self.events, steering
-            )
-            steering.lane = self.dispatcher.add_lane(chosen, ledger, stats, settler)
+            self.dispatcher.add_lane(chosen, Ledger(budget, unit=chosen.unit), JobStats(settings.stats.window_s), self)
         self.lanes = self.dispatcher.lanes
-        # The deadline controller (engine/job/deadline_control.py): the live plan over the fleets, and with a GPU
-        # lane, a dollar lane and a deadline, OpenRouter's in-flight ceiling through the lanes' hook.
-        self.fleet = FleetSteering(settings, self.dispatcher, self.datasets, self.events)
-        if self.fleet.paid is not None and self.fleet.gpus:
-            self.dispatcher.ceilings = self.fleet
+        # The deadline control (engine/job/deadline_control.py): the live plan over the fleets, and with a
+        # GPU lane, a dollar lane and a deadline, OpenRouter's in-flight ceiling through the lanes' hook.
+        self.deadline_control = DeadlineControl(settings, self.dispatcher, self.datasets, self.events)
+        if self.deadline_control.paid is not None and self.deadline_control.gpus:
+            self.dispatcher.ceilings = self.deadline_control
         self._snapshots = SnapshotBuilder(
             dispatcher=self.dispatcher,
             datasets=self.datasets,
             rules=StatusRules(settings.stats.fail_error_share, settings.stats.slow_factor),
             expected_output_tokens=settings.stats.expected_output_tokens,
             started_mono=self.started_mono,
-            fleet=self.fleet,
+            deadline_control=self.deadline_control,
         )
         self._stop_mode: str | None = None
         self._background: set[asyncio.Task[None]] = set()
@@ -125,7 +119,10 @@ class Job:
             crashed = [unsettled for journal in journals.values() for unsettled in journal.crashed]
             self.datasets.update(await load_progress(scanned, crashed, self.settings.job.dataset_token_budget))
             for lane in self.lanes:
-                await lane.backend.open(LaneContext(self, lane), journals[lane.name].excluded)
+                routes = lane.backend.routes
+                if routes is not None:
+                    routes.restore(journals[lane.name].excluded)
+                await lane.backend.open(LaneContext(self, lane))
             pool = await self._start_tokenizer()
             for lane in self.lanes:
                 lane.settler.pool = pool
@@ -148,27 +145,33 @@ class Job:
             lane.settler.restore(journals[lane.name])
             lane.spent_at_start = journals[lane.name].spent
         # Before the start event and any attempt: the first start's base must predate every bill.
-        self._usage_bounds = [UsageBound(lane.settler, self.events, journals[lane.name]) for lane in self.lanes]
+        self._usage_bounds = [
+            UsageBound(account, lane.settler, self.events, journals[lane.name])
+            for lane in self.lanes
+            if (account := lane.backend.account) is not None
+        ]
         for bound in self._usage_bounds:
             await bound.begin()
         self.dispatcher.queue = self._work_queue(scanned, journals[self.lanes[0].name])
-        split = {"backends": [lane.name for lane in self.lanes]} if len(self.lanes) > 1 else {}
         paid = self.dispatcher.budget_lane
-        self.events.event(
-            "start",
-            pid=os.getpid(),
-            datasets=list(self.datasets),
-            budget=str(paid.ledger.budget),
-            spent=str(paid.ledger.spent),
-            concurrency=paid.limit.configured,
-            excluded=sorted(paid.backend.excluded),
-            **split,
+        routes = paid.backend.routes
+        self.events.write(
+            start_event(
+                os.getpid(),
+                list(self.datasets),
+                paid.ledger.budget,
+                paid.ledger.spent,
+                paid.limit.configured,
+                [] if routes is None else sorted(routes.excluded),
+                [lane.name for lane in self.lanes] if len(self.lanes) > 1 else None,
+                time.time(),
+            )
         )
         first = journals[self.lanes[0].name]
-        self.fleet.restore(first.deadline, first.first_start_ts)
-        if self.fleet.shown:
+        self.deadline_control.restore(first.deadline, first.first_start_ts)
+        if self.deadline_control.shown:
             # The plan before the start, from the settings' rates (docs/fleets.md, "In the job").
-            plan = self.fleet.tick().plan
+            plan = self.deadline_control.tick().plan
             self.events.event("fleet_plan", reason=plan.reason, fits=plan.fits, plan=plan.to_dict())
 
     def _read_journals(self) -> dict[str, JournalState]:
@@ -244,8 +247,8 @@ class Job:
             for work in lane.backend.tasks():
                 task = loop.create_task(work)
                 self._background.add(task)
-        steering = loop.create_task(self.fleet.run())
-        self._background.add(steering)
+        pacing = loop.create_task(self.deadline_control.run())
+        self._background.add(pacing)
         self.hosts.start()
         try:
             await self.dispatcher.run()
@@ -272,7 +275,7 @@ class Job:
                     lane.name: {"spent": str(lane.ledger.spent), "unit": lane.ledger.unit, "rows": lane.stats.counters.rows}
                     for lane in self.lanes
                 }
-            deadline = self.fleet.deadline_ts
+            deadline = self.deadline_control.deadline_ts
             if deadline is not None:
                 split["deadline"] = {"at": deadline, "early_s": deadline - time.time()}
             self.events.event(
@@ -334,37 +337,47 @@ class Job:
     def _lane(self, backend: str) -> Lane:
         return self.dispatcher.lane(backend.strip().lower())
 
+    def _named(self, lane: Lane) -> str | None:
+        """The lane an event names: in a job with several (engine/job/dispatch.py `lane_fields`)."""
+        return self.dispatcher.lane_fields(lane).get("backend")
+
     def _route_lane(self, backend: str | None) -> Lane:
         """The lane an exclude or include is for: the one named, else the first whose routes can be
         excluded (OpenRouter's providers), else the one holding the budget."""
         if backend is not None:
             return self._lane(backend)
-        steerable = [lane for lane in self.lanes if lane.backend.supports_exclude]
-        return steerable[0] if steerable else self.dispatcher.budget_lane
+        with_routes = [lane for lane in self.lanes if lane.backend.routes is not None]
+        return with_routes[0] if with_routes else self.dispatcher.budget_lane
 
     def exclude(self, name: str, *, origin: str = "operator", backend: str | None = None) -> str:
         """Stop routing to a route (slug or display name); later requests keep away from it."""
         self._check_live()
         lane = self._route_lane(backend)
-        route = lane.backend.route_id(name)
-        if route in lane.backend.excluded:
+        routes = lane.backend.routes
+        if routes is None:
+            raise JobError(f"{lane.backend.title} has no routes to exclude: it decides where every request goes")
+        route = routes.route_id(name)
+        if route in routes.excluded:
             return f"{route} is already excluded"
         try:
-            message = lane.backend.exclude(route, origin)
+            message = routes.exclude(route, origin)
         except BackendError as exc:
             raise JobError(str(exc)) from None
-        self.events.event("exclude", provider=route, source=origin, **self.dispatcher.lane_fields(lane))
+        self.events.write(route_event("exclude", route, origin, self._named(lane), time.time()))
         self.dispatcher.wake()
         return message
 
     def include(self, name: str, *, origin: str = "operator", backend: str | None = None) -> str:
         self._check_live()
         lane = self._route_lane(backend)
-        route = lane.backend.route_id(name)
-        if route not in lane.backend.excluded:
+        routes = lane.backend.routes
+        if routes is None:
+            return f"{name.strip()} is not excluded"  # nothing is, where there are no routes to exclude
+        route = routes.route_id(name)
+        if route not in routes.excluded:
             return f"{route} is not excluded"
-        message = lane.backend.include(route)
-        self.events.event("include", provider=route, source=origin, **self.dispatcher.lane_fields(lane))
+        message = routes.include(route)
+        self.events.write(route_event("include", route, origin, self._named(lane), time.time()))
         self.dispatcher.wake()
         return message
 
@@ -398,13 +411,14 @@ class Job:
     def set_deadline(self, text: str | None, origin: str = "operator") -> str:
         """A new deadline ("12h" from now, "06:30" next), or None for none: journaled, re-planned at once."""
         self._check_live()
-        message = self.fleet.set_deadline(text, origin)
-        # As after every command: a cleared deadline lifts OpenRouter's ceiling without a `steer`.
+        message = self.deadline_control.set_deadline(text, origin)
+        # As after every command: a cleared deadline lifts OpenRouter's ceiling without a ceiling change
+        # being journaled (`steer`).
         self.dispatcher.wake()
         return message
 
     def set_lane_ceilings(self, ceilings: LaneCeilings | None) -> None:
-        """Plug in the steering hook (engine/job/lanes.py `LaneCeilings`): a ceiling per lane, read
+        """Plug in the ceiling hook (engine/job/lanes.py `LaneCeilings`): a ceiling per lane, read
         at every dispatch decision; None takes it out."""
         self.dispatcher.ceilings = ceilings
         self.dispatcher.wake()

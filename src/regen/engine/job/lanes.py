@@ -2,7 +2,7 @@
 
 One work queue and one dispatcher serve every lane (docs/architecture.md, "Lanes"). A prompt taken
 from the queue goes to the first lane, in the order of `job.backends`, that has room: under its
-in-flight limit (and under the steering hook's ceiling), not paused, not closed, not held, not out,
+in-flight limit (and under the ceiling hook's ceiling), not paused, not closed, not held, not out,
 under its request-rate cap, and whose money gate fits the prompt's reservation. A prompt is in flight
 on one lane at a time; a retry goes back to the queue and may land on another lane.
 """
@@ -23,7 +23,8 @@ from regen.engine.money.ledger import Ledger
 
 
 class LaneCeilings(Protocol):
-    """The steering hook: a ceiling on a lane's in-flight limit, set from outside the dispatcher.
+    """The ceiling hook: a ceiling on a lane's in-flight limit, set from outside the dispatcher (the
+    job's deadline control, engine/job/deadline_control.py, with a deadline on both fleets).
 
     `lane_ceiling(name)` is read at every dispatch decision, so it must be cheap (a dict lookup).
     It answers None for "flat out" (the lane's own limit applies), or the most attempts that lane
@@ -54,9 +55,10 @@ class Lane:
     backend: Backend
     ledger: Ledger
     stats: JobStats
-    settler: Settler
     limit: AdaptiveLimit
     requests_per_minute: int | None
+    # Made by the dispatcher with the lane, its hooks bound to it (engine/job/dispatch.py `add_lane`).
+    settler: Settler = field(init=False)
     paused: bool = False
     closed: str | None = None  # why this lane takes nothing more (its backend failed for good)
     budget_blocked: bool = False
@@ -69,7 +71,7 @@ class Lane:
     spent_at_start: Decimal = Decimal(0)
     sent_at: deque[float] = field(default_factory=deque)
     # In-flight seconds integrated over time (monotonic): tokens per in-flight second is one
-    # request's rate, which the deadline controller multiplies by a ceiling (engine/job/deadline_control.py).
+    # request's rate, which the deadline control multiplies by a ceiling (engine/job/deadline_control.py).
     _busy_s: float = 0.0
     _busy_at: float = 0.0
 

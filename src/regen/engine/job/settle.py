@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Protocol
 
-from regen.engine.backends.base import AttemptOutcome, Backend, Disposition, Failure
+from regen.engine.backends.base import Account, AttemptOutcome, Backend, Disposition, Failure
 from regen.engine.config.settings import JobSettings
 from regen.engine.data.datasets import Prompt
 from regen.engine.data.tokenize_pool import TokenizePool
@@ -49,8 +49,8 @@ class Flight:
     released: bool = False
 
 
-class Steering(Protocol):
-    """What settling asks of the dispatcher and the job."""
+class SettleHooks(Protocol):
+    """What settling asks of the dispatcher and the job, for its lane (engine/job/dispatch.py `LaneHooks`)."""
 
     def retry(self, item: WorkItem, ready_at: float) -> None: ...
     def put_back(self, item: WorkItem) -> None: ...
@@ -76,7 +76,7 @@ class Settler:
         datasets: dict[str, DatasetState],
         results: ResultsWriter,
         events: EventLog,
-        steering: Steering,
+        hooks: SettleHooks,
     ) -> None:
         self.job = job
         self.backend = backend
@@ -85,7 +85,11 @@ class Settler:
         self.datasets = datasets
         self.results = results
         self.events = events
-        self.steering = steering
+        self.hooks = hooks
+        # The backend's abilities (engine/backends/base.py), read once: None where it has none.
+        self.guard = backend.guard
+        self.routes = backend.routes
+        self.account = backend.account
         self.breakdown = SpendBreakdown()
         self.pool: TokenizePool | None = None
         self.quarantined = 0
@@ -108,8 +112,8 @@ class Settler:
                 failure = Failure(
                     Disposition.RETRY, "finish", f"finish_reason {outcome.finish_reason} not accepted"
                 )
-            else:
-                violation = self.backend.reject(outcome)
+            elif self.guard is not None:
+                violation = self.guard.reject(outcome)
         result = "quarantined" if violation else (status if failure is None else failure.error_class)
         assert result is not None
         mono = time.monotonic()
@@ -147,12 +151,12 @@ class Settler:
                 row = await self.pool.fill(row, prompt.request_messages)
             except TokenizeError as exc:
                 await self.results.journal(record)
-                self.steering.fatal(StopReason.FATAL, f"tokenizing failed: {exc}")
+                self.hooks.fatal(StopReason.FATAL, f"tokenizing failed: {exc}")
                 return
         await self.results.commit_row(prompt.dataset, record, row)
         self._progress(prompt, status, outcome.completion_tokens, mono)
-        self.steering.reached(flight.launched_at)
-        self.steering.succeeded(mono)
+        self.hooks.reached(flight.launched_at)
+        self.hooks.succeeded(mono)
 
     def _account(
         self,
@@ -268,14 +272,15 @@ class Settler:
         self.quarantined += 1
         await self.results.quarantine({**row, "quarantine_reason": why})
         self.events.event("quarantine", prompt=item.prompt.id, provider=route, reason=why)
-        if route:
-            route_id = self.backend.route_id(route)
-            if route_id not in self.backend.excluded:
+        routes = self.routes
+        if route and routes is not None:
+            route_id = routes.route_id(route)
+            if route_id not in routes.excluded:
                 try:
-                    self.steering.exclude_route(route_id, "guard")
+                    self.hooks.exclude_route(route_id, "guard")
                 except JobError as exc:
-                    self.steering.fatal(StopReason.FATAL, f"precision guard: {why}; {exc}")
-        self.steering.retry(item, time.monotonic())
+                    self.hooks.fatal(StopReason.FATAL, f"precision guard: {why}; {exc}")
+        self.hooks.retry(item, time.monotonic())
 
     def _failed(
         self, item: WorkItem, failure: Failure, route: ProviderStats | None, launched_at: float
@@ -297,22 +302,22 @@ class Settler:
             # Not this prompt's fault: its attempt is given back, and the dispatcher decides
             # whether the backend is down (docs/faults.md, outages).
             item.run_attempts -= 1
-            self.steering.unreachable(item, failure)
+            self.hooks.unreachable(item, failure)
             return
-        self.steering.reached(launched_at)
+        self.hooks.reached(launched_at)
         if failure.hold_s is not None:
-            self.steering.hold(failure.hold_s, failure.message[:200])
+            self.hooks.hold(failure.hold_s, failure.message[:200])
         elif failure.throttle:
-            self.steering.throttled(time.monotonic())
+            self.hooks.throttled(time.monotonic())
         if failure.refused:
             counters.refusal_streak += 1
             if counters.refusal_streak >= REFUSAL_STREAK_FATAL and counters.rows == 0:
                 why = failure.streak_hint or "every request is refused"
-                self.steering.fatal(StopReason.FATAL, f"{why}: {failure.message}")
+                self.hooks.fatal(StopReason.FATAL, f"{why}: {failure.message}")
                 return
         if failure.disposition is Disposition.FATAL:
-            self.steering.fatal(StopReason(failure.stop_reason), self.backend.describe_fatal(failure))
-            self.steering.put_back(item)
+            self.hooks.fatal(StopReason(failure.stop_reason), self.backend.describe_fatal(failure))
+            self.hooks.put_back(item)
             return
         if failure.disposition is Disposition.GIVE_UP or item.run_attempts >= self.job.max_attempts:
             self._give_up(item, failure)
@@ -321,7 +326,7 @@ class Settler:
         delay = self._random.uniform(0, bound)
         if failure.retry_after_s is not None:
             delay = max(delay, failure.retry_after_s)
-        self.steering.retry(item, time.monotonic() + delay)
+        self.hooks.retry(item, time.monotonic() + delay)
 
     def _give_up(self, item: WorkItem, failure: Failure) -> None:
         self.datasets[item.prompt.dataset].failed += 1
@@ -394,13 +399,16 @@ class Settler:
             self.reconcile_later(Unsettled(crashed.rid, crashed.dataset, crashed.line, handle, cost, outcome))
 
     def reconcile_later(self, pending: Unsettled) -> None:
-        task = asyncio.get_running_loop().create_task(self._reconcile(pending))
+        account = self.account
+        if account is None:
+            return  # no bill comes later: what the backend charged is all there is to know
+        task = asyncio.get_running_loop().create_task(self._reconcile(account, pending))
         self._reconciling.add(task)
         task.add_done_callback(self._reconciling.discard)
 
-    async def _reconcile(self, pending: Unsettled) -> None:
-        """Replace an estimate with what the backend billed for that attempt."""
-        billed = await self.backend.reconcile(pending)
+    async def _reconcile(self, account: Account, pending: Unsettled) -> None:
+        """Replace an estimate with what the backend's account billed for that attempt."""
+        billed = await account.reconcile(pending)
         if billed is None:
             return
         delta = self.ledger.confirm(pending.estimate, billed)
@@ -413,7 +421,7 @@ class Settler:
                 pending.rid, self.backend.name, pending.generation_id, pending.outcome, billed, delta, time.time()
             )
         )
-        self.steering.wake()
+        self.hooks.wake()
 
     async def finish_reconciling(self, wait: bool) -> None:
         """Give cost lookups a short grace so the summary is exact; what is left stays estimated in

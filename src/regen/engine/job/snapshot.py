@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Mapping
 from decimal import Decimal
 
-from regen.engine.job.deadline_control import FleetSteering, remaining_needs
+from regen.engine.job.deadline_control import DeadlineControl, remaining_needs
 from regen.engine.job.dispatch import Dispatcher
 from regen.engine.job.lanes import Lane
 from regen.engine.job.stats import StatusRules, route_views
@@ -44,14 +44,14 @@ class SnapshotBuilder:
         rules: StatusRules,
         expected_output_tokens: int,
         started_mono: float,
-        fleet: FleetSteering | None = None,
+        deadline_control: DeadlineControl | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.datasets = datasets
         self.rules = rules
         self.expected_output_tokens = expected_output_tokens
         self.started_mono = started_mono
-        self.fleet = fleet
+        self.deadline_control = deadline_control
         self._plans: dict[str, tuple[float, BudgetPlanView]] = {}  # per lane: when, the answer
 
     def plan(self, lane: Lane, now: float) -> BudgetPlanView | None:
@@ -64,7 +64,8 @@ class SnapshotBuilder:
         if kept is not None and now - kept[0] < PLAN_INTERVAL_S:
             return kept[1]
         needs = remaining_needs(self.datasets, self.expected_output_tokens)
-        answer = plan(needs, lane.backend.prices(), budget - lane.ledger.spent)
+        routes = lane.backend.routes
+        answer = plan(needs, [] if routes is None else routes.prices(), budget - lane.ledger.spent)
         self._plans[lane.name] = (now, answer)
         return answer
 
@@ -103,15 +104,16 @@ class SnapshotBuilder:
         return view
 
     def _providers(self, lane: Lane, view_routes: list[RouteView], now: float, elapsed: float) -> list[ProviderView]:
-        backend = lane.backend
+        routes = lane.backend.routes
         return route_views(
             lane.stats.routes,
             view_routes,
             now=now,
             elapsed_s=elapsed,
             in_flight=self.dispatcher.in_flight_by_route(lane),
-            route_id=backend.route_id,
-            excluded=backend.excluded,
+            # Without routes to exclude, a route is named by its name (SGLang's servers).
+            route_id=str.strip if routes is None else routes.route_id,
+            excluded=() if routes is None else routes.excluded,
             rules=self.rules,
         )
 
@@ -125,7 +127,9 @@ class SnapshotBuilder:
 
     def _lane_view(self, lane: Lane, now: float, elapsed: float, remaining: int, job_rows: int) -> LaneView:
         counters = lane.stats.counters
-        view = lane.backend.view()
+        backend = lane.backend
+        view = backend.view()
+        routes, guard = backend.routes, backend.guard
         held = lane.held_until
         outage = lane.outage
         state, reason = "running", None
@@ -143,13 +147,13 @@ class SnapshotBuilder:
         outage_s = lane.outage_s(now)
         return {
             "name": lane.name,
-            "title": lane.backend.title,
+            "title": backend.title,
             "unit": lane.ledger.unit,
             "model": view["model"],
-            "supports_exclude": view["supports_exclude"],
+            "supports_exclude": routes is not None,
             "account": view["account"],
-            "excluded": view["excluded"],
-            "allowed_precisions": view["allowed_precisions"],
+            "excluded": [] if routes is None else sorted(routes.excluded),
+            "allowed_precisions": None if guard is None else guard.allowed_precisions,
             "state": state,
             "reason": reason,
             "held_s": max(0.0, held - now) if held else None,
@@ -207,9 +211,9 @@ class SnapshotBuilder:
             "hosts": hosts,
             "lanes": views,
         }
-        fleet = self.fleet
-        if fleet is not None and fleet.shown:
-            snapshot["fleet"] = fleet.view()
+        control = self.deadline_control
+        if control is not None and control.shown:
+            snapshot["fleet"] = control.view()
         return snapshot
 
 

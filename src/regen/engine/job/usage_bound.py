@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from regen.engine.backends.base import AccountUsage, Backend
+from regen.engine.backends.base import Account, AccountUsage
 from regen.engine.job.settle import Settler
 from regen.engine.money.ledger import Ledger
 from regen.engine.run.events import EventLog
@@ -23,37 +23,34 @@ KEY_USAGE = "key_usage"
 
 
 class UsageBound:
-    """One lane's base and, at the end of a run, its bound."""
+    """One lane's base and, at the end of a run, its bound: for a backend with an account (engine/backends/base.py
+    `Account`)."""
 
-    def __init__(self, settler: Settler, events: EventLog, journal: JournalState) -> None:
+    def __init__(self, account: Account, settler: Settler, events: EventLog, journal: JournalState) -> None:
+        self.account = account
         self.settler = settler
+        self.backend = settler.backend.name
         self.events = events
         self.journal = journal
         self.base = journal.usage_base
-        self.account = journal.usage_account
-
-    @property
-    def backend(self) -> Backend:
-        return self.settler.backend
+        self.key = journal.usage_account  # which key the base is of (a fingerprint)
 
     async def begin(self) -> None:
         """At the run's first start, journal the base; at a later one under another key, void it
         (the figures of the new key do not count what the old one was billed)."""
         if self.journal.begun and self.base is None:
             return  # an older run, or /key unreadable at the first start: no bound, ever
-        reading = await self.backend.account_usage(settle=False)
-        if reading is None:
-            return  # a backend without an account figure (GPU time)
+        reading = await self.account.account_usage(settle=False)
         if not self.journal.begun:
             if reading.usage is not None:
-                self.base, self.account = reading.usage, reading.account
+                self.base, self.key = reading.usage, reading.account
                 self.events.write(
-                    key_usage_base_event(self.backend.name, reading.usage, reading.account, time.time())
+                    key_usage_base_event(self.backend, reading.usage, reading.account, time.time())
                 )
-        elif reading.account != self.account:
-            self.base = self.account = None
+        elif reading.account != self.key:
+            self.base = self.key = None
             self.events.write(
-                key_usage_void_event(self.backend.name, "the run was resumed with another API key", time.time())
+                key_usage_void_event(self.backend, "the run was resumed with another API key", time.time())
             )
 
     async def end(self) -> None:
@@ -61,13 +58,11 @@ class UsageBound:
         ledger = self.settler.ledger
         if self.base is None or ledger.estimates.unknowable <= 0:
             return
-        reading = await self.backend.account_usage(settle=True)
-        if reading is None:
-            return
+        reading = await self.account.account_usage(settle=True)
         why = self._refusal(reading, ledger)
         if why is not None:
             self.events.event(
-                "usage_unbounded", backend=self.backend.name, reason=why, waited_s=reading.waited_s
+                "usage_unbounded", backend=self.backend, reason=why, waited_s=reading.waited_s
             )
             return
         assert reading.usage is not None and self.base is not None
@@ -82,7 +77,7 @@ class UsageBound:
         estimates.bound_waited_s = reading.waited_s
         self.events.write(
             usage_bound_event(
-                self.backend.name,
+                self.backend,
                 base=self.base,
                 usage=reading.usage,
                 confirmed=confirmed,
@@ -100,7 +95,7 @@ class UsageBound:
         """Why this reading cannot bound the money honestly, or None."""
         if reading.usage is None:
             return "the key's usage could not be read"
-        if reading.account != self.account:
+        if reading.account != self.key:
             return "the API key is not the one the run's first start read the usage of"
         if not reading.settled:
             return f"the key's usage was still changing after {reading.waited_s:.0f} s"

@@ -346,7 +346,7 @@ class StartEvent(TypedDict, total=False):
     event: Required[Literal["start"]]
     pid: int
     datasets: list[str]
-    budget: str  # the main lane's budget, a decimal string
+    budget: str  # the budget lane's budget, a decimal string ("None" for a job without a budget)
     spent: str  # what the journals had spent when it started
     concurrency: int
     excluded: list[str]  # routes excluded at the start
@@ -412,7 +412,43 @@ class UsageBoundEvent(TypedDict, total=False):
     waited_s: float  # how long the usage took to settle
 
 
-# -- writers (of the events recovery reads that are written outside the job's facade) ----------
+# -- writers (every event recovery reads is written by its writer here) -------------------------
+
+
+def start_event(
+    pid: int,
+    datasets: list[str],
+    budget: Decimal | None,
+    spent: Decimal,
+    concurrency: int,
+    excluded: list[str],
+    backends: list[str] | None,
+    ts: float,
+) -> StartEvent:
+    """`backends` only for a job with several lanes (None: the key is not written)."""
+    event: StartEvent = {
+        "ts": ts,
+        "event": "start",
+        "pid": pid,
+        "datasets": datasets,
+        "budget": str(budget),
+        "spent": str(spent),
+        "concurrency": concurrency,
+        "excluded": excluded,
+    }
+    if backends is not None:
+        event["backends"] = backends
+    return event
+
+
+def route_event(
+    kind: Literal["exclude", "include"], provider: str, source: str, backend: str | None, ts: float
+) -> RouteEvent:
+    """`backend` only for a job with several lanes (None: the key is not written)."""
+    event: RouteEvent = {"ts": ts, "event": kind, "provider": provider, "source": source}
+    if backend is not None:
+        event["backend"] = backend
+    return event
 
 
 def deadline_event(

@@ -1,6 +1,10 @@
 """OpenRouter behind the backend contract: the client, the catalog and its prices, the precision
 guard, the account (/key, /credits, /generation) and the platform's own limits.
 
+Besides the core, it has every ability of engine/backends/base.py, each implemented here on the
+backend itself: `routes` (its providers: excluded, priced), `guard` (the precision guard) and
+`account` (bills looked up after the attempt, the key's usage).
+
 docs/openrouter.md has the wire facts this relies on; docs/money.md the reservation rule.
 """
 
@@ -73,7 +77,6 @@ class OpenRouterBackend:
 
     name = "openrouter"
     unit = "usd"
-    supports_exclude = True
     thinking_setting = "openrouter.reasoning"
     title = "OpenRouter"
 
@@ -107,13 +110,27 @@ class OpenRouterBackend:
         }
         self._server = {"kind": "openrouter", "endpoint": "/api/v1/chat/completions"}
 
+    # ------------------------------------------------------------------------------ abilities
+
+    @property
+    def routes(self) -> OpenRouterBackend:
+        return self
+
+    @property
+    def guard(self) -> OpenRouterBackend:
+        return self
+
+    @property
+    def account(self) -> OpenRouterBackend:
+        return self
+
     # ------------------------------------------------------------------------------ lifecycle
 
     def check(self) -> None:
         if self.settings.api_key is None:
             raise BackendError("no API key: set OPENROUTER_API_KEY (or openrouter.api_key in the settings file)")
 
-    async def open(self, context: JobContext, excluded: Mapping[str, str]) -> None:
+    async def open(self, context: JobContext) -> None:
         self._context = context
         await self.client.open()
         try:
@@ -122,7 +139,6 @@ class OpenRouterBackend:
         except (BackendError, CatalogError) as exc:
             await self.client.close()
             raise BackendError(str(exc)) from None
-        self.excluded = dict(excluded)
         self._reprice()
         if not self.allowed():
             await self.client.close()
@@ -140,7 +156,10 @@ class OpenRouterBackend:
     async def close(self) -> None:
         await self.client.close()
 
-    # -------------------------------------------------------------------------------- routes
+    # ------------------------------------------------------------------------- routes (ability)
+
+    def restore(self, excluded: Mapping[str, str]) -> None:
+        self.excluded = dict(excluded)
 
     def allowed(self) -> list[Endpoint]:
         return allowed_endpoints(self.endpoints, self.routing, self.excluded, self.settings.max_tokens)
@@ -186,14 +205,6 @@ class OpenRouterBackend:
 
     def prices(self) -> list[RoutePrice]:
         return [e.price for e in self.allowed()]
-
-    def initial_routes(self) -> list[str]:
-        """The providers the settings allow, by display name: listed before any has served."""
-        return [
-            e.provider_name
-            for e in self.endpoints
-            if exclusion_reason(e, self.routing, (), self.settings.max_tokens) is None
-        ]
 
     # ------------------------------------------------------------------------------- attempts
 
@@ -278,27 +289,6 @@ class OpenRouterBackend:
             return prices.estimate(prompt_tokens, completion_tokens), True
         return reserved, True
 
-    def reject(self, outcome: AttemptOutcome) -> str | None:
-        """Why a response's serving provider is outside the precision allowlist, or None."""
-        route = outcome.route
-        try:
-            return self._guard_verdicts[route]
-        except KeyError:
-            verdict = self._guard_verdicts[route] = self._judge(route)
-            return verdict
-
-    def _judge(self, provider: str | None) -> str | None:
-        if not self.settings.precision_guard or self.routing.quantizations is None:
-            return None
-        if not provider:
-            return "the response names no serving provider"
-        endpoint = self.endpoint_named(provider)
-        if endpoint is None:
-            return f"{provider} is not in the catalog for {self.model}"
-        if not quantization_allowed(endpoint.quantization, self.routing.quantizations):
-            return f"{provider} serves {endpoint.quantization}, outside {', '.join(self.routing.quantizations)}"
-        return None
-
     def describe_fatal(self, failure: Failure) -> str:
         if failure.error_class == ErrorClass.CREDITS:
             return f"OpenRouter credits exhausted: {failure.message}"
@@ -329,13 +319,41 @@ class OpenRouterBackend:
     def row_server(self) -> dict[str, Any]:
         return self._server
 
-    # ------------------------------------------------------------------------------- account
+    # ---------------------------------------------------------------------- the guard (ability)
+
+    @property
+    def allowed_precisions(self) -> list[str] | None:
+        quantizations = self.routing.quantizations
+        return None if quantizations is None else list(quantizations)
+
+    def reject(self, outcome: AttemptOutcome) -> str | None:
+        """Why a response's serving provider is outside the precision allowlist, or None."""
+        route = outcome.route
+        try:
+            return self._guard_verdicts[route]
+        except KeyError:
+            verdict = self._guard_verdicts[route] = self._judge(route)
+            return verdict
+
+    def _judge(self, provider: str | None) -> str | None:
+        if not self.settings.precision_guard or self.routing.quantizations is None:
+            return None
+        if not provider:
+            return "the response names no serving provider"
+        endpoint = self.endpoint_named(provider)
+        if endpoint is None:
+            return f"{provider} is not in the catalog for {self.model}"
+        if not quantization_allowed(endpoint.quantization, self.routing.quantizations):
+            return f"{provider} serves {endpoint.quantization}, outside {', '.join(self.routing.quantizations)}"
+        return None
+
+    # ----------------------------------------------------------------------- account (ability)
 
     async def reconcile(self, pending: Unsettled) -> Decimal | None:
         assert pending.generation_id is not None
         return await generation_cost(self.client, pending.generation_id, self.reconcile_timeout_s)
 
-    async def account_usage(self, settle: bool) -> AccountUsage | None:
+    async def account_usage(self, settle: bool) -> AccountUsage:
         """The key's lifetime usage (/key), for bounding the money of attempts cut before their
         generation id arrived (docs/money.md, "Bounded by the key's usage")."""
         if settle:
@@ -401,10 +419,7 @@ class OpenRouterBackend:
             "name": self.name,
             "unit": self.unit,
             "model": self.model,
-            "supports_exclude": self.supports_exclude,
             "routes": routes,
-            "excluded": sorted(self.excluded),
-            "allowed_precisions": None if self.routing.quantizations is None else list(self.routing.quantizations),
             "account": {"kind": "openrouter", **self.credits},
         }
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Coroutine, Iterator, Mapping
+from collections.abc import Coroutine, Iterator
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +18,6 @@ import aiohttp
 import orjson
 
 from regen.engine.backends.base import (
-    AccountUsage,
     AttemptOutcome,
     BackendError,
     Disposition,
@@ -43,9 +42,7 @@ from regen.engine.backends.sglang.wire import (
 from regen.engine.config.settings import Settings, backend_problems
 from regen.engine.data.datasets import Prompt
 from regen.engine.data.tokenizer import TargetTokenizer, TokenizerError, TokenizerSpec
-from regen.engine.money.ledger import RoutePrice
 from regen.engine.net.deadlines import Deadlines
-from regen.engine.run.recovery import Unsettled
 from regen.engine.schema import BackendView, RouteView, SGLangServerView
 
 if TYPE_CHECKING:
@@ -114,10 +111,15 @@ class SGLangBackend:
 
     name = "sglang"
     unit = "gpu_s"
-    supports_exclude = False
     thinking_setting = "tokenizer.thinking"
     title = "SGLang"
     requests_per_minute: int | None = None  # no platform limit: the servers are the operator's
+    # None of the contract's abilities (engine/backends/base.py): the backend picks the server of
+    # each request itself, no answer is vetoed after the fact, and GPU time is measured at the
+    # attempt, so no bill ever arrives later.
+    routes: None = None
+    guard: None = None
+    account: None = None
 
     def __init__(self, settings: Settings, hosts: HostMonitor | None = None) -> None:
         self.all_settings = settings
@@ -131,7 +133,6 @@ class SGLangBackend:
         self.configured = settings.job.concurrency
         self.model = self.settings.served_model_name
         self.base_url = ", ".join(self.settings.urls)
-        self.excluded: dict[str, str] = {}
         self.health = Health(
             self.settings.healthy_queue_min, self.settings.healthy_queue_max, self.settings.healthy_kv_usage_max
         )
@@ -172,7 +173,7 @@ class SGLangBackend:
         if problems:
             raise BackendError("; ".join(problems))
 
-    async def open(self, context: JobContext, excluded: Mapping[str, str]) -> None:
+    async def open(self, context: JobContext) -> None:
         self.check()
         self._context = context
         spec = TokenizerSpec.from_settings(self.all_settings.tokenizer)
@@ -290,19 +291,7 @@ class SGLangBackend:
             fleet, self.fleet = self.fleet, None
             await fleet.close()
 
-    # -------------------------------------------------------------------------------- routes
-
-    def route_id(self, name: str) -> str:
-        return name.strip()
-
-    def exclude(self, route: str, source: str) -> str:
-        raise BackendError("SGLang has no routes to exclude: every request goes to the servers in sglang.urls")
-
-    def include(self, route: str) -> str:
-        raise BackendError("SGLang has no routes to include: every request goes to the servers in sglang.urls")
-
-    def prices(self) -> list[RoutePrice]:
-        return []
+    # ------------------------------------------------------------------------------- servers
 
     def _pick(self) -> Worker:
         if self.entry is not None:
@@ -440,9 +429,6 @@ class SGLangBackend:
             return _ZERO, False
         return (outcome.cost if outcome.cost is not None else _ZERO), False
 
-    def reject(self, outcome: AttemptOutcome) -> str | None:
-        return None
-
     def describe_fatal(self, failure: Failure) -> str:
         if failure.error_class == errors.ErrorClass.AUTH:
             return f"the SGLang server refuses regen's requests ({failure.message}); start it without --api-key"
@@ -458,12 +444,6 @@ class SGLangBackend:
 
     def row_server(self) -> dict[str, Any]:
         return self._server
-
-    async def reconcile(self, pending: Unsettled) -> Decimal | None:
-        return None  # GPU time is measured at the attempt; there is no bill to look up
-
-    async def account_usage(self, settle: bool) -> AccountUsage | None:
-        return None  # no account bills GPU time: nothing is ever unknowable here (docs/money.md)
 
     # ------------------------------------------------------------------------------- aborts
 
@@ -591,10 +571,7 @@ class SGLangBackend:
             "name": self.name,
             "unit": self.unit,
             "model": self.model,
-            "supports_exclude": self.supports_exclude,
             "routes": routes,
-            "excluded": [],
-            "allowed_precisions": None,
             "account": {
                 "kind": "sglang",
                 "servers": [w.view() for w in self.workers],

@@ -1,8 +1,9 @@
-"""Planning and steering one job over both fleets: the GPU hosts first, OpenRouter for the rest.
+"""Planning one job over both fleets and pacing it to the deadline: the GPU hosts first, OpenRouter
+for the rest.
 
-Pure code, no I/O: the plan (plan.py) and the controller that paces
-OpenRouter to finish by the deadline at the least cost (steer.py); the deadline itself is a setting's
-type (engine/money/deadline.py), re-exported here. The rules are in docs/fleets.md.
+Pure code, no I/O: the plan (plan.py) and the pacer that sets OpenRouter's in-flight ceiling so the
+job finishes by the deadline at the least cost (pacing.py); the deadline itself is a setting's type
+(engine/money/deadline.py), re-exported here. The rules are in docs/fleets.md.
 """
 
 from regen.engine.money.deadline import (
@@ -15,7 +16,7 @@ from regen.engine.money.deadline import (
 )
 from regen.engine.money.fleetplan.plan import (
     FleetPlan,
-    Provider,
+    RouteOffer,
     Share,
     Work,
     earliest_seconds,
@@ -28,7 +29,7 @@ __all__ = [
     "DeadlineError",
     "Duration",
     "FleetPlan",
-    "Provider",
+    "RouteOffer",
     "Share",
     "TimeOfDay",
     "Work",

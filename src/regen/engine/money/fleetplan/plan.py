@@ -49,8 +49,9 @@ class Work:
 
 
 @dataclass(frozen=True, slots=True)
-class Provider:
-    """One allowed OpenRouter provider: its prices and the tokens/s it sustains at the allowed concurrency."""
+class RouteOffer:
+    """What one allowed OpenRouter provider (a route) offers the plan: its prices and the tokens/s it
+    sustains at the allowed concurrency."""
 
     price: RoutePrice
     tokens_per_s: float | None = None  # None: no known limit
@@ -142,46 +143,46 @@ class FleetPlan:
         }
 
 
-def by_price(work: Work, providers: Sequence[Provider]) -> list[Provider]:
+def by_price(work: Work, offers: Sequence[RouteOffer]) -> list[RouteOffer]:
     """Cheapest per output token first (prompt share included); ties by route, so plans are deterministic."""
-    return sorted(providers, key=lambda p: (work.per_token(p.price), p.price.route))
+    return sorted(offers, key=lambda p: (work.per_token(p.price), p.price.route))
 
 
 def fill(
-    work: Work, tokens: int, providers: Sequence[Provider], seconds: float, money: Decimal | None = None
+    work: Work, tokens: int, offers: Sequence[RouteOffer], seconds: float, money: Decimal | None = None
 ) -> Split:
     """Up to `tokens` output tokens, cheapest provider first, each up to its capacity in `seconds`,
     never past `money` (None: no limit). The cheapest way to carry them (docs/fleets.md, "Why cheapest
     first is optimal"), and with money binding, the most tokens the money buys."""
     shares: list[Share] = []
     left, spent = tokens, Decimal(0)
-    for provider in by_price(work, providers):
-        capacity = provider.capacity(seconds)
+    for offer in by_price(work, offers):
+        capacity = offer.capacity(seconds)
         take = left if capacity is None else min(left, capacity)
-        unit = work.per_token(provider.price)
+        unit = work.per_token(offer.price)
         if money is not None and take > 0:
             purse = money - spent
             if unit > 0:
                 take = min(take, int((purse / unit).to_integral_value(ROUND_FLOOR)))
-            while take > 0 and work.cost(provider.price, take) > purse:
+            while take > 0 and work.cost(offer.price, take) > purse:
                 take -= 1  # the division above rounds; the cost is the rule
-        usd = work.cost(provider.price, take) if take > 0 else Decimal(0)
-        shares.append(Share(provider.price.route, take, usd, capacity, unit * 1_000_000))
+        usd = work.cost(offer.price, take) if take > 0 else Decimal(0)
+        shares.append(Share(offer.price.route, take, usd, capacity, unit * 1_000_000))
         left -= take
         spent += usd
     return Split(tuple(shares), tokens - left, spent)
 
 
-def flat_out_seconds(work: Work, gpu_tokens_per_s: float, providers: Sequence[Provider]) -> float | None:
+def flat_out_seconds(work: Work, gpu_tokens_per_s: float, offers: Sequence[RouteOffer]) -> float | None:
     """When both fleets flat out finish the work, from the known rates (a provider without one does not
     shorten it: it takes what the others cannot carry); 0 when only such providers are left; None with
     no fleet at all."""
     if work.output_tokens <= 0:
         return 0.0
-    rate = gpu_tokens_per_s + sum(p.tokens_per_s or 0.0 for p in providers)
+    rate = gpu_tokens_per_s + sum(p.tokens_per_s or 0.0 for p in offers)
     if rate > 0 and math.isfinite(work.output_tokens / rate):
         return work.output_tokens / rate
-    return 0.0 if any(p.tokens_per_s is None for p in providers) else None
+    return 0.0 if any(p.tokens_per_s is None for p in offers) else None
 
 
 def gpu_share(work: Work, gpu_tokens_per_s: float, seconds: float) -> int:
@@ -196,22 +197,22 @@ def whole_tokens(amount: float, most: int | None = None) -> int:
     return int(limit) if amount >= limit else math.floor(amount)
 
 
-def _covers(work: Work, gpu_tokens_per_s: float, providers: Sequence[Provider], seconds: float) -> bool:
+def _covers(work: Work, gpu_tokens_per_s: float, offers: Sequence[RouteOffer], seconds: float) -> bool:
     """Whether both fleets' capacities in `seconds` carry the whole work, money aside."""
     need = work.output_tokens - gpu_share(work, gpu_tokens_per_s, seconds)
-    return fill(work, need, providers, seconds).tokens == need
+    return fill(work, need, offers, seconds).tokens == need
 
 
 def _meets(
-    work: Work, gpu_tokens_per_s: float, providers: Sequence[Provider], seconds: float, budget: Decimal | None
+    work: Work, gpu_tokens_per_s: float, offers: Sequence[RouteOffer], seconds: float, budget: Decimal | None
 ) -> bool:
     need = work.output_tokens - gpu_share(work, gpu_tokens_per_s, seconds)
-    split = fill(work, need, providers, seconds)
+    split = fill(work, need, offers, seconds)
     return split.tokens == need and (budget is None or split.usd <= budget)
 
 
 def earliest_seconds(
-    work: Work, gpu_tokens_per_s: float, providers: Sequence[Provider], budget: Decimal | None
+    work: Work, gpu_tokens_per_s: float, offers: Sequence[RouteOffer], budget: Decimal | None
 ) -> float | None:
     """The least time left in which both fleets finish the work within the budget (to the second); None: never.
 
@@ -222,7 +223,7 @@ def earliest_seconds(
     # An upper end that fits, if any: the cheapest useful provider carrying everything (the least cost
     # OpenRouter can reach), else the GPUs alone (for nothing).
     ends: list[float] = []
-    useful = [p for p in by_price(work, providers) if p.tokens_per_s is None or p.tokens_per_s > 0]
+    useful = [p for p in by_price(work, offers) if p.tokens_per_s is None or p.tokens_per_s > 0]
     if useful:
         rate = useful[0].tokens_per_s
         ends.append(0.0 if rate is None else work.output_tokens / rate)
@@ -231,17 +232,17 @@ def earliest_seconds(
     fitting = [
         e
         for e in ends
-        if math.isfinite(e) and _meets(work, gpu_tokens_per_s, providers, math.ceil(e), budget)
+        if math.isfinite(e) and _meets(work, gpu_tokens_per_s, offers, math.ceil(e), budget)
     ]
     if not fitting:
         return None
     high = math.ceil(min(fitting))
     low = 0
-    if _meets(work, gpu_tokens_per_s, providers, low, budget):
+    if _meets(work, gpu_tokens_per_s, offers, low, budget):
         return 0.0
     while high - low > 1:
         middle = (low + high) // 2
-        if _meets(work, gpu_tokens_per_s, providers, middle, budget):
+        if _meets(work, gpu_tokens_per_s, offers, middle, budget):
             high = middle
         else:
             low = middle
@@ -252,33 +253,33 @@ def plan_fleets(
     work: Work,
     time_left_s: float | None,
     gpu_tokens_per_s: float | None,
-    providers: Sequence[Provider],
+    offers: Sequence[RouteOffer],
     budget_left: Decimal | None,
 ) -> FleetPlan:
     """The plan for `work` with `time_left_s` to the deadline (None: none), per docs/fleets.md."""
     gpu = max(0.0, gpu_tokens_per_s or 0.0)
     total = work.output_tokens
     alone = (total / gpu if gpu > 0 and math.isfinite(total / gpu) else None) if total > 0 else 0.0
-    horizon = flat_out_seconds(work, gpu, providers) if time_left_s is None else max(0.0, time_left_s)
+    horizon = flat_out_seconds(work, gpu, offers) if time_left_s is None else max(0.0, time_left_s)
     if time_left_s is None and horizon is not None:
         # To the second above, as earliest_s: each fleet's share is floored to whole tokens, so at
         # the exact flat-out finish they would fall a few tokens short of a plan that must fit.
         horizon = float(math.ceil(horizon))
         for _ in range(64):  # a second adds a token per fleet at any rate above 1 token/s
-            if _covers(work, gpu, providers, horizon):
+            if _covers(work, gpu, offers, horizon):
                 break
             horizon += 1.0
     seconds = 0.0 if horizon is None else horizon
     gpu_tokens = gpu_share(work, gpu, seconds) if horizon is not None else 0
     need = total - gpu_tokens
-    split = fill(work, need, providers, seconds)
+    split = fill(work, need, offers, seconds)
     reachable = horizon is not None and split.tokens == need
     affordable = budget_left is None or split.usd <= budget_left
-    earliest = earliest_seconds(work, gpu, providers, budget_left)
+    earliest = earliest_seconds(work, gpu, offers, budget_left)
     if reachable and affordable:
         done = total
     else:
-        bought = fill(work, need, providers, seconds, budget_left)
+        bought = fill(work, need, offers, seconds, budget_left)
         done = gpu_tokens + bought.tokens
     meet = time_left_s is not None and alone is not None and alone <= time_left_s
     result = FleetPlan(

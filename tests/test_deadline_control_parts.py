@@ -1,4 +1,4 @@
-"""The deadline controller's parts that need no simulator: in-flight seconds, the deadline journaled
+"""The deadline control's parts that need no simulator: in-flight seconds, the deadline journaled
 and read back, the headless lines (engine/job/lanes.py, engine/run/recovery.py, engine/control/headless.py)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from regen.engine.run.recovery import read_journals
 
 def bare_lane() -> Lane:
     # Only the in-flight bookkeeping is exercised: the parts it does not touch stay unset.
-    return Lane(None, None, None, None, None, None)  # type: ignore[arg-type]
+    return Lane(None, None, None, None, None)  # type: ignore[arg-type]
 
 
 def test_in_flight_seconds_integrate_the_count_over_time() -> None:

@@ -1,4 +1,4 @@
-"""The deadline controller in a real job on both simulators (engine/job/deadline_control.py, docs/fleets.md).
+"""The deadline control in a real job on both simulators (engine/job/deadline_control.py, docs/fleets.md).
 
 OpenRouter's in-flight ceiling follows the GPUs: idle while they alone make the deadline, up when
 they are slowed mid-run; a deadline that cannot be met is said before the start and as soon as it
@@ -33,7 +33,7 @@ from tests.support.sglang_sim import fast_config
 TOKENS = {"output_len_min": 20, "output_len_max": 40}
 
 
-def steered(settings: Settings, **tuning: Any) -> Settings:
+def paced(settings: Settings, **tuning: Any) -> Settings:
     """Quick ticks and short smoothing, so a test sees in seconds what a night run does in minutes."""
     values: dict[str, Any] = {"interval_s": 0.25, "smoothing_s": 1.0, "request_tokens_per_s": 40.0, **tuning}
     return settings.model_copy(
@@ -71,7 +71,7 @@ async def test_openrouter_idles_while_the_gpus_make_the_deadline_and_rises_when_
     gpus: SGLangSim, openrouter: OpenRouterSim, fleet_settings: Callable[..., Settings], tmp_path: Path
 ) -> None:
     data = write_dataset(tmp_path, "A", 700)
-    settings = steered(
+    settings = paced(
         fleet_settings(gpus.base_url, openrouter.base_url, [data], deadline="25s", budget_usd=5.0),
         gpu_tokens_per_s=3000.0,
     )
@@ -93,20 +93,22 @@ async def test_openrouter_idles_while_the_gpus_make_the_deadline_and_rises_when_
         await asyncio.sleep(0.05)
     risen = ceiling(job)
     assert risen is not None and risen > 0, "OpenRouter's share rises when the GPUs fall behind"
-    assert time.time() - slowed_at < 10, "the controller noticed within a few ticks"
+    assert time.time() - slowed_at < 10, "the pacer noticed within a few ticks"
     outcome = await runner
     assert outcome.reason is StopReason.DONE, outcome.message
     rows = one_row_per_prompt(data, 700)
     made = Counter(row["backend"] for row in rows)
     assert made["openrouter"] > 0 and made["sglang"] > 0
     assert paid.ledger.budget is not None and paid.ledger.spent <= paid.ledger.budget
-    # The plan's providers share the lane's flat-out rate as OpenRouter shared the requests.
-    providers = job.fleet.providers(Work(30_000, 1_000, 20_000), 40.0)
-    assert sum(p.tokens_per_s or 0.0 for p in providers) == pytest.approx(16 * 40.0)
-    served = Counter({paid.backend.route_id(name): stats.requests for name, stats in paid.stats.routes.items()})
-    for provider in providers:
-        share = served[paid.backend.route_id(provider.price.route)] / sum(served.values())
-        assert provider.tokens_per_s == pytest.approx(16 * 40.0 * share)
+    # The plan's offers share the lane's flat-out rate as OpenRouter shared the requests.
+    offers = job.deadline_control.offers(Work(30_000, 1_000, 20_000), 40.0)
+    assert sum(p.tokens_per_s or 0.0 for p in offers) == pytest.approx(16 * 40.0)
+    routes = paid.backend.routes
+    assert routes is not None
+    served = Counter({routes.route_id(name): stats.requests for name, stats in paid.stats.routes.items()})
+    for offer in offers:
+        share = served[routes.route_id(offer.price.route)] / sum(served.values())
+        assert offer.tokens_per_s == pytest.approx(16 * 40.0 * share)
     steers = [e for e in journal(job.run_dir / "events.jsonl") if e["event"] == "steer"]
     assert steers[0]["ceiling"] == 0 and "GPUs alone make the deadline" in steers[0]["reason"]
     assert any(e["ceiling"] > 0 for e in steers[1:]), steers
@@ -119,7 +121,7 @@ async def test_a_deadline_that_cannot_be_met_is_said_before_the_start(
     # 60,000 tokens; OpenRouter's 16 in flight at 40 tokens/s each carry 3,200 more, and $0.0005
     # would buy few of them anyway.
     data = write_dataset(tmp_path, "A", 2000)
-    settings = steered(
+    settings = paced(
         fleet_settings(gpus.base_url, openrouter.base_url, [data], deadline="5s", budget_usd=0.0005),
         gpu_tokens_per_s=1000.0,
     )
@@ -145,7 +147,7 @@ async def test_the_deadline_becomes_unreachable_mid_run_and_it_is_said_at_once(
     # 1,500 prompts of ~30 tokens: 15 s of the GPUs' nominal pace against a 60 s deadline, so a
     # starved CPU halving their pace still fits; slowed 100-fold they cannot, and $0.002 buys little.
     data = write_dataset(tmp_path, "A", 1500)
-    settings = steered(
+    settings = paced(
         fleet_settings(gpus.base_url, openrouter.base_url, [data], deadline="60s", budget_usd=0.002),
         gpu_tokens_per_s=3000.0,
     )
@@ -177,7 +179,7 @@ async def test_the_deadline_is_kept_across_restarts_and_changed_live(
     data = write_dataset(tmp_path, "A", 6)
 
     async def session(deadline: str | None, then: Callable[[Job], Any] | None = None) -> Job:
-        job = Job(steered(fleet_settings(gpus.base_url, openrouter.base_url, [data], deadline=deadline)))
+        job = Job(paced(fleet_settings(gpus.base_url, openrouter.base_url, [data], deadline=deadline)))
         await job.prepare()
         if then is not None:
             then(job)
@@ -186,24 +188,24 @@ async def test_the_deadline_is_kept_across_restarts_and_changed_live(
         return job
 
     first = await session("2h")
-    at = first.fleet.deadline_ts
+    at = first.deadline_control.deadline_ts
     assert at is not None and abs(at - (first.started_at + 7200)) < 5
     await asyncio.sleep(1.1)
     again = await session("2h")
-    assert again.fleet.deadline_ts == at, "a restart keeps the instant: 2h from the first start"
+    assert again.deadline_control.deadline_ts == at, "a restart keeps the instant: 2h from the first start"
     changed = await session("3h")
-    assert changed.fleet.deadline_ts == pytest.approx(at + 3600, abs=1), "a new setting counts from the first start too"
+    assert changed.deadline_control.deadline_ts == pytest.approx(at + 3600, abs=1), "a new setting counts from the first start too"
 
-    operator = await session("3h", lambda job: job.fleet.set_deadline("30m", "console"))
-    moved = operator.fleet.deadline_ts
+    operator = await session("3h", lambda job: job.deadline_control.set_deadline("30m", "console"))
+    moved = operator.deadline_control.deadline_ts
     assert moved is not None and abs(moved - (time.time() + 1800)) < 10, "typed live, a duration counts from now"
     kept = await session("3h")
-    assert kept.fleet.deadline_ts == moved, "the operator's deadline outlives a restart with the same settings"
-    cleared = await session("3h", lambda job: job.fleet.set_deadline(None, "console"))
-    assert cleared.fleet.deadline_ts is None and "fleet" in cleared.snapshot()
-    assert (await session("3h")).fleet.deadline_ts is None, "cleared stays cleared"
+    assert kept.deadline_control.deadline_ts == moved, "the operator's deadline outlives a restart with the same settings"
+    cleared = await session("3h", lambda job: job.deadline_control.set_deadline(None, "console"))
+    assert cleared.deadline_control.deadline_ts is None and "fleet" in cleared.snapshot()
+    assert (await session("3h")).deadline_control.deadline_ts is None, "cleared stays cleared"
     dropped = await session(None)
-    assert dropped.fleet.deadline_ts is None
+    assert dropped.deadline_control.deadline_ts is None
     sources = [(e["text"], e["source"]) for e in journal(data.parent / "run" / "events.jsonl") if e["event"] == "deadline"]
     assert sources == [("2h", "settings"), ("3h", "settings"), ("30m", "console"), (None, "console"), (None, "settings")]
 
@@ -212,7 +214,7 @@ async def test_the_deadline_command_answers_and_refuses_bad_text(
     gpus: SGLangSim, openrouter: OpenRouterSim, fleet_settings: Callable[..., Settings], tmp_path: Path
 ) -> None:
     data = write_dataset(tmp_path, "A", 4)
-    job = Job(steered(fleet_settings(gpus.base_url, openrouter.base_url, [data])))
+    job = Job(paced(fleet_settings(gpus.base_url, openrouter.base_url, [data])))
     await job.prepare()
     try:
         assert job.snapshot()["fleet"]["deadline"] is None, "two lanes show the fleet view without a deadline"

@@ -1,8 +1,8 @@
-"""Steering OpenRouter's share so the job finishes by the deadline at the least cost, not flat out.
+"""Pacing OpenRouter's share so the job finishes by the deadline at the least cost, not flat out.
 
-The dispatcher calls `Steering.update` every few seconds with what it measured; the answer is
-OpenRouter's in-flight ceiling and a one-line reason. The control law, its margin and its smoothing
-are in docs/fleets.md ("Steering").
+The job's deadline control (engine/job/deadline_control.py) calls `Pacer.update` every few seconds
+with what it measured; the answer, a `PaceDecision`, is OpenRouter's in-flight ceiling and a one-line
+reason. The control law, its margin and its smoothing are in docs/fleets.md ("Pacing").
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from regen.engine.durations import duration
-from regen.engine.money.fleetplan.plan import FleetPlan, Provider, Work, plan_fleets, tokens, usd
+from regen.engine.money.fleetplan.plan import FleetPlan, RouteOffer, Work, plan_fleets, tokens, usd
 
 
 @dataclass(frozen=True, slots=True)
 class Facts:
-    """What the dispatcher measured, on one clock (seconds; the deadline on the same clock)."""
+    """What the job measured, on one clock (seconds; the deadline on the same clock)."""
 
     now: float
     # The work at the start less what each backend has made since; tokens in flight count as left.
@@ -29,12 +29,12 @@ class Facts:
     # work_left, so their cost is planned from this; the ledger's gate still holds their worst case.
     budget_left: Decimal | None  # None: no budget
     deadline: float | None  # the resolved deadline; None: no deadline
-    providers: tuple[Provider, ...] = ()  # the allowed providers, prices and sustainable rates
+    offers: tuple[RouteOffer, ...] = ()  # the allowed providers: their prices and sustainable rates
 
 
 @dataclass(frozen=True, slots=True)
-class Steer:
-    """The controller's answer for one tick."""
+class PaceDecision:
+    """The pacer's answer for one tick."""
 
     ceiling: int | None  # OpenRouter's in-flight ceiling; 0: idle; None: no limit (flat out)
     reason: str  # one line for the operator
@@ -43,7 +43,7 @@ class Steer:
     openrouter_tokens_per_s: float | None  # the rate the ceiling aims at; None: flat out
 
 
-class Steering:
+class Pacer:
     """OpenRouter's in-flight ceiling from measured rates: deterministic, fed one tick at a time."""
 
     def __init__(
@@ -73,16 +73,16 @@ class Steering:
         self._request_sampled = False
         self._last_now: float | None = None
         self.ceiling: int | None = None
-        self.last: Steer | None = None
+        self.last: PaceDecision | None = None
 
     @property
     def gpu_tokens_per_s(self) -> float:
-        """The smoothed GPU rate the controller plans with."""
+        """The smoothed GPU rate the pacer plans with."""
         return self._gpu or 0.0
 
     @property
     def request_tokens_per_s(self) -> float:
-        """The smoothed per-request OpenRouter rate the controller plans with."""
+        """The smoothed per-request OpenRouter rate the pacer plans with."""
         return self._request
 
     def _smooth(self, facts: Facts) -> None:
@@ -103,44 +103,44 @@ class Steering:
             else:
                 self._request += weight * (sample - self._request)
 
-    def update(self, facts: Facts) -> Steer:
-        """The ceiling for the next few seconds, per docs/fleets.md ("Steering")."""
+    def update(self, facts: Facts) -> PaceDecision:
+        """The ceiling for the next few seconds, per docs/fleets.md ("Pacing")."""
         self._smooth(facts)
-        steer = self._decide(facts)
-        self.ceiling = steer.ceiling
-        self.last = steer
-        return steer
+        decision = self._decide(facts)
+        self.ceiling = decision.ceiling
+        self.last = decision
+        return decision
 
-    def _decide(self, facts: Facts) -> Steer:
-        work, gpu, providers = facts.work_left, self.gpu_tokens_per_s, facts.providers
+    def _decide(self, facts: Facts) -> PaceDecision:
+        work, gpu, offers = facts.work_left, self.gpu_tokens_per_s, facts.offers
         if facts.deadline is None:
-            live = plan_fleets(work, None, gpu, providers, facts.budget_left)
-            return Steer(None, "no deadline: both fleets flat out, GPUs first", live, live, None)
+            live = plan_fleets(work, None, gpu, offers, facts.budget_left)
+            return PaceDecision(None, "no deadline: both fleets flat out, GPUs first", live, live, None)
         time_left = facts.deadline - facts.now
         if work.output_tokens <= 0:
-            live = plan_fleets(work, max(0.0, time_left), gpu, providers, facts.budget_left)
-            return Steer(0, "nothing left to make: OpenRouter idle", live, live, 0.0)
+            live = plan_fleets(work, max(0.0, time_left), gpu, offers, facts.budget_left)
+            return PaceDecision(0, "nothing left to make: OpenRouter idle", live, live, 0.0)
         if time_left <= 0:
-            live = plan_fleets(work, 0.0, gpu, providers, facts.budget_left)
-            return Steer(
+            live = plan_fleets(work, 0.0, gpu, offers, facts.budget_left)
+            return PaceDecision(
                 self.max_in_flight,
                 f"deadline passed: OpenRouter flat out ({self.max_in_flight} in flight) within the budget",
                 live,
                 live,
                 None,
             )
-        shown = plan_fleets(work, time_left, gpu, providers, facts.budget_left)
+        shown = plan_fleets(work, time_left, gpu, offers, facts.budget_left)
         # Aim a little before the deadline; the lead shrinks with the time left, so the run lands on it.
         # When the money or the rates leave no room for the lead, aim at the deadline itself.
         aim_s = time_left * (1.0 - self.margin)
-        aim = plan_fleets(work, aim_s, gpu, providers, facts.budget_left)
+        aim = plan_fleets(work, aim_s, gpu, offers, facts.budget_left)
         if not aim.fits and shown.fits:
             aim, aim_s = shown, time_left
         if aim.openrouter_tokens <= 0:
-            return Steer(0, self._moved(0, "GPUs alone make the deadline: OpenRouter idle"), shown, aim, 0.0)
+            return PaceDecision(0, self._moved(0, "GPUs alone make the deadline: OpenRouter idle"), shown, aim, 0.0)
         if not aim.reachable:
             note = f"deadline cannot be met at OpenRouter's rates: flat out; {_out(shown)}"
-            return Steer(self.max_in_flight, self._moved(self.max_in_flight, note), shown, aim, None)
+            return PaceDecision(self.max_in_flight, self._moved(self.max_in_flight, note), shown, aim, None)
         # Over the budget, what the budget buys is spread to the deadline: the most work done by then.
         carry = aim.openrouter_tokens if aim.affordable else aim.tokens_by_deadline - aim.gpu_tokens
         rate = carry / aim_s
@@ -156,7 +156,7 @@ class Steering:
                 f"deadline cannot be met within the budget: OpenRouter spends the {usd(spend)} left, "
                 f"{detail}; {_out(shown)}",
             )
-        return Steer(ceiling, note, shown, aim, rate)
+        return PaceDecision(ceiling, note, shown, aim, rate)
 
     def _damped(self, wanted: int) -> int:
         """The new ceiling, unless it is within the deadband of the current one (noise, not news)."""

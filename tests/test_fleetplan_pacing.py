@@ -1,4 +1,4 @@
-"""The steering controller: fed time series, and in a discrete-time simulation of a whole run."""
+"""The pacer of OpenRouter's share: fed time series, and in a discrete-time simulation of a whole run."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from regen.engine.money.fleetplan import Provider, Work, fill
-from regen.engine.money.fleetplan.steer import Facts, Steering
+from regen.engine.money.fleetplan import RouteOffer, Work, fill
+from regen.engine.money.fleetplan.pacing import Facts, Pacer
 from regen.engine.money.ledger import PER_MILLION, RoutePrice
 from tests.support.fleet_sim import Sim, SimProvider
 
-CHEAP = Provider(RoutePrice("cheap", Decimal(0), Decimal("2.20") / PER_MILLION), None)
+CHEAP = RouteOffer(RoutePrice("cheap", Decimal(0), Decimal("2.20") / PER_MILLION), None)
 
 
 def facts(now: float, left: int, gpu: float | None, *, per_request: float | None = 10.0, in_flight: int = 10,
@@ -25,72 +25,72 @@ def facts(now: float, left: int, gpu: float | None, *, per_request: float | None
 
 
 def test_no_deadline_no_limit() -> None:
-    steer = Steering(100).update(facts(0.0, 1_000_000, 500.0, deadline=None))
-    assert steer.ceiling is None and steer.reason == "no deadline: both fleets flat out, GPUs first"
-    assert steer.plan.time_left_s is None
+    decision = Pacer(100).update(facts(0.0, 1_000_000, 500.0, deadline=None))
+    assert decision.ceiling is None and decision.reason == "no deadline: both fleets flat out, GPUs first"
+    assert decision.plan.time_left_s is None
 
 
 def test_the_ceiling_is_the_rate_openrouter_must_carry_over_the_per_request_rate() -> None:
-    steer = Steering(100, margin=0.05).update(facts(0.0, 1_000_000, 500.0))
+    decision = Pacer(100, margin=0.05).update(facts(0.0, 1_000_000, 500.0))
     target = 1000.0 * 0.95  # the finish aimed at, 5% of the time left before the deadline
     need = 1_000_000 - math.floor(500.0 * target)
-    assert steer.aim.openrouter_tokens == need and steer.aim.time_left_s == target
-    assert steer.plan.time_left_s == 1000.0 and steer.plan.openrouter_tokens == 500_000  # to the deadline
-    assert steer.openrouter_tokens_per_s == need / target
-    assert steer.ceiling == math.ceil(need / target / 10.0) == 56
-    assert steer.reason.startswith("on track: OpenRouter 56 in flight, 553 tokens/s for 525.0k tokens by the deadline in 16m40s")
+    assert decision.aim.openrouter_tokens == need and decision.aim.time_left_s == target
+    assert decision.plan.time_left_s == 1000.0 and decision.plan.openrouter_tokens == 500_000  # to the deadline
+    assert decision.openrouter_tokens_per_s == need / target
+    assert decision.ceiling == math.ceil(need / target / 10.0) == 56
+    assert decision.reason.startswith("on track: OpenRouter 56 in flight, 553 tokens/s for 525.0k tokens by the deadline in 16m40s")
 
 
 def test_gpus_alone_enough_openrouter_idle() -> None:
-    steering = Steering(100)
-    assert steering.update(facts(0.0, 1_000_000, 500.0)).ceiling == 56
-    steer = steering.update(facts(5.0, 400_000, 500.0))  # far ahead: 400k left, the GPUs make 470k by then
-    assert steer.ceiling == 0
-    assert steer.reason == "GPUs alone make the deadline: OpenRouter idle (OpenRouter 56 -> 0 in flight)"
+    pacer = Pacer(100)
+    assert pacer.update(facts(0.0, 1_000_000, 500.0)).ceiling == 56
+    decision = pacer.update(facts(5.0, 400_000, 500.0))  # far ahead: 400k left, the GPUs make 470k by then
+    assert decision.ceiling == 0
+    assert decision.reason == "GPUs alone make the deadline: OpenRouter idle (OpenRouter 56 -> 0 in flight)"
 
 
 def test_the_ceiling_rises_when_the_gpus_slow_and_falls_when_they_speed_up() -> None:
-    steering = Steering(200, smoothing_s=10.0)
-    start = steering.update(facts(0.0, 1_000_000, 500.0)).ceiling
+    pacer = Pacer(200, smoothing_s=10.0)
+    start = pacer.update(facts(0.0, 1_000_000, 500.0)).ceiling
     assert start is not None
     now, left = 0.0, 1_000_000
     for _ in range(10):  # the GPUs drop to 200 tokens/s; OpenRouter keeps its pace
         now += 5.0
         left -= int(5 * (200 + start * 10))
-        slow = steering.update(facts(now, left, 200.0))
+        slow = pacer.update(facts(now, left, 200.0))
     assert slow.ceiling is not None and slow.ceiling > start
     risen = slow.ceiling
     for _ in range(10):
         now += 5.0
         left -= int(5 * (900 + risen * 10))
-        fast = steering.update(facts(now, left, 900.0))
+        fast = pacer.update(facts(now, left, 900.0))
     assert fast.ceiling is not None and fast.ceiling < risen
 
 
 def test_a_reason_names_the_move() -> None:
-    steering = Steering(200, smoothing_s=1.0)
-    steering.update(facts(0.0, 1_000_000, 500.0))
-    behind = steering.update(facts(50.0, 1_000_000 - 50 * 500, 100.0))
+    pacer = Pacer(200, smoothing_s=1.0)
+    pacer.update(facts(0.0, 1_000_000, 500.0))
+    behind = pacer.update(facts(50.0, 1_000_000 - 50 * 500, 100.0))
     assert behind.reason.startswith("GPUs behind: OpenRouter 56 -> ")
-    ahead = steering.update(facts(100.0, 1_000_000 - 100 * 500, 700.0))
+    ahead = pacer.update(facts(100.0, 1_000_000 - 100 * 500, 700.0))
     assert ahead.reason.startswith("GPUs ahead: OpenRouter ")
 
 
 def test_smoothing_a_one_tick_spike_barely_moves_the_ceiling() -> None:
-    steering = Steering(200, smoothing_s=60.0)
-    base = steering.update(facts(0.0, 1_000_000, 500.0)).ceiling
-    spike = steering.update(facts(5.0, 1_000_000 - 5 * 1060, 50.0)).ceiling  # one noisy sample
-    unsmoothed = Steering(200).update(facts(5.0, 1_000_000 - 5 * 1060, 50.0)).ceiling
+    pacer = Pacer(200, smoothing_s=60.0)
+    base = pacer.update(facts(0.0, 1_000_000, 500.0)).ceiling
+    spike = pacer.update(facts(5.0, 1_000_000 - 5 * 1060, 50.0)).ceiling  # one noisy sample
+    unsmoothed = Pacer(200).update(facts(5.0, 1_000_000 - 5 * 1060, 50.0)).ceiling
     assert base is not None and spike is not None and unsmoothed is not None
     assert abs(spike - base) * 5 < abs(unsmoothed - base)
 
 
 def test_noise_does_not_make_it_oscillate() -> None:
     rng = random.Random(7)
-    steering = Steering(200, smoothing_s=60.0)
+    pacer = Pacer(200, smoothing_s=60.0)
     now, left, ceilings = 0.0, 1_000_000, []
     for _ in range(60):
-        c = steering.update(facts(now, left, 500.0 * math.exp(rng.gauss(0, 0.2)))).ceiling
+        c = pacer.update(facts(now, left, 500.0 * math.exp(rng.gauss(0, 0.2)))).ceiling
         assert c is not None
         ceilings.append(c)
         left -= int(5 * (500 + c * 10))
@@ -100,31 +100,31 @@ def test_noise_does_not_make_it_oscillate() -> None:
 
 
 def test_over_the_budget_it_spends_what_is_left_by_the_deadline_and_no_more() -> None:
-    steer = Steering(500).update(facts(0.0, 1_000_000, 500.0, budget=Decimal("0.5")))
+    decision = Pacer(500).update(facts(0.0, 1_000_000, 500.0, budget=Decimal("0.5")))
     affordable = int(Decimal("0.5") / (Decimal("2.20") / PER_MILLION))  # 227,272 tokens
-    assert steer.openrouter_tokens_per_s is not None
-    assert steer.openrouter_tokens_per_s * 950.0 == pytest.approx(affordable, abs=1)
-    assert steer.ceiling == math.ceil(affordable / 950.0 / 10.0)
-    assert steer.reason.startswith("deadline cannot be met within the budget: OpenRouter spends the $0.50 left")
+    assert decision.openrouter_tokens_per_s is not None
+    assert decision.openrouter_tokens_per_s * 950.0 == pytest.approx(affordable, abs=1)
+    assert decision.ceiling == math.ceil(affordable / 950.0 / 10.0)
+    assert decision.reason.startswith("deadline cannot be met within the budget: OpenRouter spends the $0.50 left")
 
 
 def test_the_deadline_passed_openrouter_flat_out() -> None:
-    steer = Steering(300).update(facts(2000.0, 10_000, 500.0))
-    assert steer.ceiling == 300 and steer.reason.startswith("deadline passed")
+    decision = Pacer(300).update(facts(2000.0, 10_000, 500.0))
+    assert decision.ceiling == 300 and decision.reason.startswith("deadline passed")
 
 
 def test_rates_too_slow_flat_out() -> None:
-    slow = Provider(CHEAP.price, 100.0)
+    slow = RouteOffer(CHEAP.price, 100.0)
     f = Facts(0.0, Work(1_000_000), 100.0, 10.0, 10, Decimal(1000), 1000.0, (slow,))
-    steer = Steering(40).update(f)
-    assert steer.ceiling == 40 and steer.reason.startswith("deadline cannot be met at OpenRouter's rates")
+    decision = Pacer(40).update(f)
+    assert decision.ceiling == 40 and decision.reason.startswith("deadline cannot be met at OpenRouter's rates")
 
 
 def test_settings_stand_in_until_there_are_samples() -> None:
-    steering = Steering(100, gpu_tokens_per_s=500.0, request_tokens_per_s=10.0)
-    steer = steering.update(facts(0.0, 1_000_000, None, per_request=None, in_flight=0))
-    assert steer.ceiling == 56
-    no_gpu_setting = Steering(100, request_tokens_per_s=10.0).update(
+    pacer = Pacer(100, gpu_tokens_per_s=500.0, request_tokens_per_s=10.0)
+    decision = pacer.update(facts(0.0, 1_000_000, None, per_request=None, in_flight=0))
+    assert decision.ceiling == 56
+    no_gpu_setting = Pacer(100, request_tokens_per_s=10.0).update(
         facts(0.0, 1_000_000, None, per_request=None, in_flight=0)
     )
     assert no_gpu_setting.ceiling == 100  # without a GPU rate OpenRouter must make it all: capped at the most
@@ -151,7 +151,7 @@ def mean_ceiling(ceilings: list[tuple[float, int | None]], start: float, end: fl
 
 
 def test_a_simulated_run_follows_the_gpus_and_lands_on_the_deadline() -> None:
-    sim = Sim(10_000_000, DEADLINE, Decimal(100), PROVIDERS, changing_gpus, steering=Steering(200, smoothing_s=30.0))
+    sim = Sim(10_000_000, DEADLINE, Decimal(100), PROVIDERS, changing_gpus, pacer=Pacer(200, smoothing_s=30.0))
     result = sim.run()
     assert result.finished_s is not None
     assert abs(result.finished_s - DEADLINE) <= 0.10 * DEADLINE, result.finished_s / DEADLINE
@@ -163,19 +163,19 @@ def test_a_simulated_run_follows_the_gpus_and_lands_on_the_deadline() -> None:
     assert result.max_spent_over_budget <= 0
 
 
-def test_steered_costs_less_than_flat_out() -> None:
-    steered = Sim(10_000_000, DEADLINE, Decimal(100), PROVIDERS, changing_gpus, steering=Steering(200)).run()
-    flat = Sim(10_000_000, DEADLINE, Decimal(100), PROVIDERS, changing_gpus, steering=None).run()
-    assert steered.finished_s is not None and flat.finished_s is not None
-    assert flat.finished_s < steered.finished_s <= 1.1 * DEADLINE
-    assert steered.spent < flat.spent * Decimal("0.5")
-    assert steered.by_provider["dear"] < flat.by_provider["dear"]
+def test_paced_costs_less_than_flat_out() -> None:
+    paced = Sim(10_000_000, DEADLINE, Decimal(100), PROVIDERS, changing_gpus, pacer=Pacer(200)).run()
+    flat = Sim(10_000_000, DEADLINE, Decimal(100), PROVIDERS, changing_gpus, pacer=None).run()
+    assert paced.finished_s is not None and flat.finished_s is not None
+    assert flat.finished_s < paced.finished_s <= 1.1 * DEADLINE
+    assert paced.spent < flat.spent * Decimal("0.5")
+    assert paced.by_provider["dear"] < flat.by_provider["dear"]
 
 
 def test_a_short_budget_is_never_overshot_and_is_spent_by_the_deadline() -> None:
     budget = Decimal(2)  # the run needs about $7.5 of OpenRouter to make the deadline
-    steering = Steering(200, gpu_tokens_per_s=1000.0)
-    result = Sim(10_000_000, DEADLINE, budget, PROVIDERS, changing_gpus, steering=steering).run()
+    pacer = Pacer(200, gpu_tokens_per_s=1000.0)
+    result = Sim(10_000_000, DEADLINE, budget, PROVIDERS, changing_gpus, pacer=pacer).run()
     assert result.max_spent_over_budget <= 0 and result.spent <= budget
     assert result.spent >= budget * Decimal("0.95")  # what it could buy, it bought
     assert result.reasons[0].startswith("deadline cannot be met within the budget: OpenRouter spends the $2.00")
@@ -192,10 +192,10 @@ def test_the_ceiling_stays_within_the_concurrency_and_the_money(
     left: int, time_left: float, gpu: float, per_request: float, cents: int, most: int, rate: float | None
 ) -> None:
     budget = Decimal(cents) / 100
-    providers = (Provider(CHEAP.price, rate), Provider(RoutePrice("dear", Decimal(0), Decimal(4) / PER_MILLION), None))
+    providers = (RouteOffer(CHEAP.price, rate), RouteOffer(RoutePrice("dear", Decimal(0), Decimal(4) / PER_MILLION), None))
     f = Facts(0.0, Work(left), gpu, per_request, 10, budget, time_left, providers)
-    steer = Steering(most).update(f)
-    assert steer.ceiling is not None and 0 <= steer.ceiling <= most
-    if steer.openrouter_tokens_per_s is not None and steer.aim.time_left_s is not None:
-        asked = math.floor(steer.openrouter_tokens_per_s * steer.aim.time_left_s + 1e-6)
-        assert fill(Work(left), asked, providers, steer.aim.time_left_s).usd <= budget  # never more than it can pay
+    decision = Pacer(most).update(f)
+    assert decision.ceiling is not None and 0 <= decision.ceiling <= most
+    if decision.openrouter_tokens_per_s is not None and decision.aim.time_left_s is not None:
+        asked = math.floor(decision.openrouter_tokens_per_s * decision.aim.time_left_s + 1e-6)
+        assert fill(Work(left), asked, providers, decision.aim.time_left_s).usd <= budget  # never more than it can pay
