@@ -5,10 +5,13 @@ end-of-turn id and `skip_special_tokens: false`, and streams. SGLang streams *cu
 chunk carries the whole text and `output_ids` so far, so the last chunk is the answer and the ones
 before it are only progress. Parsing every chunk would cost the client time quadratic in the output
 length; `StreamTail` keeps only the newest complete event and the answer is parsed once, at the end.
+The bytes of a cumulative stream grow with the square of the answer's length when a chunk goes out
+every id (the server's default), so each request asks for a chunk every `stream_interval` ids.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -19,6 +22,21 @@ from regen.engine.backends.base import Usage
 
 _SEP = b"\n\n"
 _DONE_EVENT = b"data: [DONE]"
+# A full-length answer arrives in about this many cumulative chunks. Each chunk repeats the answer so
+# far, so a stream costs about (chunks + 1) / 2 times the answer's own bytes however long it grows:
+# linear in the answer, where a chunk per id would be quadratic (docs/sglang.md §4, "Streaming").
+STREAM_CHUNKS = 32
+# The most ids between two chunks: a chunk is also the stream's sign of life (the idle limit,
+# sglang.read_timeout_s, counts from the last one), so it must come every minute or so even at
+# 15 tokens/s a request.
+MAX_STREAM_INTERVAL = 1024
+# What an out-of-vocabulary id ends a request with (finish_reason.matched): a numerical failure.
+NAN_MATCHED = "NaN happened"
+
+
+def stream_interval(max_new_tokens: int) -> int:
+    """Ids between two chunks of one answer's stream, from the longest it may be."""
+    return max(1, min(MAX_STREAM_INTERVAL, math.ceil(max_new_tokens / STREAM_CHUNKS)))
 
 
 def sampling_params(
@@ -34,6 +52,7 @@ def sampling_params(
     # max_new_tokens. </think> is a special token, so special tokens must stay in the text.
     params["stop_token_ids"] = [end_of_turn_id]
     params["skip_special_tokens"] = False
+    params["stream_interval"] = stream_interval(max_new_tokens)
     return params
 
 
