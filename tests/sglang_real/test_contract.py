@@ -30,7 +30,14 @@ EOT = 163586  # Kimi's <|im_end|>; any id does for the contract
 
 def regen_launch_flags() -> list[str]:
     """The flags regen's launch passes (engine/host/scripts/sglangctl.py `launch_argv`)."""
-    spec = {"model_path": "/m", "port": 30000, "tp": 8, "served_model_name": "kimi-k2.5", "launch_args": []}
+    spec = {
+        "model_path": "/m",
+        "port": 30000,
+        "tp": 8,
+        "served_model_name": "kimi-k2.5",
+        "launch_args": [],
+        "stream_interval": sglang_server.LAUNCH_STREAM_INTERVAL,
+    }
     return sglangctl._flags_of(sglangctl.launch_argv(spec)[3:])
 
 
@@ -46,7 +53,9 @@ def test_the_ast_reading_finds_the_flags_argparse_would_build(sglang_current: Re
     )
 
 
-def test_every_flag_regen_passes_is_taken_by_the_real_parser_as_regen_expects(sglang_current: RealSGLang) -> None:
+def test_every_flag_regen_passes_is_taken_by_the_real_parser_as_regen_expects(
+    sglang_current: RealSGLang,
+) -> None:
     expected = {
         "--model-path": "--model-path",
         "--host": "--host",
@@ -54,6 +63,7 @@ def test_every_flag_regen_passes_is_taken_by_the_real_parser_as_regen_expects(sg
         "--tp": "--tp-size",  # a unique prefix: argparse's abbreviation
         "--served-model-name": "--served-model-name",
         "--enable-metrics": "--enable-metrics",
+        "--stream-interval": "--stream-interval",
     }
     flags = regen_launch_flags()
     assert flags == list(expected)
@@ -75,7 +85,15 @@ def test_regens_prefix_rule_agrees_with_argparse_on_the_real_flags(sglang_curren
 
 def test_the_flags_settings_keep_for_regen_exist_in_the_real_parser(sglang_current: RealSGLang) -> None:
     # engine/config/settings.py refuses these in launch_args because regen passes them itself.
-    own = ("--model-path", "--model", "--host", "--port", "--tp-size", "--tensor-parallel-size", "--served-model-name")
+    own = (
+        "--model-path",
+        "--model",
+        "--host",
+        "--port",
+        "--tp-size",
+        "--tensor-parallel-size",
+        "--served-model-name",
+    )
     assert set(own) <= sglang_current.flags
 
 
@@ -94,14 +112,21 @@ def test_every_flag_of_the_stand_in_launcher_is_a_real_flag(sglang_current: Real
     standin = {name for names, _kwargs, _field in launch._FLAGS for name in names}
     assert standin - sglang_current.flags == set()
     assert launch.build_parser().prog == "sglang serve"
-    assert "prog=\"sglang serve\"" in sglang_current.source("srt/server_args.py")
+    assert 'prog="sglang serve"' in sglang_current.source("srt/server_args.py")
 
 
 # -------------------------------------------------------------------------------------- log lines
 
 # Markers that come from other programs than sglang, each with where it is checked.
-ARGPARSE = ("error: unrecognized arguments", "error: the following arguments are required", "error: ambiguous option")
-TRANSFORMERS = ("does not appear to have a file named config.json", "is not a local folder and is not a valid model identifier")
+ARGPARSE = (
+    "error: unrecognized arguments",
+    "error: the following arguments are required",
+    "error: ambiguous option",
+)
+TRANSFORMERS = (
+    "does not appear to have a file named config.json",
+    "is not a local folder and is not a valid model identifier",
+)
 ASYNCIO = ("error while attempting to bind on address",)
 ELSEWHERE = {
     "Uvicorn running on": "uvicorn's own startup line (uvicorn/server.py), printed through sglang's log format",
@@ -170,8 +195,12 @@ def test_the_model_folder_and_bind_errors_regen_reads_are_the_libraries() -> Non
 
 def test_the_soft_watchdogs_line_is_not_a_failure_and_the_hard_ones_is() -> None:
     # The real f-string (srt/utils/watchdog.py) rendered both ways.
-    soft = sglanglog.scan("[2026-12-01 10:00:00 TP0] Scheduler watchdog timeout (self.watchdog_timeout=60, self.soft=True)\n")
-    hard = sglanglog.scan("[2026-12-01 10:00:00 TP0] Scheduler watchdog timeout (self.watchdog_timeout=300, self.soft=False)\n")
+    soft = sglanglog.scan(
+        "[2026-12-01 10:00:00 TP0] Scheduler watchdog timeout (self.watchdog_timeout=60, self.soft=True)\n"
+    )
+    hard = sglanglog.scan(
+        "[2026-12-01 10:00:00 TP0] Scheduler watchdog timeout (self.watchdog_timeout=300, self.soft=False)\n"
+    )
     assert soft.failure is None
     assert hard.failure_where == "running"
 
@@ -202,7 +231,9 @@ def test_every_metric_regen_reads_is_one_the_real_collector_exports(releases: di
 
 
 def regen_body(max_tokens: int = 16384) -> dict[str, Any]:
-    body: dict[str, Any] = orjson.loads(request_body([1, 2, 3], sampling_params(max_tokens, 1.0, 0.95, EOT), "B-1#0"))
+    body: dict[str, Any] = orjson.loads(
+        request_body([1, 2, 3], sampling_params(max_tokens, 1.0, 0.95, EOT), "B-1#0")
+    )
     return body
 
 

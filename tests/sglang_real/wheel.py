@@ -81,7 +81,9 @@ def fetch_wheel(version: str) -> Path:
         if done.returncode != 0 or not wheels:
             said = (done.stdout + done.stderr).strip()
             if any(marker in said for marker in _OFFLINE):
-                pytest.skip(f"no network: pip cannot download sglang=={version} ({said.splitlines()[-1][:200]})")
+                pytest.skip(
+                    f"no network: pip cannot download sglang=={version} ({said.splitlines()[-1][:200]})"
+                )
             pytest.fail(f"pip download sglang=={version} failed ({done.returncode}):\n{said[-2000:]}")
         target = folder / wheels[0].name
         shutil.move(str(wheels[0]), target)
@@ -143,7 +145,9 @@ def message_can_hold(parts: tuple[str, ...], text: str) -> bool:
                 # inside the text (leftmost, which leaves the most room after it).
                 part = parts[j]
                 rest = text[at:]
-                tail = next((k for k in range(min(len(part), len(rest)), 0, -1) if rest.endswith(part[:k])), 0)
+                tail = next(
+                    (k for k in range(min(len(part), len(rest)), 0, -1) if rest.endswith(part[:k])), 0
+                )
                 if literal + tail >= need:
                     return True
                 found = rest.find(part) if part else 0
@@ -220,7 +224,9 @@ class RealSGLang:
                         found.append(action)
                 elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument":
                     names = [
-                        a.value for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("--")
+                        a.value
+                        for a in node.args
+                        if isinstance(a, ast.Constant) and str(a.value).startswith("--")
                     ]
                     if names:
                         found.append(tuple(names) + _negations(names, node.keywords))

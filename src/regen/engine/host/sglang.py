@@ -26,7 +26,7 @@ from regen.engine.host.scripts.sglanglog import PHASE_NAMES, LogState
 from regen.engine.host.ssh import HostConnection
 from regen.engine.host.tunnel import Tunnel
 from regen.engine.net.sglang_metrics import parse_metrics
-from regen.engine.net.sglang_server import KEEPALIVE_S, streaming_problem
+from regen.engine.net.sglang_server import KEEPALIVE_S, LAUNCH_STREAM_INTERVAL, streaming_problem
 
 ENTRY = "regen.engine.host.scripts.sglangctl"
 MODULES = (
@@ -93,6 +93,7 @@ class ServerSpec:
                 "tp": self.tp,
                 "served_model_name": self.served_model_name,
                 "launch_args": list(self.launch_args),
+                "stream_interval": LAUNCH_STREAM_INTERVAL,
                 "env": dict(self.env),
                 "work_dir": self.work_dir,
                 "grace_s": self.grace_s,

@@ -11,7 +11,6 @@ every id (the server's default), so each request asks for a chunk every `stream_
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -19,24 +18,12 @@ from urllib.parse import urlsplit
 import orjson
 
 from regen.engine.backends.base import Usage
+from regen.engine.net.sglang_server import stream_interval
 
 _SEP = b"\n\n"
 _DONE_EVENT = b"data: [DONE]"
-# A full-length answer arrives in about this many cumulative chunks. Each chunk repeats the answer so
-# far, so a stream costs about (chunks + 1) / 2 times the answer's own bytes however long it grows:
-# linear in the answer, where a chunk per id would be quadratic (docs/sglang.md §4, "Streaming").
-STREAM_CHUNKS = 32
-# The most ids between two chunks: a chunk is also the stream's sign of life (the idle limit,
-# sglang.read_timeout_s, counts from the last one), so it must come every minute or so even at
-# 15 tokens/s a request.
-MAX_STREAM_INTERVAL = 1024
 # What an out-of-vocabulary id ends a request with (finish_reason.matched): a numerical failure.
 NAN_MATCHED = "NaN happened"
-
-
-def stream_interval(max_new_tokens: int) -> int:
-    """Ids between two chunks of one answer's stream, from the longest it may be."""
-    return max(1, min(MAX_STREAM_INTERVAL, math.ceil(max_new_tokens / STREAM_CHUNKS)))
 
 
 def sampling_params(
