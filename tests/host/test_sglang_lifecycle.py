@@ -62,6 +62,8 @@ def test_start_status_stop(host: GpuHost, tmp_path: Path) -> None:
     assert b"sglang.launch_server" in argv and b"--enable-metrics" in argv
     assert argv[argv.index(b"--port") + 1] == str(host.port).encode()
     assert argv[argv.index(b"--host") + 1] == b"127.0.0.1"
+    # Requests through the router lose their own stream_interval: the server's is theirs.
+    assert argv[argv.index(b"--stream-interval") + 1] == b"256"
     # stdin from /dev/null, stdout and stderr into the log in work_dir.
     assert os.readlink(f"/proc/{pid}/fd/0") == "/dev/null"
     assert os.readlink(f"/proc/{pid}/fd/1") == str(host.work / f"sglang-{host.port}.log")

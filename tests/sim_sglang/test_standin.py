@@ -75,7 +75,7 @@ def test_import_sglang_reports_the_version(tmp_path: Path) -> None:
 def test_help_lists_the_flags_regen_passes(tmp_path: Path) -> None:
     done = launcher(standin_env(tmp_path), "--help")
     assert done.returncode == 0
-    assert done.stdout.startswith("usage: launch_server.py [-h] --model-path MODEL_PATH")
+    assert done.stdout.startswith("usage: sglang serve [-h] --model-path MODEL_PATH")  # 0.5.23's prog
     flags = set(re.findall(r"--[a-z0-9-]+", done.stdout))
     for flag in ("--model-path", "--host", "--port", "--tp-size", "--tensor-parallel-size",
                  "--served-model-name", "--enable-metrics", "--trust-remote-code", "--mem-fraction-static",
@@ -90,7 +90,7 @@ def test_help_lists_the_flags_regen_passes(tmp_path: Path) -> None:
 def test_unknown_flag_is_refused_like_argparse(tmp_path: Path, model: Path) -> None:
     done = launcher(standin_env(tmp_path), "--model-path", str(model), "--no-such-flag", "1")
     assert done.returncode == 2
-    assert done.stderr.splitlines()[-1] == "launch_server.py: error: unrecognized arguments: --no-such-flag 1"
+    assert done.stderr.splitlines()[-1] == "sglang serve: error: unrecognized arguments: --no-such-flag 1"
 
 
 def test_old_cuda_graph_flag_is_ambiguous_on_0_5_23(tmp_path: Path, model: Path) -> None:
@@ -146,7 +146,7 @@ def test_launch_serve_and_stop_by_process_group(tmp_path: Path, model: Path) -> 
     finally:
         stop_group(proc)
     assert not group_alive(proc.pid)
-    assert "Received sigterm. Gracefully exiting..." in log.read_text()
+    assert "SIGTERM received. signum=15 frame=None. Draining requests and shutting down..." in log.read_text()
 
 
 def test_without_enable_metrics_there_is_no_metrics_endpoint(tmp_path: Path, model: Path) -> None:

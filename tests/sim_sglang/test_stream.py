@@ -36,13 +36,23 @@ async def test_chunks_are_cumulative_and_end_with_done(api: SGApi) -> None:
     assert s.raw.endswith(b"data: [DONE]\n\n")
 
 
-async def test_stream_interval_sends_a_chunk_every_n_tokens(api: SGApi) -> None:
+async def test_stream_interval_sends_the_first_id_at_once_then_a_chunk_every_n_ids(api: SGApi) -> None:
+    # 0.5.23's output streamer: the first id at once, then whenever at least the interval is unsent.
     await api.config({"decode_tokens_per_s": 2.0, "stream_interval": 4, "output_len_min": 30,
                       "output_len_max": 30})
     s = await api.stream(sampling={"max_new_tokens": 100})
     counts = [c["meta_info"]["completion_tokens"] for c in s.chunks[:-1]]
-    assert counts and counts[0] >= 4  # the prefill's single id is not worth a chunk yet
-    assert all(b - a >= 4 for a, b in itertools.pairwise(counts))
+    assert counts[0] == 1
+    assert len(counts) >= 3 and all(b - a >= 4 for a, b in itertools.pairwise(counts))
+
+
+async def test_a_requests_stream_interval_wins_over_the_servers(api: SGApi) -> None:
+    await api.config({"decode_tokens_per_s": 4.0, "output_len_min": 40, "output_len_max": 40})
+    s = await api.stream(sampling={"max_new_tokens": 100, "stream_interval": 10})
+    counts = [c["meta_info"]["completion_tokens"] for c in s.chunks[:-1]]
+    assert counts[0] == 1 and len(counts) >= 3
+    assert all(b - a >= 10 for a, b in itertools.pairwise(counts))
+    assert s.chunks[-1]["meta_info"]["finish_reason"]["type"] == "stop"
 
 
 async def _open_stream(api: SGApi, rid: str, max_new: int = 400) -> aiohttp.ClientResponse:
@@ -69,7 +79,7 @@ async def test_abort_while_streaming_ends_with_finish_reason_abort(api: SGApi) -
     assert "B1-7#0" in state["aborted_rids"]
 
 
-async def test_abort_while_queued_says_abort_before_prefill(api: SGApi) -> None:
+async def test_abort_while_queued_says_abort_in_waiting_queue(api: SGApi) -> None:
     await api.config({"max_running_requests": 1, "decode_tokens_per_s": 5.0})
     running = await _open_stream(api, "run#0")
     await running.content.readuntil(b"\n\n")
@@ -81,10 +91,11 @@ async def test_abort_while_queued_says_abort_before_prefill(api: SGApi) -> None:
     await api.post("/abort_request", {"rid": "wait#0"})
     body = (await queued).json
     assert body["text"] == "" and body["output_ids"] == []
-    assert body["meta_info"] == {
-        "id": "wait#0", "finish_reason": {"type": "abort", "message": "Abort before prefill"},
-        "prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0, "weight_version": "default",
-    }
+    # The front end answers it (0.5.23 tokenizer manager): its e2e latency, no prompt or cache counts.
+    meta = body["meta_info"]
+    assert list(meta) == ["id", "finish_reason", "weight_version", "e2e_latency", "completion_tokens"]
+    assert meta["id"] == "wait#0" and meta["completion_tokens"] == 0 and meta["e2e_latency"] > 0
+    assert meta["finish_reason"] == {"type": "abort", "message": "Abort in waiting queue"}
     await api.post("/abort_request", {"abort_all": True})
     events = parse_sse(await running.read())
     running.release()

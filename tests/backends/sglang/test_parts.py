@@ -100,6 +100,7 @@ def test_sampling_params_and_worker_names() -> None:
         "temperature": 1.0,
         "stop_token_ids": [7],
         "skip_special_tokens": False,
+        "stream_interval": 4,  # about 32 chunks for a full-length answer
     }
     assert worker_name("http://127.0.0.1:30000") == "127.0.0.1:30000"
     assert worker_name("https://gpu-1.lan") == "gpu-1.lan:443"

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from regen.engine.money.deadline import DeadlineError, parse_deadline
+from regen.engine.net.sglang_server import launch_arg_problem
 
 ENV_PREFIX = "REGEN_"
 
@@ -123,7 +124,7 @@ class SGLangSettings(_Section):
     tp: int = Field(8, ge=1)
     """--tp at launch: GPUs per server. Also the GPUs a server counts for GPU time when it does not say (docs/money.md)."""
     launch_args: list[str] = Field(default_factory=list)
-    """Further launch_server flags, e.g. ["--mem-fraction-static", "0.85"]."""
+    """Further launch_server flags, e.g. ["--mem-fraction-static", "0.85"]. Refused: the flags regen passes itself, --incremental-streaming-output (0.5.9: --stream-output: each chunk would hold only what is new) and --log-level above info (it hides the startup lines regen follows)."""
     env: dict[str, str] = Field(default_factory=dict)
     """Extra environment for the server process on the host."""
     work_dir: str | None = None
@@ -171,6 +172,9 @@ class SGLangSettings(_Section):
                     f"{word!r}: regen sets --model-path, --host, --port, --tp and --served-model-name itself "
                     "(from [[hosts]] model_path, sglang.port or sglang_port, sglang.tp, sglang.served_model_name)"
                 )
+        problem = launch_arg_problem(args)
+        if problem is not None:
+            raise ValueError(problem)
         return args
 
     @model_validator(mode="after")

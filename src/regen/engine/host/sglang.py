@@ -2,14 +2,16 @@
 
 The host side is ``engine/host/scripts/sglangctl.py`` (run over the host's one SSH connection); the
 server's HTTP is reached through a ``Tunnel`` to its 127.0.0.1 port. docs/sglang.md §12 has the
-rules: what the preflight refuses, how the server is detached, what "ready" means (the log's ready
-line and a 200 from ``/health_generate``), how a failed launch is told within seconds, when a start is
+rules: what the preflight refuses, how the server is detached, what "ready" means (a 200 from
+``/health_generate``, asked from the launch on, so no log level can hide it; the log's phases are
+the progress, its ready line the cue), how a failed launch is told within seconds, when a start is
 a no-op (the server regen started is up with the same flags), and how a stop leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -24,6 +26,7 @@ from regen.engine.host.scripts.sglanglog import PHASE_NAMES, LogState
 from regen.engine.host.ssh import HostConnection
 from regen.engine.host.tunnel import Tunnel
 from regen.engine.net.sglang_metrics import parse_metrics
+from regen.engine.net.sglang_server import KEEPALIVE_S, LAUNCH_STREAM_INTERVAL, streaming_problem
 
 ENTRY = "regen.engine.host.scripts.sglangctl"
 MODULES = (
@@ -39,6 +42,8 @@ TAIL_LINES = 15
 # After the ready line, /health_generate gets this long to answer 200 (one probe through the
 # scheduler; a server that cannot pass it is not ready, whatever its log says).
 HEALTH_TIMEOUT_S = 120.0
+# Seconds between the readiness asks of /health_generate while the server starts (503 until ready).
+HEALTH_POLL_S = 1.0
 # A process still alive this long after its log showed a failure signature is stopped by regen.
 DYING_GRACE_S = 5.0
 _HTTP_TIMEOUT = aiohttp.ClientTimeout(total=30.0, sock_connect=10.0)
@@ -88,6 +93,7 @@ class ServerSpec:
                 "tp": self.tp,
                 "served_model_name": self.served_model_name,
                 "launch_args": list(self.launch_args),
+                "stream_interval": LAUNCH_STREAM_INTERVAL,
                 "env": dict(self.env),
                 "work_dir": self.work_dir,
                 "grace_s": self.grace_s,
@@ -151,19 +157,58 @@ async def get(session: aiohttp.ClientSession, url: str) -> tuple[int | None, Any
         return None, None, f"{type(exc).__name__}: {exc}"
 
 
+def _session() -> aiohttp.ClientSession:
+    # Idle connections close before the server closes them (engine/net/sglang_server.py).
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(keepalive_timeout=KEEPALIVE_S))
+
+
+class HealthPoll:
+    """``/health_generate`` asked every ``interval_s`` until it answers 200 (a token went through the
+    scheduler); ``said`` is its last answer."""
+
+    def __init__(self, url: str, interval_s: float = 0.5) -> None:
+        self.url = url
+        self.interval_s = interval_s
+        self.ok = False
+        self.said = "not asked yet"
+        self._nudged = asyncio.Event()
+
+    def nudge(self) -> None:
+        """Ask again now rather than at the next interval (the log just said ready)."""
+        self._nudged.set()
+
+    async def run(self, timeout_s: float, alive: Callable[[], bool] | None = None) -> bool:
+        deadline = time.monotonic() + timeout_s
+        async with _session() as session:
+            while True:
+                status, _, text = await get(session, self.url + "/health_generate")
+                if status == 200:
+                    self.ok, self.said = True, "200"
+                    return True
+                self.said = f"HTTP {status}" if status is not None else text
+                if time.monotonic() >= deadline or (alive is not None and not alive()):
+                    return False
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._nudged.wait(), self.interval_s)
+                self._nudged.clear()
+
+
 async def wait_healthy(url: str, timeout_s: float, alive: Callable[[], bool] | None = None) -> tuple[bool, str]:
     """Until ``/health_generate`` answers 200 (a token went through the scheduler), or the time is up."""
-    deadline = time.monotonic() + timeout_s
-    said = ""
-    async with aiohttp.ClientSession() as session:
-        while True:
-            status, _, text = await get(session, url + "/health_generate")
-            if status == 200:
-                return True, "200"
-            said = f"HTTP {status}" if status is not None else text
-            if time.monotonic() >= deadline or (alive is not None and not alive()):
-                return False, said
-            await asyncio.sleep(0.5)
+    poll = HealthPoll(url)
+    ok = await poll.run(timeout_s, alive)
+    return ok, poll.said
+
+
+async def wire_problem(url: str) -> str | None:
+    """What in the server's ``/server_info`` keeps regen from reading its answers (its streaming
+    mode, whoever set it: a flag, a ``--config`` file); None when nothing does or it does not say."""
+    async with _session() as session:
+        for path in ("/server_info", "/get_server_info"):
+            status, body, _ = await get(session, url + path)
+            if status == 200 and isinstance(body, dict):
+                return streaming_problem(body)
+    return None
 
 
 async def start_server(conn: HostConnection, spec: ServerSpec, say: Say) -> StartResult:
@@ -201,12 +246,16 @@ async def _start(conn: HostConnection, spec: ServerSpec, say: Say) -> StartResul
         try:
             url = await tunnel.open()
             ok, said = await wait_healthy(url, 30.0)
+            problem = await wire_problem(url) if ok else None
         finally:
             await tunnel.close()
+        message = (
+            f"{name}: already running (pid {record.get('pid')}) but /health_generate answers {said}" if not ok
+            else f"{name}: already running (pid {record.get('pid')}), ready, but {problem}" if problem
+            else f"{name}: already running (pid {record.get('pid')}), ready"
+        )
         return StartResult(
-            name, ok,
-            f"{name}: already running (pid {record.get('pid')}), ready" if ok
-            else f"{name}: already running (pid {record.get('pid')}) but /health_generate answers {said}",
+            name, ok and problem is None, message,
             already=True, pid=record.get("pid"), version=version, log=answer.get("log"),
         )
     say(f"{name}: launched sglang {version or ''} (pid {record.get('pid')}, log {answer.get('log')})".replace("  ", " "))
@@ -214,9 +263,39 @@ async def _start(conn: HostConnection, spec: ServerSpec, say: Say) -> StartResul
 
 
 async def _follow(conn: HostConnection, spec: ServerSpec, record: dict[str, Any], log: str | None, say: Say) -> StartResult:
-    """Follow the log through its phases until the ready line, a failure, the process's end or the timeout."""
-    name = spec.host
+    """Follow the log through its phases, and ask /health_generate through a tunnel all along, until
+    it answers 200, a failure, the process's end or the timeout. The ready line is a cue, not the
+    proof: a quieter --log-level (or a --config file) hides it, and its 200 must come anyway."""
+    tunnel = Tunnel(conn, spec.port)
+    url = await tunnel.open()
+    poll = HealthPoll(url, HEALTH_POLL_S)
     began = time.monotonic()
+    polling = asyncio.get_running_loop().create_task(poll.run(spec.ready_timeout_s), name=f"health-{spec.host}")
+    try:
+        result = await _watch_start(conn, spec, record, log, say, poll, polling, began)
+        if result.ok:
+            problem = await wire_problem(url)
+            if problem is not None:
+                result.ok = False
+                result.message = f"{spec.host}: ready, but {problem}"
+        return result
+    finally:
+        polling.cancel()
+        await asyncio.gather(polling, return_exceptions=True)
+        await tunnel.close()
+
+
+async def _watch_start(
+    conn: HostConnection,
+    spec: ServerSpec,
+    record: dict[str, Any],
+    log: str | None,
+    say: Say,
+    poll: HealthPoll,
+    polling: asyncio.Task[bool],
+    began: float,
+) -> StartResult:
+    name = spec.host
     deadline = began + spec.ready_timeout_s
     state = LogState()
     recent: list[str] = []
@@ -231,7 +310,11 @@ async def _follow(conn: HostConnection, spec: ServerSpec, record: dict[str, Any]
         )
 
     failed_at: float | None = None
+    ready_line_at: float | None = None
     while True:
+        # Read before the log: a server logs its ready line before it first answers 200, so a read
+        # that follows a 200 holds the ready line unless its level hides it.
+        healthy = poll.ok
         watch = await _ctl(conn, "watch", spec, str(offset))
         offset = int(watch["offset"])
         for line in str(watch.get("text") or "").splitlines():
@@ -256,8 +339,20 @@ async def _follow(conn: HostConnection, spec: ServerSpec, record: dict[str, Any]
         elif not alive:
             tail = list(watch.get("tail") or []) or recent[-TAIL_LINES:]
             return result(False, f"{name}: the server exited during {state.phase or 'startup'} without saying why", tail)
-        if state.ready:
-            break
+        elif healthy:
+            quiet = "" if state.ready else "; its log did not say so (a --log-level above info hides the phases)"
+            return result(
+                True,
+                f"{name}: ready in {time.monotonic() - began:.1f} s, /health_generate answers 200 "
+                f"(sglang {record.get('version') or '?'}, pid {pid})" + quiet,
+            )
+        if state.ready and ready_line_at is None:
+            ready_line_at = time.monotonic()
+            poll.nudge()
+            say(f"{name}: ready line seen after {ready_line_at - began:.1f} s; waiting for /health_generate through the tunnel")
+        given_up = polling.done() and not poll.ok
+        if ready_line_at is not None and (time.monotonic() - ready_line_at > HEALTH_TIMEOUT_S or given_up):
+            return result(False, f"{name}: the log says ready but /health_generate answers {poll.said}")
         if time.monotonic() >= deadline:
             return result(
                 False,
@@ -266,17 +361,6 @@ async def _follow(conn: HostConnection, spec: ServerSpec, record: dict[str, Any]
             )
         if len(str(watch.get("text") or "")) < 64 * 1024:
             await asyncio.sleep(WATCH_INTERVAL_S)
-
-    say(f"{name}: ready line seen after {time.monotonic() - began:.1f} s; asking /health_generate through the tunnel")
-    tunnel = Tunnel(conn, spec.port)
-    try:
-        url = await tunnel.open()
-        ok, said = await wait_healthy(url, min(HEALTH_TIMEOUT_S, max(5.0, deadline - time.monotonic())))
-    finally:
-        await tunnel.close()
-    if not ok:
-        return result(False, f"{name}: the log says ready but /health_generate answers {said}")
-    return result(True, f"{name}: ready in {time.monotonic() - began:.1f} s (sglang {record.get('version') or '?'}, pid {pid})")
 
 
 # ------------------------------------------------------------------------------------- status
@@ -346,7 +430,7 @@ def _no_http() -> dict[str, Any]:
 async def http_status(url: str) -> dict[str, Any]:
     """The server's own answers: /health, version and model (new paths, then the old ones), /metrics."""
     out = _no_http()
-    async with aiohttp.ClientSession() as session:
+    async with _session() as session:
         status, _, _ = await get(session, url + "/health")
         out["ready"] = status == 200
         for path in ("/server_info", "/get_server_info"):

@@ -40,21 +40,38 @@ class ServerLoad:
     aborted_total: float = 0.0
 
 
+# Labels that tell apart the ranks *within* one scheduler group; every other label (dp_rank, a
+# router's worker) tells apart groups whose figures add up.
+_RANK_LABELS = ("tp_rank", "pp_rank", "moe_ep_rank")
+
+
+def _rank(labels: dict[str, str]) -> tuple[int, ...]:
+    return tuple(int(labels[k]) if labels.get(k, "").isdigit() else 0 for k in _RANK_LABELS)
+
+
 def parse_metrics(text: str) -> ServerLoad:
-    """The figures regen steers by. Scheduler series are per TP rank; rank 0 speaks for the server.
-    A router's merged text (several workers, told apart by a label) is summed, KV usage maxed."""
+    """The figures regen steers by (docs/sglang.md §6). Each scheduler group speaks through its
+    lowest rank: without data parallelism that is tp_rank 0; with `--dp N` every data-parallel rank
+    exports its own series (a `dp_rank` label, and under data-parallel attention its own tp_rank),
+    and those add up. A router's merged text (several workers, told apart by a label) is summed
+    the same way. KV usage is the fullest group's."""
     load = ServerLoad()
     for family in text_string_to_metric_families(text):
         field = _GAUGES.get(family.name) or _COUNTERS.get(family.name)
         if field is None:
             continue
-        values = [
-            s.value
-            for s in family.samples
-            if s.labels.get("tp_rank", "0") == "0" and not s.name.endswith(("_created", "_bucket"))
-        ]
-        if not values:
+        groups: dict[tuple[tuple[str, str], ...], tuple[tuple[int, ...], float]] = {}
+        for s in family.samples:
+            if s.name.endswith(("_created", "_bucket")):
+                continue
+            group = tuple(sorted((k, v) for k, v in s.labels.items() if k not in _RANK_LABELS))
+            rank = _rank(s.labels)
+            kept = groups.get(group)
+            if kept is None or rank < kept[0]:
+                groups[group] = (rank, s.value)
+        if not groups:
             continue
+        values = [value for _, value in groups.values()]
         setattr(load, field, max(values) if field == "kv_usage" else sum(values))
     return load
 

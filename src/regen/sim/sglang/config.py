@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from regen.sim.configs import merge_patch, patched, read_config_file
 
 __all__ = [
+    "DEFAULT_CONTEXT",
+    "DEFAULT_MAX_RUNNING",
     "STARTUP_PHASES",
     "FaultConfig",
     "SimConfigError",
@@ -28,6 +30,10 @@ __all__ = [
 # The startup phases in the order the server passes them (docs/sglang.md, "Startup").
 STARTUP_PHASES: tuple[str, ...] = ("weights", "kv_pool", "cuda_graph", "http", "warmup")
 StartupPhase = Literal["weights", "kv_pool", "cuda_graph", "http", "warmup"]
+LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+# What the simulated server uses when neither the flag nor the model folder says.
+DEFAULT_CONTEXT = 131072
+DEFAULT_MAX_RUNNING = 256
 
 
 class SimConfigError(ValueError):
@@ -43,6 +49,9 @@ class FaultConfig(BaseModel):
     abort_message: str = "Aborted"
     http_503_rate: float = Field(default=0.0, ge=0, le=1)  # 503 before anything is generated
     drop_rate: float = Field(default=0.0, ge=0, le=1)  # the connection is closed mid-generation
+    # The model samples an id outside the vocabulary: the request ends {"type": "stop", "matched":
+    # "NaN happened"} with an eos id in its place (docs/sglang.md §4).
+    nan_rate: float = Field(default=0.0, ge=0, le=1)
     fault_position: float = Field(default=0.5, ge=0, le=1)  # share of the output produced before abort/drop
     # The scheduler's forward hangs from this point on: the watchdog then crashes the server once
     # a batch has been stuck for watchdog_timeout (seconds since ready, or requests admitted).
@@ -66,16 +75,31 @@ class SimSGLangConfig(BaseModel):
     version: str = "0.5.23"  # sglang.__version__ reported by /server_info and the stand-in
     tp_size: int = Field(default=8, ge=1)
     dp_size: int = Field(default=1, ge=1)
-    context_length: int | None = Field(default=None, ge=16)  # None: config.json's, else 131072
-    max_running_requests: int = Field(default=256, ge=1)
+    # Data-parallel attention: each of the dp_size ranks exports its own scheduler series (its
+    # tp_rank and dp_rank); the simulator's one scheduler deals its requests to them in turn.
+    enable_dp_attention: bool = False
+    # --context-length as given: None unless passed, and so in /server_info (as 0.5.23 reports it);
+    # the limit is then the model's own, which /v1/models' max_model_len always says.
+    context_length: int | None = Field(default=None, ge=16)
+    model_context_length: int | None = Field(default=None, ge=16)  # config.json's; None: 131072
+    # --max-running-requests as given: None lets the server choose (256 here), and so in /server_info.
+    max_running_requests: int | None = Field(default=None, ge=1)
+    max_queued_requests: int | None = Field(default=None, ge=1)  # a newcomer past it: a 503 abort
     max_total_tokens: int = Field(default=1_000_000, ge=64)  # the KV token pool
     chunked_prefill_size: int = Field(default=8192, ge=1)
     max_prefill_tokens: int = Field(default=16384, ge=1)
     schedule_conservativeness: float = Field(default=1.0, gt=0)
     watchdog_timeout: float = Field(default=300.0, gt=0)
-    stream_interval: int = Field(default=1, ge=1)
+    # The soft watchdog: the same line with self.soft=True, and the server runs on (simulated seconds).
+    soft_watchdog_timeout: float | None = Field(default=None, gt=0)
+    speculative_algorithm: str | None = None  # e.g. EAGLE3: the capture lines of a speculative server
+    stream_interval: int = Field(default=1, ge=1)  # a request's sampling_params.stream_interval wins
+    # --incremental-streaming-output: each chunk holds only what is new (0.5.9: --stream-output).
+    incremental_streaming_output: bool = False
     decode_log_interval: int = Field(default=40, ge=1)
     enable_metrics: bool = True
+    log_level: LogLevel = "info"  # lines below it are not logged: INFO hides the phases and "ready"
+    log_level_http: LogLevel | None = None  # uvicorn's lines; None: log_level
     enable_cache_report: bool = False
     skip_server_warmup: bool = False
     api_key: str | None = None
@@ -93,6 +117,8 @@ class SimSGLangConfig(BaseModel):
     # Capture lines of 0.5.23, or of older releases ("Capture cuda graph begin. This can take...").
     legacy_capture_log: bool = False
     access_log: bool = False  # uvicorn's per-request lines; off keeps big runs' logs small
+    # uvicorn closes a keep-alive connection idle this long (SGLANG_TIMEOUT_KEEP_ALIVE, real seconds).
+    timeout_keep_alive: float = Field(default=5.0, gt=0)
 
     # --- timing ------------------------------------------------------------------------------------
     time_scale: float = Field(default=1.0, gt=0)  # multiplies every simulated duration; tests use ~0.01
@@ -145,6 +171,16 @@ class SimSGLangConfig(BaseModel):
     @property
     def served_name(self) -> str:
         return self.served_model_name or self.model_path
+
+    @property
+    def context_len(self) -> int:
+        """The context the server enforces: the flag, else the model's own."""
+        return self.context_length or self.model_context_length or DEFAULT_CONTEXT
+
+    @property
+    def running_cap(self) -> int:
+        """The running requests the scheduler allows at most."""
+        return self.max_running_requests or DEFAULT_MAX_RUNNING
 
 
 def problems(exc: ValidationError) -> str:

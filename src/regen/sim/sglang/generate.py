@@ -1,6 +1,13 @@
-"""POST/PUT /generate: check the request against the context, draw its fault, hand it to the
-scheduler, then answer with one body or a stream of cumulative events (docs/sglang.md, "/generate");
-and the sweep that aborts requests whose client has gone, as SGLang's disconnect checks do."""
+"""POST/PUT /generate: the request's gates, its fault, the scheduler, then one body or a stream
+(docs/sglang.md §4); and the sweep that aborts requests whose client has gone, as SGLang's
+disconnect checks do.
+
+A stream follows 0.5.23's output streamer: the first id at once, then a chunk whenever at least
+`stream_interval` ids are unsent (the request's `sampling_params.stream_interval`, else the
+server's `--stream-interval`), and the final chunk. Each chunk is cumulative (the whole text and
+`output_ids` so far), unless the server runs with `--incremental-streaming-output`, where each
+holds only what is new.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +23,10 @@ from regen.sim.sglang.state import SGLangState
 from regen.sim.sglang.wire import (
     GenerateError,
     Parsed,
+    RequestValueError,
     error_400,
+    error_event,
+    front_end_checks,
     http_error,
     parse_generate,
     validation_error,
@@ -36,20 +46,27 @@ async def generate(sim: SGLangState, request: web.Request) -> web.StreamResponse
 
 
 async def _generate(sim: SGLangState, request: web.Request) -> web.StreamResponse:
-    parsed = await _read(sim, request)
+    parsed = await _read(request)
     if isinstance(parsed, web.Response):
         return parsed
-    prompt_ids = (
-        parsed.prompt_ids if parsed.prompt_ids is not None else sim.tokenizer.encode(parsed.text or "")
-    )
-    refused = _check_fits(sim, len(prompt_ids), parsed.sampling.max_new_tokens)
-    if refused is not None:
-        return refused
-    if parsed.rid in sim.scheduler.live:
-        return error_400(f"Duplicate request ID detected: {parsed.rid}")
-    req = sim.new_req(
-        parsed.rid, prompt_ids, parsed.sampling, stream=parsed.stream, log_metrics=parsed.log_metrics
-    )
+    prompt_ids = _prompt_ids(sim, parsed)
+    tok = sim.tokenizer
+    try:
+        sampling = front_end_checks(
+            parsed,
+            live=parsed.rid in sim.scheduler.live,
+            prompt_len=None if prompt_ids is None else len(prompt_ids),
+            context_len=sim.context_len,
+            vocab_size=tok.vocab_size,
+            eos_ids=tok.eos_ids,
+        )
+    except RequestValueError as exc:
+        sim.log.main(f"[http_server] Error: {exc}", level="error")
+        return await _refuse(sim, request, parsed, str(exc))
+    except GenerateError as exc:
+        return exc.response
+    assert prompt_ids is not None
+    req = sim.new_req(parsed.rid, prompt_ids, sampling, stream=parsed.stream, log_metrics=parsed.log_metrics)
     if _draw_fault(sim, req) == "http_503":
         return http_error(503, "Service Unavailable")
     sim.clients[req] = request.transport
@@ -63,37 +80,48 @@ async def _generate(sim: SGLangState, request: web.Request) -> web.StreamRespons
         sim.clients.pop(req, None)
 
 
-async def _read(sim: SGLangState, request: web.Request) -> Parsed | web.Response:
-    """The request's body, parsed and checked (wire.parse_generate), or the error that refuses it."""
+async def _read(request: web.Request) -> Parsed | web.Response:
+    """The body through FastAPI's and the contract's gates (wire.parse_generate), or the refusal."""
     try:
         body = orjson.loads(await request.read())
     except orjson.JSONDecodeError as exc:
         return validation_error(f"JSON decode error: {exc}")
-    tok = sim.tokenizer
     try:
-        return parse_generate(body, vocab_size=tok.vocab_size, eos_ids=tok.eos_ids)
+        return parse_generate(body)
     except GenerateError as exc:
         return exc.response
 
 
-def _check_fits(sim: SGLangState, n: int, max_new: int) -> web.Response | None:
-    """The 400 of a prompt, or a prompt and its completion, longer than the context."""
-    ctx = sim.context_len
-    if n >= ctx:
-        return error_400(f"The input ({n} tokens) is longer than the model's context length ({ctx} tokens).")
-    if n + max_new > ctx:
-        return error_400(
-            f"Requested token count exceeds the model's maximum context length of {ctx} tokens. "
-            f"You requested a total of {n + max_new} tokens: {n} tokens from the input messages and "
-            f"{max_new} tokens for the completion. Please reduce the number of tokens in the input "
-            "messages or the completion to fit within the limit."
-        )
+def _prompt_ids(sim: SGLangState, parsed: Parsed) -> list[int] | None:
+    if parsed.given == ("text",):
+        return sim.tokenizer.encode(parsed.text or "")
+    if parsed.given == ("input_ids",):
+        return parsed.input_ids
     return None
+
+
+async def _refuse(sim: SGLangState, request: web.Request, parsed: Parsed, message: str) -> web.StreamResponse:
+    """A ValueError of the front end: 400 for a plain request; for a stream, HTTP 200 with the
+    error as its one event, then [DONE] (it is raised inside the streaming response)."""
+    if not parsed.stream:
+        return error_400(message)
+    resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    data = error_event(message)
+    sim.generate_bytes += len(data)
+    await resp.write(data)
+    return resp
 
 
 def _draw_fault(sim: SGLangState, req: Req) -> str | None:
     f = sim.config.faults
-    for name, rate in (("http_503", f.http_503_rate), ("abort", f.abort_rate), ("drop", f.drop_rate)):
+    rates = (
+        ("http_503", f.http_503_rate),
+        ("abort", f.abort_rate),
+        ("drop", f.drop_rate),
+        ("nan", f.nan_rate),
+    )
+    for name, rate in rates:
         if rate > 0 and sim.rng.random() < rate:
             sim.faults_injected[name] = sim.faults_injected.get(name, 0) + 1
             if name != "http_503":
@@ -107,23 +135,14 @@ def _draw_fault(sim: SGLangState, req: Req) -> str | None:
     return None
 
 
-def out_dict(sim: SGLangState, req: Req, *, final: bool, prompt_ids: bool = False) -> dict[str, Any]:
-    """One response object: the whole text and ids so far (SGLang streams cumulatively)."""
+def out_dict(
+    sim: SGLangState, req: Req, *, final: bool, prompt_ids: bool = False, since: tuple[int, int] | None = None
+) -> dict[str, Any]:
+    """One response object: the whole text and ids so far, or with `since` (ids, characters
+    already sent) only what is new, as an incremental stream sends."""
     cfg = sim.config
-    if req.before_prefill:
-        # The front end answers a request aborted in the queue itself, with no tokens at all.
-        return {
-            "text": "",
-            "output_ids": [],
-            "meta_info": {
-                "id": req.rid,
-                "finish_reason": req.finish,
-                "prompt_tokens": 0,
-                "completion_tokens": 0,
-                "cached_tokens": 0,
-                "weight_version": cfg.weight_version,
-            },
-        }
+    if req.in_queue_abort:
+        return _queue_abort_dict(sim, req, since)
     meta: dict[str, Any] = {
         "id": req.rid,
         "finish_reason": req.finish if final else None,
@@ -137,10 +156,30 @@ def out_dict(sim: SGLangState, req: Req, *, final: bool, prompt_ids: bool = Fals
     if final:
         end = req.finished_at if req.finished_at is not None else time.monotonic()
         meta["e2e_latency"] = end - req.arrived
-    out: dict[str, Any] = {"text": req.text, "output_ids": req.output_ids, "meta_info": meta}
+    text, ids = req.text, req.output_ids
+    if since is not None:
+        text, ids = text[since[1] :], ids[since[0] :]
+    out: dict[str, Any] = {"text": text, "output_ids": ids, "meta_info": meta}
     if prompt_ids:
         out["prompt_token_ids"] = req.prompt_ids
     return out
+
+
+def _queue_abort_dict(sim: SGLangState, req: Req, since: tuple[int, int] | None) -> dict[str, Any]:
+    """The front end's own answer for a request aborted in the waiting queue (0.5.23
+    `_handle_abort_req`): the output it had, and a short meta_info."""
+    end = req.finished_at if req.finished_at is not None else time.monotonic()
+    meta = {
+        "id": req.rid,
+        "finish_reason": req.finish,
+        "weight_version": sim.config.weight_version,
+        "e2e_latency": end - req.arrived,
+        "completion_tokens": len(req.output_ids),
+    }
+    ids = req.output_ids
+    if since is not None:
+        ids = ids[-1:]  # an incremental stream gets the last id only
+    return {"text": req.text, "output_ids": ids, "meta_info": meta}
 
 
 async def _wait(sim: SGLangState, request: web.Request, req: Req, prompt_ids: bool) -> web.StreamResponse:
@@ -152,17 +191,19 @@ async def _wait(sim: SGLangState, request: web.Request, req: Req, prompt_ids: bo
             request.transport.close()
         return web.Response(status=200)
     body = orjson.dumps(out_dict(sim, req, final=True, prompt_ids=prompt_ids))
+    sim.generate_bytes += len(body)
     return web.Response(status=200, body=body, content_type="application/json")
 
 
 async def _stream(sim: SGLangState, request: web.Request, req: Req, prompt_ids: bool) -> web.StreamResponse:
     resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream"})
-    interval = max(1, sim.config.stream_interval)
-    sent = 0
+    incremental = sim.config.incremental_streaming_output
+    sent = (0, 0)  # ids and text characters sent so far
     try:
         await resp.prepare(request)
         while True:
-            if req.finish is None and not req.dropped and len(req.output_ids) - sent < interval:
+            interval = req.sampling.stream_interval or sim.config.stream_interval
+            if req.finish is None and not req.dropped and not _due(len(req.output_ids), sent[0], interval):
                 req.event.clear()
                 await req.event.wait()
             if req.dropped:
@@ -171,16 +212,28 @@ async def _stream(sim: SGLangState, request: web.Request, req: Req, prompt_ids: 
                 return resp
             if req.finish is not None:
                 break
-            n = len(req.output_ids)
-            if n - sent >= interval:
-                await resp.write(b"data: " + orjson.dumps(out_dict(sim, req, final=False)) + b"\n\n")
-                sent = n
-        final = orjson.dumps(out_dict(sim, req, final=True, prompt_ids=prompt_ids))
-        await resp.write(b"data: " + final + b"\n\ndata: [DONE]\n\n")
+            if _due(len(req.output_ids), sent[0], interval):
+                chunk = out_dict(sim, req, final=False, since=sent if incremental else None)
+                await _write(sim, resp, b"data: " + orjson.dumps(chunk) + b"\n\n")
+                sent = (len(req.output_ids), len(req.text))
+        final = out_dict(sim, req, final=True, prompt_ids=prompt_ids, since=sent if incremental else None)
+        await _write(sim, resp, b"data: " + orjson.dumps(final) + b"\n\ndata: [DONE]\n\n")
     except (ConnectionError, RuntimeError):
         # The client went away: SGLang aborts the request in the scheduler.
         sim.scheduler.abort_req(req)
     return resp
+
+
+def _due(n: int, sent: int, interval: int) -> bool:
+    """0.5.23's rule: every step at interval 1; else the first id at once, then whenever at least
+    `interval` ids are unsent."""
+    unsent = n - sent
+    return unsent > 0 and (interval <= 1 or unsent >= interval or sent == 0)
+
+
+async def _write(sim: SGLangState, resp: web.StreamResponse, data: bytes) -> None:
+    sim.generate_bytes += len(data)
+    await resp.write(data)
 
 
 async def sweep_clients(sim: SGLangState) -> None:

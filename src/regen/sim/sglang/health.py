@@ -41,9 +41,10 @@ async def health(sim: SGLangState, request: web.Request) -> web.StreamResponse:
             if remaining <= 0:
                 last = time.strftime("%H:%M:%S", time.localtime(wall - (tic - sched.last_output_at)))
                 sim.log.main(
-                    "Health check failed. Server couldn't get a response from detokenizer for last "
+                    level="error",
+                    message="Health check failed. Server couldn't get a response from detokenizer for last "
                     f"{cfg.health_check_timeout_s:g} seconds. tic start time: "
-                    f"{time.strftime('%H:%M:%S', time.localtime(wall))}. last_heartbeat time: {last}"
+                    f"{time.strftime('%H:%M:%S', time.localtime(wall))}. last_heartbeat time: {last}",
                 )
                 return web.Response(status=503)
             with contextlib.suppress(TimeoutError):

@@ -55,6 +55,10 @@ def model_info(sim: SGLangState, legacy: bool = False) -> dict[str, Any]:
 
 
 def server_info(sim: SGLangState) -> dict[str, Any]:
+    """0.5.23's flat `server_args.resolved_dict()` (the subset simulated) plus the scheduler's facts.
+    Arguments are as given on the command line: `context_length` and `max_running_requests` are
+    None unless passed (the model's limit is /v1/models' max_model_len), and `enable_dp_attention`
+    says whether attention is data-parallel over more than one rank."""
     cfg = sim.config
     sched = sim.scheduler
     args: dict[str, Any] = {
@@ -80,10 +84,17 @@ def server_info(sim: SGLangState) -> dict[str, Any]:
         "kv_cache_dtype": cfg.kv_cache_dtype,
         "tp_size": cfg.tp_size,
         "dp_size": cfg.dp_size,
+        "pp_size": 1,
+        "enable_dp_attention": cfg.enable_dp_attention and cfg.dp_size > 1,
+        "max_queued_requests": cfg.max_queued_requests,
         "stream_interval": cfg.stream_interval,
+        "incremental_streaming_output": cfg.incremental_streaming_output,
         "random_seed": cfg.seed,
         "watchdog_timeout": cfg.watchdog_timeout,
-        "log_level": "info",
+        "soft_watchdog_timeout": cfg.soft_watchdog_timeout,
+        "speculative_algorithm": cfg.speculative_algorithm,
+        "log_level": cfg.log_level,
+        "log_level_http": cfg.log_level_http,
         "enable_metrics": cfg.enable_metrics,
         "decode_log_interval": cfg.decode_log_interval,
         "enable_cache_report": cfg.enable_cache_report,
@@ -107,7 +118,7 @@ def server_info(sim: SGLangState) -> dict[str, Any]:
                     "token_capacity": cfg.max_total_tokens,
                     "graph": 1.91,
                 },
-                "effective_max_running_requests_per_dp": cfg.max_running_requests,
+                "effective_max_running_requests_per_dp": cfg.running_cap,
                 "num_running_reqs": len(sched.running),
                 "num_waiting_reqs": len(sched.waiting),
             }
@@ -132,7 +143,8 @@ def model_card(sim: SGLangState) -> dict[str, Any]:
 # --- the routes ------------------------------------------------------------------------------------
 def _deprecated(sim: SGLangState, old: str, new: str) -> None:
     sim.log.main(
-        f"The endpoint {old} is deprecated and will be removed in a future version. Please use {new} instead."
+        level="warning",
+        message=f"The endpoint {old} is deprecated and will be removed in a future version. Please use {new} instead.",
     )
 
 

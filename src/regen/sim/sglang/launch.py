@@ -4,7 +4,8 @@ the simulator run in the foreground with SGLang's log (docs/sglang.md, "The stan
 The parser is argparse with SGLang's flag names and argparse's default prefix matching, so what the
 real command line accepts and refuses holds here too: `--tp 8` is `--tp-size 8` (the only flag
 starting with --tp), `--cuda-graph-max-bs` is ambiguous (0.5.23 split it into -decode and -prefill),
-and an unknown flag ends with `launch_server.py: error: unrecognized arguments: ...` and status 2.
+and an unknown flag ends with `sglang serve: error: unrecognized arguments: ...` and status 2 (0.5.23
+names its parser `sglang serve`, server_args.py `prepare_server_args`).
 
 Simulator settings that are no server flag (speeds, output lengths, faults) come from the TOML or
 JSON file named by REGEN_SGLANG_SIM_CONFIG; the flags win over the file.
@@ -73,20 +74,24 @@ _FLAGS: list[tuple[tuple[str, ...], dict[str, Any], str | None]] = [
     (("--warmups",), {"type": str}, None),
     (("--mem-fraction-static",), {"type": float}, "mem_fraction_static"),
     (("--max-running-requests",), {"type": int}, "max_running_requests"),
+    (("--max-queued-requests",), {"type": int}, "max_queued_requests"),
     (("--max-total-tokens",), {"type": int}, "max_total_tokens"),
     (("--chunked-prefill-size",), {"type": int}, "chunked_prefill_size"),
     (("--max-prefill-tokens",), {"type": int}, "max_prefill_tokens"),
     (("--schedule-policy",), {"type": str, "default": "fcfs"}, None),
     (("--schedule-conservativeness",), {"type": float}, "schedule_conservativeness"),
     (("--stream-interval",), {"type": int}, "stream_interval"),
+    (("--incremental-streaming-output",), {"action": "store_true", "default": None},
+     "incremental_streaming_output"),
     (("--random-seed",), {"type": int}, "seed"),
     (("--watchdog-timeout",), {"type": float}, "watchdog_timeout"),
+    (("--soft-watchdog-timeout",), {"type": float}, "soft_watchdog_timeout"),
     (("--disable-radix-cache",), {"action": "store_true"}, None),
     (("--tp-size", "--tensor-parallel-size"), {"type": int}, "tp_size"),
     (("--dp-size", "--data-parallel-size"), {"type": int}, "dp_size"),
     (("--ep-size", "--expert-parallel-size"), {"type": int, "default": 1}, None),
     (("--pp-size", "--pipeline-parallel-size"), {"type": int, "default": 1}, None),
-    (("--enable-dp-attention",), {"action": "store_true"}, None),
+    (("--enable-dp-attention",), {"action": "store_true", "default": None}, "enable_dp_attention"),
     (("--nnodes",), {"type": int, "default": 1}, None),
     (("--node-rank",), {"type": int, "default": 0}, None),
     (("--dist-init-addr",), {"type": str}, None),
@@ -97,12 +102,12 @@ _FLAGS: list[tuple[tuple[str, ...], dict[str, Any], str | None]] = [
     (("--disable-flashinfer-autotune",), {"action": "store_true"}, None),
     (("--enable-torch-compile",), {"action": "store_true"}, None),
     (("--enable-metrics",), {"action": "store_true", "default": None}, "enable_metrics"),
-    (("--log-level",), {"type": str, "default": "info"}, None),
-    (("--log-level-http",), {"type": str}, None),
+    (("--log-level",), {"type": str.lower}, "log_level"),
+    (("--log-level-http",), {"type": str.lower}, "log_level_http"),
     (("--log-requests",), {"action": "store_true"}, None),
     (("--log-requests-level",), {"type": int, "default": 2}, None),
     (("--decode-log-interval",), {"type": int}, "decode_log_interval"),
-    (("--speculative-algorithm",), {"type": str}, None),
+    (("--speculative-algorithm",), {"type": str}, "speculative_algorithm"),
     (("--speculative-draft-model-path", "--speculative-draft-model"), {"type": str}, None),
     (("--speculative-draft-model-revision",), {"type": str}, None),
     (("--speculative-draft-model-quantization",), {"type": str}, None),
@@ -115,8 +120,8 @@ _FLAGS: list[tuple[tuple[str, ...], dict[str, Any], str | None]] = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """SGLang's parser: argparse defaults (prefix abbreviations allowed), prog from argv[0]."""
-    parser = argparse.ArgumentParser()
+    """SGLang's parser: argparse defaults (prefix abbreviations allowed), named as 0.5.23 names it."""
+    parser = argparse.ArgumentParser(prog="sglang serve")
     for names, kwargs, _field in _FLAGS:
         parser.add_argument(*names, **kwargs)
     return parser
@@ -220,8 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     overrides["enable_metrics"] = bool(args.enable_metrics)
     overrides.setdefault("tp_size", 1)
     overrides.setdefault("dp_size", 1)
-    if "context_length" not in overrides:
-        overrides["context_length"] = _context_of(model_config)
+    # The model's own limit; --context-length (as given, or None) is what /server_info reports.
+    overrides["model_context_length"] = _context_of(model_config)
     archs = model_config.get("architectures")
     if isinstance(archs, list) and archs:
         overrides["architectures"] = [str(a) for a in archs]

@@ -2,13 +2,15 @@
 
 Rendered by prometheus-client from the live counters at scrape time, so every scrape is
 consistent with /_sim/state at that moment. Scheduler series carry the scheduler's labels
-(model_name, engine_type, tp_rank, pp_rank, moe_ep_rank); the front end's token and request
-counters and latency histograms carry model_name and engine_type only.
+(model_name, engine_type, tp_rank, pp_rank, moe_ep_rank, and dp_rank with data parallelism: one
+series per rank, as every data-parallel rank's scheduler exports its own); the front end's token
+and request counters and latency histograms carry model_name and engine_type only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -30,6 +32,43 @@ _SCHED = ["model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank"]
 _TOK = ["model_name", "engine_type"]
 
 
+@dataclass(frozen=True, slots=True)
+class _Rank:
+    """One scheduler's share: what the series of one (data-parallel) rank report."""
+
+    labels: list[str]
+    running: int
+    queued: int
+    kv_used: int
+    pool: int
+    first: bool  # the rank that carries the scheduler-wide counters
+
+
+def _ranks(sim: SGLangState) -> list[_Rank]:
+    """The schedulers that export series. One, labelled tp_rank 0, without data parallelism; with
+    dp_size N, one per rank with its dp_rank (and, under data-parallel attention, the tp_rank of its
+    attention group's first GPU), each holding the requests dealt to it (docs/sglang.md §6)."""
+    cfg = sim.config
+    sched = sim.scheduler
+    name = cfg.served_name
+    if cfg.dp_size <= 1:
+        labels = [name, "unified", "0", "0", "0"]
+        return [_Rank(labels, len(sched.running), len(sched.waiting), sched.kv_used, cfg.max_total_tokens, True)]
+    n = cfg.dp_size
+    running, queued, kv = [0] * n, [0] * n, [0] * n
+    for req in sched.running:
+        running[req.dp_rank % n] += 1
+        kv[req.dp_rank % n] += req.kv_tokens
+    for req in sched.waiting:
+        queued[req.dp_rank % n] += 1
+    out = []
+    for k in range(n):
+        tp_rank = k * cfg.tp_size // n if cfg.enable_dp_attention else 0
+        labels = [name, "unified", str(tp_rank), "0", "0", str(k)]
+        out.append(_Rank(labels, running[k], queued[k], kv[k], cfg.max_total_tokens // n, k == 0))
+    return out
+
+
 class _Collector:
     def __init__(self, sim: SGLangState) -> None:
         self.sim = sim
@@ -40,41 +79,51 @@ class _Collector:
         sched = sim.scheduler
         stats = sim.stats
         name = cfg.served_name
-        slabels = [name, "unified", "0", "0", "0"]
+        ranks = _ranks(sim)
+        slabels = ranks[0].labels
+        names = _SCHED + (["dp_rank"] if len(slabels) > len(_SCHED) else [])
         tlabels = [name, "unified"]
-        total = cfg.max_total_tokens
+        share = 1 / len(ranks)
 
-        def gauge(metric: str, doc: str, value: float) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(metric, doc, labels=_SCHED)
-            g.add_metric(slabels, float(value))
+        def gauge(metric: str, doc: str, value: Callable[[_Rank], float]) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(metric, doc, labels=names)
+            for rank in ranks:
+                g.add_metric(rank.labels, float(value(rank)))
             return g
 
-        yield gauge("sglang:num_running_reqs", "The number of running requests.", len(sched.running))
-        yield gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", len(sched.waiting))
-        yield gauge("sglang:num_used_tokens", "The number of used tokens.", sched.kv_used)
-        yield gauge("sglang:token_usage", "The token usage.", sched.kv_used / total)
-        yield gauge("sglang:kv_used_tokens", "The number of KV cache tokens in use.", sched.kv_used)
-        yield gauge("sglang:kv_available_tokens", "The number of free KV cache tokens.", total - sched.kv_used)
-        yield gauge("sglang:max_total_num_tokens", "The size of the KV token pool.", total)
-        yield gauge("sglang:context_len", "The context length.", sim.context_len)
-        yield gauge("sglang:gen_throughput", "The generation throughput (token/s).", stats.gen_throughput)
-        yield gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", sched.cache.hit_rate())
-        yield gauge("sglang:num_retracted_reqs", "The number of retracted requests.", stats.last_retracted)
-        yield gauge("sglang:num_paused_reqs", "The number of paused requests.", 0)
+        yield gauge("sglang:num_running_reqs", "The number of running requests.", lambda r: r.running)
+        yield gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", lambda r: r.queued)
+        yield gauge("sglang:num_used_tokens", "The number of used tokens.", lambda r: r.kv_used)
+        yield gauge("sglang:token_usage", "The token usage.", lambda r: r.kv_used / r.pool)
+        yield gauge("sglang:kv_used_tokens", "The number of KV cache tokens in use.", lambda r: r.kv_used)
+        yield gauge("sglang:kv_available_tokens", "The number of free KV cache tokens.", lambda r: r.pool - r.kv_used)
+        yield gauge("sglang:max_total_num_tokens", "The size of the KV token pool.", lambda r: r.pool)
+        yield gauge("sglang:context_len", "The context length.", lambda r: sim.context_len)
+        yield gauge(
+            "sglang:gen_throughput", "The generation throughput (token/s).", lambda r: stats.gen_throughput * share
+        )
+        yield gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", lambda r: sched.cache.hit_rate())
+        yield gauge(
+            "sglang:num_retracted_reqs",
+            "The number of retracted requests.",
+            lambda r: stats.last_retracted if r.first else 0,
+        )
+        yield gauge("sglang:num_paused_reqs", "The number of paused requests.", lambda r: 0)
         yield gauge(
             "sglang:utilization",
             "The share of the running-request capacity in use.",
-            len(sched.running) / cfg.max_running_requests,
+            lambda r: r.running / max(1.0, cfg.running_cap * share),
         )
-        yield gauge("sglang:spec_accept_length", "The average speculative acceptance length.", 0.0)
-        yield gauge("sglang:spec_accept_rate", "The speculative acceptance rate.", 0.0)
+        yield gauge("sglang:spec_accept_length", "The average speculative acceptance length.", lambda r: 0.0)
+        yield gauge("sglang:spec_accept_rate", "The speculative acceptance rate.", lambda r: 0.0)
 
         retracted = CounterMetricFamily(
-            "sglang:num_retracted_requests", "The number of retracted requests.", labels=_SCHED
+            "sglang:num_retracted_requests", "The number of retracted requests.", labels=names
         )
-        retracted.add_metric(slabels, float(stats.retracted_total))
+        for rank in ranks:
+            retracted.add_metric(rank.labels, float(stats.retracted_total if rank.first else 0))
         yield retracted
-        yield self._hist("sglang:queue_time_seconds", "Time spent in the waiting queue.", stats.queue, _SCHED,
+        yield self._hist("sglang:queue_time_seconds", "Time spent in the waiting queue.", stats.queue, names,
                          slabels)
 
         for metric, doc, value in (

@@ -2,9 +2,10 @@
 
 The output is decided when the request arrives (length, reasoning share, where it sits in the word
 cycles), so the same prompt under the same seed gives the same ids on every run; the scheduler only
-decides when each id comes out. Finish rules follow SGLang's `Req.check_finished` (docs/sglang.md,
-"Finish reasons"): the length limit first, then the stop ids (which `ignore_eos` switches off,
-stop_token_ids included), then stop strings.
+decides when each id comes out. Finish rules follow 0.5.23's `Req.update_finish_state`
+(docs/sglang.md §4, "Finish rules"): an out-of-vocabulary id first ("NaN happened"), then stop
+strings, then the stop ids (which `ignore_eos` switches off, stop_token_ids included), then the
+length limit.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from typing import Any
 from regen.sim.sglang.tokens import Cycle, SimTokenizer
 
 __all__ = [
-    "ABORT_BEFORE_PREFILL",
+    "ABORT_IN_WAITING_QUEUE",
+    "NAN_HAPPENED",
     "Req",
     "Sampling",
     "finish_abort",
@@ -28,7 +30,10 @@ __all__ = [
     "plan_output",
 ]
 
-ABORT_BEFORE_PREFILL = "Abort before prefill"
+# The front end's message for a request aborted while in the waiting queue (0.5.23 tokenizer manager).
+ABORT_IN_WAITING_QUEUE = "Abort in waiting queue"
+# A sampled id outside the vocabulary (a NaN in the logits) ends the request as a stop on this string.
+NAN_HAPPENED = "NaN happened"
 
 
 def finish_stop(matched: int | str) -> dict[str, Any]:
@@ -60,6 +65,8 @@ class Sampling:
     top_k: int = -1
     min_p: float = 0.0
     seed: int | None = None
+    stream_interval: int | None = None  # None: the server's --stream-interval
+    stop_token_ids: tuple[int, ...] = ()  # as sent: the id an out-of-vocabulary one is replaced by
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,12 +150,13 @@ class Req:
     first_token_at: float | None = None
     finished_at: float | None = None
     prefilled: bool = False
-    before_prefill: bool = False  # aborted while still queued: SGLang reports no tokens at all
-    fault: str | None = None  # "abort" | "drop", at `fault_at` output tokens
+    in_queue_abort: bool = False  # aborted in the waiting queue: the front end's short answer
+    fault: str | None = None  # "abort" | "drop" | "nan", at `fault_at` output tokens
     fault_at: int = 0
     fault_message: str = "Aborted"
     dropped: bool = False
     internal: bool = False  # the warmup and health probes: not a client's request
+    dp_rank: int = 0  # the data-parallel rank the scheduler dealt it to (its metrics' series)
     event: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -194,40 +202,75 @@ class Req:
         self.append(token_id)
 
     def append(self, token_id: int) -> None:
-        """Emit one id and apply the finish rules. `text` never holds a trimmed stop id's piece, so
-        it is always what the detokenizer would send."""
+        """Emit one id and apply the finish rules in 0.5.23's order: stop strings, stop ids, then the
+        length limit (so an end-of-turn id landing on max_new_tokens is a stop). `text` never holds a
+        trimmed stop id's piece, so it is always what the detokenizer would send."""
         out = self.output_ids
         out.append(token_id)
         s = self.sampling
+        stop_id = token_id in s.stop_ids
+        trimmed = stop_id and not s.no_stop_trim
+        if not trimmed or s.stop_strs:
+            self._add_piece(token_id)
+        if s.stop_strs and self._stop_string():
+            return
+        if stop_id:
+            self.finish = finish_stop(token_id)
+            if trimmed and s.stop_strs:
+                self._drop_last_piece()
+            return
         if len(out) >= s.max_new_tokens:
             self.finish = finish_length(s.max_new_tokens)
-        elif token_id in s.stop_ids:
-            self.finish = finish_stop(token_id)
-            if not s.no_stop_trim:
-                return  # the matched stop id stays in output_ids but not in the text
+
+    def nan(self) -> None:
+        """The model sampled an id outside the vocabulary: SGLang puts the first stop id in its place,
+        then the model's eos over that, and ends the request as a stop on the string "NaN happened"
+        (schedule_batch.py `_check_vocab_boundary_finish`). The detokenizer finds no such string to
+        trim, so the replacement id's piece stays in the text."""
+        s = self.sampling
+        eos = self.tok.eos_ids
+        replacement = eos[0] if eos else (s.stop_token_ids[0] if s.stop_token_ids else 0)
+        self.output_ids.append(replacement)
+        self._add_piece(replacement)
+        self.finish = finish_stop(NAN_HAPPENED)
+
+    def _add_piece(self, token_id: int) -> None:
+        s = self.sampling
         if not self.tok.exact_pieces:
             # Pieces merge across ids for this tokenizer: decode for real.
-            self._pieces = [self.tok.decode(out, skip_special_tokens=s.skip_special_tokens)]
+            self._pieces = [self.tok.decode(self.output_ids, skip_special_tokens=s.skip_special_tokens)]
         else:
             self._pieces.append(self.tok.piece(token_id, skip_special_tokens=s.skip_special_tokens))
         self._joined = None
-        if s.stop_strs and self.finish is None:
-            longest = max(len(stop) for stop in s.stop_strs)
-            tail = ""
-            for piece in reversed(self._pieces):
-                tail = piece + tail
-                if len(tail) >= longest + len(self._pieces[-1]):
-                    break
-            for stop in s.stop_strs:
-                at = tail.find(stop)
-                if at >= 0:
-                    self.finish = finish_stop(stop)
-                    if not s.no_stop_trim:
-                        text = self.text
-                        cut = len(text) - len(tail) + at
-                        self._pieces = [text[:cut]]
-                        self._joined = None
-                    break
+
+    def _drop_last_piece(self) -> None:
+        s = self.sampling
+        if not self.tok.exact_pieces:
+            self._pieces = [self.tok.decode(self.output_ids[:-1], skip_special_tokens=s.skip_special_tokens)]
+        else:
+            self._pieces.pop()
+        self._joined = None
+
+    def _stop_string(self) -> bool:
+        """A stop string in the text's tail ends the request there (trimmed unless no_stop_trim)."""
+        s = self.sampling
+        longest = max(len(stop) for stop in s.stop_strs)
+        tail = ""
+        for piece in reversed(self._pieces):
+            tail = piece + tail
+            if len(tail) >= longest + len(self._pieces[-1]):
+                break
+        for stop in s.stop_strs:
+            at = tail.find(stop)
+            if at >= 0:
+                self.finish = finish_stop(stop)
+                if not s.no_stop_trim:
+                    text = self.text
+                    cut = len(text) - len(tail) + at
+                    self._pieces = [text[:cut]]
+                    self._joined = None
+                return True
+        return False
 
     @property
     def text(self) -> str:

@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 
 from regen.sim.sglang.config import SimSGLangConfig
 from regen.sim.sglang.logs import SimLog
-from regen.sim.sglang.request import ABORT_BEFORE_PREFILL, Req, finish_abort, finish_length
+from regen.sim.sglang.request import ABORT_IN_WAITING_QUEUE, Req, finish_abort, finish_length
 from regen.sim.sglang.stats import Stats
 
-__all__ = ["RadixCache", "Scheduler"]
+__all__ = ["RadixCache", "Scheduler", "soft_watchdog_line"]
 
 _INIT_NEW_TOKEN_RATIO = 0.7
 _MIN_NEW_TOKEN_RATIO = 0.14
@@ -128,6 +128,7 @@ class Scheduler:
         self._task: asyncio.Task[None] | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self.admitted_total = 0
+        self._dealt = 0  # requests dealt to the data-parallel ranks in turn
 
     # --- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -155,25 +156,36 @@ class Scheduler:
     def submit(self, req: Req) -> None:
         req.arrived = time.monotonic()
         req.status = "waiting"
+        req.dp_rank = self._dealt % max(1, self._config().dp_size)
+        self._dealt += 1
+        limit = self._config().max_queued_requests
+        if limit is not None and not req.internal and len(self.waiting) + 1 > limit:
+            # --max-queued-requests: the newcomer is refused with a 503 abort (scheduler.py
+            # `_abort_on_queued_limit`), answered by the front end as an abort in the queue.
+            req.in_queue_abort = True
+            req.finish = {"type": "abort", "status_code": 503, "message": "The request queue is full."}
+            req.status = "finished"
+            req.finished_at = time.monotonic()
+            self._on_finish(req)
+            req.event.set()
+            return
         self.waiting.append(req)
         self.live[req.rid] = req
         self._wake.set()
 
     def abort(self, rid: str | None, abort_all: bool = False, message: str = "Aborted") -> list[str]:
         """SGLang's /abort_request: a known rid aborts every live request whose rid starts with it
-        (the scheduler matches by prefix); abort_all aborts everything. Queued requests end with
-        "Abort before prefill" and no tokens, running ones with their output so far."""
+        (the scheduler matches by prefix); abort_all aborts everything. A request in the waiting
+        queue (a retracted one too) is answered by the front end: "Abort in waiting queue" with the
+        output it had; a running one ends with its output so far."""
         if not abort_all and (rid is None or rid not in self.live):
             return []
         hit = [r for r in self.live.values() if abort_all or (rid is not None and r.rid.startswith(rid))]
         for req in hit:
             if req.status == "waiting":
                 self.waiting.remove(req)
-                if req.prefilled:
-                    req.finish = finish_abort(message)
-                else:
-                    req.before_prefill = True
-                    req.finish = {"type": "abort", "message": ABORT_BEFORE_PREFILL}
+                req.in_queue_abort = True
+                req.finish = {"type": "abort", "message": ABORT_IN_WAITING_QUEUE}
             else:
                 req.finish = finish_abort(message)
             self._end(req)
@@ -267,13 +279,13 @@ class Scheduler:
         )
 
     def _admit(self, cfg: SimSGLangConfig) -> list[Req]:
-        if not self.waiting or len(self.running) >= cfg.max_running_requests:
+        if not self.waiting or len(self.running) >= cfg.running_cap:
             return []
         ratio = self.new_token_ratio
         room = cfg.max_total_tokens - self.kv_used - self._reserved(ratio)
         batch: list[Req] = []
         prefill_tokens = 0
-        while self.waiting and len(self.running) + len(batch) < cfg.max_running_requests:
+        while self.waiting and len(self.running) + len(batch) < cfg.running_cap:
             req = self.waiting[0]
             remaining = max(0, req.sampling.max_new_tokens - len(req.output_ids))
             need = req.kv_tokens + math.ceil(ratio * remaining)
@@ -295,7 +307,8 @@ class Scheduler:
         req = self.waiting[0]
         self.log.scheduler(
             f"Decode out of memory. Try to lower your batch size. rid={req.rid}, "
-            f"#tokens: {req.kv_tokens}, max_total_num_tokens={cfg.max_total_tokens}"
+            f"#tokens: {req.kv_tokens}, max_total_num_tokens={cfg.max_total_tokens}",
+            level="error",
         )
         self.waiting.popleft()
         req.finish = finish_abort(
@@ -411,8 +424,12 @@ class Scheduler:
             req.first_token_at = time.monotonic()
         for _ in range(k):
             if req.fault is not None and len(req.output_ids) >= req.fault_at:
-                # An injected fault strikes here: the server aborts the request, or the
-                # connection drops (the front end then closes it and the request is aborted).
+                # An injected fault strikes here: the server aborts the request, the connection
+                # drops (the front end then closes it and the request is aborted), or the model
+                # samples an id outside the vocabulary.
+                if req.fault == "nan":
+                    req.nan()
+                    break
                 req.dropped = req.fault == "drop"
                 req.finish = finish_abort(req.fault_message)
                 break
@@ -451,7 +468,7 @@ class Scheduler:
         if self.running and self.kv_used + len(self.running) * k > cfg.max_total_tokens:
             # One request alone outgrows the pool: it ends rather than crash the server.
             last = self.running.pop()
-            self.log.scheduler("Decode out of memory. Try to lower your batch size.")
+            self.log.scheduler("Decode out of memory. Try to lower your batch size.", level="error")
             last.finish = finish_abort("The request was aborted because the KV cache pool is full.", 503)
             self._end(last)
         if retracted:
@@ -463,24 +480,35 @@ class Scheduler:
             self.log.scheduler(
                 "KV cache pool is full. Retract requests. "
                 f"#retracted_reqs: {len(retracted)}, "
-                f"#new_token_ratio: {old:.4f} -> {self.new_token_ratio:.4f}"
+                f"#new_token_ratio: {old:.4f} -> {self.new_token_ratio:.4f}",
+                level="warning",
             )
 
     # --- the watchdog ------------------------------------------------------------------------------
     async def _watch(self) -> None:
         """SGLang's watchdog thread: a batch stuck in one forward for watchdog_timeout crashes the
-        server on purpose rather than let it hang."""
+        server on purpose rather than let it hang. With --soft-watchdog-timeout a second watchdog
+        only logs the same line with `self.soft=True`, once per period stuck, and lets it run."""
         last_ct = self.forward_ct
-        last_change = time.monotonic()
+        last_change = soft_mark = time.monotonic()
         while True:
             cfg = self._config()
             timeout = cfg.watchdog_timeout * cfg.time_scale
-            await asyncio.sleep(max(0.01, min(timeout / 2, 1.0)))
+            soft = None if cfg.soft_watchdog_timeout is None else cfg.soft_watchdog_timeout * cfg.time_scale
+            await asyncio.sleep(max(0.01, min(timeout / 2, soft / 2 if soft else 1.0, 1.0)))
             now = time.monotonic()
             if not self.in_forward or self.forward_ct != last_ct or self.paused:
                 last_ct = self.forward_ct
-                last_change = now
+                last_change = soft_mark = now
                 continue
             if now - last_change > timeout:
                 self._on_watchdog()
                 return
+            if soft is not None and now - soft_mark > soft:
+                soft_mark = now
+                self.log.scheduler(soft_watchdog_line(cfg.soft_watchdog_timeout or 0.0), level="error")
+
+
+def soft_watchdog_line(timeout: float) -> str:
+    """The soft watchdog's line: the hard one's words with `self.soft=True` (utils/watchdog.py)."""
+    return f"Scheduler watchdog timeout (self.watchdog_timeout={timeout:g}, self.soft=True)"

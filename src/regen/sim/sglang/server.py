@@ -76,8 +76,14 @@ class SGLangSim(SGLangState):
         else:
             self._sock = sock
             self._port = int(sock.getsockname()[1])
+        # uvicorn closes a keep-alive connection idle for SGLANG_TIMEOUT_KEEP_ALIVE (5 s): a client
+        # pool that keeps connections longer races the close (docs/sglang.md §3).
         self._runner = web.AppRunner(
-            self.make_app(), access_log=None, handler_cancellation=False, shutdown_timeout=1.0
+            self.make_app(),
+            access_log=None,
+            handler_cancellation=False,
+            shutdown_timeout=1.0,
+            keepalive_timeout=self.config.timeout_keep_alive,
         )
         await self._runner.setup()
         self.scheduler.start()
@@ -134,7 +140,8 @@ class SGLangSim(SGLangState):
     def _on_watchdog(self) -> None:
         cfg = self.config
         self.log.scheduler(
-            f"Scheduler watchdog timeout (self.watchdog_timeout={cfg.watchdog_timeout:g}, self.soft=False)"
+            level="error",
+            message=f"Scheduler watchdog timeout (self.watchdog_timeout={cfg.watchdog_timeout:g}, self.soft=False)",
         )
         self._tasks.append(asyncio.create_task(self._watchdog_kill(), name="sglang-sim-watchdog-kill"))
 
@@ -176,6 +183,7 @@ class SGLangSim(SGLangState):
     async def _auth_middleware(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
+        self.saw(request.transport)
         key = self.config.api_key
         if key and not request.path.startswith(_OPEN_PATHS):
             scheme, _, given = request.headers.get("Authorization", "").partition(" ")

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 
 from regen.sim.sglang.config import SimSGLangConfig
 from regen.sim.sglang.request import Sampling
+from regen.sim.sglang.scheduler import soft_watchdog_line
 from regen.sim.sglang.state import EXIT_KILLED, SIGQUIT_LINE, SGLangState
 
 __all__ = ["CUDA_GRAPH_FAILED_ADVICE", "run_startup"]
@@ -25,12 +26,13 @@ _WEIGHT_GB = 73.58
 _GRAPH_GB = 1.91
 _KV_BYTES_PER_TOKEN = 34_000
 
+# 0.5.23's advice after a failed decode capture (model_executor/runner_backend_utils/__init__.py).
 CUDA_GRAPH_FAILED_ADVICE = (
     "Possible solutions:\n"
     "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)\n"
     "2. set --cuda-graph-max-bs-decode to a smaller value (e.g., 16)\n"
-    "3. disable torch compile by not using --enable-torch-compile\n"
-    "4. disable CUDA graph by --disable-cuda-graph. (Not recommended. Huge performance loss)\n"
+    "3. disable decode CUDA graph by --cuda-graph-backend-decode=disabled. "
+    "(Not recommended. Huge performance loss)\n"
     "Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose \n"
 )
 
@@ -55,14 +57,23 @@ def _scheduler_failure(error: str, frames: list[tuple[str, int, str, str]]) -> s
 
 
 async def _sleep(sim: SGLangState, seconds: float) -> float:
-    duration = seconds * sim.config.time_scale
-    await asyncio.sleep(duration)
+    """A phase's time. The scheduler's soft watchdog counts initialisation as activity, so a phase
+    longer than --soft-watchdog-timeout logs its (harmless) line once per period."""
+    cfg = sim.config
+    duration = seconds * cfg.time_scale
+    soft = cfg.soft_watchdog_timeout
+    left = duration
+    while soft is not None and left > soft * cfg.time_scale:
+        await asyncio.sleep(soft * cfg.time_scale)
+        left -= soft * cfg.time_scale
+        sim.log.scheduler(soft_watchdog_line(soft), level="error")
+    await asyncio.sleep(left)
     return duration
 
 
 async def _fail(sim: SGLangState, scheduler_lines: list[str]) -> None:
     for line in scheduler_lines:
-        sim.log.scheduler(line)
+        sim.log.scheduler(line, level="error")
     sim.phase = "failed"
     await sim.crash(EXIT_KILLED, [SIGQUIT_LINE])
 
@@ -154,20 +165,33 @@ async def _allocate_kv_pool(sim: SGLangState, cfg: SimSGLangConfig, avail: float
     return avail
 
 
+def _capture_roles(cfg: SimSGLangConfig) -> tuple[str, ...]:
+    """The graphs 0.5.23 captures: the target's decode graph, or with speculative decoding its
+    verify graph and then the draft's decode and extend graphs (cuda_graph_setup.py)."""
+    if cfg.speculative_algorithm:
+        return ("target verify", "draft decode", "draft extend")
+    return ("target decode",)
+
+
 async def _capture_cuda_graphs(sim: SGLangState, cfg: SimSGLangConfig, avail: float) -> bool:
     """The CUDA graph phase, then the scheduler's summary line; False if it failed."""
     log = sim.log
     sim.phase = "cuda_graph"
+    roles = _capture_roles(cfg)
     if cfg.legacy_capture_log:
         log.scheduler(f"Capture cuda graph begin. This can take up to several minutes. avail mem={avail:.2f} GB")
     else:
-        log.scheduler(f"Capture target decode CUDA graph begin. avail mem={avail:.2f} GB")
+        role = roles[0]
+        log.scheduler(
+            f"Capture {role} CUDA graph begin. backend=full, num_tokens_per_req={1 if role.endswith('decode') else 4}, "
+            f"avail mem={avail:.2f} GB"
+        )
     took = await _sleep(sim, cfg.startup_cuda_graph_s)
     if cfg.faults.startup_fail_at == "cuda_graph":
         await _fail(sim, [_scheduler_failure(
             "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 "
             "has a total capacity of 139.81 GiB of which 1.06 GiB is free.\n" + CUDA_GRAPH_FAILED_ADVICE,
-            [("srt/model_executor/cuda_graph_runner.py", 391, "__init__", "raise Exception(")],
+            [("srt/model_executor/runner/decode_cuda_graph_runner.py", 603, "__init__", "raise Exception(")],
         )])
         return False
     avail -= _GRAPH_GB
@@ -178,13 +202,17 @@ async def _capture_cuda_graphs(sim: SGLangState, cfg: SimSGLangConfig, avail: fl
         )
     else:
         log.scheduler(
-            f"Capture target decode CUDA graph end. elapsed={took:.2f} s, mem usage={_GRAPH_GB:.2f} GB, "
-            f"avail mem={avail:.2f} GB."
+            f"Capture {roles[0]} CUDA graph end. bs=[1, 2, 4, 8], elapsed={took:.2f} s, "
+            f"mem usage={_GRAPH_GB:.2f} GB, avail mem={avail:.2f} GB."
         )
+        # A speculative server captures its draft model's graphs next (speculative/eagle_worker_v2.py).
+        for role in roles[1:]:
+            log.scheduler(f"Capture {role} CUDA graph begin. backend=full, avail mem={avail:.2f} GB")
+            log.scheduler(f"Capture {role} CUDA graph end. elapsed=0.00 s, mem usage=0.00 GB, avail mem={avail:.2f} GB.")
     sim.stats.startup_phases["cuda_graph"] = took
     log.scheduler(
         f"max_total_num_tokens={cfg.max_total_tokens}, chunked_prefill_size={cfg.chunked_prefill_size}, "
-        f"max_prefill_tokens={cfg.max_prefill_tokens}, max_running_requests={cfg.max_running_requests}, "
+        f"max_prefill_tokens={cfg.max_prefill_tokens}, max_running_requests={cfg.running_cap}, "
         f"context_len={sim.context_len}, available_gpu_mem={avail:.2f} GB"
     )
     return True
@@ -229,7 +257,7 @@ async def _warm_up(sim: SGLangState, cfg: SimSGLangConfig) -> bool:
             [("srt/entrypoints/http_server.py", 1473, "_execute_server_warmup",
               'assert res.status_code == 200, f"{res}"')],
             "AssertionError: <Response [500]>",
-        ))
+        ), level="error")
         await sim.crash(EXIT_KILLED)
         return False
     if cfg.access_log:

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import random
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -27,13 +28,15 @@ from regen.sim.sglang.scheduler import Scheduler
 from regen.sim.sglang.stats import Stats
 from regen.sim.sglang.tokens import SimTokenizer
 
-__all__ = ["EXIT_KILLED", "SIGQUIT_LINE", "SGLangState"]
+__all__ = ["EXIT_KILLED", "SIGQUIT_LINE", "SIGTERM_LINE", "SGLangState"]
 
-_DEFAULT_CONTEXT = 131072
 # The exit status of a process SGLang ends with kill_process_tree: SIGKILL.
 EXIT_KILLED = -9
 # What the parent logs when a child process dies (a failed startup phase, the watchdog).
 SIGQUIT_LINE = "Received sigquit from a child process. It usually means the child failed."
+# What the tokenizer manager logs on SIGTERM (0.5.23 SignalHandler.sigterm_handler, called by Python's
+# signal machinery with the signal's number and the interrupted frame).
+SIGTERM_LINE = "SIGTERM received. signum=15 frame=None. Draining requests and shutting down..."
 
 
 class SGLangState:
@@ -46,6 +49,7 @@ class SGLangState:
         self.config = config
         self.tokenizer = tokenizer
         self.log = log
+        log.level, log.http_level = config.log_level, config.log_level_http
         self.stats = Stats()
         self.scheduler = Scheduler(lambda: self.config, self.stats, self.log, self._on_finish, on_watchdog)
         self.phase = "init"
@@ -53,6 +57,9 @@ class SGLangState:
         self.aborted_rids: deque[str] = deque(maxlen=self.config.requests_maxlen)
         self.abort_requests: deque[str | None] = deque(maxlen=self.config.requests_maxlen)  # with record_ids
         self.http_requests = 0
+        self.generate_bytes = 0  # bytes of /generate answers written (bodies and stream events)
+        self.connections = 0  # client connections that sent a request
+        self._transports: weakref.WeakSet[Any] = weakref.WeakSet()
         self.in_flight = 0
         self.peak_in_flight = 0
         self.peak_running = 0
@@ -72,7 +79,7 @@ class SGLangState:
     # --- what the server is --------------------------------------------------------------------------
     @property
     def context_len(self) -> int:
-        return self.config.context_length or _DEFAULT_CONTEXT
+        return self.config.context_len
 
     @property
     def port(self) -> int:
@@ -161,7 +168,7 @@ class SGLangState:
         """A finished request's tokens and latencies in the statistics /metrics reports."""
         s = self.stats
         s.requests += 1
-        if not req.before_prefill:
+        if not req.in_queue_abort:
             s.prompt_tokens += req.n_prompt
             s.cached_tokens += req.cached_tokens
         out = len(req.output_ids)
@@ -177,6 +184,12 @@ class SGLangState:
                 s.tpot.observe(per)
                 s.itl.observe(per, out - 1)
 
+    def saw(self, transport: Any) -> None:
+        """A request arrived on `transport`: counted once per connection (keep-alive reuse shows)."""
+        if transport is not None and transport not in self._transports:
+            self._transports.add(transport)
+            self.connections += 1
+
     # --- the server's state changing -----------------------------------------------------------------
     def apply_config(self, config: SimSGLangConfig) -> None:
         if config.seed != self.config.seed:
@@ -186,6 +199,7 @@ class SGLangState:
             self.aborted_rids = deque(self.aborted_rids, maxlen=config.requests_maxlen)
         conservativeness_changed = config.schedule_conservativeness != self.config.schedule_conservativeness
         self.config = config
+        self.log.level, self.log.http_level = config.log_level, config.log_level_http
         if conservativeness_changed:
             self.scheduler.reset_ratio()
         self.scheduler.wake()
@@ -193,14 +207,14 @@ class SGLangState:
     def begin_shutdown(self) -> None:
         """SIGTERM: health answers 503 from now on; requests in flight may still finish."""
         self.shutting_down = True
-        self.log.main("Received sigterm. Gracefully exiting...")
+        self.log.main(SIGTERM_LINE, level="warning")
 
     async def crash(self, status: int, lines: list[str] | None = None) -> None:
         """The server dies: log `lines`, stop answering, resolve `crashed` with `status`."""
         if self.crashed is None or self.crashed.done():
             return
         for line in lines or []:
-            self.log.main(line)
+            self.log.main(line, level="error")
         self.phase = "crashed"
         if self.site is not None:
             site, self.site = self.site, None
@@ -231,6 +245,8 @@ class SGLangState:
             "new_token_ratio": sched.new_token_ratio,
             "forward_ct": sched.forward_ct,
             "http_requests": self.http_requests,
+            "connections": self.connections,
+            "generate_bytes": self.generate_bytes,
             "in_flight": self.in_flight,
             "peak_in_flight": self.peak_in_flight,
             "peak_running": self.peak_running,

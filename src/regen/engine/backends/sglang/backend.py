@@ -31,6 +31,7 @@ from regen.engine.backends.sglang.load import Health, ServerLoad, next_ceiling, 
 from regen.engine.backends.sglang.meter import ShareMeter
 from regen.engine.backends.sglang.server import ServerError, ServerFacts, read_facts
 from regen.engine.backends.sglang.wire import (
+    NAN_MATCHED,
     StreamTail,
     finish_type,
     read_answer,
@@ -43,6 +44,7 @@ from regen.engine.config.settings import Settings, backend_problems
 from regen.engine.data.datasets import Prompt
 from regen.engine.data.tokenizer import TargetTokenizer, TokenizerError, TokenizerSpec
 from regen.engine.net.deadlines import Deadlines
+from regen.engine.net.sglang_server import KEEPALIVE_S
 from regen.engine.schema import BackendView, RouteView, SGLangServerView
 
 if TYPE_CHECKING:
@@ -184,7 +186,10 @@ class SGLangBackend:
         self._sampling = sampling_params(
             self.max_tokens, self.temperature, self.top_p, self.tokenizer.end_of_turn_id
         )
-        connector = aiohttp.TCPConnector(limit=self.configured + 16, limit_per_host=0, keepalive_timeout=60)
+        # Idle connections close before the server closes them (engine/net/sglang_server.py).
+        connector = aiohttp.TCPConnector(
+            limit=self.configured + 16, limit_per_host=0, keepalive_timeout=KEEPALIVE_S
+        )
         # Only the connect limit is aiohttp's; an attempt's idle and total limits are the sweeper's
         # (engine/net/deadlines.py), which costs one task instead of a timer per request.
         self._session = aiohttp.ClientSession(
@@ -411,6 +416,8 @@ class SGLangBackend:
         if kind == "abort":
             assert isinstance(answer.finish, dict)
             return errors.for_abort(answer.finish, worker.url)
+        if kind == "stop" and isinstance(answer.finish, dict) and answer.finish.get("matched") == NAN_MATCHED:
+            return errors.nan(worker.url)
         outcome.finish_reason = kind
         ids = answer.output_ids
         eot = tokenizer.end_of_turn_id

@@ -28,6 +28,7 @@ class ErrorClass(StrEnum):
     NETWORK = "network"  # the connection dropped, a stream cut before its final chunk, a deadline
     STREAM_ERROR = "stream_error"  # an error event inside the stream (the router's worker died)
     ABORT = "abort"  # finish_reason abort: the server aborted it (memory, shutdown, an abort call)
+    NAN = "nan"  # finish "NaN happened": the model sampled an id outside the vocabulary
     BAD_PROMPT = "bad_prompt"  # the chat template could not render the prompt locally
 
 
@@ -78,7 +79,8 @@ def for_status(status: int, body: Any, raw: bytes, url: str) -> Failure:
 
 
 def for_abort(finish: dict[str, Any], url: str) -> Failure:
-    """`finish_reason: {"type": "abort", ...}`: retried, unless the server says the request is bad."""
+    """`finish_reason: {"type": "abort", ...}`: retried, unless the server says the request is bad;
+    a 503 (its queue is full, or the request waited too long in it) also throttles, as a 503 does."""
     detail = str(finish.get("message") or "aborted")
     status = finish.get("status_code")
     message = f"aborted by {url}: {detail}"[:300]
@@ -86,13 +88,40 @@ def for_abort(finish: dict[str, Any], url: str) -> Failure:
         return Failure(
             Disposition.GIVE_UP, ErrorClass.BAD_REQUEST, message, refused=True, streak_hint=_HINT_400
         )
-    return Failure(Disposition.RETRY, ErrorClass.ABORT, message)
+    return Failure(Disposition.RETRY, ErrorClass.ABORT, message, throttle=status in (429, 503))
 
 
 def for_stream_error(payload: dict[str, Any], url: str) -> Failure:
-    """An error event where a chunk should be: the stream is not a finished answer."""
-    message = f"error in the stream from {url}: {error_text(payload, 'error event')}"[:300]
+    """An error event where a chunk should be. SGLang sends its request errors this way once a stream
+    has begun (a prompt past the context, bad sampling values: `code` 400, `retryable` false), so those
+    are bad requests like a 400; an event without them (the router's, when its worker died) is retried."""
+    text = error_text(payload, "error event")
+    error = payload.get("error")
+    code = error.get("code") if isinstance(error, dict) else None
+    retryable = error.get("retryable") if isinstance(error, dict) else None
+    code = code if isinstance(code, int) and not isinstance(code, bool) else None
+    if retryable is False or (code is not None and 400 <= code < 500 and code != 429):
+        return Failure(
+            Disposition.GIVE_UP,
+            ErrorClass.BAD_REQUEST,
+            f"refused by {url} ({code or 'error event'}): {text}"[:300],
+            refused=True,
+            streak_hint=_HINT_400,
+        )
+    message = f"error in the stream from {url}: {text}"[:300]
+    if code in (429, 503):
+        return Failure(Disposition.RETRY, ErrorClass.OVERLOADED, message, throttle=True)
     return Failure(Disposition.RETRY, ErrorClass.STREAM_ERROR, message)
+
+
+def nan(url: str) -> Failure:
+    """`{"type": "stop", "matched": "NaN happened"}`: the model sampled an id outside the vocabulary
+    and the server ended the request there, an eos id in its place; the answer is not the model's."""
+    return Failure(
+        Disposition.RETRY,
+        ErrorClass.NAN,
+        f"{url} ended the answer with 'NaN happened': the model sampled an id outside its vocabulary",
+    )
 
 
 def for_exception(exc: BaseException, url: str) -> Failure:

@@ -2,7 +2,8 @@
 
 0.5.x serves `/server_info` and `/model_info`; older releases only `/get_server_info` and
 `/get_model_info`, which 0.5.23 still answers. A router in front of several servers may answer
-neither, but lists its model at `/v1/models`.
+neither, but lists its model at `/v1/models`. The context a server enforces is `/v1/models`'
+`max_model_len`: `/server_info`'s `context_length` is the command line's, None unless passed.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from typing import Any
 
 import aiohttp
 import orjson
+
+from regen.engine.net.sglang_server import streaming_problem
 
 
 class ServerError(RuntimeError):
@@ -75,14 +78,15 @@ async def read_facts(session: aiohttp.ClientSession, base: str, timeout: aiohttp
     try:
         server = await _first(session, base, ("/server_info", "/get_server_info"), timeout) or {}
         model = await _first(session, base, ("/model_info", "/get_model_info"), timeout) or {}
-        listed: dict[str, Any] = {}
-        if not model.get("served_model_name") and not server.get("served_model_name"):
-            listed = await _first(session, base, ("/v1/models",), timeout) or {}
+        listed = await _first(session, base, ("/v1/models",), timeout) or {}
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
         raise ServerError(f"{base} stopped answering: {type(exc).__name__}: {exc}") from None
+    problem = streaming_problem(server)
+    if problem is not None:
+        raise ServerError(f"{base} cannot be used: {problem}")
     cards = listed.get("data")
-    card_id = cards[0].get("id") if isinstance(cards, list) and cards and isinstance(cards[0], dict) else None
-    served = model.get("served_model_name") or server.get("served_model_name") or card_id
+    card = cards[0] if isinstance(cards, list) and cards and isinstance(cards[0], dict) else {}
+    served = model.get("served_model_name") or server.get("served_model_name") or card.get("id")
     version = server.get("version")
     return ServerFacts(
         version=str(version) if version else None,
@@ -91,5 +95,5 @@ async def read_facts(session: aiohttp.ClientSession, base: str, timeout: aiohttp
         weight_version=str(model.get("weight_version") or server.get("weight_version") or "") or None,
         gpus=gpus_of(server),
         max_running_requests=_int(server.get("max_running_requests")),
-        context_length=_int(server.get("context_length")),
+        context_length=_int(card.get("max_model_len")) or _int(server.get("context_length")),
     )

@@ -5,6 +5,8 @@ end-of-turn id and `skip_special_tokens: false`, and streams. SGLang streams *cu
 chunk carries the whole text and `output_ids` so far, so the last chunk is the answer and the ones
 before it are only progress. Parsing every chunk would cost the client time quadratic in the output
 length; `StreamTail` keeps only the newest complete event and the answer is parsed once, at the end.
+The bytes of a cumulative stream grow with the square of the answer's length when a chunk goes out
+every id (the server's default), so each request asks for a chunk every `stream_interval` ids.
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ from urllib.parse import urlsplit
 import orjson
 
 from regen.engine.backends.base import Usage
+from regen.engine.net.sglang_server import stream_interval
 
 _SEP = b"\n\n"
 _DONE_EVENT = b"data: [DONE]"
+# What an out-of-vocabulary id ends a request with (finish_reason.matched): a numerical failure.
+NAN_MATCHED = "NaN happened"
 
 
 def sampling_params(
@@ -34,6 +39,7 @@ def sampling_params(
     # max_new_tokens. </think> is a special token, so special tokens must stay in the text.
     params["stop_token_ids"] = [end_of_turn_id]
     params["skip_special_tokens"] = False
+    params["stream_interval"] = stream_interval(max_new_tokens)
     return params
 
 

@@ -276,7 +276,10 @@ def preflight(spec: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def launch_argv(spec: dict[str, Any], python: str | None = None) -> list[str]:
-    """The server's command line: the host's python, regen's flags, then the operator's launch_args."""
+    """The server's command line: the host's python, regen's flags, then the operator's launch_args
+    (argparse keeps a flag's last value, so theirs win). `--stream-interval` is the chunk interval
+    of requests that do not name one: those the router passes on (docs/sglang.md §12)."""
+    interval = ["--stream-interval", str(int(spec["stream_interval"]))] if spec.get("stream_interval") else []
     return [
         python or sys.executable,
         "-m",
@@ -292,6 +295,7 @@ def launch_argv(spec: dict[str, Any], python: str | None = None) -> list[str]:
         "--served-model-name",
         str(spec["served_model_name"]),
         "--enable-metrics",
+        *interval,
         *[str(a) for a in spec.get("launch_args") or []],
     ]
 

@@ -10,12 +10,15 @@ import re
 from dataclasses import dataclass
 
 # Phases in the order a healthy start reaches them; each is entered by a line holding its marker.
+# 0.5.23 captures "target decode", or with speculative decoding "target verify" then the draft's
+# "draft decode"/"draft extend" graphs, and may capture a "target prefill" graph first
+# (`Capture <role> CUDA graph begin`); 0.5.9 says `Capture cuda graph begin`.
 PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("weights", ("Load weight begin",)),
     ("weights loaded", ("Load weight end",)),
     ("kv pool", ("KV Cache is allocated",)),
-    ("cuda graphs", ("Capture target decode CUDA graph begin", "Capture cuda graph begin")),
-    ("cuda graphs captured", ("Capture target decode CUDA graph end", "Capture cuda graph end")),
+    ("cuda graphs", ("CUDA graph begin", "Capture cuda graph begin")),
+    ("cuda graphs captured", ("CUDA graph end", "Capture cuda graph end")),
     ("scheduler", ("max_total_num_tokens=",)),
     ("http", ("Uvicorn running on",)),
     ("ready", ("The server is fired up and ready to roll!",)),
@@ -35,6 +38,10 @@ FAILURES: tuple[tuple[str, str], ...] = (
     ("Watchdog timeout (", "running"),
     ("Decode out of memory", "running"),
     ("Scheduler hit an exception", "scheduler"),
+    ("scheduler died during initialization", "scheduler"),
+    ("TokenizerManager hit an exception", "a child process"),
+    ("DetokenizerManager hit an exception", "a child process"),
+    ("DataParallelController hit an exception", "a child process"),
     ("error: unrecognized arguments", "command line"),
     ("error: the following arguments are required", "command line"),
     ("error: ambiguous option", "command line"),
@@ -42,6 +49,9 @@ FAILURES: tuple[tuple[str, str], ...] = (
     ("is not a local folder and is not a valid model identifier", "model folder"),
     ("Received sigquit from a child process", "a child process"),
 )
+# A line holding a failure marker that is no failure: the soft watchdog (--soft-watchdog-timeout)
+# prints the hard one's words with `self.soft=True` and lets the server run on (utils/watchdog.py).
+NOT_FAILURES = ("self.soft=True",)
 # Logged while running; not fatal, but worth a count (too much in flight).
 RETRACTION = "KV cache pool is full. Retract requests"
 
@@ -93,6 +103,8 @@ def strip_prefix(line: str) -> str:
 
 
 def _match(line: str) -> str | None:
+    if any(marker in line for marker in NOT_FAILURES):
+        return None
     for marker, where in FAILURES:
         if marker in line:
             return where
@@ -111,4 +123,4 @@ def scan(text: str) -> LogState:
     return state
 
 
-__all__ = ["FAILURES", "PHASES", "PHASE_NAMES", "READY", "LogState", "scan"]
+__all__ = ["FAILURES", "NOT_FAILURES", "PHASES", "PHASE_NAMES", "READY", "RETRACTION", "LogState", "scan"]
