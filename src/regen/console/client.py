@@ -49,7 +49,10 @@ class SocketSource:
             while True:
                 line = await self._reader.readline()
                 if not line:
-                    self.closed_reason = self.closed_reason or "the job closed the connection"
+                    self.closed_reason = self.closed_reason or (
+                        "the job closed the connection without a goodbye: it may have been killed or "
+                        f"crashed (see job.log in {self.path.parent}); `regen attach` reconnects while it runs"
+                    )
                     break
                 message = orjson.loads(line)
                 if not isinstance(message, dict):
@@ -60,7 +63,10 @@ class SocketSource:
                     dropped = snap.pop("events_dropped", 0)
                     if dropped:
                         # The job could not keep every event for this console: say so in the log.
-                        snap["events"] = [{"event": "events_not_shown", "count": dropped}, *snap.get("events", [])]
+                        snap["events"] = [
+                            {"event": "events_not_shown", "count": dropped},
+                            *snap.get("events", []),
+                        ]
                     self._keep(snap)
                 elif "id" in message and message["id"] in self._replies:
                     self._replies.pop(message["id"]).set_result(message)
@@ -69,7 +75,9 @@ class SocketSource:
                 elif "error" in message:
                     self.closed_reason = str(message["error"])
         except (ConnectionError, asyncio.IncompleteReadError, orjson.JSONDecodeError, ValueError) as exc:
-            self.closed_reason = f"connection lost: {exc}"
+            self.closed_reason = (
+                f"the connection to the job broke ({exc}); `regen attach` reconnects while it runs"
+            )
         finally:
             for future in self._replies.values():
                 if not future.done():
