@@ -19,7 +19,7 @@ from regen.console.theming import (
     load_themes,
     variable_defaults,
 )
-from tests.console.conftest import make_app, settle
+from tests.support.console_app import make_app, settle
 
 BUNDLED = ("regen-dark", "regen-light", "regen-contrast")
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import orjson
 
+from regen.console.options import ConsoleOptions
 from regen.engine.config.settings import (
     JobSettings,
     OpenRouterSettings,
@@ -194,6 +195,13 @@ def first_routes(snap: Snapshot, name: str = "openrouter") -> list[str]:
     return [p["slug"] or p["name"] for p in sorted(allowed, key=lambda p: p["name"].lower())]
 
 
+def concurrency_step(run: Run, lane: str, direction: int) -> int:
+    """What `+` (1) or `-` (-1) asks for now: the console's step (console/app.py action_concurrency,
+    console/options.py concurrency_step) from the lane's configured limit."""
+    configured = int(run.lane(lane)["concurrency"]["configured"])
+    return max(1, configured + direction * max(1, round(configured * ConsoleOptions().concurrency_step)))
+
+
 async def _openrouter_script(run: Run) -> None:
     console, sim = run.console, run.openrouter
     assert sim is not None
@@ -206,10 +214,8 @@ async def _openrouter_script(run: Run) -> None:
     await run.send("include", provider=first)
     await run.send("exclude", provider=second)
     await run.send("include", provider=second)
-    configured = run.lane("openrouter")["concurrency"]["configured"]
-    step = max(1, round(configured * 0.1))  # the console's default step (console/options.py)
-    await run.send("concurrency", value=configured + step)
-    await run.send("concurrency", value=configured + step - max(1, round((configured + step) * 0.1)))
+    await run.send("concurrency", value=concurrency_step(run, "openrouter", +1))
+    await run.send("concurrency", value=concurrency_step(run, "openrouter", -1))
     await run.send("budget", value=0.0)  # refused: below what is already spent
     await run.send("budget", value=75.0)
     await run.send("inspect")  # refused: no GPU host
@@ -232,8 +238,7 @@ async def _sglang_script(run: Run) -> None:
     await console.frames(24)
     await run.send("pause")
     await run.send("resume")
-    configured = run.lane("sglang")["concurrency"]["configured"]
-    await run.send("concurrency", value=configured + max(1, round(configured * 0.1)))
+    await run.send("concurrency", value=concurrency_step(run, "sglang", +1))
     await run.send("exclude", provider="anything")  # refused: SGLang's routes cannot be excluded
     await run.until("aborts, 503s and drops", lambda: len(run.lane("sglang")["errors"]) >= 3, 60)
     await run.outage("sglang")

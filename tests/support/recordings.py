@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -70,8 +71,14 @@ def write(kind: str, lines: list[dict[str, Any]], notes: list[str]) -> Path:
 
 
 async def record(kind: str) -> Path:
-    with tempfile.TemporaryDirectory(prefix=f"regen-recording-{kind}-") as root:
-        run = await play(kind, Path(root))
+    # A fixed folder: the job's run folder is in its hello, and the screenshots show it.
+    root = Path(tempfile.gettempdir()) / f"regen-recording-{kind}"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir()
+    try:
+        run = await play(kind, root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
     lines = [{"at": round(got.at, 3), **got.message} for got in run.console.lines]
     return write(kind, lines, run.notes)
 

@@ -52,6 +52,7 @@ class ReplaySource:
         self._allowance = len(self.recording.entries) if count is None else count
         self._now = float(self.recording.hello.get("job", {}).get("started_at") or 0.0)
         self._ended = False
+        self._playing = False  # a console is taking the stream
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
 
@@ -84,6 +85,15 @@ class ReplaySource:
         return None
 
     async def snapshots(self) -> AsyncIterator[Snapshot]:
+        self._playing = True
+        try:
+            async for frame in self._play():
+                yield frame
+        finally:
+            self._playing = False
+            self._idle.set()
+
+    async def _play(self) -> AsyncIterator[Snapshot]:
         while not (self._ended or self.closed):
             if self._allowance <= 0:
                 self._idle.set()
@@ -94,7 +104,6 @@ class ReplaySource:
             frame = self._next_frame()
             if frame is not None:
                 yield frame
-        self._idle.set()
 
     async def command(self, name: str, **args: Any) -> dict[str, Any]:
         self.commands.append((name, dict(args)))
@@ -113,16 +122,20 @@ class ReplaySource:
         }
 
     def advance(self, frames: int = 1) -> None:
-        """Release `frames` more frames."""
+        """Release `frames` more frames (past the end of the recording, nothing more comes)."""
         self._allowance += frames
-        self._idle.clear()
-        self._wake.set()
+        self._wake_player()
 
     def finish(self) -> None:
         """End the stream here, as a job that goes away without a goodbye does."""
-        self.closed_reason = self.closed_reason or "the job closed the connection"
-        self._ended = True
-        self._idle.clear()
+        if not self._ended:
+            self.closed_reason = self.closed_reason or "the job closed the connection"
+            self._ended = True
+            self._wake_player()
+
+    def _wake_player(self) -> None:
+        if self._playing:  # idle again once the stream has taken what it was given
+            self._idle.clear()
         self._wake.set()
 
     async def idle(self) -> None:
@@ -136,4 +149,10 @@ class ReplaySource:
 
 def frames(kind: str, count: int) -> list[Snapshot]:
     """The first `count` snapshots of a recording, copied (for the panes' own tests)."""
-    return [copy.deepcopy(snap) for snap in load(kind).snapshots()[:count]]
+    return [snap for _, snap in timed_frames(kind, count)]
+
+
+def timed_frames(kind: str, count: int) -> list[tuple[float, Snapshot]]:
+    """The first `count` snapshots of a recording with the time each arrived, copied."""
+    played = [(float(e["at"]), e["snapshot"]) for e in load(kind).entries if "snapshot" in e]
+    return [(at, copy.deepcopy(snap)) for at, snap in played[:count]]
