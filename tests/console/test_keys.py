@@ -391,7 +391,8 @@ async def test_a_job_that_ends_says_so_and_steering_stops() -> None:
         await app.workers.wait_for_complete()
         await pilot.pause()
         assert app.job_state == "STOPPED" and app.ended == "the job has ended"
-        assert "DISCONNECTED (the job has ended)" in status_text(app)
+        header, why = status_text(app).splitlines()
+        assert "✗ DISCONNECTED" in header and why == "the job has ended"
         assert "disconnected: the job has ended" in log_text(app)
         await pilot.press("p")
         await pilot.pause()

@@ -194,3 +194,21 @@ def test_a_platform_hold_shows_in_the_header_and_the_log() -> None:
     line = event_line(hold)
     assert line.level == "warning"
     assert line.text == f"platform rate limit: all requests wait {hold['seconds']} s ({hold['reason']})"
+
+
+def test_a_disconnected_console_says_why_on_a_line_of_its_own() -> None:
+    """However narrow the terminal, the header's second line is the reason, in full where it fits."""
+    strip = StatusStrip()
+    strip.snapshot = frame()
+    reason = "the job went away without a goodbye (killed, or crashed: see job.log in /srv/run)"
+    header, why = strip._markup(Freshness(1.0, 5.0, disconnected=reason)).splitlines()
+    assert "✗ DISCONNECTED" in header and reason in why
+    assert "in flight" not in why, "the figures no longer move: the line says why instead"
+
+
+def test_python_m_launch_points_to_a_real_job(capsys: pytest.CaptureFixture[str]) -> None:
+    from regen.console.launch import main
+
+    assert main() == 2
+    said = capsys.readouterr().err
+    assert "`regen demo` runs a real one" in said and "`regen attach`" in said

@@ -48,6 +48,17 @@ def test_console_narrow_and_tall(snap_compare: SnapCompare) -> None:
     assert snap_compare(make_app(), terminal_size=(100, 44), run_before=settled)
 
 
+def test_console_disconnected(snap_compare: SnapCompare) -> None:
+    """The whole recording: the operator stopped the job, it drained and said goodbye; the header says so."""
+
+    async def run_before(pilot: Pilot[Any]) -> None:
+        await settle(pilot)
+        await pilot.app.workers.wait_for_complete()
+        await pilot.pause()
+
+    assert snap_compare(make_app(count=None), terminal_size=(80, 24), run_before=run_before)
+
+
 def test_console_too_small(snap_compare: SnapCompare) -> None:
     assert snap_compare(make_app(), terminal_size=(50, 12), run_before=settled)
 

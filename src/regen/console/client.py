@@ -37,9 +37,14 @@ class SocketSource:
         self.closed_reason: str | None = None
 
     async def connect(self) -> dict[str, Any]:
-        self._reader, self._writer, self.hello = await open_control(
-            self.path, readonly=self.readonly, protocol=self.protocol
-        )
+        try:
+            self._reader, self._writer, self.hello = await open_control(
+                self.path, readonly=self.readonly, protocol=self.protocol
+            )
+        except (OSError, ValueError) as exc:  # open_control words the usual ones (ControlError) itself
+            raise ControlError(
+                f"could not attach to the job on {self.path.parent} ({exc}); `regen attach` tries again"
+            ) from None
         self._pump = asyncio.get_running_loop().create_task(self._read())
         return self.hello
 
@@ -50,8 +55,8 @@ class SocketSource:
                 line = await self._reader.readline()
                 if not line:
                     self.closed_reason = self.closed_reason or (
-                        "the job closed the connection without a goodbye: it may have been killed or "
-                        f"crashed (see job.log in {self.path.parent}); `regen attach` reconnects while it runs"
+                        "the job went away without a goodbye (killed, or crashed: see job.log in "
+                        f"{self.path.parent}); `regen attach` reconnects if it runs again"
                     )
                     break
                 message = orjson.loads(line)
@@ -75,9 +80,7 @@ class SocketSource:
                 elif "error" in message:
                     self.closed_reason = str(message["error"])
         except (ConnectionError, asyncio.IncompleteReadError, orjson.JSONDecodeError, ValueError) as exc:
-            self.closed_reason = (
-                f"the connection to the job broke ({exc}); `regen attach` reconnects while it runs"
-            )
+            self.closed_reason = f"the connection to the job broke ({exc}); `regen attach` reconnects"
         finally:
             for future in self._replies.values():
                 if not future.done():
