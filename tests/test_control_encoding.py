@@ -8,7 +8,7 @@ import asyncio
 import logging
 import os
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ class Job:
     def events_since(self, cursor: int) -> tuple[int, list[dict[str, Any]]]:
         return len(self.events), self.events[cursor:]
 
-    async def handle(self, name: str, args: dict[str, Any], source: str) -> str:
+    async def handle(self, name: str, args: Mapping[str, Any], source: str) -> str:
         return f"did {name}"
 
 

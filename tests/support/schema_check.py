@@ -43,10 +43,11 @@ def _check(value: Any, expected: Any, path: str, found: list[str]) -> None:
             found.append(f"{_at(path)}: {type(value).__name__} {value!r:.60}, expected None")
     elif origin is Union or origin is types.UnionType:
         branches = get_args(expected)
-        results = [problems(value, branch, path) for branch in branches]
+        results: list[list[str]] = [problems(value, branch, path) for branch in branches]
         if all(results):
             # The branch with the fewest problems says most about what went wrong.
-            found.extend(min(results, key=len))
+            fewest: list[str] = min(results, key=len)
+            found.extend(fewest)
     elif origin is Literal:
         if not any(type(value) is type(option) and value == option for option in get_args(expected)):
             found.append(f"{_at(path)}: {value!r:.60}, expected one of {get_args(expected)}")
