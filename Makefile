@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench soak clean
+.PHONY: demo test recordings bench soak clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ test: $(VENV)/.installed-test
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
+
+# What a console receives from real jobs (OpenRouter, SGLang, both fleets; the simulators' failures
+# staged), written to tests/console/recordings/ for the console's tests to replay (docs/console.md).
+recordings: $(VENV)/.installed-test
+	$(BIN)/python -m tests.support.recordings
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python bench/throughput.py

@@ -1,5 +1,5 @@
 """Console test fixtures: the caller's colour settings kept out, UTC wall times. The console under test
-(a seeded scripted job, a frozen clock, waiting on workers) is tests/support/console_app.py."""
+(a real job's recording replayed, waiting on workers) is tests/support/console_app.py."""
 
 from __future__ import annotations
 

@@ -11,9 +11,9 @@ from textual.binding import Binding
 from regen.console.actions import ACTIONS, STEERING_ACTIONS, palette_actions
 from regen.console.app import RegenApp
 from regen.console.palette import RegenCommands
-from regen.console.scripted import ScriptedSource, SimulatedJob
 from regen.console.widgets.cost import CostPane, estimate_words
 from regen.console.widgets.spark import ZeroBasedBars
+from regen.engine.schema import Snapshot
 from tests.support.console_app import make_app, settle
 
 SIZE = (140, 40)
@@ -51,9 +51,17 @@ async def test_help_and_palette_are_made_from_the_registry() -> None:
         # Running and not frozen: pause, not resume; freeze, not thaw; stop and budget are offered.
         assert {"Pause job", "Freeze display", "Stop job…", "Set budget…", "Keys", "Detach"} <= offered
         assert "Resume job" not in titles and "Thaw display" not in titles
-        # Routes the settings keep out are not offered for steering; the others are.
-        assert any(t.startswith("Exclude provider DeepInfra") for t in titles)
-        assert not any("AtlasCloud" in t for t in titles)
+        # Routes the settings keep out are not offered for steering; the others are, and one the
+        # precision guard excluded (it served outside the allowlist) can be included again.
+        assert app.displayed is not None
+        [lane] = app.displayed["lanes"]
+        serving = [p["name"] for p in lane["providers"] if p["allowed"]]
+        kept_out = [p["name"] for p in lane["providers"] if not p["allowed"] and not p["excluded"]]
+        guarded = [p["name"] for p in lane["providers"] if p["excluded"]]
+        assert serving and kept_out and guarded == ["DeepInfra"]
+        assert all(f"Exclude provider {name}…" in titles for name in serving)
+        assert not any(name in t for t in titles for name in kept_out)
+        assert "Include provider DeepInfra" in titles
 
 
 async def test_a_backend_without_exclusions_hides_the_exclude_keys() -> None:
@@ -98,10 +106,12 @@ async def test_cost_pane_says_what_the_estimates_are() -> None:
     assert estimate_words({**money, "pending": nothing, "unknowable": nothing}) == ""
     bounded = estimate_words({**money, "unknowable_bound": "key_usage"})
     assert "3 cut before an id: bounded by the key's usage" in bounded
-    frame = SimulatedJob(3).snapshot()
-    [lane] = frame["lanes"]
-    lane["money"] = {**lane["money"], **money}
-    app = make_app(ScriptedSource([frame], count=1))
+
+    def estimates(snap: Snapshot) -> None:
+        [lane] = snap["lanes"]
+        lane["money"] = {**lane["money"], **money}
+
+    app = make_app(count=1, edit=estimates)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         text = str(app.query_one(CostPane).render())

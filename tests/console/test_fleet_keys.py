@@ -1,5 +1,6 @@
 """The two-fleet keys: P pauses or resumes one backend, d changes the deadline; every test asserts the
-commands actually sent and what the job answered."""
+commands actually sent and what the job answered. The job is a real two-fleet job's recording
+(tests/support/real_jobs.py, "fleets": SGLang and OpenRouter paced to a deadline), replayed."""
 
 from __future__ import annotations
 
@@ -9,25 +10,31 @@ from regen.console.app import RegenApp
 from regen.console.options import ConsoleOptions
 from regen.console.palette import RegenCommands
 from regen.console.screens import DeadlineScreen, HelpScreen, LaneScreen
-from regen.console.scripted import ScriptedSource, SimulatedJob
 from regen.console.widgets.cost import CostPane
 from regen.console.widgets.fleets import FleetsPane
-from tests.support.console_app import footer_actions, log_text, make_app, scripted, settle
+from regen.engine.durations import duration
+from regen.engine.schema import LaneView
+from tests.support.console_app import footer_actions, log_text, make_app, replay, settle
+from tests.support.real_jobs import DEADLINE
 
 SIZE = (140, 42)
 
 
-def fleets_app(options: ConsoleOptions | None = None, deadline: str | None = "1h") -> RegenApp:
-    return make_app(ScriptedSource(count=20, job=SimulatedJob(3, fleets=True, deadline=deadline)), options)
+def fleets_app(options: ConsoleOptions | None = None, *, readonly: bool = False) -> RegenApp:
+    return make_app("fleets", options, readonly=readonly)
 
 
 def pane_text(app: RegenApp, pane: str = "#fleets-pane") -> str:
     return str(app.query_one(pane, FleetsPane).render())
 
 
-def lane_state(app: RegenApp, name: str) -> str:
+def lane(app: RegenApp, name: str) -> LaneView:
     assert app.latest is not None
-    return str(next(lane for lane in app.latest["lanes"] if lane["name"] == name)["state"])
+    return next(lane for lane in app.latest["lanes"] if lane["name"] == name)
+
+
+def lane_state(app: RegenApp, name: str) -> str:
+    return lane(app, name)["state"]
 
 
 def chooser_text(app: RegenApp) -> list[str]:
@@ -44,9 +51,13 @@ async def test_two_fleets_show_the_fleets_pane_beside_the_cost_pane() -> None:
         assert not app.query_one("#fleets-strip").display
         text = pane_text(app)
         assert (
-            text.index("sglang RUNNING") < text.index("openrouter RUNNING") < text.index("Plan deadline 1h")
+            text.index("sglang RUNNING")
+            < text.index("openrouter RUNNING")
+            < text.index(f"Plan deadline {DEADLINE}")
         )
-        assert "GPU-h" in text and "gpu-a:30000" in text and "Fireworks" in text and "ceiling" in text
+        worker = lane(app, "sglang")["providers"][0]["name"][:14]  # as wide as the pane shows it
+        provider = max(lane(app, "openrouter")["providers"], key=lambda p: p["requests"])["name"]
+        assert "GPU-" in text and worker in text and provider in text and "ceiling" in text
         first = text.splitlines()[0]
         assert first.startswith("sglang RUNNING") and "openrouter RUNNING" in first, "side by side"
 
@@ -58,8 +69,10 @@ async def test_a_narrow_tall_terminal_shows_the_compact_fleets_in_the_bottom_str
         assert not app.query_one("#fleets-pane").display and app.query_one("#fleets-strip").display
         assert not app.query_one("#throughput-pane").display and app.query_one(CostPane).display
         text = pane_text(app, "#fleets-strip")
-        assert "gpu-a:30000" not in text, "compact: no routes"
-        assert "sglang RUNNING" in text and "· 16/200 ≤16" in text and "Plan deadline 1h" in text
+        assert lane(app, "sglang")["providers"][0]["name"][:14] not in text, "compact: no routes"
+        paid = lane(app, "openrouter")
+        limit = f"· {paid['in_flight']}/{paid['concurrency']['effective']} ≤{paid['ceiling']}"
+        assert "sglang RUNNING" in text and limit in text and f"Plan deadline {DEADLINE}" in text
 
 
 async def test_one_backend_keeps_the_cost_pane_and_offers_no_fleet_keys() -> None:
@@ -73,7 +86,7 @@ async def test_one_backend_keeps_the_cost_pane_and_offers_no_fleet_keys() -> Non
         await pilot.press("P", "d")
         await settle(pilot)
         assert not isinstance(app.screen, LaneScreen | DeadlineScreen)
-        assert scripted(app).commands == []
+        assert replay(app).commands == []
         titles = [title for title, _, _ in RegenCommands(app.screen)._commands()]
         assert "Set deadline…" not in titles and "Pause or resume one backend…" not in titles
         assert not any("deadline" in e.description.lower() for e in app.help_entries())
@@ -92,11 +105,11 @@ async def test_shift_p_pauses_one_backend_and_the_other_runs_on() -> None:
         assert shown[1].startswith("openrouter") and shown[1].endswith("→ pause")
         await pilot.press("enter")  # the first lane: sglang
         await settle(pilot)
-        assert scripted(app).commands == [("pause", {"backend": "sglang"})]
+        assert replay(app).commands == [("pause", {"backend": "sglang"})]
         assert lane_state(app, "sglang") == "paused" and lane_state(app, "openrouter") == "running"
         assert app.job_state == "RUNNING"
         assert "sglang PAUSED" in pane_text(app) and "openrouter RUNNING" in pane_text(app)
-        assert "✓ pause: paused sglang" in log_text(app)
+        assert "✓ pause: paused sglang: no new requests there" in log_text(app)
 
         # Again: the chooser says sglang is paused, and choosing it resumes it.
         await pilot.press("P")
@@ -104,7 +117,7 @@ async def test_shift_p_pauses_one_backend_and_the_other_runs_on() -> None:
         assert chooser_text(app)[0].endswith("→ resume") and "PAUSED" in chooser_text(app)[0]
         await pilot.press("enter")
         await settle(pilot)
-        assert scripted(app).commands[-1] == ("resume", {"backend": "sglang"})
+        assert replay(app).commands[-1] == ("resume", {"backend": "sglang"})
         assert lane_state(app, "sglang") == "running"
 
         # The second lane, and escape sends nothing.
@@ -112,13 +125,14 @@ async def test_shift_p_pauses_one_backend_and_the_other_runs_on() -> None:
         await pilot.pause()
         await pilot.press("down", "enter")
         await settle(pilot)
-        assert scripted(app).commands[-1] == ("pause", {"backend": "openrouter"})
+        assert replay(app).commands[-1] == ("pause", {"backend": "openrouter"})
         assert lane_state(app, "openrouter") == "paused"
         await pilot.press("P")
         await pilot.pause()
         await pilot.press("escape")
         await settle(pilot)
-        assert not isinstance(app.screen, LaneScreen) and len(scripted(app).commands) == 3
+        assert not isinstance(app.screen, LaneScreen) and len(replay(app).commands) == 3
+        assert app.job_state == "RUNNING", "the job runs on while one backend is paused"
 
 
 async def test_d_sets_the_deadline_after_checking_it_with_the_jobs_rules() -> None:
@@ -129,7 +143,7 @@ async def test_d_sets_the_deadline_after_checking_it_with_the_jobs_rules() -> No
         await pilot.pause()
         assert isinstance(app.screen, DeadlineScreen)
         box = app.screen.query_one(Input)
-        assert box.value == "1h"
+        assert box.value == DEADLINE
         box.value = "1.5h"
         await pilot.press("enter")
         await pilot.pause()
@@ -139,24 +153,29 @@ async def test_d_sets_the_deadline_after_checking_it_with_the_jobs_rules() -> No
         box.value = "90m"
         await pilot.press("enter")
         await settle(pilot)
-        assert scripted(app).commands == [("deadline", {"value": "90m"})]
-        assert "✓ deadline: deadline 90m: " in log_text(app)
+        assert replay(app).commands == [("deadline", {"value": "90m"})]
+        assert "✓ deadline: deadline " in log_text(app) and "(1h30m from now)" in log_text(app)
         assert app.latest is not None and app.latest["fleet"]["deadline"] == "90m"
-        assert "Plan deadline 90m" in pane_text(app) and "1h29m left" in pane_text(app)
+        left = duration(app.latest["fleet"]["time_left_s"], "coarse")
+        assert (
+            left.startswith("1h")
+            and "Plan deadline 90m" in pane_text(app)
+            and f"{left} left" in pane_text(app)
+        )
 
         await pilot.press("d")
         await pilot.pause()
         app.screen.query_one(Input).value = "none"
         await pilot.press("enter")
         await settle(pilot)
-        assert scripted(app).commands[-1] == ("deadline", {"value": "none"})
+        assert replay(app).commands[-1] == ("deadline", {"value": "none"})
         assert "Plan no deadline: both fleets flat out" in pane_text(app)
 
         await pilot.press("d")
         await pilot.pause()
         await pilot.press("escape")
         await settle(pilot)
-        assert len(scripted(app).commands) == 2
+        assert len(replay(app).commands) == 2
 
 
 async def test_the_jobs_refusal_of_a_deadline_is_shown_as_other_refusals() -> None:
@@ -192,13 +211,12 @@ async def test_the_fleet_keys_are_in_help_and_the_palette_and_remappable() -> No
 
 
 async def test_a_readonly_console_shows_the_fleets_but_cannot_steer_them() -> None:
-    source = ScriptedSource(count=20, readonly=True, job=SimulatedJob(3, fleets=True, deadline="1h"))
-    app = make_app(source)
+    app = fleets_app(readonly=True)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
-        assert "Plan deadline 1h" in pane_text(app)
+        assert f"Plan deadline {DEADLINE}" in pane_text(app)
         await pilot.press("P", "d")
         await settle(pilot)
         assert not isinstance(app.screen, LaneScreen | DeadlineScreen)
-        assert scripted(app).commands == []
+        assert replay(app).commands == []
         assert any("read-only" in n.message for n in app._notifications)

@@ -1,20 +1,15 @@
-"""The fleets pane's lines, and the scripted two-fleet job behind the console's tests and demo."""
+"""The fleets pane's lines, from views made for each case and from a real two-fleet job's snapshot."""
 
 from __future__ import annotations
 
-import datetime as dt
-from decimal import Decimal
 from typing import Any
 
-import pytest
-
 from regen.console import format as fmt
-from regen.console.scripted import SIM_EPOCH, SimulatedJob
 from regen.console.widgets.fleets import fleet_lines, lane_lines, plan_lines, route_lines, shows_fleets
 from regen.engine.durations import duration
-from regen.engine.money.fleetplan import RouteOffer, Work, plan_fleets
-from regen.engine.money.ledger import RoutePrice
-from regen.engine.run.state import JobError
+from tests.support.replay import frames
+
+EPOCH = 1_750_000_000.0  # a fixed instant the views' times are set from
 
 
 def route(name: str, requests: int, share: float, status: str = "OK") -> dict[str, Any]:
@@ -44,7 +39,7 @@ def lane(name: str, unit: str, **fields: Any) -> dict[str, Any]:
 def fleet(**fields: Any) -> dict[str, Any]:
     view: dict[str, Any] = {
         "deadline": "12h",
-        "deadline_ts": SIM_EPOCH + 12 * 3600,
+        "deadline_ts": EPOCH + 12 * 3600,
         "time_left_s": 3 * 3600 + 30 * 60,
         "steered": True,
         "ceiling": 28,
@@ -195,106 +190,19 @@ def test_markup_in_names_is_escaped() -> None:
     assert "\\[red]evil" in lines[3]
 
 
-# ------------------------------------------------------------------------------ scripted job
+# ------------------------------------------------------------------------------ a real job's
 
 
-def two_fleets(steps: int = 20, deadline: str | None = "1h") -> SimulatedJob:
-    job = SimulatedJob(3, fleets=True, deadline=deadline)
-    for _ in range(steps):
-        job.step(1.0)
-    return job
-
-
-def test_the_scripted_job_runs_both_fleets_in_the_jobs_order() -> None:
-    snap: Any = two_fleets().snapshot()
+def test_a_real_two_fleet_snapshot_reads_in_the_jobs_order() -> None:
+    """What a real job on both fleets sent (tests/support/real_jobs.py "fleets"), as the pane lays it out."""
+    snap: Any = frames("fleets", 21)[20]
     assert [lane["name"] for lane in snap["lanes"]] == ["sglang", "openrouter"]
     gpu, paid = snap["lanes"]
     assert gpu["unit"] == gpu["money"]["unit"] == "gpu_s" and gpu["money"]["budget"] is None
-    assert paid["unit"] == "usd" and paid["money"]["budget"] == 50.0 and paid["plan"] is None
+    assert paid["unit"] == "usd" and paid["money"]["budget"] == 5.0
     assert gpu["rows"] > 0 and paid["rows"] > 0 and gpu["rows"] + paid["rows"] == snap["rows"]
-    assert [w["name"] for w in gpu["providers"]] == ["gpu-a:30000", "gpu-b:30000"]
-    # OpenRouter keeps under the controller's ceiling.
+    # OpenRouter keeps under the deadline controller's ceiling.
     assert paid["ceiling"] == snap["fleet"]["ceiling"] is not None
-    assert paid["in_flight"] <= paid["ceiling"] < paid["concurrency"]["configured"]
     text = "\n".join(fleet_lines(snap))
     assert text.index("[b]sglang[/]") < text.index("[b]openrouter[/]") < text.index("[b]Plan[/]")
-
-
-def test_the_scripted_plan_is_the_engines_plan_and_time_left_counts_down() -> None:
-    job = two_fleets(10)
-    first: Any = job.snapshot()["fleet"]
-    job.step(1.0)
-    second: Any = job.snapshot()["fleet"]
-    assert first["deadline"] == "1h" and first["deadline_ts"] == SIM_EPOCH + 3600
-    assert first["time_left_s"] == 3600 - 10 and second["time_left_s"] == 3600 - 11
-    # The plan is plan_fleets' on the facts the controller saw (rebuilt here from the job's state).
-    assert job.steering is not None
-    work = job.work_left()
-    serving = job._serving()
-    weight = sum(p.weight for p in serving)
-    request_rate = job.steering.request_tokens_per_s
-    in_flight = sum(p.in_flight for p in job.providers)
-    measured = job.lanes["openrouter"].rates["output_tokens_per_s"] / in_flight if in_flight else request_rate
-    providers = [
-        RouteOffer(
-            RoutePrice(p.slug, Decimal("0.6") / 1_000_000, Decimal(str(p.usd_per_m_output)) / 1_000_000),
-            job.configured * p.weight / weight * measured,
-        )
-        for p in serving
-    ]
-    budget_left = Decimal(str(round(job.budget - job.spent, 6)))
-    plan = plan_fleets(work, 3600 - 11, job.steering.gpu_tokens_per_s, providers, budget_left)
-    assert second["plan"] == plan.to_dict()
-    assert second["fits"] is plan.fits
-    assert second["projected_usd"] == pytest.approx(job.spent + float(plan.cost))
-    pace = (
-        job.lanes["sglang"].rates["output_tokens_per_s"]
-        + job.lanes["openrouter"].rates["output_tokens_per_s"]
-    )
-    assert second["eta_s"] == pytest.approx(work.output_tokens / pace)
-    assert work == Work(work.output_tokens, work.prompts, work.prompts * 300)
-
-
-def test_the_scripted_deadline_takes_durations_times_of_day_and_none() -> None:
-    job = two_fleets(10)
-    assert job.command("deadline", {"value": "90m"}).startswith("deadline 90m: ")
-    assert job.deadline_ts == SIM_EPOCH + 10 + 90 * 60
-    job.command("deadline", {"value": "06:30"})
-    start = dt.datetime.fromtimestamp(SIM_EPOCH + 10, dt.UTC)
-    assert job.deadline_ts is not None and job.deadline_ts > start.timestamp()
-    assert dt.datetime.fromtimestamp(job.deadline_ts).astimezone().strftime("%H:%M") == "06:30"
-    assert job.command("deadline", {"value": "none"}) == "no deadline: both fleets flat out, GPUs first"
-    snap: Any = job.snapshot()
-    assert snap["fleet"]["deadline"] is None and snap["fleet"]["time_left_s"] is None
-    assert snap["fleet"]["ceiling"] is None and snap["fleet"]["reason"].startswith("no deadline")
-    assert [e["value"] for e in snap["events"] if e["event"] == "deadline"] == ["90m", "06:30", None]
-
-
-def test_the_scripted_deadline_refuses_bad_text_with_the_engines_message() -> None:
-    job = two_fleets(2)
-    with pytest.raises(JobError, match=r"job.deadline = '1.5h': not a time of day or a duration; expected"):
-        job.command("deadline", {"value": "1.5h"})
-    with pytest.raises(JobError, match="hours 0-23"):
-        job.command("deadline", {"value": "25:00"})
-    assert job.deadline == "1h"
-    with pytest.raises(JobError, match="one backend"):
-        SimulatedJob(3).command("deadline", {"value": "12h"})
-
-
-def test_pausing_one_backend_leaves_the_other_running() -> None:
-    job = two_fleets(10)
-    assert "paused sglang" in job.command("pause", {"backend": "sglang"})
-    for _ in range(10):
-        job.step(1.0)
-    snap: Any = job.snapshot()
-    gpu, paid = snap["lanes"]
-    assert snap["state"] == "RUNNING" and gpu["state"] == "paused" and paid["state"] == "running"
-    assert gpu["in_flight"] == 0 and paid["in_flight"] > 0
-    rows = gpu["rows"]
-    job.step(1.0)
-    assert job.lanes["sglang"].rows == rows, "a paused backend makes nothing"
-    assert job.command("resume", {"backend": "sglang"}) == "resumed sglang"
-    job.step(1.0)
-    assert job.snapshot()["lanes"][0]["state"] == "running"
-    with pytest.raises(JobError, match="no backend 'vllm'"):
-        job.command("pause", {"backend": "vllm"})
+    assert f"ceiling {paid['ceiling']}" in text and "GPU-" in text

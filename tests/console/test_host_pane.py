@@ -1,13 +1,20 @@
-"""The host pane draws the snapshot's hosts; `i` asks the job to inspect them again."""
+"""The host pane draws the snapshot's hosts; `i` asks the job to inspect them again.
+
+The recordings' jobs have no GPU host (a host needs SSH): the host's view here is what
+engine/host/monitor.py's view() gives, which tests/host checks against a real sshd, put into a real
+job's recorded frames; the job's answers to the keys are its recorded ones."""
 
 from __future__ import annotations
 
 import copy
 from typing import Any
 
-from regen.console.scripted import ScriptedSource, SimulatedJob
+from regen.console.app import RegenApp
 from regen.console.widgets.host import NO_HOST, HostPane, host_lines
-from tests.support.console_app import FROZEN_NOW, make_app, scripted, settle
+from regen.engine.schema import Snapshot
+from tests.support.console_app import log_text, make_app, replay, settle
+
+FROZEN_NOW = 1_750_000_100.0  # the clock the host's times are read against
 
 # What engine/host/monitor.py's view() gives for one host (tests/host checks the real one).
 HOST: dict[str, Any] = {
@@ -99,20 +106,17 @@ def test_a_host_that_is_down_says_why_and_keeps_what_it_knew() -> None:
     ]
 
 
-def frames_with_hosts(count: int = 3) -> list[dict[str, Any]]:
-    job = SimulatedJob(3)
-    out = []
-    for _ in range(count):
-        job.step(1.0)
-        snap = job.snapshot()
-        snap["hosts"] = [copy.deepcopy(HOST)]
-        out.append(snap)
-    return out
+def with_host(host: dict[str, Any]) -> RegenApp:
+    """The console on a recorded job whose frames carry `host`."""
+
+    def edit(snap: Snapshot) -> None:
+        snap["hosts"] = [copy.deepcopy(host)]  # type: ignore[list-item]
+
+    return make_app(count=3, edit=edit)
 
 
 async def test_the_pane_shows_the_hosts_and_i_inspects_again() -> None:
-    source = ScriptedSource(frames_with_hosts(), count=3)
-    app = make_app(source)
+    app = with_host(HOST)
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
         pane = app.query_one(HostPane)
@@ -120,7 +124,8 @@ async def test_the_pane_shows_the_hosts_and_i_inspects_again() -> None:
         assert "3 datasets · 123,456 prompts · 7 invalid" in pane.text
         await pilot.press("i")
         await settle(pilot)
-        assert scripted(app).commands == [("inspect", {})]
+        assert replay(app).commands == [("inspect", {})]
+        assert "✗ inspect refused: no GPU hosts in the settings" in log_text(app)  # the recorded job's answer
 
 
 async def test_without_hosts_the_pane_says_so() -> None:
@@ -158,29 +163,35 @@ def test_sglang_ready_shows_its_load_and_the_tunnel() -> None:
     assert "  SGLang ready 0.5.23" in lines
     assert "  run 120 · queue 450 · KV 62% · 5,432 tok/s" in lines
     assert "  tunnel open · 1 drops" in lines
-    failed = {**HOST, "sglang": sglang(ok=True, state="dead", phase="cuda graphs",
-                                       failure="Exception: Capture cuda graph failed: CUDA out of memory")}
-    assert "  failed: Exception: Capture cuda graph failed: CUDA out of memory" in host_lines(failed, FROZEN_NOW)
+    failed = {
+        **HOST,
+        "sglang": sglang(
+            ok=True,
+            state="dead",
+            phase="cuda graphs",
+            failure="Exception: Capture cuda graph failed: CUDA out of memory",
+        ),
+    }
+    assert "  failed: Exception: Capture cuda graph failed: CUDA out of memory" in host_lines(
+        failed, FROZEN_NOW
+    )
 
 
 async def test_keys_start_sglang_and_stop_it_after_a_confirmation_that_defaults_to_cancel() -> None:
-    frames = frames_with_hosts()
-    for snap in frames:
-        snap["hosts"] = [copy.deepcopy(READY)]
-    app = make_app(ScriptedSource(frames, count=3))
+    app = with_host(READY)
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
         await pilot.press("G")
         await settle(pilot)
-        assert scripted(app).commands == [("sglang_start", {})]
+        assert replay(app).commands == [("sglang_start", {})]
         await pilot.press("K")
         await settle(pilot)
         assert "gpu1" in str(app.screen.query_one("#body").render())
         await pilot.press("enter")  # the focused button is Cancel
         await settle(pilot)
-        assert scripted(app).commands == [("sglang_start", {})]
+        assert replay(app).commands == [("sglang_start", {})]
         await pilot.press("K")
         await settle(pilot)
         await pilot.press("y")
         await settle(pilot)
-        assert scripted(app).commands == [("sglang_start", {}), ("sglang_stop", {})]
+        assert replay(app).commands == [("sglang_start", {}), ("sglang_stop", {})]

@@ -1,4 +1,6 @@
-"""Keys drive the job through the source: every test asserts the commands actually sent."""
+"""Keys drive the job through the source: every test asserts the commands actually sent and what the
+job answered. The job is a real one's recording (tests/support/real_jobs.py: OpenRouter, and SGLang
+where said), replayed with its replies."""
 
 from __future__ import annotations
 
@@ -17,10 +19,22 @@ from regen.console.actions import FLEET_ACTIONS
 from regen.console.app import RegenApp
 from regen.console.options import ConsoleOptions
 from regen.console.screens import BudgetScreen, ConfirmScreen, HelpScreen, ProviderDetailScreen, StopScreen
-from regen.console.scripted import ScriptedSource
 from regen.console.widgets.log import EventLog
 from regen.console.widgets.providers import ProvidersTable
-from tests.support.console_app import cell, footer_actions, log_text, make_app, scripted, settle, status_text
+from regen.engine.schema import budget_lane
+from tests.support.console_app import (
+    busiest,
+    cell,
+    footer_actions,
+    highlight,
+    log_text,
+    make_app,
+    replay,
+    routes,
+    settle,
+    status_text,
+)
+from tests.support.replay import ReplaySource
 
 SIZE = (120, 40)
 
@@ -33,12 +47,12 @@ async def test_p_pauses_then_resumes_and_the_footer_follows() -> None:
         assert "pause_job" in footer_actions(app) and "resume_job" not in footer_actions(app)
         await pilot.press("p")
         await settle(pilot)
-        assert scripted(app).commands == [("pause", {})]
+        assert replay(app).commands == [("pause", {})]
         assert app.job_state == "PAUSED"
         assert "resume_job" in footer_actions(app) and "pause_job" not in footer_actions(app)
         await pilot.press("p")
         await settle(pilot)
-        assert scripted(app).commands == [("pause", {}), ("resume", {})]
+        assert replay(app).commands == [("pause", {}), ("resume", {})]
         assert app.job_state == "RUNNING"
         assert "→ pause the job" in log_text(app)
         assert "✓ resume: resumed" in log_text(app)
@@ -48,16 +62,18 @@ async def test_space_toggles_the_highlighted_provider() -> None:
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
+        second = routes(app)[1]["slug"]
         await pilot.press("j")
-        assert app.highlighted_slug == "deepinfra"
+        assert app.highlighted_slug == second
         await pilot.press("space")
         await settle(pilot)
-        assert scripted(app).commands == [("exclude", {"provider": "deepinfra"})]
-        assert cell(app, "deepinfra", "status") == "- EXCL"
+        assert replay(app).commands == [("exclude", {"provider": second})]
+        assert cell(app, second, "status") == "- EXCL"
+        assert f"✓ exclude: excluded {second}" in log_text(app)
         await pilot.press("space")
         await settle(pilot)
-        assert scripted(app).commands[-1] == ("include", {"provider": "deepinfra"})
-        assert cell(app, "deepinfra", "status") != "- EXCL"
+        assert replay(app).commands[-1] == ("include", {"provider": second})
+        assert cell(app, second, "status") != "- EXCL"
 
 
 async def test_x_asks_first_with_the_impact_and_cancel_is_the_default() -> None:
@@ -68,30 +84,33 @@ async def test_x_asks_first_with_the_impact_and_cancel_is_the_default() -> None:
         await pilot.pause()
         assert isinstance(app.screen, ConfirmScreen)
         body = str(app.screen.query_one("#body").render())
-        assert "5 of 6 providers remain" in body and "of traffic moves" in body
+        serving = [p for p in routes(app) if p["allowed"] and not p["excluded"]]
+        assert f"{len(serving) - 1} of {len(serving)} providers remain" in body and "of traffic moves" in body
         await pilot.press("enter")  # focus starts on Cancel
         await pilot.pause()
         assert not isinstance(app.screen, ConfirmScreen)
         await pilot.press("x", "escape")
         await pilot.pause()
-        assert scripted(app).commands == []
+        assert replay(app).commands == []
         await pilot.press("x")
         await pilot.pause()
         await pilot.press("y")
         await settle(pilot)
-        assert scripted(app).commands == [("exclude", {"provider": "chutes"})]
+        assert replay(app).commands == [("exclude", {"provider": serving[0]["slug"]})]
 
 
 async def test_x_on_an_excluded_provider_says_so_and_sends_nothing() -> None:
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
+        first = app.highlighted_slug
         await pilot.press("space")
         await settle(pilot)
+        assert app.highlighted_slug == first, "the cursor stays on its provider"
         await pilot.press("x")
         await pilot.pause()
         assert not isinstance(app.screen, ConfirmScreen)
-        assert scripted(app).commands == [("exclude", {"provider": "chutes"})]
+        assert replay(app).commands == [("exclude", {"provider": first})]
         assert any("already excluded" in n.message for n in app._notifications)
 
 
@@ -100,7 +119,7 @@ async def test_b_refuses_a_budget_below_spent() -> None:
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         spent = app.latest["lanes"][0]["money"]["spent"] if app.latest else 0.0
-        assert spent > 0.1
+        assert spent > 0.01
         await pilot.press("b")
         await pilot.pause()
         assert isinstance(app.screen, BudgetScreen)
@@ -113,38 +132,52 @@ async def test_b_refuses_a_budget_below_spent() -> None:
         box.value = "75"
         await pilot.press("enter")
         await settle(pilot)
-        assert scripted(app).commands == [("budget", {"value": 75.0})]
+        assert replay(app).commands == [("budget", {"value": 75.0})]
         assert app.latest is not None and app.latest["lanes"][0]["money"]["budget"] == 75.0
+
+
+def configured(app: RegenApp) -> int:
+    assert app.latest is not None
+    return budget_lane(app.latest)["concurrency"]["configured"]
 
 
 async def test_plus_and_minus_step_the_concurrency() -> None:
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
+        before = configured(app)
+        step = round(before * app.options.concurrency_step)
         await pilot.press("plus")
         await settle(pilot)
+        # The job answers with what it applied (it may hold the limit at its own ceiling).
+        assert replay(app).commands == [("concurrency", {"value": before + step})]
+        assert f"✓ concurrency: concurrency {configured(app)}" in log_text(app)
+        after = configured(app)
         await pilot.press("minus")
         await settle(pilot)
-        assert scripted(app).commands == [("concurrency", {"value": 220}), ("concurrency", {"value": 198})]
+        step = round(after * app.options.concurrency_step)
+        assert replay(app).commands[-1] == ("concurrency", {"value": after - step})
+        assert configured(app) == after - step
 
 
 async def test_f_freezes_the_display_but_not_the_feed() -> None:
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
-        before = cell(app, "together", "requests")
+        slug = busiest(app)
+        before = cell(app, slug, "requests")
         await pilot.press("f")
-        scripted(app).advance(5)
+        replay(app).advance(5)
         await settle(pilot)
         assert app.frozen and "FROZEN" in status_text(app)
-        assert cell(app, "together", "requests") == before
+        assert cell(app, slug, "requests") == before
         assert app.latest is not None and app.displayed is not app.latest
         assert "thaw" in footer_actions(app)
         await pilot.press("f")
         await pilot.pause()
         assert not app.frozen
-        assert cell(app, "together", "requests") != before
-        assert scripted(app).commands == []
+        assert cell(app, slug, "requests") != before
+        assert replay(app).commands == []
 
 
 async def test_readonly_refuses_every_steering_key_and_says_so() -> None:
@@ -156,7 +189,7 @@ async def test_readonly_refuses_every_steering_key_and_says_so() -> None:
             await pilot.press(key)
             await pilot.pause()
         assert not isinstance(app.screen, ConfirmScreen | BudgetScreen)
-        assert scripted(app).commands == []
+        assert replay(app).commands == []
         assert any("read-only" in n.message for n in app._notifications)
         app.action_stop_job()
         await pilot.pause()
@@ -171,23 +204,28 @@ async def test_filter_sort_and_cursor_keys() -> None:
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         table = app.query_one(ProvidersTable)
-        assert table.row_count == 8  # six serving, two kept out by the precision floor
+        # Every endpoint of the model: those serving, and those the settings keep out (listed last).
+        assert table.row_count == len(routes(app)) and not all(p["allowed"] for p in routes(app))
         await pilot.press("slash", "d", "e", "e", "p")
         await pilot.pause()
         assert table.row_count == 1 and app.highlighted_slug == "deepinfra"
         await pilot.press("escape")
         await pilot.pause()
-        assert table.row_count == 8  # six serving, two kept out by the precision floor
+        assert table.row_count == len(routes(app))
+        first = app.highlighted_slug
         await pilot.press("s")  # spent, descending
         await pilot.pause()
         providers = {p["slug"]: p for p in app.provider_rows()}
         order = table_order(table)
-        spent = [providers[slug]["spent"] for slug in order]
-        assert spent == sorted(spent, reverse=True)
-        start = order.index(app.highlighted_slug or "")  # the cursor kept its provider through the sort
-        await pilot.press("k", "k", "k", "k", "k", "k", "j", "j", "k")
+        # Routes the settings (or the guard) keep out stay below the others, whatever the sort.
+        kept = [providers[slug]["allowed"] for slug in order]
+        assert kept == sorted(kept, reverse=True)
+        for allowed in (True, False):
+            spent = [providers[slug]["spent"] for slug in order if providers[slug]["allowed"] is allowed]
+            assert spent == sorted(spent, reverse=True)
+        assert app.highlighted_slug == first, "the cursor kept its provider through the sort"
+        await pilot.press(*["k"] * len(order), "j", "j", "k")
         assert app.highlighted_slug == order[1]
-        del start
 
 
 def palette_first_hit(app: RegenApp) -> str:
@@ -220,7 +258,7 @@ async def test_the_cursor_stays_on_its_provider_when_the_order_changes() -> None
         await pilot.press("j", "j")
         slug = app.highlighted_slug
         for _ in range(4):
-            scripted(app).advance(3)
+            replay(app).advance(3)
             await settle(pilot)
             assert app.highlighted_slug == slug
 
@@ -229,15 +267,16 @@ async def test_enter_opens_the_provider_detail() -> None:
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
-        await pilot.press("j", "j", "j", "j")  # Parasail: failing
+        failing = next(p for p in routes(app) if p["status"] == "FAIL")  # most answers cut mid-stream
+        await highlight(pilot, failing["slug"])
         await pilot.press("enter")
         await pilot.pause()
         assert isinstance(app.screen, ProviderDetailScreen)
         await pilot.pause()
-        assert "Parasail (parasail)" in str(app.screen.query_one("#detail-title").render())
-        assert "FAIL" in str(app.screen.query_one("#detail-title").render())
-        assert "server" in str(app.screen.query_one("#detail-errors-text").render())
-        scripted(app).advance(2)
+        title = str(app.screen.query_one("#detail-title").render())
+        assert f"{failing['name']} ({failing['slug']})" in title and "FAIL" in title
+        assert "stream_error" in str(app.screen.query_one("#detail-errors-text").render())
+        replay(app).advance(2)
         await settle(pilot)
         await pilot.press("escape")
         await pilot.pause()
@@ -253,7 +292,7 @@ async def test_e_exports_the_snapshot_on_screen(tmp_path: Path) -> None:
         files = sorted(p.name for p in tmp_path.iterdir())
         assert len(files) == 3
         data = json.loads(next(tmp_path.glob("*.json")).read_text())
-        assert data["state"] == "RUNNING" and len(data["lanes"][0]["providers"]) == 8
+        assert data["state"] == "RUNNING" and len(data["lanes"][0]["providers"]) == len(routes(app))
         header = next(tmp_path.glob("*-providers.csv")).read_text().splitlines()[0]
         assert header.startswith("name,slug,status")
         assert "exported" in log_text(app) and str(tmp_path) in log_text(app)
@@ -292,10 +331,10 @@ async def test_help_lists_every_binding_with_its_current_key() -> None:
         await pilot.press("escape")
         await pilot.press("p")  # remapped away: nothing
         await settle(pilot)
-        assert scripted(app).commands == []
+        assert replay(app).commands == []
         await pilot.press("P")
         await settle(pilot)
-        assert scripted(app).commands == [("pause", {})]
+        assert replay(app).commands == [("pause", {})]
 
 
 async def test_stop_is_typed_and_offers_drain_or_cancel() -> None:
@@ -310,12 +349,12 @@ async def test_stop_is_typed_and_offers_drain_or_cancel() -> None:
         assert isinstance(app.screen, StopScreen)
         await pilot.press("p", "enter")
         await settle(pilot)
-        assert scripted(app).commands == [("stop", {"cancel": False})]
+        assert replay(app).commands == [("stop", {"cancel": False})]
         assert app.job_state in ("DRAINING", "STOPPED")
 
 
 async def test_stop_from_the_command_palette() -> None:
-    app = make_app()
+    app = make_app("sglang")
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         await pilot.press("ctrl+p")
@@ -329,7 +368,10 @@ async def test_stop_from_the_command_palette() -> None:
         await pilot.pause()
         await pilot.click("#cancel")
         await settle(pilot)
-        assert scripted(app).commands == [("stop", {"cancel": True})]
+        assert replay(app).commands == [("stop", {"cancel": True})]
+        assert app.job_state == "DRAINING" and "✓ stop: stopping: cancelling requests in flight" in log_text(
+            app
+        )
 
 
 async def test_a_refused_command_goes_to_the_log_and_a_toast() -> None:
@@ -338,22 +380,38 @@ async def test_a_refused_command_goes_to_the_log_and_a_toast() -> None:
         await settle(pilot)
         app.send("budget", "budget → $0.00", value=0.0)
         await settle(pilot)
-        assert "✗ budget refused: a budget of $0.00 is below" in log_text(app)
+        assert "✗ budget refused: a budget of $0.00 is below what is already spent" in log_text(app)
         assert any(n.severity == "error" for n in app._notifications)
+
+
+async def test_a_job_that_ends_says_so_and_steering_stops() -> None:
+    app = make_app(count=None)  # the whole recording: the operator's stop, the drain, the goodbye
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert app.job_state == "STOPPED" and app.ended == "the job has ended"
+        header, why = status_text(app).splitlines()
+        assert "✗ DISCONNECTED" in header and why == "the job has ended"
+        assert "disconnected: the job has ended" in log_text(app)
+        await pilot.press("p")
+        await pilot.pause()
+        assert replay(app).commands == []
+        assert any("not connected to the job (the job has ended)" in n.message for n in app._notifications)
 
 
 async def test_the_end_of_the_feed_disables_steering() -> None:
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
-        scripted(app).finish()
+        replay(app).finish()
         await pilot.pause()
         await app.workers.wait_for_complete()
         await pilot.pause()
         assert app.ended is not None and "DISCONNECTED" in status_text(app)
         await pilot.press("p")
         await pilot.pause()
-        assert scripted(app).commands == []
+        assert replay(app).commands == []
 
 
 async def test_narrow_terminal_drops_secondary_columns_and_tiny_shows_a_message() -> None:
@@ -391,11 +449,11 @@ async def test_snapshots_coalesce() -> None:
 
 
 async def test_a_source_that_fails_to_connect_is_reported() -> None:
-    class Refusing(ScriptedSource):
+    class Refusing(ReplaySource):
         async def connect(self) -> dict[str, object]:
             raise ConnectionRefusedError("no job is running on /srv/regen-run")
 
-    app = make_app(source=Refusing())
+    app = make_app(source=Refusing("openrouter"))
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         await app.workers.wait_for_complete()
@@ -411,7 +469,7 @@ async def test_repaints_are_throttled_and_the_newest_snapshot_wins() -> None:
         await settle(pilot)
         first = app.displayed
         assert first is not None and first is app.latest
-        scripted(app).advance(3)
+        replay(app).advance(3)
         await settle(pilot)
         assert app.displayed is first and app.latest is not first
         assert app._repaint_timer is not None

@@ -1,4 +1,5 @@
-"""The console's Textual-free parts: history, formatting, export, options, the scripted source."""
+"""The console's Textual-free parts: history, formatting, export, options, fed a real job's recorded
+snapshots (tests/support/recordings.py)."""
 
 from __future__ import annotations
 
@@ -16,19 +17,16 @@ from regen.console import format as fmt
 from regen.console.export import export_snapshot
 from regen.console.history import ERROR_LINE_EVERY_S, History, event_line, provider_status
 from regen.console.options import configure_environment
-from regen.console.scripted import ScriptedSource, SimulatedJob
 from regen.console.source import JobSource
 from regen.console.widgets.status import Freshness, StatusStrip
-from regen.engine.control.server import PROTOCOL_VERSION
-from regen.engine.run.state import JobError
 from regen.engine.schema import Snapshot
+from tests.support.replay import ReplaySource, frames
 
 
 def frame(**fields: Any) -> Snapshot:
-    """A snapshot of the scripted job one second in, without errors or events, `fields` over its top level."""
-    job = SimulatedJob(1)
-    job.step(1.0)
-    snap = job.snapshot()
+    """A recorded snapshot of a real OpenRouter job a second in, without errors or events, `fields` over
+    its top level."""
+    snap = frames("openrouter", 5)[4]
     snap["errors"], snap["events"] = {}, []
     snap.update(fields)  # type: ignore[typeddict-item]
     return snap
@@ -65,15 +63,16 @@ def test_provider_status_is_the_jobs_word() -> None:
 
 def test_history_windows_are_bounded_and_sampled_by_job_time() -> None:
     history = History(points=5, sample_every_s=1.0)
-    job = SimulatedJob(1)
-    for _ in range(40):
-        job.step(0.5)
-        history.add(job.snapshot(), 0.0)
+    played = frames("openrouter", 40)  # ten seconds of the job, four a second
+    assert played[-1]["elapsed_s"] - played[0]["elapsed_s"] > 6
+    for snap in played:
+        history.add(snap, 0.0)
     assert len(history.output_tokens_per_s) == 5
     assert history.snapshots_seen == 40
-    assert len(history.providers["fireworks"].output_tokens_per_s) == 5
-    snap = job.snapshot()
-    assert history.dataset_eta_s(snap["datasets"][0]) is not None
+    [lane] = played[-1]["lanes"]
+    busiest = max(lane["providers"], key=lambda p: p["requests"])["slug"]
+    assert len(history.providers[busiest].output_tokens_per_s) == 5
+    assert history.dataset_eta_s(played[-1]["datasets"][0]) is not None
 
 
 def test_error_lines_are_rate_limited_and_no_event_is_lost() -> None:
@@ -123,9 +122,7 @@ def test_event_lines_for_known_and_unknown_events() -> None:
 
 
 def test_export_writes_json_and_csv(tmp_path: Path) -> None:
-    job = SimulatedJob(2)
-    job.step(1.0)
-    snap = job.snapshot()
+    snap = frame()
     paths = export_snapshot(snap, tmp_path / "out", 1_750_000_000.0)
     assert [p.name for p in paths] == [
         "regen-snapshot-20250615-150640.json",
@@ -134,7 +131,8 @@ def test_export_writes_json_and_csv(tmp_path: Path) -> None:
     ]
     assert json.loads(paths[0].read_text())["model"] == "moonshotai/kimi-k2.5"
     rows = list(csv.DictReader(paths[1].open()))
-    assert len(rows) == 8 and rows[0]["name"] == "AtlasCloud"
+    [lane] = snap["lanes"]
+    assert [row["name"] for row in rows] == [p["name"] for p in lane["providers"]]
     assert len(list(csv.DictReader(paths[2].open()))) == 3
 
 
@@ -151,53 +149,6 @@ def test_configure_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         configure_environment(color_system="16m")
 
 
-async def test_scripted_source_plays_holds_and_applies_commands() -> None:
-    source = ScriptedSource(seed=5, count=3)
-    assert isinstance(source, JobSource)
-    hello = await source.connect()
-    assert hello["protocol"] == PROTOCOL_VERSION and hello["job"]["model"] == "moonshotai/kimi-k2.5"
-    frames = []
-    stream = source.snapshots()
-    for _ in range(3):
-        frames.append(await anext(stream))
-    assert [f["elapsed_s"] for f in frames] == [1.0, 2.0, 3.0]
-    result = await source.command("pause")
-    assert result == {"ok": True, "message": "paused: no new requests; those in flight finish"}
-    paused = await anext(stream)
-    assert paused["state"] == "PAUSED" and [e["event"] for e in paused["events"]] == ["pause"]
-    refused = await source.command("exclude", provider="nobody")
-    assert refused["ok"] is False
-    await anext(stream)
-    source.finish()
-    with pytest.raises(StopAsyncIteration):
-        await anext(stream)
-    assert source.commands == [("pause", {}), ("exclude", {"provider": "nobody"})]
-
-
-async def test_scripted_source_plays_given_frames_and_readonly_refuses() -> None:
-    source = ScriptedSource(
-        [{"state": "RUNNING", "elapsed_s": 1.0}, {"state": "DONE", "elapsed_s": 2.0}], count=2, readonly=True
-    )
-    stream = source.snapshots()
-    assert [(await anext(stream))["state"] for _ in range(2)] == ["RUNNING", "DONE"]
-    assert (await source.command("pause"))["ok"] is False
-    assert source.commands == [("pause", {})]
-
-
-def test_the_simulated_job_is_reproducible_and_refuses_like_the_job() -> None:
-    a, b = SimulatedJob(9), SimulatedJob(9)
-    for _ in range(10):
-        a.step(1.0)
-        b.step(1.0)
-    assert a.snapshot() == b.snapshot()
-    with pytest.raises(JobError, match="below what is already spent"):
-        a.command("budget", {"value": 0.0})
-    for slug in ("chutes", "deepinfra", "fireworks", "novita", "parasail"):
-        a.command("exclude", {"provider": slug})
-    with pytest.raises(JobError, match="would leave no provider"):
-        a.command("exclude", {"provider": "together"})
-
-
 def test_run_console_sets_the_environment_then_runs_without_mouse(monkeypatch: pytest.MonkeyPatch) -> None:
     from regen.console.app import RegenApp
     from regen.console.launch import run_console
@@ -209,7 +160,7 @@ def test_run_console_sets_the_environment_then_runs_without_mouse(monkeypatch: p
         runs.append(mouse)
 
     monkeypatch.setattr(RegenApp, "run", fake_run)
-    assert run_console(ScriptedSource(count=0), fps=20, no_mouse=True, color_system="256") == 0
+    assert run_console(ReplaySource("openrouter", count=0), fps=20, no_mouse=True, color_system="256") == 0
     assert runs == [False]
     assert os.environ["TEXTUAL_FPS"] == "20" and os.environ["TEXTUAL_COLOR_SYSTEM"] == "256"
 
@@ -230,12 +181,34 @@ def test_events_seen_twice_are_logged_once() -> None:
 
 
 def test_a_platform_hold_shows_in_the_header_and_the_log() -> None:
+    """A real job's platform hold (a 429 with X-RateLimit-Reset), as its console received it."""
+    played = frames("openrouter", 1000)
+    held = next(snap for snap in played if snap["lanes"][0]["held_s"] is not None)
+    strip = StatusStrip()
+    strip.snapshot = held
+    seconds = held["lanes"][0]["held_s"]
+    assert seconds is not None and f"HELD {int(seconds)}s" in strip._markup(Freshness(1.0, 5.0))
+    strip.snapshot = frame()
+    assert "HELD" not in strip._markup(Freshness(1.0, 5.0))
+    hold = next(e for snap in played for e in snap.get("events", []) if e["event"] == "hold")
+    line = event_line(hold)
+    assert line.level == "warning"
+    assert line.text == f"platform rate limit: all requests wait {hold['seconds']} s ({hold['reason']})"
+
+
+def test_a_disconnected_console_says_why_on_a_line_of_its_own() -> None:
+    """However narrow the terminal, the header's second line is the reason, in full where it fits."""
     strip = StatusStrip()
     strip.snapshot = frame()
-    strip.snapshot["lanes"][0]["held_s"] = 42.5
-    assert "HELD 42s" in strip._markup(Freshness(1.0, 5.0))
-    strip.snapshot["lanes"][0]["held_s"] = None
-    assert "HELD" not in strip._markup(Freshness(1.0, 5.0))
-    line = event_line({"ts": 1, "event": "hold", "seconds": 42.5, "reason": "free-models-per-min"})
-    assert line.level == "warning"
-    assert line.text == "platform rate limit: all requests wait 42.5 s (free-models-per-min)"
+    reason = "the job went away without a goodbye (killed, or crashed: see job.log in /srv/run)"
+    header, why = strip._markup(Freshness(1.0, 5.0, disconnected=reason)).splitlines()
+    assert "✗ DISCONNECTED" in header and reason in why
+    assert "in flight" not in why, "the figures no longer move: the line says why instead"
+
+
+def test_python_m_launch_points_to_a_real_job(capsys: pytest.CaptureFixture[str]) -> None:
+    from regen.console.launch import main
+
+    assert main() == 2
+    said = capsys.readouterr().err
+    assert "`regen demo` runs a real one" in said and "`regen attach`" in said

@@ -17,7 +17,7 @@ from regen.console.widgets.footer import RegenFooter
 from regen.console.widgets.providers import ProvidersPane, ProvidersTable
 from regen.console.widgets.status import StatusStrip
 from regen.console.widgets.throughput import ThroughputPane
-from tests.support.console_app import cell, make_app, scripted, settle, status_text
+from tests.support.console_app import busiest, cell, make_app, replay, settle, status_text
 
 SIZE = (120, 40)
 
@@ -79,14 +79,15 @@ async def test_a_repaint_paints_the_header_at_once_and_the_panes_over_the_next_f
     app.options.repaint_interval_s = 60.0  # after make_app, which sets 0 for the other tests
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
-        before = cell(app, "together", "requests")
-        scripted(app).advance(3)
+        slug = busiest(app)
+        before = cell(app, slug, "requests")
+        replay(app).advance(3)
         await settle(pilot)
         app._show_latest()  # what the repaint timer does
         assert app.displayed is app.latest
         assert app._pane_groups_due, "the panes wait for the frames after the header's"
         await pause_until(pilot, lambda: not app._pane_groups_due)
-        assert cell(app, "together", "requests") != before
+        assert cell(app, slug, "requests") != before
 
 
 async def test_thaw_catches_up_over_the_next_frames() -> None:
@@ -95,13 +96,14 @@ async def test_thaw_catches_up_over_the_next_frames() -> None:
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         await pilot.press("f")
-        before = cell(app, "together", "requests")
-        scripted(app).advance(3)
+        slug = busiest(app)
+        before = cell(app, slug, "requests")
+        replay(app).advance(3)
         await settle(pilot)
         await pilot.press("f")
         assert "FROZEN" not in status_text(app) and app.displayed is app.latest
         await pause_until(pilot, lambda: not app._pane_groups_due)
-        assert cell(app, "together", "requests") != before
+        assert cell(app, slug, "requests") != before
 
 
 async def test_panes_leave_unchanged_text_alone(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -138,7 +140,7 @@ async def test_the_providers_table_keeps_only_the_current_render_caches() -> Non
     app = make_app(count=60)
     async with app.run_test(size=SIZE) as pilot:
         for _ in range(20):
-            scripted(app).advance(3)
+            replay(app).advance(3)
             await settle(pilot)
         table = app.query_one(ProvidersTable)
         # DataTable keys these by a counter every cell update bumps; stale entries would pile up to
@@ -158,7 +160,7 @@ async def test_the_console_freezes_the_garbage_collector_once_after_its_first_pa
     app._freeze_gc_pending = True  # what RegenApp(..., freeze_gc=True) sets
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
-        scripted(app).advance(3)
+        replay(app).advance(3)
         await settle(pilot)
         assert frozen == [True]
     assert not make_app()._freeze_gc_pending

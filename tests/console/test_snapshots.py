@@ -1,7 +1,8 @@
-"""Screenshots of the console and of each pane on a seeded scripted job, frozen clock, no animation.
+"""Screenshots of the console and of each pane on a real job's recording (tests/support/real_jobs.py,
+tests/console/recordings/) replayed to a fixed frame, the replay's clock, no animation.
 
-Update after an intended change with `pytest tests/console --snapshot-update`, then look at the
-SVGs under `__snapshots__/` before committing them.
+Update after an intended change, or after `make recordings`, with `pytest tests/console/test_snapshots.py
+--snapshot-update`, then look at every SVG under `__snapshots__/` that changed before committing it.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from textual.pilot import Pilot
 from textual.widget import Widget
 from textual.widgets import Input
 
+from regen.console.app import RegenApp
 from regen.console.history import History
 from regen.console.options import ConsoleOptions
-from regen.console.scripted import ScriptedSource, SimulatedJob
 from regen.console.theming import load_themes, variable_defaults
 from regen.console.widgets.cost import CostPane
 from regen.console.widgets.datasets import DatasetsPane
@@ -25,7 +26,8 @@ from regen.console.widgets.host import HostPane
 from regen.console.widgets.log import EventLog
 from regen.console.widgets.providers import ProvidersPane
 from regen.console.widgets.throughput import ThroughputPane
-from tests.support.console_app import FROZEN_NOW, make_app, settle
+from tests.support.console_app import highlight, make_app, routes, settle
+from tests.support.replay import timed_frames
 
 SnapCompare = Callable[..., bool]
 
@@ -44,6 +46,17 @@ def test_console_80x24(snap_compare: SnapCompare) -> None:
 
 def test_console_narrow_and_tall(snap_compare: SnapCompare) -> None:
     assert snap_compare(make_app(), terminal_size=(100, 44), run_before=settled)
+
+
+def test_console_disconnected(snap_compare: SnapCompare) -> None:
+    """The whole recording: the operator stopped the job, it drained and said goodbye; the header says so."""
+
+    async def run_before(pilot: Pilot[Any]) -> None:
+        await settle(pilot)
+        await pilot.app.workers.wait_for_complete()
+        await pilot.pause()
+
+    assert snap_compare(make_app(count=None), terminal_size=(80, 24), run_before=run_before)
 
 
 def test_console_too_small(snap_compare: SnapCompare) -> None:
@@ -72,7 +85,8 @@ def test_console_readonly_and_frozen(snap_compare: SnapCompare) -> None:
 
 
 def test_exclude_confirmation(snap_compare: SnapCompare) -> None:
-    assert snap_compare(make_app(), terminal_size=(100, 30), run_before=settled, press=["j", "x"])
+    # The third route: a failing one, with traffic to move.
+    assert snap_compare(make_app(), terminal_size=(100, 30), run_before=settled, press=["j", "j", "x"])
 
 
 def test_budget_refusal(snap_compare: SnapCompare) -> None:
@@ -82,7 +96,7 @@ def test_budget_refusal(snap_compare: SnapCompare) -> None:
         await pilot.pause()
         box = pilot.app.screen.query_one(Input)
         box.cursor_blink = False
-        box.value = "0.05"
+        box.value = "0.01"  # below what the job has spent by then
         await pilot.press("enter")
 
     assert snap_compare(make_app(), terminal_size=(100, 30), run_before=run_before)
@@ -95,7 +109,10 @@ def test_help_screen(snap_compare: SnapCompare) -> None:
 def test_provider_detail(snap_compare: SnapCompare) -> None:
     async def run_before(pilot: Pilot[Any]) -> None:
         await settle(pilot)
-        await pilot.press("j", "j", "j", "j", "enter")
+        assert isinstance(pilot.app, RegenApp)
+        failing = next(p for p in routes(pilot.app) if p["status"] == "FAIL")
+        await highlight(pilot, failing["slug"])
+        await pilot.press("enter")
         await pilot.pause()
         await pilot.pause()
 
@@ -103,8 +120,8 @@ def test_provider_detail(snap_compare: SnapCompare) -> None:
 
 
 def two_fleets() -> Any:
-    """The console on a job with both fleets (SGLang workers and OpenRouter) and a 1h deadline."""
-    return make_app(ScriptedSource(count=20, job=SimulatedJob(3, fleets=True, deadline="1h")))
+    """The console on a job with both fleets (an SGLang server and OpenRouter) paced to a deadline."""
+    return make_app("fleets")
 
 
 def test_console_two_fleets(snap_compare: SnapCompare) -> None:
@@ -123,7 +140,7 @@ def test_backend_chooser(snap_compare: SnapCompare) -> None:
 
 
 class PaneApp(App[None]):
-    """One pane alone, fed the 20th frame of the seeded job (and the history up to it)."""
+    """One pane alone, fed the 21st frame of the OpenRouter recording (and the history before it)."""
 
     CSS = """
     Screen { background: $background; }
@@ -146,11 +163,11 @@ class PaneApp(App[None]):
     def on_mount(self) -> None:
         self.animation_level = "none"
         self.theme = "regen-dark"
-        job, history = SimulatedJob(3), History()
-        for _ in range(20):
-            job.step(1.0)
-            history.add(job.snapshot(), FROZEN_NOW)
-        self.call_after_refresh(self.feed, self.pane, job.snapshot(), history)
+        history = History()
+        *before, (_, snap) = timed_frames("openrouter", 21)
+        for at, earlier in before:
+            history.add(earlier, at)
+        self.call_after_refresh(self.feed, self.pane, snap, history)
 
 
 def _providers(pane: Widget, snap: dict[str, Any], history: History) -> None:

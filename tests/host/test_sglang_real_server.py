@@ -13,9 +13,10 @@ from regen.engine.config.settings import SGLangSettings
 from regen.engine.host.scripts.sglanglog import LogState
 from regen.sim.sglang.logs import SimLog
 from regen.sim.sglang.tokens import SimTokenizer
-from tests.host.conftest import need_sshd, regen
-from tests.host.gpuhost import GpuHost, make_gpu_host
-from tests.sglang_sim import fast_config, model_folder, running_sim
+from tests.support.gpuhost import GpuHost, make_gpu_host
+from tests.support.processes import run_regen as regen
+from tests.support.sglang_sim import fast_config, model_folder, running_sim
+from tests.support.sshd import need_sshd
 
 
 @pytest.fixture

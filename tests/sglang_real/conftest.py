@@ -1,14 +1,11 @@
-"""The real sglang wheels the contract tests read (tests/sglang_real/wheel.py): 0.5.23, the release
+"""The real sglang wheels the contract tests read (tests/support/sglang_wheel.py): 0.5.23, the release
 regen's docs follow, and 0.5.9 for the older spellings regen also handles."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.sglang_real.wheel import RealSGLang, fetch_wheel
-
-CURRENT = "0.5.23"
-OLDER = "0.5.9"
+from tests.support.sglang_wheel import CURRENT, OLDER, RealSGLang, fetch_wheel
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """regen against the real sglang package: flags, log lines, metrics, the request body, the info keys.
 
-Each test reads the real wheels (tests/sglang_real/wheel.py) and checks what regen relies on, so a
+Each test reads the real wheels (tests/support/sglang_wheel.py) and checks what regen relies on, so a
 new sglang release shows here what moved. The releases are 0.5.23 (the one docs/sglang.md follows)
 and 0.5.9 (the older spellings regen also reads).
 """
@@ -22,8 +22,7 @@ from regen.engine.host.scripts import sglangctl, sglanglog
 from regen.engine.net import sglang_metrics, sglang_server
 from regen.sim.sglang import launch
 from regen.sim.sglang.sampling import SAMPLING_FIELDS
-from tests.sglang_real.conftest import CURRENT, OLDER
-from tests.sglang_real.wheel import RealSGLang, source_says
+from tests.support.sglang_wheel import CURRENT, OLDER, RealSGLang, source_says
 
 EOT = 163586  # Kimi's <|im_end|>; any id does for the contract
 

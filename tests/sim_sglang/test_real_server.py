@@ -12,8 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from regen.sim.sglang.logs import SimLog
 from regen.sim.sglang.tokens import SimTokenizer
-from tests.sglang_sim import fast_config, running_sim
-from tests.sim_sglang.conftest import SGApi, parse_sse
+from tests.support.sglang_http import SGApi, parse_sse
+from tests.support.sglang_sim import fast_config, running_sim
 
 
 async def test_a_request_error_in_a_stream_is_an_error_event_inside_a_200(api: SGApi) -> None:

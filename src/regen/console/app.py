@@ -1,9 +1,10 @@
-"""The regen console: a Textual app over a `JobSource` (a running job's socket, or a script).
+"""The regen console: a Textual app over a `JobSource` (a running job's socket, or a recording of one).
 
 Snapshots arrive in one worker, are folded into `History` there, and reach the UI as a coalescing
-`SnapshotArrived` message; widgets change only in message handlers. Steering keys send commands
-through the source and report the job's answer in the log and a toast. `q` detaches: the job
-lives on. Call `regen.console.options.configure_environment` before importing this module.
+`SnapshotArrived` message; widgets change only in message handlers. Steering keys
+(console/steering.py) send commands through the source and report the job's answer in the log and
+a toast; what the console holds is console/state.py's. `q` detaches: the job lives on. Call
+`regen.console.options.configure_environment` before importing this module.
 """
 
 from __future__ import annotations
@@ -18,10 +19,9 @@ from textual import events, on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
-from textual.reactive import reactive
 from textual.theme import Theme
 from textual.timer import Timer
-from textual.widgets import DataTable, Input, Static
+from textual.widgets import DataTable, Static
 from textual.worker import Worker, WorkerState
 
 from regen.console.actions import (
@@ -34,43 +34,33 @@ from regen.console.actions import (
     bindings,
 )
 from regen.console.export import export_snapshot
-from regen.console.history import History, LogLine, slug_of
-from regen.console.messages import CommandDone, Connected, ExportDone, SnapshotArrived, SourceEnded
+from regen.console.history import LogLine
+from regen.console.messages import Connected, ExportDone, SnapshotArrived, SourceEnded
 from regen.console.options import ConsoleOptions
 from regen.console.palette import RegenCommands
-from regen.console.screens import (
-    BudgetScreen,
-    ConfirmScreen,
-    DeadlineScreen,
-    HelpEntry,
-    HelpScreen,
-    LaneScreen,
-    ProviderDetailScreen,
-    StopScreen,
-    exclude_impact,
-)
+from regen.console.screens import HelpEntry, HelpScreen, ProviderDetailScreen
 from regen.console.source import JobSource
+from regen.console.steering import SteeringKeys
 from regen.console.theming import DEFAULT_THEME, LoadedThemes, load_themes, variable_defaults
 from regen.console.widgets.cost import CostPane
 from regen.console.widgets.datasets import DatasetsPane
 from regen.console.widgets.fleets import FleetsPane, shows_fleets
 from regen.console.widgets.footer import RegenFooter
-from regen.console.widgets.host import HostPane, sglang_stop_text
+from regen.console.widgets.host import HostPane
 from regen.console.widgets.log import EventLog
 from regen.console.widgets.providers import ProvidersPane, ProvidersTable
 from regen.console.widgets.status import Freshness, StatusStrip
 from regen.console.widgets.throughput import ThroughputPane
-from regen.engine.schema import LaneView, ProviderView, Snapshot, budget_lane
+from regen.engine.schema import Snapshot, budget_lane
 
 # At this many columns and more, the secondary panes sit in a right-hand column and every
 # provider column shows; below it the console is "narrow" (80x24 over SSH in tmux).
 WIDE_AT = 120
 # At this many rows and more, a narrow console still shows cost and throughput in a bottom strip.
 TALL_AT = 40
-LIVE_STATES = ("RUNNING", "PAUSED")
 
 
-class RegenApp(App[str]):
+class RegenApp(SteeringKeys):
     """The console: header strip, providers, cost, datasets, throughput, log and host panes."""
 
     TITLE = "regen"
@@ -79,12 +69,6 @@ class RegenApp(App[str]):
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (WIDE_AT, "-wide")]  # noqa: RUF012 (declared as an instance variable in App)
     VERTICAL_BREAKPOINTS = [(0, "-short"), (TALL_AT, "-tall")]  # noqa: RUF012
     BINDINGS: ClassVar[list[BindingType]] = [*bindings()]
-
-    # Neither repaints: an App reactive that repaints redraws the whole screen; the header shows both.
-    job_state: reactive[str] = reactive("STARTING", repaint=False, bindings=True)
-    """The job's state word from the newest snapshot; the footer offers what applies to it."""
-    frozen: reactive[bool] = reactive(False, repaint=False)
-    """Whether the display is frozen (snapshots still arrive and are kept); see `watch_frozen`."""
 
     def __init__(
         self,
@@ -96,22 +80,10 @@ class RegenApp(App[str]):
     ) -> None:
         """`freeze_gc` exempts what exists after the first paint from garbage collection (`_freeze_gc`):
         for the console's own process, not for a test process that runs many apps."""
-        super().__init__()
-        self.source = source
-        self.options = options or ConsoleOptions()
-        self.clock = clock
-        self.readonly = bool(source.readonly)
-        self.hello: dict[str, Any] = {}
-        self.history = History(points=self.options.history_points)
-        self.latest: Snapshot | None = None
-        self.latest_at: float | None = None
-        self.displayed: Snapshot | None = None
-        self.displayed_at: float | None = None
-        self.ended: str | None = None
+        super().__init__(source, options or ConsoleOptions(), clock)
         self.loaded_themes: LoadedThemes = load_themes(self.options.theme_dirs)
         for theme in self.loaded_themes.themes:
             self.register_theme(theme)
-        self._told_not_steer = 0.0
         self._view_toasts_until: dict[str, float] = {}
         self._last_repaint = float("-inf")
         self._repaint_timer: Timer | None = None
@@ -223,34 +195,6 @@ class RegenApp(App[str]):
                 "Enlarge it, or press q to detach (the job keeps running)."
             )
 
-    # ------------------------------------------------------------------------------ widgets
-
-    @property
-    def _shutting_down(self) -> bool:
-        """True once the app is closing: its widgets are being removed, so a message or timer that
-        arrives now (a snapshot, the freshness tick) has nothing left to paint."""
-        return self._closing or self._closed or not self.query(StatusStrip)
-
-    @property
-    def status(self) -> StatusStrip:
-        return self.query_one(StatusStrip)
-
-    @property
-    def providers_pane(self) -> ProvidersPane:
-        return self.query_one(ProvidersPane)
-
-    @property
-    def event_log(self) -> EventLog:
-        return self.query_one(EventLog)
-
-    def provider_rows(self) -> list[ProviderView]:
-        """Providers of the snapshot on screen: the routes of its budget lane (engine/schema.py budget_lane)."""
-        return [] if self.displayed is None else list(budget_lane(self.displayed)["providers"])
-
-    @property
-    def highlighted_slug(self) -> str | None:
-        return self.query_one(ProvidersTable).highlighted_slug
-
     # ----------------------------------------------------------------------------- receiving
 
     @work(group="snapshots", exclusive=True, exit_on_error=False, description="Receiving snapshots")
@@ -262,8 +206,7 @@ class RegenApp(App[str]):
             received = self.clock()
             self.history.add(snap, received)
             self.post_message(SnapshotArrived(snap, received))
-        reason = getattr(self.source, "closed_reason", None) or "the job closed the connection"
-        self.post_message(SourceEnded(str(reason)))
+        self.post_message(SourceEnded(self.source.closed_reason or "the job closed the connection"))
 
     @on(Connected)
     def _connected(self, message: Connected) -> None:
@@ -463,33 +406,7 @@ class RegenApp(App[str]):
     def _row_selected(self) -> None:
         self.action_details()
 
-    # ------------------------------------------------------------------------------- steering
-
-    @property
-    def can_steer(self) -> bool:
-        """Whether commands may be sent now."""
-        return not self.readonly and self.ended is None and bool(self.hello) and self.job_state in LIVE_STATES
-
-    def why_not_steer(self) -> str:
-        """Why a steering key does nothing now."""
-        if self.readonly:
-            return "read-only console: it watches; attach without --readonly to steer"
-        if self.ended is not None:
-            return f"not connected to the job ({self.ended})"
-        if not self.hello:
-            return "not connected to the job yet"
-        return f"the job is {self.job_state}: nothing to steer"
-
-    @property
-    def supports_exclude(self) -> bool:
-        """Whether the routes the providers pane shows can be excluded (a capability their lane carries)."""
-        snap = self.displayed or self.latest
-        return True if snap is None else budget_lane(snap)["supports_exclude"]
-
-    @property
-    def shows_fleets(self) -> bool:
-        """Whether the job runs on several backends or to a deadline: the fleets pane and its keys."""
-        return shows_fleets(self.displayed or self.latest)
+    # ---------------------------------------------------------------------------------- keys
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in ("toggle_provider", "exclude_provider") and not self.supports_exclude:
@@ -507,185 +424,6 @@ class RegenApp(App[str]):
         if action in STEERING_ACTIONS:
             return True if self.can_steer else None
         return True
-
-    def on_key(self, event: events.Key) -> None:
-        """Say why a steering key does nothing, instead of staying silent."""
-        if isinstance(self.focused, Input) or len(self.screen_stack) > 1:
-            return
-        active = self.screen.active_bindings.get(event.key)
-        if active is None or active.enabled or active.binding.action.split("(")[0] not in STEERING_ACTIONS:
-            return
-        now = self.clock()
-        if now - self._told_not_steer >= 2.0 or now < self._told_not_steer:
-            self._told_not_steer = now
-            self.notify(self.why_not_steer(), title="Not sent", severity="warning", timeout=4)
-
-    def send(self, name: str, what: str, **args: Any) -> None:
-        """Send a command to the job; its answer goes to the log and a toast."""
-        if not self.can_steer:
-            self.notify(self.why_not_steer(), title="Not sent", severity="warning")
-            return
-        self.event_log.add([LogLine(self.clock(), "action", f"→ {what}")])
-        self._command(name, args)
-
-    @work(group="commands", exit_on_error=False, description="Sending a command to the job")
-    async def _command(self, name: str, args: dict[str, Any]) -> None:
-        result = await self.source.command(name, **args)
-        self.post_message(CommandDone(name, args, bool(result.get("ok")), str(result.get("message", ""))))
-
-    @on(CommandDone)
-    def _command_done(self, message: CommandDone) -> None:
-        text = message.message or ("done" if message.ok else "refused")
-        if message.ok:
-            self.event_log.add([LogLine(self.clock(), "action", f"✓ {message.name}: {text}")])
-            self.notify(text, title=message.name)
-        else:
-            self.event_log.add([LogLine(self.clock(), "error", f"✗ {message.name} refused: {text}")])
-            self.notify(text, title=f"{message.name} refused", severity="error")
-
-    def action_pause_job(self) -> None:
-        self.send("pause", "pause the job")
-
-    def action_resume_job(self) -> None:
-        self.send("resume", "resume the job")
-
-    def action_inspect_hosts(self) -> None:
-        self.send("inspect", "inspect the GPU hosts")
-
-    def action_start_sglang(self) -> None:
-        self.send("sglang_start", "start SGLang on the GPU hosts")
-
-    def action_stop_sglang(self) -> None:
-        """Stop SGLang on every host after a confirmation that defaults to Cancel."""
-        if not self.can_steer:
-            self.notify(self.why_not_steer(), title="Not sent", severity="warning")
-            return
-        hosts = [] if self.latest is None else [h["name"] for h in self.latest["hosts"]]
-
-        def answered(yes: bool | None) -> None:
-            if yes:
-                self.send("sglang_stop", "stop SGLang on the GPU hosts")
-
-        self.push_screen(ConfirmScreen("Stop SGLang?", sglang_stop_text(hosts), "Stop SGLang"), answered)
-
-    def send_include(self, slug: str) -> None:
-        """Route to a provider again."""
-        self.send("include", f"include {slug}", provider=slug)
-
-    def action_toggle_provider(self) -> None:
-        slug = self.highlighted_slug
-        if slug is None:
-            self.notify("no provider highlighted", severity="warning")
-            return
-        provider = next((p for p in self.provider_rows() if slug_of(p) == slug), None)
-        if provider is not None and self._kept_out(provider):
-            return
-        if provider is not None and provider["excluded"]:
-            self.send_include(slug)
-        else:
-            self.send("exclude", f"exclude {slug}", provider=slug)
-
-    def _kept_out(self, provider: ProviderView) -> bool:
-        """A route the settings keep out cannot be steered from here; say why instead."""
-        if provider["allowed"] or provider["excluded"]:
-            return False
-        name = provider["name"] or provider["slug"]
-        self.notify(f"{name} is kept out by the settings: {provider['reason']}", severity="warning")
-        return True
-
-    def action_exclude_provider(self) -> None:
-        slug = self.highlighted_slug
-        if slug is None:
-            self.notify("no provider highlighted", severity="warning")
-            return
-        self.confirm_exclude(slug)
-
-    def confirm_exclude(self, slug: str) -> None:
-        """Ask before excluding a provider, stating the impact."""
-        impact = exclude_impact(self.provider_rows(), slug)
-        if impact is None:
-            self.notify(f"{slug} is not in the snapshot", severity="warning")
-            return
-        provider = next(p for p in self.provider_rows() if slug_of(p) == slug)
-        if self._kept_out(provider):
-            return
-        if provider["excluded"]:
-            self.notify(f"{impact.name} is already excluded; space includes it again", severity="warning")
-            return
-
-        def answered(yes: bool | None) -> None:
-            if yes:
-                self.send("exclude", f"exclude {slug}", provider=slug)
-
-        self.push_screen(ConfirmScreen(f"Exclude {impact.name}?", impact.text, "Exclude"), answered)
-
-    def action_concurrency(self, direction: int) -> None:
-        configured = 0 if self.latest is None else budget_lane(self.latest)["concurrency"]["configured"]
-        if configured <= 0:
-            self.notify("the job has not reported its concurrency yet", severity="warning")
-            return
-        step = max(1, round(configured * self.options.concurrency_step))
-        value = max(1, configured + direction * step)
-        if value == configured:
-            self.notify(f"concurrency is already {configured}", severity="warning")
-            return
-        self.send("concurrency", f"concurrency {configured} → {value}", value=value)
-
-    def action_set_budget(self) -> None:
-        money = None if self.latest is None else budget_lane(self.latest)["money"]
-
-        def answered(value: float | None) -> None:
-            if value is not None:
-                self.send("budget", f"budget → ${value:.2f}", value=value)
-
-        self.push_screen(BudgetScreen(money), answered)
-
-    def action_pause_backend(self) -> None:
-        """Pause or resume one backend, chosen from the lanes with their states; the others run on."""
-        lanes = self._lanes()
-        if not lanes:
-            self.notify("the job has not reported its backends yet", severity="warning")
-            return
-
-        def answered(name: str | None) -> None:
-            if name is None:
-                return
-            # The state when the choice is made, not when the chooser opened.
-            lane = next((x for x in self._lanes() if x["name"] == name), None)
-            if lane is None:
-                self.notify(f"{name} is not in the snapshot", severity="warning")
-            elif lane["state"] == "paused":
-                self.send("resume", f"resume {name}", backend=name)
-            else:
-                self.send("pause", f"pause {name} (the others run on)", backend=name)
-
-        self.push_screen(LaneScreen(lanes), answered)
-
-    def _lanes(self) -> list[LaneView]:
-        """The newest snapshot's lanes, in the job's order."""
-        return [] if self.latest is None else self.latest["lanes"]
-
-    def action_set_deadline(self) -> None:
-        fleet = None if self.latest is None else self.latest.get("fleet")
-
-        def answered(text: str | None) -> None:
-            if text is not None:
-                self.send("deadline", f"deadline → {text}", value=text)
-
-        self.push_screen(DeadlineScreen(fleet), answered)
-
-    def action_stop_job(self) -> None:
-        """Stop the job after a typed confirmation: drain or cancel what is in flight."""
-        if not self.can_steer:
-            self.notify(self.why_not_steer(), title="Not sent", severity="warning")
-            return
-        in_flight = 0 if self.latest is None else self.latest["in_flight"]
-
-        def answered(mode: str | None) -> None:
-            if mode in ("drain", "cancel"):
-                self.send("stop", f"stop the job ({mode})", cancel=mode == "cancel")
-
-        self.push_screen(StopScreen(in_flight), answered)
 
     # ---------------------------------------------------------------------------------- view
 

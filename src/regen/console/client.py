@@ -37,9 +37,14 @@ class SocketSource:
         self.closed_reason: str | None = None
 
     async def connect(self) -> dict[str, Any]:
-        self._reader, self._writer, self.hello = await open_control(
-            self.path, readonly=self.readonly, protocol=self.protocol
-        )
+        try:
+            self._reader, self._writer, self.hello = await open_control(
+                self.path, readonly=self.readonly, protocol=self.protocol
+            )
+        except (OSError, ValueError) as exc:  # open_control words the usual ones (ControlError) itself
+            raise ControlError(
+                f"could not attach to the job on {self.path.parent} ({exc}); `regen attach` tries again"
+            ) from None
         self._pump = asyncio.get_running_loop().create_task(self._read())
         return self.hello
 
@@ -49,7 +54,10 @@ class SocketSource:
             while True:
                 line = await self._reader.readline()
                 if not line:
-                    self.closed_reason = self.closed_reason or "the job closed the connection"
+                    self.closed_reason = self.closed_reason or (
+                        "the job went away without a goodbye (killed, or crashed: see job.log in "
+                        f"{self.path.parent}); `regen attach` reconnects if it runs again"
+                    )
                     break
                 message = orjson.loads(line)
                 if not isinstance(message, dict):
@@ -60,7 +68,10 @@ class SocketSource:
                     dropped = snap.pop("events_dropped", 0)
                     if dropped:
                         # The job could not keep every event for this console: say so in the log.
-                        snap["events"] = [{"event": "events_not_shown", "count": dropped}, *snap.get("events", [])]
+                        snap["events"] = [
+                            {"event": "events_not_shown", "count": dropped},
+                            *snap.get("events", []),
+                        ]
                     self._keep(snap)
                 elif "id" in message and message["id"] in self._replies:
                     self._replies.pop(message["id"]).set_result(message)
@@ -69,7 +80,7 @@ class SocketSource:
                 elif "error" in message:
                     self.closed_reason = str(message["error"])
         except (ConnectionError, asyncio.IncompleteReadError, orjson.JSONDecodeError, ValueError) as exc:
-            self.closed_reason = f"connection lost: {exc}"
+            self.closed_reason = f"the connection to the job broke ({exc}); `regen attach` reconnects"
         finally:
             for future in self._replies.values():
                 if not future.done():

@@ -1,14 +1,13 @@
 """Start the console: set Textual's environment first, then import and run the app.
 
-`python -m regen.console.launch` runs the console on a scripted, simulated job (no job, no socket):
-for trying keys and themes, and for screenshots.
+The console always watches a real job: `regen demo` runs one on the built-in simulator with the
+console attached, `regen run` and `regen attach` one of yours (`python -m regen.console.launch` only
+says so). The console's tests replay what real jobs sent (tests/support/replay.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from regen.console.options import ConsoleOptions, configure_environment
@@ -37,32 +36,14 @@ def run_console(
     return app.return_code or 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m regen.console.launch", description="The console on a simulated job."
+def main() -> int:
+    """`python -m regen.console.launch`: there is no console without a job; say where to find one."""
+    print(
+        "regen: the console attaches to a running job: `regen demo` runs a real one on the built-in "
+        "simulator with the console; `regen run` starts yours, `regen attach` attaches to it",
+        file=sys.stderr,
     )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--readonly", action="store_true")
-    parser.add_argument("--no-mouse", action="store_true")
-    parser.add_argument("--fps", type=int, default=None)
-    parser.add_argument("--color-system", default=None)
-    parser.add_argument("--theme", default="regen-dark")
-    parser.add_argument("--fleets", action="store_true", help="both fleets: SGLang workers and OpenRouter")
-    parser.add_argument("--deadline", default="1h", help="the deadline of a --fleets job (none: no deadline)")
-    args = parser.parse_args(argv)
-    from regen.console.scripted import ScriptedSource, SimulatedJob
-
-    job = None
-    if args.fleets:
-        job = SimulatedJob(args.seed, fleets=True, deadline=None if args.deadline == "none" else args.deadline)
-    source = ScriptedSource(seed=args.seed, count=None, readonly=args.readonly, job=job)
-    return run_console(
-        source,
-        fps=args.fps,
-        no_mouse=args.no_mouse,
-        color_system=args.color_system,
-        options=ConsoleOptions(theme=args.theme),
-    )
+    return 2
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Where the console's data comes from: the `JobSource` protocol.
 
-The app only ever talks to a `JobSource`, so it cannot tell a running job behind a Unix socket
-(`regen.console.client.SocketSource`) from the seeded simulation of `regen.console.scripted`.
+The app only ever talks to a `JobSource`: a running job behind its Unix socket
+(`regen.console.client.SocketSource`), or in the console's tests a real job's recording replayed
+(tests/support/replay.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ class JobSource(Protocol):
     """A job the console watches and steers."""
 
     readonly: bool
+    closed_reason: str | None
+    """Why the snapshots ended (the job's goodbye, or what broke), in words the operator can act on."""
 
     async def connect(self) -> dict[str, Any]:
         """Greet the job; returns the hello: {"protocol": 1, "job": {...}, "events": [...]}."""

@@ -21,9 +21,9 @@ from regen.engine.job.job import Job, JobError, StopReason
 from regen.engine.net.sglang_metrics import parse_metrics
 from regen.engine.net.sglang_server import KEEPALIVE_S
 from regen.sim.sglang.tokens import SimTokenizer
-from tests.backends.sglang.conftest import RecordingSim, recording_sim, sim_config, slow_config
-from tests.backends.sglang.test_faults import journal, one_row_each
-from tests.conftest import read_rows, write_dataset
+from tests.support.datasets import one_row_per_prompt, read_rows, write_dataset
+from tests.support.journals import journal
+from tests.support.recording_sim import RecordingSim, recording_sim, sim_config, slow_config
 
 
 class Context:
@@ -67,9 +67,9 @@ async def test_a_nan_happened_answer_is_a_failed_attempt_never_a_row(
         await job.prepare()
         assert (await job.run()).reason is StopReason.DONE
         assert server.faults_injected.get("nan", 0) > 3
-    outcomes = Counter(r["outcome"] for r in journal(settings) if r["k"] == "end")
+    outcomes = Counter(r["outcome"] for r in journal(settings.job.run_dir / "attempts.jsonl") if r["k"] == "end")
     assert outcomes["nan"] == server.faults_injected["nan"]
-    for row in one_row_each(data, 40):
+    for row in one_row_per_prompt(data, 40):
         assert server.served[row["generation_id"]]["finish"]["matched"] != "NaN happened"
         assert row["native_finish_reason"]["matched"] == row["output_ids"][-1]
 
@@ -89,7 +89,7 @@ async def test_a_full_queue_throttles_like_a_503(
         full = server.stats.finish_counts.get("abort", 0)
     assert full > 0
     assert job.dispatcher.limit.backoffs > 0, "the server's 503 aborts lowered the in-flight limit"
-    one_row_each(data, 200)
+    one_row_per_prompt(data, 200)
 
 
 async def test_load_is_the_sum_over_data_parallel_ranks(sim_tok: SimTokenizer) -> None:

@@ -167,6 +167,10 @@ class StatusStrip(Static):
         )
         flags = self._flags(fresh)
         lead = f"{flags} " if flags else ""
+        if fresh.disconnected:
+            # The figures above stay as they were last seen; the second line says why they no longer
+            # move, in full, and what to do (engine/control/server.py and console/client.py word it).
+            return f"{self._fit(firsts)}\n{lead}[$error]{escape(fresh.disconnected)}[/]"
         seconds = [
             f"{lead}{where} · in flight {in_flight} · {tokens} tok/s · {requests} req/s · "
             f"{fmt.count(snap['rows'])} rows{ended}",
@@ -194,7 +198,7 @@ class StatusStrip(Static):
 
     def _age(self, fresh: Freshness, *, short: bool = False) -> str:
         if fresh.disconnected:
-            return f"[b $error]✗ DISCONNECTED[/] ({escape(fresh.disconnected)})"
+            return "[b $error]✗ DISCONNECTED[/]"  # why: on the line below (`_markup`)
         if fresh.age_s is None:
             return "waiting for data"
         age = f"{fresh.age_s:.1f} s" if fresh.age_s < 60 else fmt.short_duration(fresh.age_s)

@@ -53,6 +53,15 @@ class Failure:
     outage: bool = False
     sent: bool = True  # False: the request never left, so it cost nothing
 
+    def __post_init__(self) -> None:
+        # The error class keys the snapshot's `errors` (a JSON object: its keys must be plain str,
+        # and orjson refuses a str subclass such as a backend's own StrEnum member) and the journals:
+        # whoever builds the Failure, these are plain str from here on.
+        for name in ("error_class", "message", "stop_reason", "streak_hint"):
+            value = getattr(self, name)
+            if value is not None and type(value) is not str:
+                object.__setattr__(self, name, str(value))
+
 
 class Usage(TypedDict):
     """Token counts as the backend reported them (None where it did not)."""

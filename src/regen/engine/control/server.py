@@ -13,6 +13,10 @@ Protocol (newline-delimited JSON, one object per line):
 - `{"bye": why}` is the last line before the server closes a connection.
 The socket is mode 0600 and the server also checks the peer's uid: only the job's owner steers it.
 
+Everything is written strictly (engine/control/wire.py). A snapshot that cannot be encoded is a bug
+in the job: it is logged once with the path to the bad value, that broadcast is skipped, and the
+consoles stay attached for the next one (an event that cannot be encoded is left out the same way).
+
 A console that stops reading never slows the job nor grows its memory: each client has its own
 sender task and bounded buffers, a slow one is sent the newest snapshot (never a queue of old
 ones), and one that reads nothing for `max_missed` snapshots is disconnected and told why
@@ -34,6 +38,7 @@ from typing import Any
 
 import orjson
 
+from regen.engine.control.wire import LineReader, TooLong, encode, unencodable
 from regen.engine.schema import JobInfo, Snapshot
 
 PROTOCOL_VERSION = 3  # 3: everything of one backend in its lane (engine/schema.py LaneView)
@@ -50,6 +55,10 @@ MAX_PENDING_REPLIES = 32  # replies queued before that client's commands wait to
 MAX_MISSED_SNAPSHOTS = 240  # a minute at four a second without reading anything: disconnected
 MAX_BAD_MESSAGES = 100  # malformed messages in a row before the client is disconnected
 CLOSE_GRACE_S = 10.0  # how long a goodbye may wait for a client to read it
+# Why a console was let go, as its header shows it (DISCONNECTED (...)): what happened and what to do.
+JOB_ENDED = "the job has ended"
+ENDED_WITHOUT_CLOSE = "the job stopped without closing its socket: it may have failed (its job.log says why)"
+CONSOLE_LEFT = "this console's connection closed"  # the console hung up: it reads no goodbye
 
 log = logging.getLogger(__name__)
 
@@ -71,59 +80,7 @@ def _peer_uid(writer: asyncio.StreamWriter) -> int | None:
 
 
 def _line(message: dict[str, Any]) -> bytes:
-    return orjson.dumps(message, default=str) + b"\n"
-
-
-class _TooLong:
-    """What `_LineReader.next` returns for a line over MAX_LINE (its bytes are skipped)."""
-
-
-TOO_LONG = _TooLong()
-
-
-class _LineReader:
-    """Lines of at most `limit` bytes from a stream; a longer one is reported once and skipped
-    as it arrives, so a client cannot make the server hold more than `limit` for it."""
-
-    def __init__(self, reader: asyncio.StreamReader, limit: int) -> None:
-        self._reader = reader
-        self._limit = limit
-        self._pending = bytearray()
-        self._ready: deque[bytes | _TooLong] = deque()
-        self._skipping = False
-        self._eof = False
-
-    async def next(self) -> bytes | _TooLong | None:
-        """The next line without its newline, TOO_LONG, or None at the end of the stream."""
-        while not self._ready:
-            if self._eof:
-                return None
-            chunk = await self._reader.read(1 << 16)
-            if not chunk:
-                self._eof = True  # a last line without its newline is not a message
-                continue
-            self._split(chunk)
-        return self._ready.popleft()
-
-    def _split(self, chunk: bytes) -> None:
-        start = 0
-        while True:
-            nl = chunk.find(b"\n", start)
-            end = len(chunk) if nl < 0 else nl
-            if not self._skipping:
-                if len(self._pending) + end - start > self._limit:
-                    self._skipping = True
-                    self._pending = bytearray()
-                    self._ready.append(TOO_LONG)
-                else:
-                    self._pending += chunk[start:end]
-            if nl < 0:
-                return
-            if not self._skipping:
-                self._ready.append(bytes(self._pending))
-            self._pending = bytearray()
-            self._skipping = False
-            start = nl + 1
+    return encode(message) + b"\n"
 
 
 class _Client:
@@ -235,6 +192,8 @@ class ControlServer:
         self._closing = False
         self.dropped_clients = 0
         self.broadcasts = 0
+        self.skipped_broadcasts = 0  # snapshots that could not be encoded (each problem logged once)
+        self._said: set[str] = set()  # problems already logged
 
     @property
     def clients(self) -> int:
@@ -276,7 +235,7 @@ class ControlServer:
             self._server.close()
         clients = list(self._clients)
         for client in clients:
-            self._drop(client, "the job has ended", grace=False)
+            self._drop(client, JOB_ENDED, grace=False)
         # A client that reads gets its goodbye now; one that does not is cut off after a moment.
         waits = [asyncio.ensure_future(_closed(c.writer)) for c in clients]
         if waits:
@@ -296,30 +255,60 @@ class ControlServer:
 
     async def push_now(self) -> None:
         """Send a snapshot at once (after a command), so the console sees its effect immediately."""
-        self._broadcast_once()
+        self._broadcast_safely()
 
     # -- broadcasting ---------------------------------------------------------------------------
 
     async def _broadcast(self) -> None:
         while True:
             await asyncio.sleep(self.interval_s)
-            try:
-                self._broadcast_once()
-            except Exception:  # a bad snapshot must not end the broadcasts for good
-                log.exception("control: snapshot broadcast failed")
+            self._broadcast_safely()
+
+    def _broadcast_safely(self) -> None:
+        """A broadcast whose failure is logged (once per kind) and never ends the broadcasts, the
+        connections or the job."""
+        try:
+            self._broadcast_once()
+        except Exception as exc:
+            self._say_once(f"{type(exc).__name__}: {exc}", "control: snapshot broadcast failed", exc)
+
+    def _say_once(self, key: str, message: str, exc: BaseException | None = None) -> None:
+        if key in self._said:
+            return
+        self._said.add(key)
+        log.error("%s (said once)", message, exc_info=exc)
+
+    def _encoded(self, what: str, value: Any) -> bytes | None:
+        """`value` encoded, or None after logging (once per place) where it cannot be."""
+        try:
+            return encode(value)
+        except TypeError as exc:
+            where = unencodable(value)
+            self._say_once(
+                f"{what} {where}",
+                f"control: {what} not sent to consoles: {where} cannot be encoded ({exc}); "
+                "consoles stay attached and get the next one that can be",
+            )
+            return None
 
     def _broadcast_once(self) -> None:
-        self._cursor, events = self._events_since(self._cursor)
+        cursor = self._cursor
+        self._cursor, events = self._events_since(cursor)
         if not self._clients:
             return
         self.broadcasts += 1
         snap = self._snapshot()
         snap.pop("events", None)
-        body = orjson.dumps(snap, default=str)
-        encoded = [orjson.dumps(e, default=str) for e in events]
+        body = self._encoded("a snapshot", snap)
+        if body is None:
+            # Skipped: the events since the last one wait for the next snapshot that can be sent.
+            self._cursor = cursor
+            self.skipped_broadcasts += 1
+            return
+        encoded = [line for line in (self._encoded("an event", e) for e in events) if line is not None]
         for client in list(self._clients):
             if client.writer.transport.is_closing():
-                self._drop(client, "the connection closed", flush=False)
+                self._drop(client, CONSOLE_LEFT, flush=False)
                 continue
             client.offer(body, encoded, self.max_events)
             idle = asyncio.get_running_loop().time() - client.took_at
@@ -345,7 +334,7 @@ class ControlServer:
                 # Waits for this client only: every client has its own sender.
                 await writer.drain()
         except (ConnectionError, RuntimeError):
-            self._drop(client, "the connection closed", flush=False)
+            self._drop(client, CONSOLE_LEFT, flush=False)
 
     def _drop(
         self, client: _Client, reason: str, *, flush: bool = True, behind: bool = False, grace: bool = True
@@ -387,18 +376,24 @@ class ControlServer:
         if task is not None:
             self._tasks.add(task)
         client: _Client | None = None
-        lines = _LineReader(reader, MAX_LINE)
+        lines = LineReader(reader, MAX_LINE)
+        reason = CONSOLE_LEFT
         try:
             client = await self._greet(lines, writer)
             if client is not None:
                 await self._commands(lines, client)
         except (ConnectionError, OSError):
             pass
+        except asyncio.CancelledError:
+            # The job's event loop is ending without close(): the job stopped on an error.
+            reason = ENDED_WITHOUT_CLOSE
+            raise
         except Exception:  # the job goes on whatever one connection did
             log.exception("control: connection failed")
+            reason = "the job could not serve this console (its job.log says why); attach again"
         finally:
             if client is not None:
-                self._drop(client, "the connection closed")
+                self._drop(client, reason)
                 if client.sender is not None:
                     client.sender.cancel()
             if not writer.transport.is_closing():
@@ -411,7 +406,7 @@ class ControlServer:
         writer.transport.close()
         asyncio.get_running_loop().call_later(self.close_grace_s, writer.transport.abort)
 
-    async def _greet(self, lines: _LineReader, writer: asyncio.StreamWriter) -> _Client | None:
+    async def _greet(self, lines: LineReader, writer: asyncio.StreamWriter) -> _Client | None:
         uid = _peer_uid(writer)
         if uid is not None and uid != os.getuid():
             self._refuse(writer, "only the job's owner may attach")
@@ -439,19 +434,21 @@ class ControlServer:
                     "protocol": PROTOCOL_VERSION,
                     "job": self._job_info,
                     "readonly": readonly,
-                    "events": backlog,
+                    "events": [e for e in backlog if self._encoded("an event", e) is not None],
                 }
             }
         )
         snap = self._snapshot()
         snap.pop("events", None)
-        client.offer(orjson.dumps(snap, default=str), [], self.max_events)
+        body = self._encoded("a snapshot", snap)
+        if body is not None:  # else the client waits for the next broadcast that can be sent
+            client.offer(body, [], self.max_events)
         client.missed = 0
         client.sender = asyncio.get_running_loop().create_task(self._send_loop(client))
         self._clients.add(client)
         return client
 
-    async def _commands(self, lines: _LineReader, client: _Client) -> None:
+    async def _commands(self, lines: LineReader, client: _Client) -> None:
         bad = 0
         while client.gone is None:
             line = await lines.next()
@@ -466,12 +463,12 @@ class ControlServer:
                 self._drop(client, f"disconnected: {bad} malformed messages in a row", behind=True)
                 return
             if "error" not in reply:
-                self._broadcast_once()
+                self._broadcast_safely()
             # A client that sends commands but reads no replies waits here, alone.
             await client.space.wait()
 
-    async def _answer(self, line: bytes | _TooLong, client: _Client) -> dict[str, Any] | None:
-        if isinstance(line, _TooLong):
+    async def _answer(self, line: bytes | TooLong, client: _Client) -> dict[str, Any] | None:
+        if isinstance(line, TooLong):
             return {"error": f"message longer than {MAX_LINE} bytes"}
         if not line.strip():
             return None
@@ -503,9 +500,9 @@ class ControlServer:
         return {"id": request_id, "ok": True, "message": str(text)}
 
 
-def _check_hello(line: bytes | _TooLong) -> tuple[str | None, bool]:
+def _check_hello(line: bytes | TooLong) -> tuple[str | None, bool]:
     """(why the first line is not a usable hello, or None; whether the client is read-only)."""
-    if isinstance(line, _TooLong):
+    if isinstance(line, TooLong):
         return f"expected a hello (message longer than {MAX_LINE} bytes)", True
     try:
         message = orjson.loads(line)

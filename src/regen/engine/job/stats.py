@@ -238,7 +238,7 @@ def status_word(
     typical_p50_s: float | None,
     rules: StatusRules,
 ) -> str:
-    """OK, SLOW, FAIL or EXCL: the one definition the engine and the console's scripted job share."""
+    """OK, SLOW, FAIL or EXCL: the one definition (the console shows the job's word)."""
     if excluded:
         return "EXCL"
     if window_requests >= rules.min_samples and error_share >= rules.fail_error_share:

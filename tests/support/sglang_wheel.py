@@ -52,6 +52,10 @@ _OFFLINE = (
     "ProxyError",
 )
 
+# The release regen's docs follow, and the older one whose spellings regen also handles.
+CURRENT = "0.5.23"
+OLDER = "0.5.9"
+
 
 def _index_reachable() -> bool:
     """Whether the package index pip uses answers a TCP connection at all."""
