@@ -88,7 +88,7 @@ async def test_a_full_queue_throttles_like_a_503(
         assert (await job.run()).reason is StopReason.DONE
         full = server.stats.finish_counts.get("abort", 0)
     assert full > 0
-    assert job.dispatcher.limit.backoffs > 0, "the server's 503 aborts lowered the in-flight limit"
+    assert job.lanes[0].limit.backoffs > 0, "the server's 503 aborts lowered the in-flight limit"
     one_row_per_prompt(data, 200)
 
 
