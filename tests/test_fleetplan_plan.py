@@ -7,7 +7,7 @@ import json
 from decimal import Decimal
 from fractions import Fraction
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from regen.engine.money.fleetplan import RouteOffer, Work, earliest_seconds, fill, plan_fleets
@@ -225,6 +225,11 @@ def test_cheapest_first_is_the_cheapest_split(instance: tuple[Work, list[RouteOf
 
 @settings(max_examples=200, deadline=None)
 @given(instances(), st.integers(0, 2000))
+# Found by hypothesis: 9 tokens cost exactly the money, but the rounded unit price divides to 8.99...
+@example(
+    (Work(output_tokens=30, prompts=1, prompt_tokens=35), [RouteOffer(RoutePrice("p0", Decimal("0.000004"), Decimal("0.000019")), None)], 9),
+    213,
+)
 def test_cheapest_first_buys_the_most_tokens_the_money_allows(
     instance: tuple[Work, list[RouteOffer], int], micro_dollars: int
 ) -> None:

@@ -162,10 +162,14 @@ def fill(
         unit = work.per_token(offer.price)
         if money is not None and take > 0:
             purse = money - spent
+            most = take
             if unit > 0:
                 take = min(take, int((purse / unit).to_integral_value(ROUND_FLOOR)))
+            # The division above rounds (either way: the unit price is itself rounded); the cost is the rule.
             while take > 0 and work.cost(offer.price, take) > purse:
-                take -= 1  # the division above rounds; the cost is the rule
+                take -= 1
+            while take < most and work.cost(offer.price, take + 1) <= purse:
+                take += 1
         usd = work.cost(offer.price, take) if take > 0 else Decimal(0)
         shares.append(Share(offer.price.route, take, usd, capacity, unit * 1_000_000))
         left -= take
