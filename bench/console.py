@@ -84,7 +84,11 @@ def measure_window(work: Path, warmup_s: float, window_s: float, during: Any = N
     time.sleep(warmup_s)
     start_tokens = tokens_so_far(work)
     started = time.monotonic()
-    extra = during(window_s) if during is not None else time.sleep(window_s)
+    extra = None
+    if during is not None:
+        extra = during(window_s)
+    else:
+        time.sleep(window_s)
     elapsed = time.monotonic() - started
     return int((tokens_so_far(work) - start_tokens) / elapsed), extra
 

@@ -37,12 +37,10 @@ from decimal import Decimal
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-for path in (ROOT, ROOT / "bench"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
-from throughput import machine, revision, write_md  # noqa: E402 - the sibling benchmark's helpers
-
+from bench.throughput import machine, revision, write_md  # noqa: E402 - the sibling benchmark's helpers
 from regen.engine.money.fleetplan import RouteOffer, Work, fill, plan_fleets  # noqa: E402
 from regen.engine.money.fleetplan.pacing import Pacer  # noqa: E402
 from tests.support.fleet_sim import Sim, SimProvider  # noqa: E402

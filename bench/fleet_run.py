@@ -38,12 +38,10 @@ from typing import Any
 import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
-for path in (ROOT, ROOT / "bench"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
-from throughput import machine, revision, write_md  # noqa: E402 - the sibling benchmark's helpers
-
+from bench.throughput import machine, revision, write_md  # noqa: E402 - the sibling benchmark's helpers
 from regen.engine.run.recovery import read_journals  # noqa: E402
 from regen.sim.sglang.tokens import builtin_tokenizer_folder  # noqa: E402
 from tests.support.journals import journal  # noqa: E402

@@ -67,11 +67,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-for path in (ROOT, ROOT / "bench"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
-from throughput import (  # noqa: E402 - the sibling benchmark's helpers
+from bench.throughput import (  # noqa: E402 - the sibling benchmark's helpers
     Window,
     drive,
     machine,
@@ -594,7 +593,7 @@ def bytes_main(args: argparse.Namespace, argv: list[str] | None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="regen-bench-bytes-"))
     started = time.monotonic()
     load0 = os.getloadavg()[0]
-    from tests.sglang_sim import model_folder
+    from tests.support.sglang_sim import model_folder
 
     model = model_folder(tmp / "model")
     max_tokens = MAX_TOKENS_OF["reasoning"]

@@ -46,7 +46,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -220,15 +220,16 @@ async def run_aiohttp(base_url: str, n: int, concurrency: int, w: Window) -> Non
 async def run_openai(base_url: str, n: int, concurrency: int, w: Window) -> None:
     """The official client: AsyncOpenAI on its httpx pool raised to C connections, no retries."""
     import openai
+    from openai.types.chat import ChatCompletionMessageParam
 
     try:  # openai >= 3 runs on httpx2; older releases on httpx
         import httpx2 as httpx_mod
     except ImportError:  # pragma: no cover - depends on the installed openai
-        import httpx as httpx_mod  # type: ignore[no-redef]
+        import httpx as httpx_mod  # type: ignore[no-redef,import-not-found]  # not installed beside httpx2
 
     static = static_body()
-    extra_body = {k: static[k] for k in ("provider", "usage", "reasoning") if k in static}
-    sampling = {k: static[k] for k in ("temperature", "top_p") if k in static}
+    extra_body: dict[str, Any] = {k: static[k] for k in ("provider", "usage", "reasoning") if k in static}
+    sampling: dict[str, Any] = {k: static[k] for k in ("temperature", "top_p") if k in static}
     client = openai.AsyncOpenAI(
         base_url=base_url,
         api_key=API_KEY,
@@ -245,7 +246,8 @@ async def run_openai(base_url: str, n: int, concurrency: int, w: Window) -> None
             try:
                 stream = await client.chat.completions.create(
                     model=static["model"],
-                    messages=prompt_messages(i),  # type: ignore[arg-type]
+                    # the same plain dicts every variant sends; the client's message type is a TypedDict
+                    messages=cast(list[ChatCompletionMessageParam], prompt_messages(i)),
                     max_tokens=static["max_tokens"],
                     stream=True,
                     stream_options={"include_usage": True},

@@ -192,7 +192,7 @@ def bench_verify(args: argparse.Namespace, folder: Path, work: Path) -> None:
         ("with tokenizer and --check-prompts", {"tokenizer": tok, "check_prompts": True}),
     ):
         t0 = time.perf_counter()
-        report = verify_dataset(ds, **kwargs)  # type: ignore[arg-type]
+        report = verify_dataset(ds, **kwargs)
         elapsed = time.perf_counter() - t0
         assert not report.violations, report.examples
         print(

@@ -18,6 +18,7 @@ from regen.engine.config.settings import Settings
 from regen.engine.control.headless import run_headless
 from regen.engine.control.server import PROTOCOL_VERSION, SOCKET_NAME, ControlError
 from regen.engine.job.job import Job, JobState
+from regen.engine.schema import Snapshot
 from regen.sim.openrouter.server import OpenRouterSim
 from tests.support.datasets import read_rows, write_dataset
 from tests.support.processes import ENV, regen_argv, settings_file, wait_for_attempts, wait_gone
@@ -33,8 +34,8 @@ async def start_job(settings: Settings) -> tuple[Job, asyncio.Task[object]]:
     return job, task
 
 
-async def next_snapshot(source: SocketSource, predicate: Callable[[dict], bool]) -> dict:
-    async def wait() -> dict:
+async def next_snapshot(source: SocketSource, predicate: Callable[[Snapshot], bool]) -> Snapshot:
+    async def wait() -> Snapshot:
         async for snap in source.snapshots():
             if predicate(snap):
                 return snap

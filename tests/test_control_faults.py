@@ -18,9 +18,9 @@ import socket
 import subprocess
 import tempfile
 import textwrap
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import pytest
@@ -37,8 +37,10 @@ from regen.engine.control.server import (
 )
 from regen.engine.job.job import Job, JobError
 from regen.engine.run.state import StopReason
+from regen.engine.schema import JobInfo, Snapshot
 from regen.sim.openrouter.server import OpenRouterSim
 from tests.support.datasets import read_rows, write_dataset
+from tests.support.views import partial
 
 HELLO = orjson.dumps({"hello": {"protocol": PROTOCOL_VERSION, "readonly": False}}) + b"\n"
 
@@ -50,19 +52,20 @@ class Source:
         self.seq = 0
         self.pad = "x" * pad
         self.events: list[dict[str, Any]] = []
-        self.commands: list[tuple[str, dict[str, Any]]] = []
+        self.commands: list[tuple[str, Mapping[str, Any]]] = []
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> Snapshot:
         self.seq += 1
         self.events.append({"seq": len(self.events) + 1, "event": "tick", "n": self.seq})
-        return {"seq": self.seq, "pad": self.pad}
+        # Not a job's snapshot: the server passes one through as JSON, and these are numbered and sized.
+        return cast(Snapshot, {"seq": self.seq, "pad": self.pad})
 
     def events_since(self, cursor: int) -> tuple[int, list[dict[str, Any]]]:
         if cursor < 0:
             return len(self.events), self.events[cursor:]
         return len(self.events), self.events[cursor:]
 
-    async def handle(self, name: str, args: dict[str, Any], source: str) -> str:
+    async def handle(self, name: str, args: Mapping[str, Any], source: str) -> str:
         self.commands.append((name, args))
         if name == "boom":
             raise RuntimeError("the job refused: boom")
@@ -85,7 +88,7 @@ async def served(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
             tmp_path / "control.sock",
             snapshot=source.snapshot,
             events_since=source.events_since,
-            job_info={"pid": os.getpid()},
+            job_info=partial(JobInfo, pid=os.getpid()),
             handle=source.handle,
             **kw,
         )
@@ -177,7 +180,7 @@ async def stalled_scenario(tmp_path: Path) -> None:
         tmp_path / "control.sock",
         snapshot=source.snapshot,
         events_since=source.events_since,
-        job_info={},
+        job_info=partial(JobInfo),
         handle=source.handle,
         interval_s=3600,  # the test pushes snapshots itself
         max_missed=20,
@@ -285,7 +288,7 @@ async def test_console_client_turns_dropped_events_into_a_log_line(
     console = SocketSource(tmp_path / "control.sock")
     await console.connect()
     assert console._writer is not None
-    transport = console._writer.transport
+    transport = cast(asyncio.Transport, console._writer.transport)  # a stream's transport reads too
     transport.pause_reading()  # the console stops reading for a while: the server drops events
     for _ in range(40):
         await server.push_now()
@@ -296,7 +299,7 @@ async def test_console_client_turns_dropped_events_into_a_log_line(
     async def collect() -> None:
         async for snap in console.snapshots():
             seen.extend(snap["events"])
-            if snap["seq"] == source.seq:
+            if snap["seq"] == source.seq:  # type: ignore[typeddict-item]  # Source.snapshot's own key
                 return
 
     await asyncio.wait_for(collect(), 20)
@@ -325,7 +328,7 @@ async def test_console_client_skips_stale_snapshots_but_keeps_their_events(
         async for snap in console.snapshots():
             snaps += 1
             seen.extend(snap["events"])
-            if snap["seq"] == source.seq:
+            if snap["seq"] == source.seq:  # type: ignore[typeddict-item]  # Source.snapshot's own key
                 return
 
     await asyncio.wait_for(collect(), 20)
@@ -347,7 +350,7 @@ async def test_job_finishes_and_stops_with_a_stalled_console_attached(
         await asyncio.sleep(0.01)
     stalled = await raw_client(path, rcvbuf=4096)
     outcome = await asyncio.wait_for(task, 120)  # close() cuts it off instead of waiting on it
-    assert outcome.reason is StopReason.DONE  # type: ignore[attr-defined]
+    assert outcome.reason is StopReason.DONE
     rows = read_rows(data)
     assert sorted(r["line"] for r in rows) == list(range(300))
     stalled.close()
@@ -526,7 +529,7 @@ async def test_a_peer_of_another_user_is_refused() -> None:
         folder / "control.sock",
         snapshot=source.snapshot,
         events_since=source.events_since,
-        job_info={},
+        job_info=partial(JobInfo),
         handle=source.handle,
         interval_s=3600,
     )

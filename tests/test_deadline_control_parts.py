@@ -14,6 +14,8 @@ from regen.engine.control.headless import deadline_part, event_lines, plan_line
 from regen.engine.data.jsonl import JsonlError
 from regen.engine.job.lanes import Lane
 from regen.engine.run.recovery import read_journals
+from regen.engine.schema import FleetView
+from tests.support.views import partial
 
 
 def bare_lane() -> Lane:
@@ -59,7 +61,7 @@ def test_a_deadline_record_without_an_instant_is_named(tmp_path: Path) -> None:
         read_journals(tmp_path / "attempts.jsonl", events)
 
 
-def fleet(**over: Any) -> dict[str, Any]:
+def fleet(**over: Any) -> FleetView:
     now = time.time()
     view: dict[str, Any] = {
         "deadline": "1h",
@@ -73,7 +75,7 @@ def fleet(**over: Any) -> dict[str, Any]:
         "eta_s": 3000.0,
     }
     view.update(over)
-    return view
+    return partial(FleetView, **view)
 
 
 def test_the_status_line_says_the_eta_against_the_deadline() -> None:

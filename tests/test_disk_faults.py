@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import orjson
@@ -72,7 +73,7 @@ def _assert_exactly(path: Path, acked: list[int]) -> None:
 
 
 async def _assert_failed_everywhere(
-    app: JsonlAppender, errors: list[BaseException], path: Path, reason: str
+    app: JsonlAppender, errors: Sequence[BaseException | None], path: Path, reason: str
 ) -> WriteFailed:
     assert errors, "the failed batch's waiters were told"
     assert all(isinstance(e, WriteFailed) for e in errors), errors
@@ -174,7 +175,7 @@ async def test_injected_disk_full(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 
 @pytest.fixture
-def ext4(tmp_path: Path):  # type: ignore[no-untyped-def]
+def ext4(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
     try:
         mount = ext4_loop(tmp_path / "ext4.img", tmp_path / "ext4")
         where = mount.__enter__()

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
+from regen.engine.backends.base import Disposition
 from regen.engine.backends.openrouter.errors import (
-    Disposition,
     ErrorClass,
     classify_error_in_ok_response,
     classify_status,

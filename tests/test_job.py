@@ -15,7 +15,7 @@ from regen.engine.job.job import Job, JobError, JobState, StopReason
 from regen.sim.openrouter.config import FAULT_CLASSES
 from regen.sim.openrouter.server import OpenRouterSim
 from tests.support.datasets import one_row_per_prompt, read_rows, write_dataset
-from tests.support.jobs import run_job
+from tests.support.jobs import openrouter, run_job
 
 
 async def test_every_prompt_gets_one_row_and_spend_matches_the_bill(
@@ -68,7 +68,9 @@ async def test_exclude_while_running_reaches_later_requests(
     assert len(served_before) == 1, "sort=price sends everything to the cheapest allowed provider"
     cheapest = served_before.pop()
     slug = cheapest.split("/")[0]
-    display = job.lanes[0].backend.endpoint_named(slug).provider_name  # type: ignore[union-attr]
+    endpoint = openrouter(job).endpoint_named(slug)
+    assert endpoint is not None
+    display = endpoint.provider_name
     message = job.exclude(display)
     assert f"excluded {slug}" in message
     await asyncio.sleep(0.05)  # requests already on the wire when the exclusion happened
@@ -363,7 +365,8 @@ async def test_budget_with_2000_in_flight_never_overshoots_the_bill(
         peak = 0
         while not runner.done():
             peak = max(peak, job.in_flight)
-            assert job.lanes[0].ledger.spent + job.lanes[0].ledger.reserved <= job.lanes[0].ledger.budget
+            ledger = job.lanes[0].ledger
+            assert ledger.budget is not None and ledger.spent + ledger.reserved <= ledger.budget
             await asyncio.sleep(0.01)
         outcome = runner.result()
     finally:

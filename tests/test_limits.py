@@ -75,7 +75,8 @@ async def test_a_platform_rate_limit_holds_all_dispatch_until_its_reset(
     await wait_for(lambda: job.lanes[0].held_until > 0)
     snap = job.snapshot()
     assert snap["lanes"][0]["held_s"] is not None and 0 < snap["lanes"][0]["held_s"] <= 2.0
-    assert "rate limit" in snap["lanes"][0]["held_reason"].lower()
+    held_reason = snap["lanes"][0]["held_reason"]
+    assert held_reason is not None and "rate limit" in held_reason.lower()
     assert "(held 00:00:0" in status_line(snap)
     await asyncio.sleep(0.1)  # requests already sent when the first 429 came back land
     sent = sim.total_requests

@@ -13,6 +13,8 @@ from regen.engine.backends.openrouter.catalog import (
 from regen.engine.config.settings import ProviderSettings
 from regen.engine.job.concurrency import AdaptiveLimit
 from regen.engine.money.ledger import Ledger, PriceCeiling, prompt_token_bound
+from regen.engine.schema import MoneyView
+from tests.support.views import partial
 
 BODY = {
     "data": {
@@ -151,17 +153,18 @@ def test_estimates_are_split_into_pending_bills_and_unknowable_worst_cases() -> 
 def test_the_summary_says_what_an_estimate_is() -> None:
     from regen.engine.control.headless import money_line
 
-    money = {
-        "unit": "usd",
-        "spent": 0.8402,
-        "confirmed": 0.7905,
-        "budget": 5.0,
-        "pending": {"amount": 0.0097, "requests": 2},
-        "unknowable": {"amount": 0.04, "requests": 3},
-    }
+    money = partial(
+        MoneyView,
+        unit="usd",
+        spent=0.8402,
+        confirmed=0.7905,
+        budget=5.0,
+        pending={"amount": 0.0097, "requests": 2},
+        unknowable={"amount": 0.04, "requests": 3},
+    )
     line = money_line(money)
     assert line.startswith("spent $0.8402 of $5.00: $0.7905 confirmed")
     assert "$0.0097 estimated for 2 requests until their bill is looked up" in line
     assert "$0.0400 is the worst case of 3 requests cut before their generation id arrived" in line
-    quiet = {**money, "pending": {"amount": 0, "requests": 0}, "unknowable": {"amount": 0, "requests": 0}}
+    quiet: MoneyView = {**money, "pending": {"amount": 0, "requests": 0}, "unknowable": {"amount": 0, "requests": 0}}
     assert money_line(quiet) == "spent $0.8402 of $5.00"

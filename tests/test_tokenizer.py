@@ -75,6 +75,7 @@ def test_loads_as_fast_tokenizer_with_ids_by_name(kimi: TargetTokenizer) -> None
 def test_think_end_is_one_id_in_text(kimi: TargetTokenizer) -> None:
     assert kimi.encode(THINK_END) == [kimi.think_end_id]
     ids = kimi.encode("reasoning</think>answer")
+    assert kimi.think_end_id is not None
     assert ids.count(kimi.think_end_id) == 1
     assert kimi.decode(ids) == "reasoning</think>answer"
 
@@ -254,6 +255,7 @@ def test_openrouter_stop(kimi: TargetTokenizer) -> None:
     ids, appended = kimi.retokenize(R, C, "stop")
     assert appended is True
     assert ids[-1] == kimi.end_of_turn_id
+    assert kimi.think_end_id is not None
     assert ids.count(kimi.think_end_id) == 1
     assert kimi.think_id not in ids
     assert kimi.decode(ids) == R + THINK_END + C + "<|im_end|>"

@@ -25,6 +25,7 @@ from regen.engine.config.settings import Settings
 from regen.engine.control.headless import run_headless
 from regen.engine.control.server import SOCKET_NAME
 from regen.engine.job.job import Job
+from regen.engine.schema import LaneView
 from regen.sim.openrouter.server import OpenRouterSim
 from regen.sim.sglang.server import SGLangSim
 from tests.support.datasets import write_dataset
@@ -40,7 +41,7 @@ async def wait_until(
         await pilot.pause(0.05)
 
 
-def lane(app: RegenApp, name: str) -> dict[str, Any]:
+def lane(app: RegenApp, name: str) -> LaneView:
     assert app.displayed is not None
     return next(x for x in app.displayed["lanes"] if x["name"] == name)
 
@@ -105,7 +106,11 @@ async def test_the_fleets_pane_and_p_on_a_real_two_fleet_job(
             app.screen.query_one(Input).value = "2h"
             await pilot.press("enter")
             await wait_until(
-                pilot, lambda: (app.displayed or {}).get("fleet", {}).get("deadline") == "2h", "the deadline shown"
+                pilot,
+                lambda: app.displayed is not None
+                and "fleet" in app.displayed
+                and app.displayed["fleet"]["deadline"] == "2h",
+                "the deadline shown",
             )
             fleet = job.snapshot()["fleet"]
             assert fleet["steered"] and fleet["deadline_ts"] is not None

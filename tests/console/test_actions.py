@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.color import Color
 from rich.console import Console
 from textual.binding import Binding
 
-from regen.console.actions import ACTIONS, STEERING_ACTIONS, palette_actions
+from regen.console.actions import ACTIONS, STEERING_ACTIONS, Action, palette_actions
 from regen.console.app import RegenApp
 from regen.console.palette import RegenCommands
 from regen.console.widgets.cost import CostPane, estimate_words
 from regen.console.widgets.spark import ZeroBasedBars
-from regen.engine.schema import Snapshot
+from regen.engine.schema import EstimateView, MoneyView, Snapshot
 from tests.support.console_app import make_app, settle
+from tests.support.views import partial
 
 SIZE = (140, 40)
 
@@ -39,7 +38,7 @@ async def test_help_and_palette_are_made_from_the_registry() -> None:
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         help_text = " ".join(e.description for e in app.help_entries())
-        first_of_id = {}
+        first_of_id: dict[str, Action] = {}
         for action in ACTIONS:
             if action.keys and not action.fleets:  # a one-backend job: the fleets' keys are not listed
                 first_of_id.setdefault(action.id, action)
@@ -89,20 +88,21 @@ def test_zero_looks_like_zero() -> None:
 
 
 async def test_cost_pane_says_what_the_estimates_are() -> None:
-    money: dict[str, Any] = {
-        "unit": "usd",
-        "spent": 0.8402,
-        "confirmed": 0.7905,
-        "estimated": 0.0497,
-        "pending": {"amount": 0.0097, "requests": 2},
-        "unknowable": {"amount": 0.04, "requests": 3},
-        "reserved": 0.0,
-        "budget": 5.0,
-        "waste": {},
-    }
+    money = partial(
+        MoneyView,
+        unit="usd",
+        spent=0.8402,
+        confirmed=0.7905,
+        estimated=0.0497,
+        pending={"amount": 0.0097, "requests": 2},
+        unknowable={"amount": 0.04, "requests": 3},
+        reserved=0.0,
+        budget=5.0,
+        waste={},
+    )
     words = estimate_words(money)
     assert "2 awaiting their bill" in words and "3 cut before an id: worst case kept" in words
-    nothing = {"amount": 0.0, "requests": 0}
+    nothing: EstimateView = {"amount": 0.0, "requests": 0}
     assert estimate_words({**money, "pending": nothing, "unknowable": nothing}) == ""
     bounded = estimate_words({**money, "unknowable_bound": "key_usage"})
     assert "3 cut before an id: bounded by the key's usage" in bounded

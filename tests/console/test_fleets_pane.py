@@ -7,16 +7,18 @@ from typing import Any
 from regen.console import format as fmt
 from regen.console.widgets.fleets import fleet_lines, lane_lines, plan_lines, route_lines, shows_fleets
 from regen.engine.durations import duration
+from regen.engine.schema import FleetView, LaneView, MoneyView, ProviderView, Snapshot
 from tests.support.replay import frames
+from tests.support.views import partial
 
 EPOCH = 1_750_000_000.0  # a fixed instant the views' times are set from
 
 
-def route(name: str, requests: int, share: float, status: str = "OK") -> dict[str, Any]:
-    return {"name": name, "slug": name.lower(), "requests": requests, "share": share, "status": status}
+def route(name: str, requests: int, share: float, status: str = "OK") -> ProviderView:
+    return partial(ProviderView, name=name, slug=name.lower(), requests=requests, share=share, status=status)
 
 
-def lane(name: str, unit: str, **fields: Any) -> dict[str, Any]:
+def lane(name: str, unit: str, **fields: Any) -> LaneView:
     view: dict[str, Any] = {
         "name": name,
         "unit": unit,
@@ -33,10 +35,10 @@ def lane(name: str, unit: str, **fields: Any) -> dict[str, Any]:
         "providers": [],
     }
     view.update(fields)
-    return view
+    return partial(LaneView, **view)
 
 
-def fleet(**fields: Any) -> dict[str, Any]:
+def fleet(**fields: Any) -> FleetView:
     view: dict[str, Any] = {
         "deadline": "12h",
         "deadline_ts": EPOCH + 12 * 3600,
@@ -54,7 +56,7 @@ def fleet(**fields: Any) -> dict[str, Any]:
         "projected_usd": 36.96,
     }
     view.update(fields)
-    return view
+    return partial(FleetView, **view)
 
 
 # ------------------------------------------------------------------------------------- format
@@ -83,9 +85,9 @@ def test_spans_and_the_eta_against_the_deadline() -> None:
 
 def test_a_job_shows_the_fleets_with_several_lanes_or_a_fleet_view() -> None:
     assert not shows_fleets(None)
-    assert not shows_fleets({"lanes": [lane("openrouter", "usd")]})
-    assert shows_fleets({"lanes": [lane("sglang", "gpu_s"), lane("openrouter", "usd")]})
-    assert shows_fleets({"lanes": [lane("openrouter", "usd")], "fleet": fleet()})
+    assert not shows_fleets(partial(Snapshot, lanes=[lane("openrouter", "usd")]))
+    assert shows_fleets(partial(Snapshot, lanes=[lane("sglang", "gpu_s"), lane("openrouter", "usd")]))
+    assert shows_fleets(partial(Snapshot, lanes=[lane("openrouter", "usd")], fleet=fleet()))
 
 
 def test_a_dollar_lane_shows_dollars_its_limit_and_the_ceiling() -> None:
@@ -128,7 +130,7 @@ def test_the_busiest_routes_first_and_the_rest_counted() -> None:
 
 
 def test_the_plan_ahead_of_the_deadline_and_within_the_budget() -> None:
-    lines = plan_lines(fleet(), {"unit": "usd", "budget": 100.0}, width=40)
+    lines = plan_lines(fleet(), partial(MoneyView, unit="usd", budget=100.0), width=40)
     assert lines[0] == "[b]Plan[/] deadline 12h (03:06) · 3h30m left"
     assert lines[1] == "  ETA 3h10m, 20m before the deadline"
     assert lines[2] == "  [b $success]fits[/] · projected $36.96 of $100.00"
@@ -138,7 +140,7 @@ def test_the_plan_ahead_of_the_deadline_and_within_the_budget() -> None:
 
 
 def test_a_wide_pane_puts_the_plan_on_fewer_lines() -> None:
-    lines = plan_lines(fleet(), {"unit": "usd", "budget": 100.0}, width=92)
+    lines = plan_lines(fleet(), partial(MoneyView, unit="usd", budget=100.0), width=92)
     assert lines[0] == "[b]Plan[/] deadline 12h (03:06) · 3h30m left · ETA 3h10m, 20m before the deadline"
     assert (
         lines[1]
@@ -153,7 +155,7 @@ def test_a_late_plan_is_in_the_warning_colour_and_one_that_does_not_fit_in_red()
     late = fleet(
         eta_s=3 * 3600 + 72 * 60, fits=False, projected_usd=130.0, ceiling=None, aim_tokens_per_s=None
     )
-    lines = plan_lines(late, {"unit": "usd", "budget": 100.0}, width=120)
+    lines = plan_lines(late, partial(MoneyView, unit="usd", budget=100.0), width=120)
     assert lines[0].endswith(" · [b $warning]ETA 4h12m, 42m after the deadline[/]")
     assert lines[1].startswith(
         "  [b $error]does not fit[/] · projected $130.00 of $100.00 [b $budget-warn]over by $30.00[/]"
@@ -161,7 +163,7 @@ def test_a_late_plan_is_in_the_warning_colour_and_one_that_does_not_fit_in_red()
     assert lines[1].endswith(" · GPU 2400 tok/s · OpenRouter 840 tok/s")
     assert lines[2] == "  ceiling none: flat out"
     # In a pane too narrow for both, the money goes on the next line.
-    narrow = plan_lines(late, {"unit": "usd", "budget": 100.0}, width=40)
+    narrow = plan_lines(late, partial(MoneyView, unit="usd", budget=100.0), width=40)
     assert narrow[1] == "  [b $warning]ETA 4h12m, 42m after the deadline[/]"
     assert narrow[2] == "  [b $error]does not fit[/]"
     assert narrow[3] == "  projected $130.00 of $100.00 [b $budget-warn]over by $30.00[/]"
@@ -169,16 +171,16 @@ def test_a_late_plan_is_in_the_warning_colour_and_one_that_does_not_fit_in_red()
 
 def test_without_a_deadline_and_after_it() -> None:
     no_deadline = fleet(deadline=None, deadline_ts=None, time_left_s=None)
-    free = plan_lines(no_deadline, {"unit": "usd", "budget": None}, width=40)
+    free = plan_lines(no_deadline, partial(MoneyView, unit="usd", budget=None), width=40)
     assert free[0] == "[b]Plan[/] no deadline: both fleets flat out"
     assert free[1] == "  ETA 3h10m · [b $success]fits[/] · projected $36.96"
-    passed = plan_lines(fleet(time_left_s=-125.0), {"unit": "usd", "budget": None}, width=40)
+    passed = plan_lines(fleet(time_left_s=-125.0), partial(MoneyView, unit="usd", budget=None), width=40)
     assert passed[0] == "[b]Plan[/] deadline 12h (03:06) [b $warning]passed 2m ago[/]"
 
 
 def test_the_reason_wraps_to_the_width_and_is_bounded() -> None:
     long = fleet(reason=" ".join(["word"] * 80))
-    lines = plan_lines(long, {"unit": "usd", "budget": None}, width=40)
+    lines = plan_lines(long, partial(MoneyView, unit="usd", budget=None), width=40)
     reason = [line for line in lines if line.startswith("  [$text-muted]")]
     assert len(reason) == 3
     assert all(len(line) - len("  [$text-muted][/]") <= 38 for line in reason)

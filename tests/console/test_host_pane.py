@@ -11,13 +11,22 @@ from typing import Any
 
 from regen.console.app import RegenApp
 from regen.console.widgets.host import NO_HOST, HostPane, host_lines
-from regen.engine.schema import Snapshot
+from regen.engine.schema import HostSGLangView, HostView, InspectView, Snapshot
 from tests.support.console_app import log_text, make_app, replay, settle
+from tests.support.views import partial
 
 FROZEN_NOW = 1_750_000_100.0  # the clock the host's times are read against
 
+INSPECT: InspectView = {
+    "state": "done",
+    "finished_at": FROZEN_NOW - 45,
+    "datasets": 3,
+    "prompts": 123456,
+    "invalid": 7,
+}
+
 # What engine/host/monitor.py's view() gives for one host (tests/host checks the real one).
-HOST: dict[str, Any] = {
+HOST: HostView = {
     "name": "gpu1",
     "address": "10.0.0.5:22",
     "state": "connected",
@@ -49,27 +58,21 @@ HOST: dict[str, Any] = {
     },
     "polled_at": FROZEN_NOW - 2,
     "polls": 30,
-    "inspect": {
-        "state": "done",
-        "finished_at": FROZEN_NOW - 45,
-        "datasets": 3,
-        "prompts": 123456,
-        "invalid": 7,
-    },
+    "inspect": INSPECT,
     "tunnel": None,
     "sglang": None,
     "sglang_action": None,
 }
 
 
-def sglang(**fields: Any) -> dict[str, Any]:
+def sglang(**fields: Any) -> HostSGLangView:
     """The monitor's view of a host's SGLang (engine/host/monitor.py, _sglang_view): every key, None
     where the status said nothing."""
     keys = (
         "ok", "error", "state", "pid", "alive", "phase", "failure", "ready", "version", "launched_version",
         "served_model_name", "running", "queued", "gen_throughput", "kv_usage", "retractions", "port",
     )
-    return {**dict.fromkeys(keys), **fields}
+    return partial(HostSGLangView, **{**dict.fromkeys(keys), **fields})
 
 
 def test_a_host_in_a_few_lines() -> None:
@@ -82,17 +85,17 @@ def test_a_host_in_a_few_lines() -> None:
 
 
 def test_a_host_that_is_down_says_why_and_keeps_what_it_knew() -> None:
-    down = {
+    down: HostView = {
         **HOST,
         "state": "reconnecting",
         "error": "connection lost during status",
-        "inspect": {**HOST["inspect"], "state": "running"},
+        "inspect": {**INSPECT, "state": "running"},
     }
     lines = host_lines(down, FROZEN_NOW)
     assert lines[0] == "gpu1 reconnecting · 2 reconnects"
     assert lines[1] == "  connection lost during status"
     assert "  inspecting… (last 45s ago)" in lines
-    refused = {
+    refused: HostView = {
         **HOST,
         "state": "host key refused",
         "error": "gpu1: unknown host key ...",
@@ -106,11 +109,11 @@ def test_a_host_that_is_down_says_why_and_keeps_what_it_knew() -> None:
     ]
 
 
-def with_host(host: dict[str, Any]) -> RegenApp:
+def with_host(host: HostView) -> RegenApp:
     """The console on a recorded job whose frames carry `host`."""
 
     def edit(snap: Snapshot) -> None:
-        snap["hosts"] = [copy.deepcopy(host)]  # type: ignore[list-item]
+        snap["hosts"] = [copy.deepcopy(host)]
 
     return make_app(count=3, edit=edit)
 
@@ -136,14 +139,14 @@ async def test_without_hosts_the_pane_says_so() -> None:
 
 
 # A host whose SGLang is starting (the monitor's view: engine/host/monitor.py, _sglang_view).
-STARTING = {
+STARTING: HostView = {
     **HOST,
     "sglang": sglang(ok=True, state="starting", phase="kv pool", launched_version="0.5.23", pid=4242,
                      alive=True, ready=False),
     "sglang_action": {"what": "start", "state": "running", "started_at": FROZEN_NOW - 20, "message": None,
                       "progress": ["gpu1: [3/8] kv pool: KV Cache is allocated. #tokens: 1000000"]},
 }
-READY = {
+READY: HostView = {
     **HOST,
     "sglang": sglang(ok=True, state="ready", phase="ready", version="0.5.23", pid=4242, alive=True,
                      ready=True, running=120.0, queued=450.0, kv_usage=0.62, gen_throughput=5432.0),
@@ -163,7 +166,7 @@ def test_sglang_ready_shows_its_load_and_the_tunnel() -> None:
     assert "  SGLang ready 0.5.23" in lines
     assert "  run 120 · queue 450 · KV 62% · 5,432 tok/s" in lines
     assert "  tunnel open · 1 drops" in lines
-    failed = {
+    failed: HostView = {
         **HOST,
         "sglang": sglang(
             ok=True,

@@ -21,7 +21,7 @@ from regen.console.options import ConsoleOptions
 from regen.console.screens import BudgetScreen, ConfirmScreen, HelpScreen, ProviderDetailScreen, StopScreen
 from regen.console.widgets.log import EventLog
 from regen.console.widgets.providers import ProvidersTable
-from regen.engine.schema import budget_lane
+from regen.engine.schema import Snapshot, budget_lane
 from tests.support.console_app import (
     busiest,
     cell,
@@ -35,6 +35,7 @@ from tests.support.console_app import (
     status_text,
 )
 from tests.support.replay import ReplaySource
+from tests.support.views import partial
 
 SIZE = (120, 40)
 
@@ -444,7 +445,10 @@ async def test_narrow_terminal_drops_secondary_columns_and_tiny_shows_a_message(
 async def test_snapshots_coalesce() -> None:
     from regen.console.messages import SnapshotArrived
 
-    first, second = SnapshotArrived({"state": "RUNNING"}, 1.0), SnapshotArrived({"state": "PAUSED"}, 2.0)
+    first, second = (
+        SnapshotArrived(partial(Snapshot, state="RUNNING"), 1.0),
+        SnapshotArrived(partial(Snapshot, state="PAUSED"), 2.0),
+    )
     assert second.can_replace(first)
 
 

@@ -19,7 +19,7 @@ from regen.console.history import ERROR_LINE_EVERY_S, History, event_line, provi
 from regen.console.options import configure_environment
 from regen.console.source import JobSource
 from regen.console.widgets.status import Freshness, StatusStrip
-from regen.engine.schema import Snapshot
+from regen.engine.schema import ProviderView, Snapshot
 from tests.support.replay import ReplaySource, frames
 
 
@@ -57,7 +57,7 @@ def test_formatting() -> None:
 
 def test_provider_status_is_the_jobs_word() -> None:
     provider = frame()["lanes"][0]["providers"][0]
-    said = [{**provider, "status": word} for word in ("slow", "FAIL", "EXCL", "bogus", "")]
+    said: list[ProviderView] = [{**provider, "status": word} for word in ("slow", "FAIL", "EXCL", "bogus", "")]
     assert [provider_status(p) for p in said] == ["SLOW", "FAIL", "EXCL", "OK", "OK"]
 
 

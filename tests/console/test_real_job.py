@@ -23,6 +23,7 @@ from regen.engine.job.job import Job, JobState
 from regen.sim.openrouter.server import OpenRouterSim
 from tests.support.console_app import log_text
 from tests.support.datasets import write_dataset
+from tests.support.jobs import openrouter
 
 
 async def wait_until(pilot: Pilot[Any], condition: Callable[[], bool], timeout: float = 20.0) -> None:
@@ -63,7 +64,7 @@ async def test_the_console_watches_and_steers_a_real_job(
             await pilot.press("x")
             await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
             await pilot.press("y")
-            await wait_until(pilot, lambda: slug in job.lanes[0].backend.excluded or "refused" in log_text(app))
+            await wait_until(pilot, lambda: slug in openrouter(job).excluded or "refused" in log_text(app))
             await pilot.press("e")
             await wait_until(pilot, lambda: len(list(tmp_path.glob("regen-snapshot-*"))) == 3)
             assert "paused" in log_text(app) and "resumed" in log_text(app)

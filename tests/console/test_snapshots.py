@@ -26,6 +26,7 @@ from regen.console.widgets.host import HostPane
 from regen.console.widgets.log import EventLog
 from regen.console.widgets.providers import ProvidersPane
 from regen.console.widgets.throughput import ThroughputPane
+from regen.engine.schema import Snapshot
 from tests.support.console_app import highlight, make_app, routes, settle
 from tests.support.replay import timed_frames
 
@@ -147,7 +148,7 @@ class PaneApp(App[None]):
     #pane { border: round $border; height: 1fr; }
     """
 
-    def __init__(self, pane: Widget, feed: Callable[[Widget, dict[str, Any], History], None]) -> None:
+    def __init__(self, pane: Widget, feed: Callable[[Widget, Snapshot, History], None]) -> None:
         super().__init__()
         self.pane = pane
         self.feed = feed
@@ -170,39 +171,39 @@ class PaneApp(App[None]):
         self.call_after_refresh(self.feed, self.pane, snap, history)
 
 
-def _providers(pane: Widget, snap: dict[str, Any], history: History) -> None:
+def _providers(pane: Widget, snap: Snapshot, history: History) -> None:
     assert isinstance(pane, ProvidersPane)
     [lane] = snap["lanes"]
     pane.show(lane["providers"])
 
 
-def _cost(pane: Widget, snap: dict[str, Any], history: History) -> None:
+def _cost(pane: Widget, snap: Snapshot, history: History) -> None:
     assert isinstance(pane, CostPane)
     pane.show(snap)
 
 
-def _datasets(pane: Widget, snap: dict[str, Any], history: History) -> None:
+def _datasets(pane: Widget, snap: Snapshot, history: History) -> None:
     assert isinstance(pane, DatasetsPane)
     pane.show(snap, history)
 
 
-def _throughput(pane: Widget, snap: dict[str, Any], history: History) -> None:
+def _throughput(pane: Widget, snap: Snapshot, history: History) -> None:
     assert isinstance(pane, ThroughputPane)
     pane.show(history)
 
 
-def _log(pane: Widget, snap: dict[str, Any], history: History) -> None:
+def _log(pane: Widget, snap: Snapshot, history: History) -> None:
     assert isinstance(pane, EventLog)
     pane.add(history.take_lines())
 
 
-def _host(pane: Widget, snap: dict[str, Any], history: History) -> None:
+def _host(pane: Widget, snap: Snapshot, history: History) -> None:
     assert isinstance(pane, HostPane)
     pane.show(snap)
 
 
 PANES: dict[
-    str, tuple[Callable[[], Widget], Callable[[Widget, dict[str, Any], History], None], tuple[int, int]]
+    str, tuple[Callable[[], Widget], Callable[[Widget, Snapshot, History], None], tuple[int, int]]
 ] = {
     "providers": (lambda: ProvidersPane(id="pane"), _providers, (110, 10)),
     "cost": (lambda: CostPane(id="pane"), _cost, (44, 12)),

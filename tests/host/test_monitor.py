@@ -28,6 +28,12 @@ async def until(check: Callable[[], bool], timeout: float = 20.0) -> None:
         await asyncio.sleep(0.02)
 
 
+def inspect_state(monitor: HostMonitor) -> str | None:
+    """The first host's inspect state (None: none yet)."""
+    inspect = monitor.view()[0]["inspect"]
+    return None if inspect is None else inspect["state"]
+
+
 def spans(server: SshServer, arg: str) -> list[tuple[float, float]]:
     """(start, end) of each finished fake nvidia-smi call with this argument prefix."""
     starts: dict[str, float] = {}
@@ -59,7 +65,8 @@ async def test_polls_never_overlap_and_the_view_is_plain_data(
     host = view[0]
     assert host["name"] == "gpu1" and host["error"] is None and host["inspect"] is None
     assert [g["memory_used_mib"] for g in host["gpus"]] == [81234, 0]
-    assert host["disk"]["data_root"]["free_bytes"] > 0
+    data_root = host["disk"]["data_root"]
+    assert data_root is not None and data_root["free_bytes"] > 0
     calls = sorted(spans(server, "--query-gpu"))
     assert len(calls) >= 3
     for (_, end), (start, _) in itertools.pairwise(calls):
@@ -73,8 +80,9 @@ async def test_inspect_at_start_and_again_on_request(
     monitor = HostMonitor([make_host(sshd, tree, poll_interval_s=5)])
     monitor.start()
     try:
-        await until(lambda: (monitor.view()[0]["inspect"] or {}).get("state") == "done")
+        await until(lambda: inspect_state(monitor) == "done")
         first = monitor.view()[0]["inspect"]
+        assert first is not None
         # What the console's host pane makes of the real view.
         drawn = host_lines(monitor.view()[0], time.time())
         assert drawn[0] == "gpu1 connected" and drawn[1] == "  GPU 0:79/140G 97%  1:0/140G –"
@@ -84,10 +92,10 @@ async def test_inspect_at_start_and_again_on_request(
         assert first["duplicates"] == 2 and first["results_rows"] == 11
         assert monitor.inspect_now() == "inspecting gpu1"
         assert monitor.inspect_now("gpu1") == "already inspecting gpu1"
-        assert monitor.view()[0]["inspect"]["state"] == "running"
+        assert inspect_state(monitor) == "running"
         await monitor.wait_inspected()
         again = monitor.view()[0]["inspect"]
-        assert again["state"] == "done" and again["finished_at"] > first["finished_at"]
+        assert again is not None and again["state"] == "done" and again["finished_at"] > first["finished_at"]
     finally:
         await monitor.close()
 
@@ -128,14 +136,15 @@ async def test_a_refused_key_is_shown_and_not_hammered(
     monitor = HostMonitor([make_host(sshd, tree, known_hosts=known, poll_interval_s=0.01)])
     monitor.start()
     try:
-        await until(lambda: (monitor.view()[0]["inspect"] or {}).get("state") == "failed")
+        await until(lambda: inspect_state(monitor) == "failed")
         await asyncio.sleep(0.5)
         await until(lambda: monitor.view()[0]["state"] == "host key refused")
         host = monitor.view()[0]
     finally:
         await monitor.close()
-    assert "unknown host key" in host["error"]
-    assert "unknown host key" in host["inspect"]["error"]
+    assert host["error"] is not None and "unknown host key" in host["error"]
+    inspect = host["inspect"]
+    assert inspect is not None and inspect["error"] is not None and "unknown host key" in inspect["error"]
     assert monitor._hosts["gpu1"].failures <= 3, "polls back off while the key is refused"
 
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from decimal import Decimal
 
 import pytest
 
 from regen.sim.openrouter.server import OpenRouterSim
-from tests.support.openrouter_http import MGMT, Api
+from tests.support.openrouter_http import MGMT, Api, Reply, StreamReply
 
 
 async def test_auth_401_bodies(api: Api, osim: OpenRouterSim) -> None:
@@ -133,11 +134,12 @@ async def test_endpoints_listing(api: Api) -> None:
 
 
 async def test_billed_total_equals_sum_of_reported_costs(api: Api, osim: OpenRouterSim) -> None:
-    replies = await asyncio.gather(
+    calls: list[Awaitable[Reply | StreamReply]] = [
         *(api.chat(messages=[{"role": "user", "content": f"q {i}"}]) for i in range(25)),
         *(api.stream(messages=[{"role": "user", "content": f"s {i}"}]) for i in range(25)),
-    )
-    costs = [r.json["usage"]["cost"] if hasattr(r, "json") and r.json else r.usage()["cost"]
+    ]
+    replies = await asyncio.gather(*calls)
+    costs = [r.json["usage"]["cost"] if isinstance(r, Reply) else r.required_usage()["cost"]
              for r in replies]
     assert len(osim.billing.records) == 50
     assert osim.billing.billed_total == sum(Decimal(repr(c)) for c in costs)

@@ -10,6 +10,7 @@ import aiohttp
 import orjson
 import pytest
 
+from regen.sim.openrouter.billing import GenerationRecord
 from regen.sim.openrouter.server import OpenRouterSim
 from tests.support.openrouter_http import KEY, Api, endpoint
 
@@ -42,7 +43,7 @@ async def abort_after_content(api: Api, provider: str) -> str:
     return gen_id
 
 
-async def wait_record(sim: OpenRouterSim, gen_id: str, timeout: float = 2.0) -> object:
+async def wait_record(sim: OpenRouterSim, gen_id: str, timeout: float = 2.0) -> GenerationRecord:
     for _ in range(int(timeout / 0.01)):
         rec = sim.billing.get(gen_id)
         if rec is not None:

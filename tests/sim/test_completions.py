@@ -117,7 +117,7 @@ async def test_max_tokens_caps_with_length(api: Api) -> None:
     assert choice["finish_reason"] == "length"
     assert r.json["usage"]["completion_tokens"] == 7
     s = await api.stream(max_completion_tokens=7, provider=ONLY_FIREWORKS)
-    assert s.usage()["completion_tokens"] == 7
+    assert s.required_usage()["completion_tokens"] == 7
     assert s.chunks[-2]["choices"][0]["finish_reason"] == "length"
 
 
@@ -145,7 +145,7 @@ async def test_usage_shape_b_and_c(api: Api, osim: OpenRouterSim) -> None:
 async def test_reasoning_switches(api: Api) -> None:
     hidden = await api.stream(reasoning={"exclude": True}, provider=ONLY_FIREWORKS)
     assert hidden.reasoning() == "" and hidden.content()
-    assert hidden.usage()["completion_tokens_details"]["reasoning_tokens"] > 0
+    assert hidden.required_usage()["completion_tokens_details"]["reasoning_tokens"] > 0
     off = await api.chat(reasoning={"effort": "none"}, provider=ONLY_FIREWORKS)
     assert off.json["choices"][0]["message"]["reasoning"] is None
     assert off.json["usage"]["completion_tokens_details"]["reasoning_tokens"] == 0

@@ -12,7 +12,7 @@ import pytest
 
 from regen.sim.openrouter.config import FAULT_CLASSES, HTTP_FAULTS
 from regen.sim.openrouter.server import OpenRouterSim
-from tests.support.openrouter_http import KEY, Api, parse_sse
+from tests.support.openrouter_http import KEY, Api, Reply, parse_sse
 
 FIREWORKS = {"only": ["fireworks"]}
 HTTP_EXPECT: dict[str, tuple[int, str | None]] = {
@@ -64,7 +64,7 @@ async def test_http_faults(api: Api, osim: OpenRouterSim, fault: str, stream: bo
     with_fault(osim, fault)
     r = await (api.stream if stream else api.chat)(provider=FIREWORKS)
     status, retry_after = HTTP_EXPECT[fault]
-    body = r.json if not stream else r.events[0][1]
+    body = r.json if isinstance(r, Reply) else r.events[0][1]
     assert r.status == status
     assert r.headers["content-type"].startswith("application/json")  # plain JSON, not SSE
     assert body["error"]["code"] == status
@@ -203,7 +203,7 @@ async def test_reasoning_exhaustion(api: Api, osim: OpenRouterSim) -> None:
     s = await api.stream(provider=FIREWORKS, max_tokens=16)
     assert s.content() == "" and s.reasoning()
     assert s.chunks[-2]["choices"][0]["finish_reason"] == "length"
-    assert s.usage()["cost"] > 0
+    assert s.required_usage()["cost"] > 0
 
 
 async def test_degenerate_and_empty_stop(api: Api, osim: OpenRouterSim) -> None:
@@ -229,7 +229,7 @@ async def test_missing_usage_and_cost(api: Api, osim: OpenRouterSim) -> None:
     assert "usage" not in (await api.chat(provider=FIREWORKS)).json
     with_fault(osim, "missing_cost")
     s = await api.stream(provider=FIREWORKS)
-    assert "cost" not in s.usage() and s.done
+    assert "cost" not in s.required_usage() and s.done
     assert "cost" not in (await api.chat(provider=FIREWORKS)).json["usage"]
     assert all(rec.cost > 0 for rec in osim.billing.records)  # billed all the same
 
@@ -257,7 +257,7 @@ async def test_provider_override_fails_one_provider(api: Api, osim: OpenRouterSi
     s = await api.stream(provider=FIREWORKS)
     assert "error" in s.chunks[-1]
     s = await api.stream(provider={"only": ["parasail"]})
-    assert "error" not in s.chunks[-1] and s.usage()["cost"] > 0
+    assert "error" not in s.chunks[-1] and s.required_usage()["cost"] > 0
 
 
 async def test_fault_rates_are_drawn_per_request(api: Api, osim: OpenRouterSim) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -13,7 +14,7 @@ from tests.support.openrouter_http import Api
 NATIVE_OR_BETTER = ["int4", "fp8", "bf16", "unknown"]
 
 
-async def served(api: Api, n: int = 1, **fields: object) -> list[str]:
+async def served(api: Api, n: int = 1, **fields: Any) -> list[str]:
     replies = await asyncio.gather(*(api.chat(**fields) for _ in range(n)))
     assert all(r.status == 200 for r in replies), [r.json for r in replies]
     return [r.json["provider"] for r in replies]

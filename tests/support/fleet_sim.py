@@ -35,6 +35,16 @@ class SimProvider:
 
 
 @dataclass
+class _Request:
+    """An OpenRouter request in flight; settled (billed) at its end."""
+
+    route: str
+    left: int  # tokens still to stream
+    done: int  # tokens streamed
+    rate: float  # its tokens/s
+
+
+@dataclass
 class SimResult:
     finished_s: float | None  # when the last token was made; None: not within the run's limit
     spent: Decimal
@@ -82,8 +92,7 @@ class Sim:
         dearest = max(prices.values(), default=Decimal(0))
         order = sorted(self.providers, key=lambda p: (p.usd_per_m, p.route))
         offers = tuple(self.sustainable())
-        # Each request: [provider, tokens still to stream, tokens streamed, its rate]; settled (billed) at its end.
-        flying: list[list[object]] = []
+        flying: list[_Request] = []
         undispatched = self.work_tokens
         gpu_made = or_made = 0
         spent = Decimal(0)
@@ -119,7 +128,7 @@ class Sim:
                 if route is None:
                     break
                 rate = self.request_tokens_per_s * math.exp(rng.gauss(0.0, self.noise))
-                flying.append([route, size, 0, rate])
+                flying.append(_Request(route, size, 0, rate))
                 undispatched -= size
             # The GPUs take from the same queue.
             gpu_carry += self.gpu_rate(t) * math.exp(rng.gauss(0.0, self.noise)) * self.dt_s
@@ -129,16 +138,15 @@ class Sim:
             gpu_made += made
             gpu_window.append((t, made))
             streamed = 0
-            still: list[list[object]] = []
+            still: list[_Request] = []
             for request in flying:
-                route, left, done, rate = request
-                step = min(int(left), max(1, round(float(rate) * self.dt_s)))  # type: ignore[call-overload, arg-type]
-                request[1], request[2] = int(left) - step, int(done) + step  # type: ignore[call-overload]
+                step = min(request.left, max(1, round(request.rate * self.dt_s)))
+                request.left, request.done = request.left - step, request.done + step
                 streamed += step
-                if request[1] == 0:
-                    cost = Decimal(int(request[2])) * prices[str(route)]  # type: ignore[call-overload]
+                if request.left == 0:
+                    cost = Decimal(request.done) * prices[request.route]
                     spent += cost
-                    by_provider[str(route)] += int(request[2])  # type: ignore[call-overload]
+                    by_provider[request.route] += request.done
                 else:
                     still.append(request)
             or_made += streamed
@@ -159,13 +167,13 @@ class Sim:
         return SimResult(None, spent, gpu_made, or_made, by_provider, ceilings, worst_over, reasons, made_at)
 
     @staticmethod
-    def _reserved(flying: list[list[object]], dearest: Decimal) -> Decimal:
+    def _reserved(flying: list[_Request], dearest: Decimal) -> Decimal:
         """Each request in flight holds its worst case until it settles: its whole size at the dearest price."""
-        return sum((Decimal(int(r[1]) + int(r[2])) * dearest for r in flying), Decimal(0))  # type: ignore[call-overload]
+        return sum((Decimal(r.left + r.done) * dearest for r in flying), Decimal(0))
 
-    def _route(self, order: list[SimProvider], flying: list[list[object]]) -> str | None:
+    def _route(self, order: list[SimProvider], flying: list[_Request]) -> str | None:
         for provider in order:
-            busy = sum(1 for r in flying if r[0] == provider.route)
+            busy = sum(1 for r in flying if r.route == provider.route)
             if provider.max_in_flight is None or busy < provider.max_in_flight:
                 return provider.route
         return None
@@ -179,7 +187,7 @@ class Sim:
         or_window: deque[tuple[float, int, int]],
         in_flight: int,
         spent: Decimal,
-        flying: list[list[object]],
+        flying: list[_Request],
         dearest: Decimal,
         offers: tuple[RouteOffer, ...],
     ) -> Facts:

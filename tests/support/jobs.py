@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from regen.engine.backends.openrouter.backend import OpenRouterBackend
 from regen.engine.config.settings import Settings
 from regen.engine.job.job import Job
 
@@ -12,3 +13,10 @@ async def run_job(settings: Settings, **kwargs: object) -> Job:
     await job.prepare()
     await job.run()
     return job
+
+
+def openrouter(job: Job, lane: int = 0) -> OpenRouterBackend:
+    """The job's OpenRouter backend (the Backend protocol does not carry its routes and credits)."""
+    backend = job.lanes[lane].backend
+    assert isinstance(backend, OpenRouterBackend), backend
+    return backend

@@ -76,6 +76,12 @@ class StreamReply:
         assert len(found) <= 1
         return found[0] if found else None
 
+    def required_usage(self) -> dict[str, Any]:
+        """The usage chunk, where the test expects one."""
+        usage = self.usage()
+        assert usage is not None, "the stream carried no usage chunk"
+        return usage
+
 
 def parse_sse(raw: bytes) -> list[tuple[str, Any]]:
     events: list[tuple[str, Any]] = []

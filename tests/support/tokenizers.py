@@ -64,7 +64,14 @@ def build_tokenizer(
     texts: list[str] | None = None,
 ) -> Path:
     """Train a byte-level BPE and save it as a model repository's tokenizer folder."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import (  # type: ignore[import-untyped]  # as src/regen/sim/sglang/tokens.py
+        AddedToken,
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        trainers,
+    )
 
     if kind == "kimi":
         specials, template = KIMI_SPECIALS, KIMI_TEMPLATE

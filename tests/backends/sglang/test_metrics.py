@@ -13,6 +13,7 @@ from regen.engine.job.job import Job, StopReason
 from regen.sim.sglang.tokens import SimTokenizer
 from tests.support.datasets import read_rows, write_dataset
 from tests.support.recording_sim import recording_sim, sim_config, slow_config
+from tests.support.views import sglang_account
 
 
 async def test_metrics_are_polled_into_the_snapshot(
@@ -27,7 +28,7 @@ async def test_metrics_are_polled_into_the_snapshot(
         snap = job.snapshot()
         while not runner.done():
             snap = job.snapshot()
-            [facts] = snap["lanes"][0]["account"]["servers"]
+            [facts] = sglang_account(snap["lanes"][0]["account"])["servers"]
             seen_running = max(seen_running, facts["running"] or 0.0)
             if seen_running >= 12 and (facts["kv_usage"] or 0) > 0 and facts["gen_throughput"]:
                 break
@@ -35,11 +36,12 @@ async def test_metrics_are_polled_into_the_snapshot(
         job.stop(cancel=True)
         await runner
         state = server.state()
-    account = snap["lanes"][0]["account"]
+    account = sglang_account(snap["lanes"][0]["account"])
     [facts] = account["servers"]
     assert seen_running == 12, "running requests as the server counts them"
     assert facts["version"] == "0.5.23" and facts["served_model_name"] == "kimi-k2.5" and facts["gpus"] == 8
-    assert 0 < facts["kv_usage"] < 1 and facts["gen_throughput"] > 0
+    kv_usage, gen_throughput = facts["kv_usage"], facts["gen_throughput"]
+    assert kv_usage is not None and 0 < kv_usage < 1 and gen_throughput is not None and gen_throughput > 0
     assert facts["generation_tokens_total"] <= state["counters"]["generation_tokens"]
     assert facts["checked_at"] is not None and facts["error"] is None
     worker = f"127.0.0.1:{server.port}"

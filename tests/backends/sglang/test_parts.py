@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import cast
 
 import aiohttp
 import orjson
 import pytest
+from aiohttp.client_reqrep import ConnectionKey
 
 from regen.engine.backends.base import Disposition
 from regen.engine.backends.sglang import errors
@@ -214,14 +216,15 @@ def test_failures_say_what_to_do() -> None:
     assert aborted.disposition is Disposition.RETRY and aborted.error_class == "abort"
     refused = errors.for_abort({"type": "abort", "message": "too long", "status_code": 400}, url)
     assert refused.disposition is Disposition.GIVE_UP
-    connect = errors.for_exception(aiohttp.ClientConnectorError(_Key(), OSError(111, "refused")), url)
+    connect = errors.for_exception(aiohttp.ClientConnectorError(cast(ConnectionKey, _Key()), OSError(111, "refused")), url)
     assert connect.outage and not connect.sent
     cut = errors.for_exception(aiohttp.ServerDisconnectedError(), url)
     assert cut.sent and not cut.outage and cut.disposition is Disposition.RETRY
 
 
 class _Key:
-    """The connection key aiohttp's connector errors carry."""
+    """The connection key aiohttp's connector errors carry: the fields its message reads (the real
+    NamedTuple's fields change between aiohttp releases)."""
 
     host, port, ssl, is_ssl = "127.0.0.1", 30000, None, False
 

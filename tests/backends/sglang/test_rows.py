@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from regen.engine.backends.base import AttemptOutcome
-from regen.engine.backends.sglang.backend import SGLangBackend
+from regen.engine.backends.sglang.backend import SGLangBackend, Worker
 from regen.engine.backends.sglang.wire import StreamTail
 from regen.engine.config.settings import Settings
 from regen.engine.data.datasets import Dataset
@@ -23,6 +23,7 @@ from regen.engine.job.job import Job, JobError, StopReason
 from regen.sim.sglang.tokens import SimTokenizer
 from tests.support.datasets import read_rows, write_dataset
 from tests.support.recording_sim import SERVED, RecordingSim, recording_sim, sim_config
+from tests.support.views import sglang_account
 
 PROMPTS = [
     [{"role": "user", "content": f"question {i}: explain topic {i % 7} " + "é" * (i % 5)}] for i in range(40)
@@ -90,7 +91,7 @@ async def test_rows_carry_exactly_the_servers_ids(
     report = verify_dataset(Dataset(data.name, data), local, check_prompts=True)
     assert not report.violations, dict(report.violations)
     # GPU time: every attempt's share adds up to the GPUs x the time the server was held.
-    account = job.snapshot()["lanes"][0]["account"]
+    account = sglang_account(job.snapshot()["lanes"][0]["account"])
     spent = job.lanes[0].ledger.spent
     assert spent == sum(Decimal(str(row["gpu_s"])) for row in rows)
     assert float(spent) == pytest.approx(account["gpu_s"], abs=1e-3)
@@ -148,8 +149,7 @@ async def test_a_stop_without_its_id_gets_the_terminator(
     assert outcome.usage["completion_tokens"] == 4
 
 
-def backend_worker(backend: SGLangBackend, sim: RecordingSim):  # type: ignore[no-untyped-def]
-    from regen.engine.backends.sglang.backend import Worker
+def backend_worker(backend: SGLangBackend, sim: RecordingSim) -> Worker:
     from regen.engine.backends.sglang.server import ServerFacts
 
     return Worker(sim.base_url, ServerFacts(), 8)
