@@ -545,8 +545,8 @@ class LaneContext:
             self.job.fatal(reason, message)
 
     def budget_left(self) -> Decimal:
-        budget = self.lane.ledger.budget
-        return Decimal(0) if budget is None else budget - self.lane.ledger.spent
+        left = self.lane.ledger.left
+        return Decimal(0) if left is None else left
 
     @property
     def live(self) -> bool:
@@ -554,3 +554,9 @@ class LaneContext:
 
     def suggest_concurrency(self, ceiling: int | None, reason: str) -> None:
         self.job.dispatcher.suggest(ceiling, reason, self.lane)
+
+    def answered(self, generation: bool) -> None:
+        self.job.dispatcher.answered(self.lane, generation)
+
+    async def reachable(self) -> None:
+        await self.lane.up.wait()
