@@ -216,7 +216,13 @@ class OpenRouterBackend:
     # ------------------------------------------------------------------------------- attempts
 
     async def alive(self) -> bool:
-        return await answers(self.client)
+        answered = await answers(self.client)
+        if answered and not self.settings.stream and self._context is not None:
+            # A non-stream generation says nothing until it is done (docs/openrouter.md §13.18):
+            # its headers would hold the job for a whole generation, so /key's answer ends the
+            # outage instead (docs/faults.md, outages).
+            self._context.answered(True)
+        return answered
 
     def reservation(self, prompt: Prompt) -> Decimal:
         return self.ceiling.reservation(prompt_token_bound(prompt.messages), self.settings.max_tokens)
