@@ -18,6 +18,7 @@ from decimal import Decimal
 from pathlib import Path
 
 from regen.engine.config.settings import Settings
+from regen.engine.control.headless import status_line
 from regen.engine.job.job import Job, StopReason
 from regen.sim.openrouter.server import OpenRouterSim
 from tests.support.datasets import read_rows, write_dataset
@@ -129,3 +130,28 @@ async def test_non_streamed_requests_cut_by_an_outage_end_billed_exactly_and_the
     assert ledger.estimates.pending == 0
     assert ledger.spent == sim.billing.billed_total, "spent is what the simulator billed, exactly"
     assert ledger.spent > Decimal(0)
+
+
+async def test_the_end_of_a_drained_run_waits_for_its_bills_and_says_so(
+    tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    """Answers without their cost, whose bills /generation names only after 1.5 s: the run's end
+    waits for them (`settling N bills` on the status line), then spent is what was billed."""
+    sim = OpenRouterSim(fast_sim_config(usage_shape="B", generation_lookup_delay_s=1.5))
+    await sim.start()
+    try:
+        a = write_dataset(tmp_path, "A", 6)
+        job = Job(make_settings(sim.base_url, [a], reconcile_timeout_s=10.0))
+        await job.prepare()
+        runner = asyncio.create_task(job.run())
+        lines: list[str] = []
+        while not runner.done():
+            lines.append(status_line(job.snapshot()))
+            await asyncio.sleep(0.05)
+        assert (await runner).reason is StopReason.DONE
+    finally:
+        await sim.stop()
+    settling = [line for line in lines if "(settling " in line]
+    assert settling and "pending for" in settling[0], lines[-3:]
+    ledger = job.lanes[0].ledger
+    assert ledger.estimates.pending_count == 0 and ledger.spent == sim.billing.billed_total
