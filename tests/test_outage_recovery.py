@@ -17,6 +17,7 @@ from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 
+from regen.engine.backends.openrouter.report import build_catalog
 from regen.engine.config.settings import Settings
 from regen.engine.control.headless import status_line
 from regen.engine.job.job import Job, StopReason
@@ -155,3 +156,26 @@ async def test_the_end_of_a_drained_run_waits_for_its_bills_and_says_so(
     assert settling and "pending for" in settling[0], lines[-3:]
     ledger = job.lanes[0].ledger
     assert ledger.estimates.pending_count == 0 and ledger.spent == sim.billing.billed_total
+
+
+async def test_regen_catalog_plans_with_the_bills_a_run_left_pending_looked_up(
+    tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    """A run that could not look up its bills (they came after its lookups gave up) leaves them
+    estimated in the journal; `regen catalog` looks them up and plans with what was billed."""
+    sim = OpenRouterSim(fast_sim_config(usage_shape="C", generation_lookup_delay_s=0.5))
+    await sim.start()
+    try:
+        a = write_dataset(tmp_path, "A", 6)
+        settings = make_settings(sim.base_url, [a], reconcile_timeout_s=0.0, budget_usd=10.0)
+        job = Job(settings)
+        await job.prepare()
+        assert (await job.run()).reason is StopReason.DONE
+        left = job.lanes[0].ledger.estimates
+        assert left.pending_count > 0 and job.lanes[0].ledger.spent > sim.billing.billed_total
+        await asyncio.sleep(0.6)  # the bills are there now
+        report = await build_catalog(settings)
+    finally:
+        await sim.stop()
+    assert Decimal(str(report["spent"])) == sim.billing.billed_total
+    assert report["plan"]["budget_left"] == float(Decimal(10) - sim.billing.billed_total)
