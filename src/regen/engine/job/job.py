@@ -262,8 +262,12 @@ class Job:
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+        # A lane still out at the end cannot look its bills up: the next start does.
         await asyncio.gather(
-            *(lane.settler.finish_reconciling(wait=self._stop_mode != "cancel") for lane in self.lanes)
+            *(
+                lane.settler.finish_reconciling(wait=self._stop_mode != "cancel" and lane.outage is None)
+                for lane in self.lanes
+            )
         )
         if self._stop_mode != "cancel":  # drained: nothing in flight can still be billed
             for bound in self._usage_bounds:
