@@ -232,12 +232,15 @@ class MoneyView(TypedDict):
     spent: float  # confirmed + estimated
     confirmed: float  # as billed
     estimated: float  # pending + unknowable
-    pending: EstimateView  # estimates the bill will still replace
+    pending: EstimateView  # estimates the bill will still replace (their ids are known)
     unknowable: EstimateView  # cut before any handle arrived: the worst case stays counted
     # "key_usage": the unknowable amount is bounded by the key's usage (docs/money.md), and how
     # long this run's end waited for that usage to settle (None: read back from an earlier run).
     unknowable_bound: NotRequired[str]
     unknowable_bound_wait_s: NotRequired[float | None]
+    # The end of a drained run waiting for this many bills still being looked up (the status line's
+    # "settling N bills"); None while it is not waiting.
+    settling: int | None
     reserved: float
     budget: float | None  # None: no budget (a GPU-time ledger)
     headroom: float | None

@@ -126,7 +126,14 @@ class CostPane(TextPane):
             f"Waste      {amount(waste_total):>10}{waste_causes}",
             last,
         ]
-        if estimates:
+        pending, unknowable = money["pending"], money["unknowable"]
+        if unit == "usd" and pending["requests"] and unknowable["requests"]:
+            # Both kinds: the money whose bill is coming apart from the money no bill can name.
+            lines[1:1] = [
+                f"Pending    {amount(pending['amount']):>10}  {pending['requests']} awaiting their bill",
+                f"Unknowable {amount(unknowable['amount']):>10}  {unknowable_words(money)}",
+            ]
+        elif estimates:
             lines[1:1] = [f"Estimated  {amount(estimated):>10}  {estimates}"]
         if len(self.lanes) > 1:
             lines.extend(lane_line(lane) for lane in self.lanes)
@@ -158,9 +165,13 @@ def estimate_words(money: MoneyView) -> str:
     if pending:
         parts.append(f"{pending} awaiting their bill")
     if unknowable:
-        kept = "bounded by the key's usage" if money.get("unknowable_bound") == "key_usage" else "worst case kept"
-        parts.append(f"{unknowable} cut before an id: {kept}")
+        parts.append(unknowable_words(money))
     return "; ".join(parts)
+
+
+def unknowable_words(money: MoneyView) -> str:
+    kept = "bounded by the key's usage" if money.get("unknowable_bound") == "key_usage" else "worst case kept"
+    return f"{money['unknowable']['requests']} cut before an id: {kept}"
 
 
 def servers_line(account: SGLangAccount) -> str:

@@ -127,6 +127,16 @@ class JobContext(Protocol):
         """The most requests the backend wants in flight now (None: no opinion); the in-flight
         limit stays at or below it, whatever the operator set, until the backend says otherwise."""
 
+    def answered(self, generation: bool) -> None:
+        """The backend's server answered just now (a status line, response headers): a sign of
+        life. `generation`: it was a generation's, which ends an outage at once; any other (a
+        lookup, a credit read, `alive`) lets the one attempt that confirms it go out now
+        (docs/faults.md, outages). Cheap: called on every response."""
+
+    async def reachable(self) -> None:
+        """Return once the backend is reachable: at once unless its lane is in an outage, else
+        when that outage ends. What waits here (a bill's lookup) does not count the wait."""
+
 
 OnHandle = Callable[[str | None], None]
 OnRoute = Callable[[str], None]
@@ -221,6 +231,11 @@ class Backend(Protocol):
     async def open(self, context: JobContext) -> None:
         """Connect and check everything a run needs; raises BackendError with the reason."""
 
+    async def alive(self) -> bool:
+        """Whether the backend answers now, asked with a request that costs nothing and answers
+        at once (OpenRouter: GET /key; SGLang: /health_generate): True as soon as a status line
+        arrives from it. Asked every `job.outage_probe_s` while its lane is out; never raises."""
+
     def reservation(self, prompt: Prompt) -> Decimal:
         """The most this prompt's attempt can cost, in the ledger's unit."""
 
@@ -229,6 +244,8 @@ class Backend(Protocol):
 
         `on_handle` is called as soon as the handle is known (the job journals it at once), and
         `on_route` when the serving route is.
+        When the generation's status line (its response headers) arrives, the backend calls its
+        context's `answered(True)`: that, not the attempt's end, is what ends an outage.
         """
 
     def charge(self, outcome: AttemptOutcome, reserved: Decimal) -> tuple[Decimal, bool]:

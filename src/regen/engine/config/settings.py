@@ -231,7 +231,9 @@ class JobSettings(_Section):
     commit_interval_s: float = Field(0.005, ge=0, le=1)
     """How long writes gather before one fsync (group commit)."""
     reconcile_timeout_s: float = Field(60.0, ge=0, le=86400)
-    """How long to look up the cost of requests a crash left unsettled before estimating it."""
+    """How long to look up an estimated request's bill (/generation) before leaving it estimated, counted only while the backend is reachable; also the most the end of a drained run waits for the bills still coming (docs/money.md)."""
+    outage_probe_s: float = Field(2.0, gt=0, le=60)
+    """While a backend is unreachable (an outage), how often to ask whether it answers again, with a request that costs nothing (OpenRouter: GET /key; SGLang: /health_generate); its first answer sends the attempt that ends the outage (docs/faults.md)."""
     deadline: str | None = None
     """When the job should be done: a time of day ("06:30", its next occurrence) or a duration from the job's first start ("12h", "1h30m"); empty for none. With both backends OpenRouter's share is paced to finish by then at the least cost (docs/fleets.md). The resolved instant is journaled: a restart keeps it."""
 

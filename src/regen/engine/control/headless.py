@@ -67,6 +67,19 @@ def money_line(money: MoneyView) -> str:
     return line
 
 
+def estimate_part(money: MoneyView) -> str:
+    """The estimated part of spend, for the status line: bills coming (ids known) apart from
+    worst cases no bill can name (docs/money.md); empty when nothing is estimated."""
+    unit = money["unit"]
+    pending, unknowable = money["pending"], money["unknowable"]
+    parts = []
+    if pending["requests"]:
+        parts.append(f"{_amount(pending['amount'], unit)} pending for {pending['requests']} bills")
+    if unknowable["requests"]:
+        parts.append(f"{_amount(unknowable['amount'], unit)} unknowable")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def status_line(snap: Snapshot) -> str:
     """One line: state, per-dataset progress, rates, in flight, the budget lane's money and limit
     (engine/schema.py budget_lane), errors by class, ETA; with several backends, each one's share."""
@@ -82,10 +95,13 @@ def status_line(snap: Snapshot) -> str:
     )
     errors = " ".join(f"{k}:{v}" for k, v in sorted(snap["errors"].items())) or "none"
     unit = money["unit"]
-    estimated = f" (~{_amount(money['estimated'], unit)} est)" if money["estimated"] > 0.005 else ""
+    estimated = estimate_part(money)
     budget = "" if money["budget"] is None else f" / {_amount(money['budget'], unit)}"
     state = snap["state"]
-    if paid["outage_s"] is not None:
+    settling = sum(lane["money"]["settling"] or 0 for lane in snap["lanes"])
+    if any(lane["money"]["settling"] is not None for lane in snap["lanes"]):
+        state += f" (settling {settling} bills)"
+    elif paid["outage_s"] is not None:
         state += f" (HELD: {paid['held_reason']} for {duration(paid['outage_s'], 'clock')})"
     elif paid["held_s"] is not None:
         state += f" (held {duration(paid['held_s'], 'clock')}: {paid['held_reason']})"

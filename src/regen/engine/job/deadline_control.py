@@ -216,8 +216,7 @@ class DeadlineControl:
             if rate is not None:
                 self._openrouter_rate = rate
             in_flight = paid.in_flight
-            if paid.ledger.budget is not None:
-                budget_left = paid.ledger.budget - paid.ledger.spent
+            budget_left = paid.ledger.left
             self.pacer.max_in_flight = paid.limit.configured
         return Facts(
             now=time.time(),

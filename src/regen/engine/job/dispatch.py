@@ -43,7 +43,9 @@ HOLD_MIN_S = 1.0
 HOLD_MERGE_S = 1.0
 # This many attempts in a row that could not reach the backend, and none that did, is an outage.
 OUTAGE_AFTER = 3
-# While out, one attempt probes the backend, first after this long, doubling to the cap.
+# While out, an attempt probes the backend without waiting for a sign of life (in case only
+# generations answer), first after this long, doubling to the cap; a sign of life (asked every
+# job.outage_probe_s) sends it at once (docs/faults.md, outages).
 PROBE_FIRST_S = 1.0
 PROBE_MAX_S = 60.0
 
@@ -120,9 +122,15 @@ class Dispatcher:
 
     async def run(self) -> None:
         """Dispatch until told to stop or there is nothing left, then wait for what is in flight."""
-        await self._dispatch()
-        while self._flights:
-            await asyncio.wait(list(self._flights))
+        try:
+            await self._dispatch()
+            while self._flights:
+                await asyncio.wait(list(self._flights))
+        finally:
+            probers = [p for lane in self.lanes if lane.outage is not None and (p := lane.outage.prober) is not None]
+            for prober in probers:
+                prober.cancel()
+            await asyncio.gather(*probers, return_exceptions=True)
 
     def _room(self, lane: Lane, now: float) -> float:
         """0 when `lane` may take an attempt now; else the seconds until it may (inf: until
@@ -141,9 +149,9 @@ class Dispatcher:
         if outage is not None:
             if outage.probe is not None:
                 return math.inf
-            if now < outage.next_probe_at:
+            if not outage.alive and now < outage.next_probe_at:
                 return outage.next_probe_at - now
-            # One attempt goes out; its answer ends the outage or backs it off.
+            # One attempt goes out; its response headers end the outage, its failure backs it off.
         if lane.held_until:
             if now < lane.held_until:
                 return lane.held_until - now
@@ -197,6 +205,7 @@ class Dispatcher:
                     if outage is not None:
                         outage.probe = item
                         outage.probes += 1
+                        outage.alive = False
                     self._launch(lane, item, reservation)
                     break
                 lane.budget_blocked = True
@@ -365,7 +374,9 @@ class Dispatcher:
                 self.retry(item, now + PROBE_FIRST_S)
                 return
             reason = f"{lane.backend.title} unreachable ({failure.message[:160]})"
-            lane.outage = Outage(now, reason, PROBE_FIRST_S, next_probe_at=now + PROBE_FIRST_S)
+            outage = lane.outage = Outage(now, reason, PROBE_FIRST_S, next_probe_at=now + PROBE_FIRST_S)
+            lane.up.clear()
+            outage.prober = asyncio.get_running_loop().create_task(self._ask_alive(lane, outage))
             self.events.event("outage", reason=reason, **self.lane_fields(lane))
         elif item is outage.probe:
             outage.probe = None
@@ -375,18 +386,67 @@ class Dispatcher:
         self._changed.set()
 
     def reached(self, lane: Lane, launched_at: float) -> None:
-        """The lane's backend answered an attempt sent at `launched_at`. One sent during an outage
-        (the probe) ends it, and the lane goes back to full concurrency; answers to attempts sent
-        before it began (streams cut when the server went away) say nothing about now."""
+        """The lane's backend answered an attempt sent at `launched_at` (the attempt has settled).
+        One sent during an outage ends it; answers to attempts sent before it began (streams cut
+        when the server went away) say nothing about now. An outage usually ends earlier, at the
+        headers of its probe (`answered`)."""
         lane.unreachable_streak = 0
         outage = lane.outage
         if outage is None or launched_at < outage.began:
             return
+        self._end_outage(lane, outage)
+
+    def answered(self, lane: Lane, generation: bool) -> None:
+        """A sign of life from the lane's backend, now (engine/backends/base.py `JobContext.answered`):
+        a generation's status line ends an outage at once, whenever that attempt was sent (the
+        answer came through now); any other answer (`alive`, a lookup, a credit read) sends the
+        attempt that confirms it without waiting for the probe schedule."""
+        if generation:
+            lane.unreachable_streak = 0
+        outage = lane.outage
+        if outage is None:
+            return
+        if generation:
+            self._end_outage(lane, outage)
+        elif not outage.alive:
+            outage.alive = True
+            self._changed.set()
+
+    def _end_outage(self, lane: Lane, outage: Outage) -> None:
+        """Back to the lane's full concurrency at once; every bill still pending is looked up again."""
         lasted = time.monotonic() - outage.began
         lane.outage = None
+        lane.up.set()
         lane.outage_total_s += lasted
-        self.events.event("outage_end", seconds=round(lasted, 1), probes=outage.probes, **self.lane_fields(lane))
+        if outage.prober is not None:
+            outage.prober.cancel()
+        self.events.event(
+            "outage_end",
+            seconds=round(lasted, 1),
+            probes=outage.probes,
+            checks=outage.checks,
+            **self.lane_fields(lane),
+        )
+        lane.settler.relook()
         self._changed.set()
+
+    async def _ask_alive(self, lane: Lane, outage: Outage) -> None:
+        """While `outage` lasts, ask the backend every `job.outage_probe_s` whether it answers;
+        an ask that hangs is given up at the next one's time."""
+        interval = self.job.outage_probe_s
+        next_at = time.monotonic() + interval
+        while lane.outage is outage:
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            if lane.outage is not outage:
+                return
+            next_at = time.monotonic() + interval
+            outage.checks += 1
+            try:
+                alive = await asyncio.wait_for(lane.backend.alive(), timeout=interval)
+            except TimeoutError:
+                alive = False
+            if alive and lane.outage is outage:
+                self.answered(lane, generation=False)
 
     def hold(self, lane: Lane, seconds: float, reason: str) -> None:
         """Stop the lane's dispatch for `seconds`: every request would meet the same limit, and

@@ -262,8 +262,12 @@ class Job:
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+        # A lane still out at the end cannot look its bills up: the next start does.
         await asyncio.gather(
-            *(lane.settler.finish_reconciling(wait=self._stop_mode != "cancel") for lane in self.lanes)
+            *(
+                lane.settler.finish_reconciling(wait=self._stop_mode != "cancel" and lane.outage is None)
+                for lane in self.lanes
+            )
         )
         if self._stop_mode != "cancel":  # drained: nothing in flight can still be billed
             for bound in self._usage_bounds:
@@ -545,8 +549,8 @@ class LaneContext:
             self.job.fatal(reason, message)
 
     def budget_left(self) -> Decimal:
-        budget = self.lane.ledger.budget
-        return Decimal(0) if budget is None else budget - self.lane.ledger.spent
+        left = self.lane.ledger.left
+        return Decimal(0) if left is None else left
 
     @property
     def live(self) -> bool:
@@ -554,3 +558,9 @@ class LaneContext:
 
     def suggest_concurrency(self, ceiling: int | None, reason: str) -> None:
         self.job.dispatcher.suggest(ceiling, reason, self.lane)
+
+    def answered(self, generation: bool) -> None:
+        self.job.dispatcher.answered(self.lane, generation)
+
+    async def reachable(self) -> None:
+        await self.lane.up.wait()

@@ -9,6 +9,7 @@ on one lane at a time; a retry goes back to the queue and may land on another la
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -38,14 +39,27 @@ class LaneCeilings(Protocol):
 
 @dataclass(slots=True)
 class Outage:
-    """A lane's backend unreachable: that lane's dispatch held, one probe at a time, backed off."""
+    """A lane's backend unreachable: that lane's dispatch held until the backend answers
+    (docs/faults.md, outages). The backend is asked whether it answers (`Backend.alive`, free)
+    every `job.outage_probe_s`; its first sign of life sends one attempt at once, whose response
+    headers end the outage. Without a sign of life an attempt still goes on a backed-off schedule,
+    one at a time."""
 
     began: float  # monotonic
     reason: str
     probe_interval_s: float
     next_probe_at: float = 0.0
     probe: WorkItem | None = None  # the attempt in flight that probes, if any
-    probes: int = 0
+    probes: int = 0  # attempts sent while out
+    checks: int = 0  # `alive` asked while out
+    alive: bool = False  # a sign of life since the last probe attempt left: the next goes now
+    prober: asyncio.Task[None] | None = None  # the task asking `alive`
+
+
+def _up() -> asyncio.Event:
+    up = asyncio.Event()
+    up.set()
+    return up
 
 
 @dataclass(slots=True, eq=False)
@@ -66,6 +80,8 @@ class Lane:
     held_reason: str | None = None
     outage: Outage | None = None
     outage_total_s: float = 0.0
+    # Set while the backend is reachable (no outage): what waits for it (a bill's lookup) waits here.
+    up: asyncio.Event = field(default_factory=_up)
     unreachable_streak: int = 0
     in_flight: int = 0
     spent_at_start: Decimal = Decimal(0)

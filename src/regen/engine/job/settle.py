@@ -32,8 +32,6 @@ from regen.engine.run.state import DatasetState, JobError, StopReason
 
 # After this many refusals in a row with no row at all, the settings are wrong, not the prompts.
 REFUSAL_STREAK_FATAL = 20
-# Seconds the end of a run waits for pending cost lookups.
-RECONCILE_GRACE_S = 5.0
 
 
 @dataclass(slots=True)
@@ -95,6 +93,9 @@ class Settler:
         self.quarantined = 0
         self._random = random.Random()
         self._reconciling: set[asyncio.Task[None]] = set()
+        # Estimates whose lookup gave up in this run, by rid: looked up again when an outage ends.
+        self._unbilled: dict[str, Unsettled] = {}
+        self._settling = False  # the end of a drained run is waiting for the bills still coming
 
     # ------------------------------------------------------------------------------- settling
 
@@ -410,6 +411,7 @@ class Settler:
         """Replace an estimate with what the backend's account billed for that attempt."""
         billed = await account.reconcile(pending)
         if billed is None:
+            self._unbilled[pending.rid] = pending
             return
         delta = self.ledger.confirm(pending.estimate, billed)
         self.breakdown.add(pending.outcome, delta)
@@ -423,11 +425,28 @@ class Settler:
         )
         self.hooks.wake()
 
+    def relook(self) -> None:
+        """Look up again every estimate whose lookup gave up in this run (an outage has ended:
+        docs/money.md); those still being looked up go on by themselves."""
+        unbilled, self._unbilled = self._unbilled, {}
+        for pending in unbilled.values():
+            self.reconcile_later(pending)
+
+    @property
+    def settling(self) -> int | None:
+        """The bills the end of a drained run is waiting for; None when it is not waiting."""
+        return len(self._reconciling) if self._settling else None
+
     async def finish_reconciling(self, wait: bool) -> None:
-        """Give cost lookups a short grace so the summary is exact; what is left stays estimated in
-        the journal and is looked up again by the next start."""
+        """With `wait` (a drained run), wait for the bills still coming so the summary is exact, at
+        most `job.reconcile_timeout_s`; what is left stays estimated in the journal and is looked
+        up again by the next start."""
         if self._reconciling and wait:
-            await asyncio.wait(list(self._reconciling), timeout=RECONCILE_GRACE_S)
+            self._settling = True
+            try:
+                await asyncio.wait(list(self._reconciling), timeout=self.job.reconcile_timeout_s)
+            finally:
+                self._settling = False
         for task in list(self._reconciling):
             task.cancel()
         if self._reconciling:

@@ -57,15 +57,15 @@ class SnapshotBuilder:
     def plan(self, lane: Lane, now: float) -> BudgetPlanView | None:
         """The budget planner on live figures for a lane with a budget (None without one);
         recomputed every few seconds, not per snapshot."""
-        budget = lane.ledger.budget
-        if budget is None:
+        left = lane.ledger.left
+        if left is None:
             return None
         kept = self._plans.get(lane.name)
         if kept is not None and now - kept[0] < PLAN_INTERVAL_S:
             return kept[1]
         needs = remaining_needs(self.datasets, self.expected_output_tokens)
         routes = lane.backend.routes
-        answer = plan(needs, [] if routes is None else routes.prices(), budget - lane.ledger.spent)
+        answer = plan(needs, [] if routes is None else routes.prices(), left)
         self._plans[lane.name] = (now, answer)
         return answer
 
@@ -83,6 +83,7 @@ class SnapshotBuilder:
             "estimated": float(ledger.estimated),
             "pending": {"amount": float(estimates.pending), "requests": estimates.pending_count},
             "unknowable": {"amount": float(estimates.unknowable), "requests": estimates.unknowable_count},
+            "settling": lane.settler.settling,
             "reserved": float(ledger.reserved),
             "budget": None if ledger.budget is None else float(ledger.budget),
             "headroom": None if headroom is None else float(headroom),

@@ -206,6 +206,15 @@ class Ledger:
     def headroom(self) -> Decimal | None:
         return None if self.budget is None else self.budget - self.spent - self.reserved
 
+    @property
+    def left(self) -> Decimal | None:
+        """The money left to plan the remaining work with (docs/money.md, "What is left"): the
+        budget less what was billed, the worst cases no bill can name, and the bills still coming
+        at their estimate until they are looked up (within seconds of OpenRouter answering, also
+        after an outage). The requests in flight are not taken off: they are part of the remaining
+        work the planners price. None: no budget."""
+        return None if self.budget is None else self.budget - self.spent
+
 
 WASTE_CAUSES = ("retries", "truncated", "quarantined", "crash", "cancelled")
 

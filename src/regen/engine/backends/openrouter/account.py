@@ -4,26 +4,48 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from decimal import Decimal
 
 from regen.engine.backends.openrouter.client import OpenRouterClient
+from regen.engine.backends.openrouter.errors import EDGE_STATUSES
 from regen.engine.money.ledger import to_dollars
 from regen.engine.schema import OpenRouterCredits
 
+# A lookup that found no answer at all tries again within this long (or at the end of the outage,
+# when one began meanwhile): short, so bills are looked up within seconds of the network's return.
+UNREACHED_RETRY_MAX_S = 2.0
 
-async def generation_cost(client: OpenRouterClient, generation_id: str, timeout_s: float) -> Decimal | None:
-    """What OpenRouter billed for a generation; None if it is not known within `timeout_s`.
 
-    /generation answers 404 for a while after completion (docs/openrouter.md §8), so 404s are retried with
-    backoff; an auth failure ends the search at once.
+async def generation_cost(
+    client: OpenRouterClient,
+    generation_id: str,
+    timeout_s: float,
+    reachable: Callable[[], Awaitable[None]],
+) -> Decimal | None:
+    """What OpenRouter billed for a generation; None if it is not known within `timeout_s` of
+    OpenRouter answering.
+
+    /generation answers 404 for a while after completion (docs/openrouter.md §8), so 404s are
+    retried with backoff; an auth failure ends the search at once. A lookup that gets no answer
+    (no connection, a gateway status from OpenRouter's edge) is not one that timed out: it waits
+    for `reachable` (the end of the lane's outage, docs/money.md) and goes on, and only the time
+    OpenRouter was answering counts against `timeout_s`.
     """
-    deadline = time.monotonic() + timeout_s
-    delay = 0.5
+    left = timeout_s
+    delay = unreached = 0.5
     while True:
+        asked = time.monotonic()
         try:
             status, body = await client.get_json("/generation", {"id": generation_id})
         except Exception:
             status, body = 0, None
+        if status == 0 or status in EDGE_STATUSES:
+            await asyncio.sleep(unreached)
+            unreached = min(unreached * 2, UNREACHED_RETRY_MAX_S)
+            await reachable()  # at once unless the lane is out
+            continue
+        unreached = 0.5
         if status == 200 and isinstance(body, dict):
             data = body.get("data") or {}
             total = data.get("total_cost", data.get("usage"))
@@ -31,11 +53,23 @@ async def generation_cost(client: OpenRouterClient, generation_id: str, timeout_
                 return to_dollars(total)
         if status in (401, 403):
             return None
-        left = deadline - time.monotonic()
+        left -= time.monotonic() - asked
         if left <= 0:
             return None
-        await asyncio.sleep(min(delay, left))
+        wait = min(delay, left)
+        await asyncio.sleep(wait)
+        left -= wait
         delay = min(delay * 2, 10.0)
+
+
+async def answers(client: OpenRouterClient) -> bool:
+    """Whether OpenRouter answers now: an authenticated GET /key, free and immediate (the job's
+    outage probe, docs/faults.md); any status but a gateway failure of its edge is an answer."""
+    try:
+        status, _ = await client.get_json("/key")
+    except Exception:
+        return False
+    return status not in EDGE_STATUSES
 
 
 async def read_usage(client: OpenRouterClient) -> Decimal | None:

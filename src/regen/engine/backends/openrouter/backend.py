@@ -29,7 +29,13 @@ from regen.engine.backends.base import (
     OnRoute,
     Usage,
 )
-from regen.engine.backends.openrouter.account import generation_cost, read_credits, read_usage, settled_usage
+from regen.engine.backends.openrouter.account import (
+    answers,
+    generation_cost,
+    read_credits,
+    read_usage,
+    settled_usage,
+)
 from regen.engine.backends.openrouter.catalog import (
     CatalogError,
     Endpoint,
@@ -132,6 +138,7 @@ class OpenRouterBackend:
 
     async def open(self, context: JobContext) -> None:
         self._context = context
+        self.client.on_answer = context.answered
         await self.client.open()
         try:
             await self._check_key()
@@ -207,6 +214,15 @@ class OpenRouterBackend:
         return [e.price for e in self.allowed()]
 
     # ------------------------------------------------------------------------------- attempts
+
+    async def alive(self) -> bool:
+        answered = await answers(self.client)
+        if answered and not self.settings.stream and self._context is not None:
+            # A non-stream generation says nothing until it is done (docs/openrouter.md §13.18):
+            # its headers would hold the job for a whole generation, so /key's answer ends the
+            # outage instead (docs/faults.md, outages).
+            self._context.answered(True)
+        return answered
 
     def reservation(self, prompt: Prompt) -> Decimal:
         return self.ceiling.reservation(prompt_token_bound(prompt.messages), self.settings.max_tokens)
@@ -350,8 +366,10 @@ class OpenRouterBackend:
     # ----------------------------------------------------------------------- account (ability)
 
     async def reconcile(self, pending: Unsettled) -> Decimal | None:
-        assert pending.generation_id is not None
-        return await generation_cost(self.client, pending.generation_id, self.reconcile_timeout_s)
+        assert pending.generation_id is not None and self._context is not None, "looked up once open"
+        return await generation_cost(
+            self.client, pending.generation_id, self.reconcile_timeout_s, self._context.reachable
+        )
 
     async def account_usage(self, settle: bool) -> AccountUsage:
         """The key's lifetime usage (/key), for bounding the money of attempts cut before their

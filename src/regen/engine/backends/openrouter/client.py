@@ -18,6 +18,7 @@ import orjson
 
 from regen.engine.backends.base import Disposition
 from regen.engine.backends.openrouter.errors import (
+    EDGE_STATUSES,
     AttemptError,
     ErrorClass,
     classify_error_in_ok_response,
@@ -205,6 +206,9 @@ class OpenRouterClient:
         self.settings = settings
         self.routing = routing if routing is not None else settings.provider
         self.pool_size = pool_size
+        # Told of every answer from OpenRouter (response headers with a status its edge did not
+        # fail with): True for a chat completion's. The job's sign of life (JobContext.answered).
+        self.on_answer: Callable[[bool], None] | None = None
         self._session: aiohttp.ClientSession | None = None
         self._chat_url = settings.base_url.rstrip("/") + "/chat/completions"
         key = settings.api_key.get_secret_value() if settings.api_key is not None else ""
@@ -313,6 +317,7 @@ class OpenRouterClient:
         """GET an account or catalog endpoint; returns (status, parsed body or None)."""
         url = self.settings.base_url.rstrip("/") + path
         async with self.session.get(url, params=params, timeout=self._account_timeout) as resp:
+            self._answered(resp.status, generation=False)
             try:
                 raw = await _read_capped(resp, ACCOUNT_BODY_BYTES)
             except _TooLarge:
@@ -339,6 +344,7 @@ class OpenRouterClient:
         try:
             async with self.session.post(self._chat_url, data=self.request_body(messages, ignore)) as resp:
                 result.http_status = resp.status
+                self._answered(resp.status, generation=True)
                 result.generation_id = resp.headers.get("X-Generation-Id")
                 if on_headers is not None:
                     on_headers(result.generation_id)
@@ -393,6 +399,10 @@ class OpenRouterClient:
         if result.usage is not None:
             result.is_byok = bool(result.usage.get("is_byok", False))
         return result
+
+    def _answered(self, status: int, *, generation: bool) -> None:
+        if self.on_answer is not None and status not in EDGE_STATUSES:
+            self.on_answer(generation)
 
     async def _read_body(
         self, resp: aiohttp.ClientResponse, result: AttemptResult, started: float, watch: Watch

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any
 
+from regen.engine.backends.openrouter.account import generation_cost
 from regen.engine.backends.openrouter.catalog import (
     CatalogError,
     Endpoint,
@@ -19,7 +21,10 @@ from regen.engine.data.datasets import DatasetError, discover
 from regen.engine.data.scan import scan
 from regen.engine.money.ledger import PER_MILLION, planning_prompt_tokens, to_dollars
 from regen.engine.money.planner import DatasetNeed, plan, remaining_output_tokens
-from regen.engine.run.recovery import read_journals, read_rows
+from regen.engine.run.recovery import Unsettled, read_journals, read_rows
+
+# How long `regen catalog` looks up the bills a run left estimated, so it plans with what was billed.
+BILLS_LOOKUP_S = 5.0
 
 
 def _p50(value: Any) -> Any:
@@ -85,27 +90,52 @@ def dataset_needs(settings: Settings) -> tuple[list[DatasetNeed], list[dict[str,
     return needs, views
 
 
+async def billed_instead(client: OpenRouterClient, pending: list[Unsettled], within_s: float) -> Decimal:
+    """How much less than their estimates the bills of `pending` came to, for those /generation
+    names within `within_s` (the rest stay at their estimate); nothing is journaled here: the
+    job's next start settles them for good."""
+
+    async def nothing() -> None:
+        return None
+
+    async def one(unsettled: Unsettled) -> Decimal:
+        assert unsettled.generation_id is not None
+        billed = await generation_cost(client, unsettled.generation_id, within_s, nothing)
+        return Decimal(0) if billed is None else unsettled.estimate - billed
+
+    tasks = [asyncio.ensure_future(one(u)) for u in pending if u.generation_id]
+    if not tasks:
+        return Decimal(0)
+    done, late = await asyncio.wait(tasks, timeout=within_s)
+    for task in late:
+        task.cancel()
+    await asyncio.gather(*late, return_exceptions=True)
+    return sum((task.result() for task in done if task.exception() is None), Decimal(0))
+
+
 async def build_catalog(settings: Settings) -> dict[str, Any]:
     """The whole catalog report; raises CatalogError or DatasetError with the operator's message."""
+    journal = await asyncio.to_thread(
+        read_journals, settings.job.run_dir / "attempts.jsonl", settings.job.run_dir / "events.jsonl"
+    )
     client = OpenRouterClient(settings.openrouter, pool_size=4, routing=routing_of(settings.openrouter))
     await client.open()
     try:
         endpoints, raw = await fetch_endpoint_table(client, settings.openrouter.model)
+        # The plan is made with the money really left: bills a run left estimated, looked up now.
+        spent = journal.spent - await billed_instead(client, journal.to_reconcile, BILLS_LOOKUP_S)
     finally:
         await client.close()
-    journal = await asyncio.to_thread(
-        read_journals, settings.job.run_dir / "attempts.jsonl", settings.job.run_dir / "events.jsonl"
-    )
     rows = endpoint_rows(endpoints, raw, settings, journal.excluded)
     allowed = [e.price for e, row in zip(endpoints, rows, strict=True) if row["allowed"]]
     needs, datasets = await asyncio.to_thread(dataset_needs, settings)
-    budget_left = to_dollars(settings.job.budget_usd) - journal.spent
+    budget_left = to_dollars(settings.job.budget_usd) - spent
     return {
         "model": settings.openrouter.model,
         "allowed_precisions": routing_of(settings.openrouter).quantizations,
         "endpoints": rows,
         "datasets": datasets,
-        "spent": float(journal.spent),
+        "spent": float(spent),
         "budget": settings.job.budget_usd,
         "plan": plan(needs, allowed, budget_left) if needs else None,
     }

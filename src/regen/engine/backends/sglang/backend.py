@@ -69,6 +69,7 @@ class Worker:
         self.generate_url = url + "/generate"
         self.abort_url = url + "/abort_request"
         self.metrics_url = url + "/metrics"
+        self.health_url = url + "/health_generate"
         self.facts = facts
         self.meter = ShareMeter(gpus)
         self.live: set[str] = set()  # rids in flight here
@@ -311,6 +312,36 @@ class SGLangBackend:
 
     # ------------------------------------------------------------------------------- attempts
 
+    async def alive(self) -> bool:
+        """/health_generate of every server (or the router) at once: True at the first status line
+        below 500, without waiting for its body (docs/faults.md, outages)."""
+        session = self._session
+        if session is None:
+            return False
+
+        async def ask(worker: Worker) -> bool:
+            try:
+                async with session.get(worker.health_url, timeout=self._control_timeout) as resp:
+                    return resp.status < 500
+            except (aiohttp.ClientError, OSError, TimeoutError):
+                return False
+
+        asks = [asyncio.ensure_future(ask(worker)) for worker in self._every()]
+        try:
+            for answer in asyncio.as_completed(asks):
+                if await answer:
+                    self._answered(generation=False)
+                    return True
+            return False
+        finally:
+            for pending in asks:
+                pending.cancel()
+
+    def _answered(self, *, generation: bool) -> None:
+        """A status line from a server: the job's sign of life (JobContext.answered)."""
+        if self._context is not None:
+            self._context.answered(generation)
+
     def reservation(self, prompt: Prompt) -> Decimal:
         # A GPU-time ledger has no budget to hold back from; an attempt cut by a cancel or a
         # crash is charged this (nothing), docs/money.md.
@@ -351,6 +382,8 @@ class SGLangBackend:
         try:
             async with session.post(worker.generate_url, data=body) as resp:
                 status = resp.status
+                if status < 500:
+                    self._answered(generation=True)
                 routed = resp.headers.get(ROUTED_WORKER_HEADER)
                 if routed:
                     served_by = self._by_url.get(routed.rstrip("/"))
@@ -519,6 +552,7 @@ class SGLangBackend:
             return
         worker.down = False
         worker.error = None
+        self._answered(generation=False)
         if status != 200:
             worker.metrics_missing = (
                 f"no /metrics at {worker.url} (HTTP {status}): start the server with --enable-metrics"
