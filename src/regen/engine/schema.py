@@ -415,7 +415,9 @@ class FleetView(TypedDict):
     ceiling: int | None  # OpenRouter's in-flight ceiling now; None: no limit
     reason: str  # the pacer's one line: what moved and why, or what does fit
     plan: FleetPlanView  # the live plan
-    fits: bool  # the plan meets the deadline within the budget
+    # The verdict: the deadline is met within the budget, changed only on evidence (docs/fleets.md,
+    # "The verdict"); the live plan's own answer is plan["fits"]
+    fits: bool
     eta_s: float | None  # the work left at the pace measured now, both fleets together
     gpu_tokens_per_s: float  # the GPU fleet's rate the plan uses (smoothed)
     openrouter_tokens_per_s: float  # OpenRouter's rate measured now
