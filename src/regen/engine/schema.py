@@ -353,10 +353,12 @@ class LaneView(TypedDict):
     held_reason: str | None  # why its dispatch is held (a platform limit, or the backend unreachable)
     outage_s: float | None  # the backend unreachable: for how long so far
     outage_total_s: float  # its outages of this run, in all
+    # Its rows and their output tokens over the whole job, the runs before a resume included (as
+    # its money is); the share is of every backend's rows counted so
     rows: int
-    rows_share: float  # of the job's rows this run
+    rows_share: float
     output_tokens: int
-    attempts: int
+    attempts: int  # this run's
     errors: dict[str, int]
     in_flight: int
     concurrency: ConcurrencyView
