@@ -89,14 +89,16 @@ def status_line(snap: Snapshot) -> str:
         state += f" (HELD: {paid['held_reason']} for {duration(paid['outage_s'], 'clock')})"
     elif paid["held_s"] is not None:
         state += f" (held {duration(paid['held_s'], 'clock')}: {paid['held_reason']})"
+    lanes = snap["lanes"]
+    # With several backends the limit is each one's, said in the split below: the job's total has none.
+    flying = f"{snap['in_flight']}" if len(lanes) > 1 else f"{snap['in_flight']}/{limit}"
     line = (
         f"[{duration(snap['elapsed_s'], 'clock')}] {state} | {datasets} | "
         f"{_count(rates['output_tokens_per_s'])} tok/s {rates['attempts_per_s']:.1f} req/s | "
-        f"in flight {snap['in_flight']}/{limit} | "
+        f"in flight {flying} | "
         f"{_amount(money['spent'], unit)} spent{estimated} + {_amount(money['reserved'], unit)} reserved{budget} | "
         f"errors {errors} | ETA {duration(snap['eta_s'], 'clock')}"
     )
-    lanes = snap["lanes"]
     if len(lanes) > 1:
         line += " | split " + " · ".join(lane_part(lane) for lane in lanes)
     fleet = snap.get("fleet")
