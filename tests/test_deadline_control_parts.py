@@ -4,15 +4,18 @@ and read back, the headless lines (engine/job/lanes.py, engine/run/recovery.py, 
 from __future__ import annotations
 
 import time
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from regen.engine.control.headless import deadline_part, event_lines, plan_line
+from regen.engine.control.headless import deadline_part, event_lines, plan_line, plan_part
 from regen.engine.data.jsonl import JsonlError
 from regen.engine.job.lanes import Lane
+from regen.engine.money.fleetplan import RouteOffer, Work, plan_fleets
+from regen.engine.money.ledger import PER_MILLION, RoutePrice
 from regen.engine.run.recovery import read_journals
 from regen.engine.schema import FleetView
 from tests.support.views import partial
@@ -86,7 +89,10 @@ def test_the_status_line_says_the_eta_against_the_deadline() -> None:
 
 
 def test_the_plan_line_before_the_start() -> None:
-    assert plan_line(fleet()).endswith("): on track: OpenRouter 12 in flight, 400 tokens/s for 1.4M tokens by the deadline in 1h00m")
+    assert plan_line(fleet()).endswith(
+        "): the GPUs make 3.6M tokens of 5.0M tokens by the deadline (1h00m): fits; "
+        "on track: OpenRouter 12 in flight, 400 tokens/s for 1.4M tokens by the deadline in 1h00m"
+    )
     assert plan_line(fleet(deadline=None, deadline_ts=None)).startswith("plan: the GPUs make 3.6M")
 
 
@@ -99,3 +105,33 @@ def test_deadline_events_are_said_as_they_happen() -> None:
         ]
     )
     assert lines == ["deadline: cannot be met now: deadline cannot be met within the budget", "deadline cleared"]
+
+
+def planned(**over: Any) -> dict[str, Any]:
+    """A fleet view with a real plan: 9,100 tokens left, the GPUs make 4,200 by the deadline (70
+    tokens/s for a minute), OpenRouter carries the rest at $27/M with $0.16 left."""
+    price = RoutePrice("cheap", Decimal(0), Decimal(27) / PER_MILLION)
+    plan = plan_fleets(Work(9_100), 60.0, 70.0, (RouteOffer(price),), Decimal("0.16"))
+    return fleet(plan=plan.to_dict(), time_left_s=60.0, deadline_ts=time.time() + 60, **over)
+
+
+def test_the_plan_said_before_the_start_is_the_plan_whether_or_not_paced() -> None:
+    plan = "OpenRouter must carry 4.9k tokens for $0.13, budget left $0.16: fits"
+    paced = plan_line(planned())
+    assert "the GPUs make 4.2k tokens of 9.1k tokens by the deadline" in paced and plan in paced, paced
+    assert paced.endswith(f"{plan}; on track: OpenRouter 12 in flight, 400 tokens/s for 1.4M tokens by the deadline in 1h00m")
+    unpaced = planned(steered=False)
+    unpaced["reason"] = unpaced["plan"]["reason"]
+    assert plan_line(unpaced).endswith(plan) and plan_line(unpaced).count(plan) == 1
+
+
+def test_the_status_line_carries_the_plan_and_its_verdict() -> None:
+    assert plan_part(planned()) == "plan GPUs 4200 tok, OpenRouter 4900 tok $0.13 (budget left $0.16): fits"
+    short = planned(fits=False)
+    short["plan"].update(affordable=False, budget_left=0.05)
+    assert plan_part(short).endswith("(budget left $0.05): over the budget")
+    waiting = planned(fits=False)  # the live plan fits, the verdict waits for evidence
+    assert plan_part(waiting).endswith(": not yet within reach")
+    alone = planned()
+    alone["plan"].update(gpu_tokens=0, gpu_tokens_per_s=0.0, openrouter_tokens=9100)
+    assert plan_part(alone).startswith("plan OpenRouter 9100 tok $0.13"), "no GPUs in the job: none named"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from collections.abc import Callable
 from decimal import Decimal
 
 import pytest
@@ -130,6 +131,41 @@ def test_settings_stand_in_until_there_are_samples() -> None:
     assert no_gpu_setting.ceiling == 100  # without a GPU rate OpenRouter must make it all: capped at the most
 
 
+# The verdict (docs/fleets.md, "The verdict"): 1M tokens left, the GPUs make half by the deadline,
+# OpenRouter's half costs $1.10 at the cheap route and the budget is $1.35 (1.23x the need).
+EDGE = Decimal("1.35")
+
+
+def near_the_edge(now: float, left: int, rows: int | None, gpu_rows: int | None) -> Facts:
+    return Facts(now, Work(left), 500.0, 10.0, 10, EDGE, 1000.0, (CHEAP,), rows=rows, gpu_rows=gpu_rows)
+
+
+def test_the_verdict_waits_for_the_first_rows() -> None:
+    pacer = Pacer(100)
+    assert pacer.update(near_the_edge(0.0, 1_000_000, 0, 0)).fits, "the plan before the start fits"
+    # The first OpenRouter rows are longer than expected: the work left looks 25% larger, $1.65.
+    early = pacer.update(near_the_edge(1.0, 1_250_000, 0, 0))
+    assert not early.plan.fits and early.fits, "no row yet: the verdict stands"
+    no_gpu_row = pacer.update(near_the_edge(2.0, 1_250_000, 400, 0))
+    assert not no_gpu_row.plan.fits and no_gpu_row.fits, "OpenRouter's rows but not yet the GPUs'"
+
+
+def test_the_verdict_changes_only_when_the_change_is_beyond_the_uncertainty() -> None:
+    pacer = Pacer(100)
+    pacer.update(near_the_edge(0.0, 1_000_000, 0, 0))
+    # Nine rows measure a rate to about a third: a plan 25% over is within that.
+    few = pacer.update(near_the_edge(1.0, 1_250_000, 9, 9))
+    assert not few.plan.fits and few.fits
+    # Four hundred rows measure it to 5%: the same plan is a real change, and it is said.
+    many = pacer.update(near_the_edge(2.0, 1_250_000, 400, 400))
+    assert not many.fits
+    # Within reach again only when the doubtful end fits too: 2% below the edge is not enough...
+    close = pacer.update(near_the_edge(3.0, 1_110_000, 400, 400))
+    assert close.plan.fits and not close.fits
+    # ...back to the plan of the start is.
+    assert pacer.update(near_the_edge(4.0, 1_000_000, 400, 400)).fits
+
+
 # The whole run, in the simulation (tests/support/fleet_sim.py).
 
 PROVIDERS = [
@@ -181,6 +217,27 @@ def test_a_short_budget_is_never_overshot_and_is_spent_by_the_deadline() -> None
     assert result.reasons[0].startswith("deadline cannot be met within the budget: OpenRouter spends the $2.00")
     assert "81% of the work by the deadline, all of it in 2h32m" in result.reasons[0]  # (7.2M + 0.91M) / 10M
     assert result.by_provider == {"cheap": result.openrouter_tokens, "mid": 0, "dear": 0}  # paced: the cheap one
+
+
+def test_a_run_that_fits_keeps_its_verdict_through_noise_and_a_real_slowdown_changes_it_once() -> None:
+    """In the simulation, a budget 1.23x what OpenRouter's share costs: the live plan flips on the
+    first noisy samples (before the GPUs' first rows), the verdict does not; the GPUs slowed to 40%
+    mid-run is a real change, said once, within a few ticks."""
+
+    def flips(verdicts: list[tuple[float, bool]]) -> list[tuple[float, bool]]:
+        return [(t, now) for (_, was), (t, now) in itertools.pairwise(verdicts) if was != now]
+
+    def run(gpus: Callable[[float], float], seed: int) -> list[tuple[float, bool, bool]]:
+        pacer = Pacer(200, smoothing_s=30.0, gpu_tokens_per_s=1000.0)
+        return Sim(10_000_000, DEADLINE, Decimal("7.8"), PROVIDERS, gpus, noise=0.3, pacer=pacer, seed=seed).run().verdicts
+
+    steady = run(lambda t: 1000.0, 3)
+    assert flips([(t, live) for t, live, _ in steady]), "the live plan follows the noise"
+    assert not flips([(t, verdict) for t, _, verdict in steady]) and steady[0][2]
+    slowed = run(lambda t: 1000.0 if t < 0.3 * DEADLINE else 400.0, 3)
+    said = flips([(t, verdict) for t, _, verdict in slowed])
+    assert len(said) == 1 and said[0][1] is False, said
+    assert 0.3 * DEADLINE < said[0][0] < 0.3 * DEADLINE + 120, "within a couple of minutes of the slowdown"
 
 
 @settings(max_examples=200, deadline=None)

@@ -228,3 +228,23 @@ async def test_the_deadline_command_answers_and_refuses_bad_text(
     finally:
         job.stop()
         await job.run()
+
+
+async def test_a_job_without_a_gpu_lane_plans_no_gpus_whatever_the_gpu_rate_setting(
+    openrouter: OpenRouterSim, fleet_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    data = write_dataset(tmp_path, "A", 300)
+    settings = paced(
+        fleet_settings("http://127.0.0.1:9", openrouter.base_url, [data], backends=["openrouter"], deadline="90s"),
+        gpu_tokens_per_s=3000.0,
+    )
+    job = Job(settings)
+    await job.prepare()
+    try:
+        plan = job.snapshot()["fleet"]["plan"]
+        assert plan["gpu_tokens_per_s"] == 0 and plan["gpu_tokens"] == 0 and not plan["gpus_alone_meet"]
+        assert plan["openrouter_tokens"] == plan["output_tokens"] > 0
+        assert "OpenRouter must carry" in plan["reason"] and "GPUs alone" not in plan["reason"], plan["reason"]
+    finally:
+        job.stop()
+        await job.run()

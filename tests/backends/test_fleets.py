@@ -411,6 +411,53 @@ def test_sigkill_then_resume_keeps_each_backends_accounting(both_sims: tuple[Any
     assert "| split sglang" in final.stdout
 
 
+def test_a_paced_job_killed_and_resumed_counts_each_backends_share_over_the_whole_job(
+    both_sims: tuple[Any, Any], tmp_path: Path
+) -> None:
+    """The summary's `backends:` lines and the `end` event's split count every row of the job, the
+    rows of the run before the SIGKILL among them, as the money already does (docs/fleets.md)."""
+    paid, gpus = both_sims
+    a = write_dataset(tmp_path, "A", 1200)
+    settings = paid.settings_file([a], concurrency=16, max_attempts=20, backends=BOTH, budget_usd=20.0, deadline="2h")
+    extra = [f"[{section}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items()) for section, values in gpus.sections.items()]
+    settings.write_text(settings.read_text() + "".join(extra) + "[steering]\ninterval_s = 0.25\n")
+    env = {**ENV, "OPENROUTER_API_KEY": SIM_KEY}
+    attempts = tmp_path / "run" / "attempts.jsonl"
+    proc = subprocess.Popen(
+        regen_argv("run", "--headless", "--settings", str(settings)),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # the SIGKILL takes the job and its tokenizer workers at once
+    )
+    try:
+        wait_for_attempts(attempts, 300, timeout_s=120)
+        assert proc.poll() is None, "the first run ended before it was killed"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    before = Counter(json.loads(line)["backend"] for line in (a / "raw_responses.jsonl").read_text().splitlines())
+    assert sum(before.values()) >= 200 and set(before) == set(BOTH), before
+    final = subprocess.run(
+        regen_argv("run", "--headless", "--settings", str(settings)), env=env, capture_output=True, text=True, timeout=300
+    )
+    assert final.returncode == 0, final.stdout[-2000:] + final.stderr[-2000:]
+    rows = one_row_per_prompt(a, 1200)
+    made = Counter(row["backend"] for row in rows)
+    tokens: Counter[str] = Counter()
+    for row in rows:
+        tokens[row["backend"]] += row["usage"]["completion_tokens"]
+    end = [e for e in journal(tmp_path / "run" / "events.jsonl") if e["event"] == "end"][-1]
+    assert "deadline" in end, "the job was paced to a deadline"
+    for name in BOTH:
+        assert end["split"][name]["rows"] == made[name] > before[name], (name, end["split"], before)
+        assert end["split"][name]["output_tokens"] == tokens[name], name
+        line = next(x for x in final.stdout.splitlines() if x.startswith(f"  {name}: ") and " rows (" in x)
+        share = made[name] / 1200 * 100
+        assert line.startswith(f"  {name}: {made[name]} rows ({share:.1f}%), {tokens[name]} output tokens"), line
+
+
 def test_a_single_backend_job_keeps_its_files(tmp_path: Path) -> None:
     """The settings without job.backends give one lane, and its events stay as they were."""
     settings = Settings(

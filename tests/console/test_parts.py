@@ -212,3 +212,29 @@ def test_python_m_launch_points_to_a_real_job(capsys: pytest.CaptureFixture[str]
     assert main() == 2
     said = capsys.readouterr().err
     assert "`regen demo` runs a real one" in said and "`regen attach`" in said
+
+
+
+async def test_the_cost_pane_names_no_cause_when_nothing_was_wasted() -> None:
+    """Every waste cause is in the snapshot, each at zero here: the line is the total alone."""
+    from textual.app import App, ComposeResult
+
+    from regen.console.widgets.cost import CostPane
+
+    class Pane(App[None]):
+        def compose(self) -> ComposeResult:
+            yield CostPane()
+
+    snap = frame()
+    money = snap["lanes"][0]["money"]
+    for cause in money["waste"].values():
+        cause["amount"], cause["tokens"] = 0.0, 0
+    async with Pane().run_test(size=(80, 20)) as pilot:
+        pane = pilot.app.query_one(CostPane)
+        pane.show(snap)
+        waste = next(line for line in pane._lines() if line.startswith("Waste"))
+        assert waste.split() == ["Waste", "$0.00"], waste
+        money["waste"]["retries"] = {"amount": 0.012, "tokens": 40}
+        pane.show(snap)
+        waste = next(line for line in pane._lines() if line.startswith("Waste"))
+        assert waste.endswith("(retries $0.01)"), waste

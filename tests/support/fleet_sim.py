@@ -55,6 +55,8 @@ class SimResult:
     max_spent_over_budget: Decimal  # the largest spent + reserved - budget seen (<= 0: never over)
     reasons: list[str] = field(default_factory=list)
     made_at_record: int | None = None  # tokens made by `record_at`
+    # At each tick: (time, the live plan's fits, the pacer's verdict), docs/fleets.md "The verdict".
+    verdicts: list[tuple[float, bool, bool]] = field(default_factory=list)
 
 
 @dataclass
@@ -103,6 +105,7 @@ class Sim:
         ceiling: int | None = self.max_in_flight if self.pacer is None else None
         ceilings: list[tuple[float, int | None]] = []
         reasons: list[str] = []
+        verdicts: list[tuple[float, bool, bool]] = []
         gpu_carry = 0.0
         t, next_tick = 0.0, 0.0
         made_at: int | None = None
@@ -116,6 +119,7 @@ class Sim:
                                                              len(flying), spent, flying, dearest, offers))
                     ceiling = decision.ceiling
                     reasons.append(decision.reason)
+                    verdicts.append((t, decision.plan.fits, decision.fits))
                 ceilings.append((t, ceiling))
             # Dispatch up to the ceiling, through the ledger's gate, cheapest provider with room.
             limit = self.max_in_flight if ceiling is None else min(ceiling, self.max_in_flight)
@@ -163,8 +167,8 @@ class Sim:
             if undispatched == 0 and not flying:
                 if self.record_at is not None and made_at is None:
                     made_at = gpu_made + or_made
-                return SimResult(t, spent, gpu_made, or_made, by_provider, ceilings, worst_over, reasons, made_at)
-        return SimResult(None, spent, gpu_made, or_made, by_provider, ceilings, worst_over, reasons, made_at)
+                return SimResult(t, spent, gpu_made, or_made, by_provider, ceilings, worst_over, reasons, made_at, verdicts)
+        return SimResult(None, spent, gpu_made, or_made, by_provider, ceilings, worst_over, reasons, made_at, verdicts)
 
     @staticmethod
     def _reserved(flying: list[_Request], dearest: Decimal) -> Decimal:
@@ -206,4 +210,7 @@ class Sim:
             budget_left=budget_left,
             deadline=self.deadline_s,
             offers=offers,
+            # A row per request's worth of tokens: the evidence the verdict waits for.
+            rows=(gpu_made + or_made) // self.request_tokens,
+            gpu_rows=gpu_made // self.request_tokens,
         )

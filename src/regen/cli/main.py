@@ -87,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="openrouter",
         help="rehearse OpenRouter (default) or SGLang, each on its built-in simulator",
     )
+    demo.add_argument(
+        "--fleets",
+        action="store_true",
+        help="rehearse both fleets in one job: the GPUs first, OpenRouter paced to a deadline they alone would miss",
+    )
 
     sim = commands.add_parser("sim", help="run a simulator standalone on a port")
     sims = sim.add_subparsers(dest="sim", metavar="BACKEND", required=True)
@@ -121,7 +126,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             from regen.cli.demo import run_demo
 
             return run_demo(
-                args.dir, headless=args.headless, speed=args.speed, prepared=args.prepared, backend=args.backend
+                args.dir,
+                headless=args.headless,
+                speed=args.speed,
+                prepared=args.prepared,
+                backend="fleets" if args.fleets else args.backend,
             )
         settings = load_settings(args.settings)
         if args.command == "run" and args.headless:

@@ -356,10 +356,12 @@ class LaneView(TypedDict):
     held_reason: str | None  # why its dispatch is held (a platform limit, or the backend unreachable)
     outage_s: float | None  # the backend unreachable: for how long so far
     outage_total_s: float  # its outages of this run, in all
+    # Its rows and their output tokens over the whole job, the runs before a resume included (as
+    # its money is); the share is of every backend's rows counted so
     rows: int
-    rows_share: float  # of the job's rows this run
+    rows_share: float
     output_tokens: int
-    attempts: int
+    attempts: int  # this run's
     errors: dict[str, int]
     in_flight: int
     concurrency: ConcurrencyView
@@ -418,7 +420,9 @@ class FleetView(TypedDict):
     ceiling: int | None  # OpenRouter's in-flight ceiling now; None: no limit
     reason: str  # the pacer's one line: what moved and why, or what does fit
     plan: FleetPlanView  # the live plan
-    fits: bool  # the plan meets the deadline within the budget
+    # The verdict: the deadline is met within the budget, changed only on evidence (docs/fleets.md,
+    # "The verdict"); the live plan's own answer is plan["fits"]
+    fits: bool
     eta_s: float | None  # the work left at the pace measured now, both fleets together
     gpu_tokens_per_s: float  # the GPU fleet's rate the plan uses (smoothed)
     openrouter_tokens_per_s: float  # OpenRouter's rate measured now

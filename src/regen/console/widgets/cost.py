@@ -88,15 +88,9 @@ class CostPane(TextPane):
             )
         waste = money["waste"]
         waste_total = sum(w["amount"] for w in waste.values())
-        waste_causes = (
-            ""
-            if not waste
-            else " ("
-            + ", ".join(
-                f"{escape(cause)} {amount(w['amount'])}" for cause, w in waste.items() if w["amount"] or w["tokens"]
-            )
-            + ")"
-        )
+        # Every cause is always listed in the snapshot: name only those that wasted something.
+        causes = [f"{escape(cause)} {amount(w['amount'])}" for cause, w in waste.items() if w["amount"] or w["tokens"]]
+        waste_causes = f" ({', '.join(causes)})" if causes else ""
         estimate = f" (~{amount(estimated)} est.)" if estimated > 0.005 else ""
         estimates = estimate_words(money)
         account = self.account

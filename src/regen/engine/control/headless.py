@@ -105,20 +105,41 @@ def status_line(snap: Snapshot) -> str:
         state += f" (HELD: {paid['held_reason']} for {duration(paid['outage_s'], 'clock')})"
     elif paid["held_s"] is not None:
         state += f" (held {duration(paid['held_s'], 'clock')}: {paid['held_reason']})"
+    lanes = snap["lanes"]
+    # With several backends the limit is each one's, said in the split below: the job's total has none.
+    flying = f"{snap['in_flight']}" if len(lanes) > 1 else f"{snap['in_flight']}/{limit}"
     line = (
         f"[{duration(snap['elapsed_s'], 'clock')}] {state} | {datasets} | "
         f"{_count(rates['output_tokens_per_s'])} tok/s {rates['attempts_per_s']:.1f} req/s | "
-        f"in flight {snap['in_flight']}/{limit} | "
+        f"in flight {flying} | "
         f"{_amount(money['spent'], unit)} spent{estimated} + {_amount(money['reserved'], unit)} reserved{budget} | "
         f"errors {errors} | ETA {duration(snap['eta_s'], 'clock')}"
     )
-    lanes = snap["lanes"]
     if len(lanes) > 1:
         line += " | split " + " · ".join(lane_part(lane) for lane in lanes)
     fleet = snap.get("fleet")
-    if fleet is not None and fleet["deadline_ts"] is not None:
-        line += " | " + deadline_part(fleet)
+    if fleet is not None:
+        line += " | " + plan_part(fleet)
+        if fleet["deadline_ts"] is not None:
+            line += " | " + deadline_part(fleet)
     return line
+
+
+def plan_part(fleet: FleetView) -> str:
+    """The plan for the status line: what the GPUs make, what OpenRouter must carry and for how
+    much, against the dollars left, and the verdict (docs/fleets.md, "In the job")."""
+    plan = fleet["plan"]
+    gpus = plan["gpu_tokens"] > 0 or plan["gpu_tokens_per_s"] > 0
+    part = "plan " + (f"GPUs {_count(plan['gpu_tokens'])} tok, " if gpus else "")
+    part += f"OpenRouter {_count(plan['openrouter_tokens'])} tok ${plan['cost']:.2f}"
+    if plan["budget_left"] is not None:
+        part += f" (budget left ${plan['budget_left']:.2f})"
+    if fleet["fits"]:
+        return part + ": fits"
+    if not plan["reachable"]:
+        return part + ": too slow"
+    # The verdict waits for evidence (docs/fleets.md, "The verdict"): the plan may fit before it says so.
+    return part + (": over the budget" if not plan["affordable"] else ": not yet within reach")
 
 
 def _at(ts: float) -> str:
@@ -148,7 +169,9 @@ def plan_line(fleet: FleetView) -> str:
     if at is None:
         return f"plan: {fleet['plan']['reason']}"
     left = fleet["time_left_s"]
-    return f"deadline {_at(at)} (in {duration(max(0.0, left or 0.0), 'clock')}): {fleet['reason']}"
+    said = f"deadline {_at(at)} (in {duration(max(0.0, left or 0.0), 'clock')}): {fleet['plan']['reason']}"
+    # Paced, the pacer's line follows: what OpenRouter's ceiling is and why.
+    return f"{said}; {fleet['reason']}" if fleet["steered"] and fleet["reason"] != fleet["plan"]["reason"] else said
 
 
 # Events the status lines do not show and an operator reading the log should see when they happen.

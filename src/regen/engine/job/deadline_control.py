@@ -77,7 +77,8 @@ class DeadlineControl:
         self.interval_s = tuning.interval_s
         self.pacer = Pacer(
             self.paid.limit.configured if self.paid is not None else 0,
-            gpu_tokens_per_s=tuning.gpu_tokens_per_s,
+            # A GPU rate only with GPUs to make it: a job without a GPU lane plans OpenRouter alone.
+            gpu_tokens_per_s=tuning.gpu_tokens_per_s if self.gpus else None,
             request_tokens_per_s=tuning.request_tokens_per_s,
             smoothing_s=tuning.smoothing_s,
             margin=tuning.margin,
@@ -147,6 +148,7 @@ class DeadlineControl:
             )
         )
         self._fits = None  # a new deadline is judged afresh
+        self.pacer.verdict = None
 
     # --------------------------------------------------------------------------- the ceiling hook
 
@@ -227,7 +229,15 @@ class DeadlineControl:
             budget_left=budget_left,
             deadline=self.deadline_ts,
             offers=self.offers(work, request_rate or self.pacer.request_tokens_per_s),
+            rows=sum(state.done for state in self.datasets.values()),
+            gpu_rows=self._gpu_rows(),
         )
+
+    def _gpu_rows(self) -> int | None:
+        """The rows the GPU lanes made in this run: the evidence of their rate; None without a GPU
+        lane still open (no rows will come to wait for)."""
+        open_lanes = [lane for lane in self.gpus if lane.closed is None]
+        return sum(lane.stats.counters.rows for lane in open_lanes) if open_lanes else None
 
     # ----------------------------------------------------------------------------------- pacing
 
@@ -249,7 +259,7 @@ class DeadlineControl:
         if self.deadline_ts is None:
             self._fits = None
             return
-        fits = decision.plan.fits
+        fits = decision.fits  # the verdict, changed only on evidence (docs/fleets.md, "The verdict")
         if fits == self._fits:
             return
         if not fits:
@@ -283,7 +293,7 @@ class DeadlineControl:
             "ceiling": self.lane_ceiling(paid.name) if paid is not None else None,
             "reason": decision.reason if self.paced else plan.reason,
             "plan": plan.to_dict(),
-            "fits": plan.fits,
+            "fits": decision.fits,
             "eta_s": work / pace if pace > 0 else (0.0 if work <= 0 else None),
             "gpu_tokens_per_s": self.pacer.gpu_tokens_per_s,
             "openrouter_tokens_per_s": self._openrouter_rate,

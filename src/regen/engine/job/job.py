@@ -144,6 +144,8 @@ class Job:
         for lane in self.lanes:
             lane.settler.restore(journals[lane.name])
             lane.spent_at_start = journals[lane.name].spent
+            lane.rows_before = sum(s.progress.backend_rows.get(lane.name, 0) for s in self.datasets.values())
+            lane.tokens_before = sum(s.progress.backend_tokens.get(lane.name, 0) for s in self.datasets.values())
         # Before the start event and any attempt: the first start's base must predate every bill.
         self._usage_bounds = [
             UsageBound(account, lane.settler, self.events, journals[lane.name])
@@ -275,8 +277,14 @@ class Job:
         if self.outcome is not None:
             split: dict[str, Any] = {}
             if len(self.lanes) > 1:
+                # Over the whole job, as the money is: the earlier runs' rows and tokens included.
                 split["split"] = {
-                    lane.name: {"spent": str(lane.ledger.spent), "unit": lane.ledger.unit, "rows": lane.stats.counters.rows}
+                    lane.name: {
+                        "spent": str(lane.ledger.spent),
+                        "unit": lane.ledger.unit,
+                        "rows": lane.rows,
+                        "output_tokens": lane.output_tokens,
+                    }
                     for lane in self.lanes
                 }
             deadline = self.deadline_control.deadline_ts

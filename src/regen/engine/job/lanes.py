@@ -85,6 +85,10 @@ class Lane:
     unreachable_streak: int = 0
     in_flight: int = 0
     spent_at_start: Decimal = Decimal(0)
+    # This backend's rows and their output tokens written by the runs before this one (the results
+    # read at the start): its share is counted over the whole job, as its money is.
+    rows_before: int = 0
+    tokens_before: int = 0
     sent_at: deque[float] = field(default_factory=deque)
     # In-flight seconds integrated over time (monotonic): tokens per in-flight second is one
     # request's rate, which the deadline control multiplies by a ceiling (engine/job/deadline_control.py).
@@ -104,6 +108,16 @@ class Lane:
     @property
     def name(self) -> str:
         return self.backend.name
+
+    @property
+    def rows(self) -> int:
+        """Its rows over the whole job: the earlier runs' and this one's."""
+        return self.rows_before + self.stats.counters.rows
+
+    @property
+    def output_tokens(self) -> int:
+        """Its rows' output tokens over the whole job."""
+        return self.tokens_before + self.stats.counters.output_tokens
 
     def outage_s(self, now: float) -> float | None:
         return None if self.outage is None else now - self.outage.began

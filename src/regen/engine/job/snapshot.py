@@ -161,9 +161,9 @@ class SnapshotBuilder:
             "held_reason": outage.reason if outage is not None else lane.held_reason,
             "outage_s": outage_s,
             "outage_total_s": lane.outage_total_s + (outage_s or 0.0),
-            "rows": counters.rows,
-            "rows_share": counters.rows / job_rows if job_rows else 0.0,
-            "output_tokens": counters.output_tokens,
+            "rows": lane.rows,
+            "rows_share": lane.rows / job_rows if job_rows else 0.0,
+            "output_tokens": lane.output_tokens,
             "attempts": counters.attempts,
             "errors": dict(counters.errors),
             "in_flight": lane.in_flight,
@@ -188,7 +188,8 @@ class SnapshotBuilder:
         errors: Counter[str] = Counter()
         for lane in lanes:
             errors.update(lane.stats.counters.errors)
-        views = [self._lane_view(lane, now, elapsed, remaining, rows) for lane in lanes]
+        # Each backend's share is of the whole job's rows, as its money is (earlier runs included).
+        views = [self._lane_view(lane, now, elapsed, remaining, sum(other.rows for other in lanes)) for lane in lanes]
         each = [view["rates"] for view in views]
         rates: RatesView = {
             "output_tokens_per_s": math.fsum(r["output_tokens_per_s"] for r in each),

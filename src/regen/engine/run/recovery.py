@@ -82,6 +82,10 @@ class DatasetProgress:
     torn_bytes: int = 0
     # Rows of lines whose attempt the journal left unsettled: they settle it exactly.
     settling: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # Per backend (the row's `backend`): its rows and their output tokens, read at the start; a job on
+    # both fleets counts each backend's share over the whole job with them (docs/fleets.md).
+    backend_rows: dict[str, int] = field(default_factory=dict)
+    backend_tokens: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -171,7 +175,12 @@ def read_rows(results_path: Path, unsettled_lines: Collection[int] = ()) -> Data
             progress.ok += 1
         usage = row.get("usage") or {}
         tokens = usage.get("completion_tokens")
-        progress.output_tokens += tokens if isinstance(tokens, int) else 0
+        made = tokens if isinstance(tokens, int) else 0
+        progress.output_tokens += made
+        backend = row.get("backend")
+        if isinstance(backend, str):
+            progress.backend_rows[backend] = progress.backend_rows.get(backend, 0) + 1
+            progress.backend_tokens[backend] = progress.backend_tokens.get(backend, 0) + made
     return progress
 
 

@@ -8,7 +8,7 @@ reason. The control law, its margin and its smoothing are in docs/fleets.md ("Pa
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 
 from regen.engine.durations import duration
@@ -30,6 +30,11 @@ class Facts:
     budget_left: Decimal | None  # None: no budget
     deadline: float | None  # the resolved deadline; None: no deadline
     offers: tuple[RouteOffer, ...] = ()  # the allowed providers: their prices and sustainable rates
+    # The evidence the verdict rests on (docs/fleets.md, "The verdict"): the rows the work's mean
+    # tokens per prompt is measured on, and the rows the GPU fleet has made in this run (None: no
+    # GPUs in the job). None for `rows`: a caller that counts none; its rates are taken as measured.
+    rows: int | None = None
+    gpu_rows: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +46,32 @@ class PaceDecision:
     plan: FleetPlan  # the live plan to the deadline, at the smoothed rates: what the operator sees
     aim: FleetPlan  # the plan the ceiling follows: to the target finish, a margin before the deadline
     openrouter_tokens_per_s: float | None  # the rate the ceiling aims at; None: flat out
+    # The verdict: whether the deadline is within reach, changed only on evidence (docs/fleets.md,
+    # "The verdict"); `plan.fits` is the live plan's own answer, which follows every noisy sample.
+    fits: bool = True
+
+
+# The least uncertainty a measured rate is given (the verdict's band, docs/fleets.md "The verdict"):
+# with many rows the band narrows to this, so a plan within 5% of its edge does not flip the verdict.
+BAND_FLOOR = 0.05
+
+
+def band(rows: int) -> float:
+    """The relative uncertainty of a rate or a mean measured on `rows` rows: 1/sqrt(n) (a count's
+    relative standard error), at least BAND_FLOOR."""
+    return max(BAND_FLOOR, 1.0 / math.sqrt(rows)) if rows > 0 else 1.0
+
+
+def at_the_end(
+    work: Work, gpu: float, offers: tuple[RouteOffer, ...], spread: float, *, hopeful: bool
+) -> tuple[Work, float, tuple[RouteOffer, ...]]:
+    """The plan's inputs at one end of their uncertainty `spread`: hopeful, the rates that much
+    faster and the work that much smaller; else the rates slower and the work larger."""
+    rate = 1.0 + spread if hopeful else max(0.0, 1.0 - spread)
+    size = max(0.0, 1.0 - spread) if hopeful else 1.0 + spread
+    bounded = Work(math.ceil(work.output_tokens * size), work.prompts, math.ceil(work.prompt_tokens * size))
+    routes = tuple(RouteOffer(o.price, None if o.tokens_per_s is None else o.tokens_per_s * rate) for o in offers)
+    return bounded, gpu * rate, routes
 
 
 class Pacer:
@@ -74,6 +105,8 @@ class Pacer:
         self._last_now: float | None = None
         self.ceiling: int | None = None
         self.last: PaceDecision | None = None
+        # The verdict standing (docs/fleets.md, "The verdict"); None: none yet, the next plan's is taken.
+        self.verdict: bool | None = None
 
     @property
     def gpu_tokens_per_s(self) -> float:
@@ -107,9 +140,36 @@ class Pacer:
         """The ceiling for the next few seconds, per docs/fleets.md ("Pacing")."""
         self._smooth(facts)
         decision = self._decide(facts)
+        decision = replace(decision, fits=self._judge(facts, decision.plan))
         self.ceiling = decision.ceiling
         self.last = decision
         return decision
+
+    def _judge(self, facts: Facts, live: FleetPlan) -> bool:
+        """The verdict: the live plan's, but changed only on evidence (docs/fleets.md, "The verdict").
+        Until the first rows (the GPUs' among them) there is none; after, the live plan must hold
+        at the far end of the rates' and the work's uncertainty: a verdict of "fits" falls only when
+        even the hopeful end does not fit, and "cannot" lifts only when even the doubtful end fits."""
+        standing = self.verdict
+        if (
+            standing is None
+            or facts.deadline is None
+            or facts.deadline <= facts.now
+            or facts.work_left.output_tokens <= 0
+        ):
+            self.verdict = live.fits
+            return live.fits
+        if live.fits == standing:
+            return standing
+        evidence = [n for n in (facts.rows, facts.gpu_rows) if n is not None]
+        if any(n <= 0 for n in evidence):
+            return standing  # nothing measured yet: the settings' plan stands
+        spread = band(min(evidence)) if evidence else BAND_FLOOR
+        work, gpu, offers = at_the_end(facts.work_left, self.gpu_tokens_per_s, facts.offers, spread, hopeful=standing)
+        if plan_fleets(work, facts.deadline - facts.now, gpu, offers, facts.budget_left).fits == standing:
+            return standing  # within the uncertainty: not yet a real change
+        self.verdict = live.fits
+        return live.fits
 
     def _decide(self, facts: Facts) -> PaceDecision:
         work, gpu, offers = facts.work_left, self.gpu_tokens_per_s, facts.offers
