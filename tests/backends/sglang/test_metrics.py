@@ -58,7 +58,9 @@ async def test_a_deep_queue_lowers_the_ceiling_and_a_short_one_lifts_it(
     # should keep about 4 + 6 in flight, not the 48 the operator allows.
     config = sim_config(max_running_requests=4, output_len_min=30, output_len_max=40, time_scale=0.2)
     async with recording_sim(config, sim_tok) as server:
-        data = write_dataset(tmp_path, "Q", 1200)
+        # More prompts than the test needs: the lift is seen before the work runs out, however
+        # slowly this machine runs; the job is stopped (drained) once it is.
+        data = write_dataset(tmp_path, "Q", 5000)
         band = {"healthy_queue_min": 2, "healthy_queue_max": 6}
         settings = sglang_settings([server.base_url], [data], concurrency=48, min_concurrency=2, sglang=band)
         job = Job(settings)
@@ -83,8 +85,10 @@ async def test_a_deep_queue_lowers_the_ceiling_and_a_short_one_lifts_it(
         while not runner.done() and limit.suggested is not None and limit.suggested < 30:
             await asyncio.sleep(0.01)
         assert limit.suggested is None or limit.suggested >= 30, "lifted before the work ran out"
-        assert (await runner).reason is StopReason.DONE
-    assert len(read_rows(data)) == 1200
+        job.stop(cancel=False, reason=StopReason.OPERATOR)
+        assert (await runner).reason is StopReason.OPERATOR
+    lines = [row["line"] for row in read_rows(data)]
+    assert 0 < len(lines) < 5000 and len(set(lines)) == len(lines), "what finished, once each"
     hints = [
         e
         for e in (orjson.loads(line) for line in (settings.job.run_dir / "events.jsonl").read_bytes().splitlines())
