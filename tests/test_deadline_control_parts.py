@@ -107,7 +107,7 @@ def test_deadline_events_are_said_as_they_happen() -> None:
     assert lines == ["deadline: cannot be met now: deadline cannot be met within the budget", "deadline cleared"]
 
 
-def planned(**over: Any) -> dict[str, Any]:
+def planned(**over: Any) -> FleetView:
     """A fleet view with a real plan: 9,100 tokens left, the GPUs make 4,200 by the deadline (70
     tokens/s for a minute), OpenRouter carries the rest at $27/M with $0.16 left."""
     price = RoutePrice("cheap", Decimal(0), Decimal(27) / PER_MILLION)
@@ -128,10 +128,10 @@ def test_the_plan_said_before_the_start_is_the_plan_whether_or_not_paced() -> No
 def test_the_status_line_carries_the_plan_and_its_verdict() -> None:
     assert plan_part(planned()) == "plan GPUs 4200 tok, OpenRouter 4900 tok $0.13 (budget left $0.16): fits"
     short = planned(fits=False)
-    short["plan"].update(affordable=False, budget_left=0.05)
+    short["plan"]["affordable"], short["plan"]["budget_left"] = False, 0.05
     assert plan_part(short).endswith("(budget left $0.05): over the budget")
     waiting = planned(fits=False)  # the live plan fits, the verdict waits for evidence
     assert plan_part(waiting).endswith(": not yet within reach")
     alone = planned()
-    alone["plan"].update(gpu_tokens=0, gpu_tokens_per_s=0.0, openrouter_tokens=9100)
+    alone["plan"]["gpu_tokens"], alone["plan"]["gpu_tokens_per_s"], alone["plan"]["openrouter_tokens"] = 0, 0.0, 9100
     assert plan_part(alone).startswith("plan OpenRouter 9100 tok $0.13"), "no GPUs in the job: none named"
