@@ -75,6 +75,10 @@ class HostMonitor:
     def __len__(self) -> int:
         return len(self._hosts)
 
+    def _fleet(self) -> list[HostSettings]:
+        """Every host's settings: their servers share one served model name."""
+        return [h.settings for h in self._hosts.values()]
+
     def connection(self, name: str) -> HostConnection:
         """The job's one connection to host ``name``, for whatever else runs there."""
         return self._hosts[name].conn
@@ -135,7 +139,7 @@ class HostMonitor:
         tunnel = host.tunnel
         url = tunnel.url if tunnel is not None and tunnel.state == "open" else None
         try:
-            spec = ServerSpec.of(self.sglang_settings, host.settings)
+            spec = ServerSpec.of(self.sglang_settings, host.settings, self._fleet())
             host.sglang = await server_status(host.conn, spec, url, gpus=False, tunnel=False)
         except HostError as exc:
             host.sglang = {"ok": False, "error": str(exc)}
@@ -178,7 +182,7 @@ class HostMonitor:
             del progress[:-PROGRESS_LINES]
 
         try:
-            spec = ServerSpec.of(self.sglang_settings, host.settings)
+            spec = ServerSpec.of(self.sglang_settings, host.settings, self._fleet())
             if what == "start":
                 result = await start_server(host.conn, spec, say)
                 ok, message = result.ok, result.message
