@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int | None:
     try:
         settings = load_settings(args.settings, args.command)
         if args.command == "inspect":
-            return run_loop(_inspect(args, _hosts(settings, args.host, one=False)))
+            return run_loop(_inspect(args, settings, _hosts(settings, args.host, one=False)))
         host = _hosts(settings, args.host, one=True)[0]
         return run_loop(_transfer(args, settings, host))
     except (SettingsError, _Usage) as exc:
@@ -117,12 +117,12 @@ def _say_notices() -> Any:
     return on_change
 
 
-async def _inspect(args: argparse.Namespace, hosts: list[HostSettings]) -> int:
+async def _inspect(args: argparse.Namespace, settings: Settings, hosts: list[HostSettings]) -> int:
     import orjson
 
     from regen.engine.host.inspect import format_report, inspect_hosts
 
-    records = await inspect_hosts(hosts, on_change=_say_notices())
+    records = await inspect_hosts(hosts, on_change=_say_notices(), weight_version=settings.sglang.weight_version)
     if args.json:
         sys.stdout.buffer.write(orjson.dumps({"hosts": records}, option=orjson.OPT_INDENT_2) + b"\n")
         sys.stdout.flush()

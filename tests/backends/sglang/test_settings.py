@@ -12,7 +12,7 @@ from regen.engine.backends import make_backend
 from regen.engine.backends.sglang.backend import SGLangBackend
 from regen.engine.config.example import example_toml
 from regen.engine.config.loading import SettingsError, load_settings
-from regen.engine.config.settings import Settings
+from regen.engine.config.settings import HostSettings, SGLangSettings, Settings, served_model_name
 from tests.support.processes import ENV, regen_argv
 
 
@@ -29,7 +29,16 @@ def test_the_defaults_and_the_example_file() -> None:
     assert (sglang.port, sglang.tp, sglang.ready_timeout_s, sglang.urls) == (30000, 8, 2700.0, [])
     assert (sglang.healthy_queue_min, sglang.healthy_queue_max, sglang.healthy_kv_usage_max) == (100, 2000, 0.95)
     example = tomllib.loads(example_toml())
-    assert example["sglang"]["served_model_name"] == "kimi-k2.5" and example["job"]["backend"] == "openrouter"
+    assert "served_model_name" not in example["sglang"] and example["job"]["backend"] == "openrouter"
+    # Empty: the first host's model folder's name, whatever the other hosts' paths (one name for the job).
+    hosts = [
+        HostSettings(name=n, address="h", data_root="/d", model_path=p)
+        for n, p in (("a", "/data/models/Kimi-K2.5/"), ("b", "/mnt/nvme/Kimi-K2.5-copy"))
+    ]
+    assert served_model_name(sglang, hosts) == "Kimi-K2.5" and served_model_name(sglang, []) is None
+    named = SGLangSettings(served_model_name="kimi", launch_args=["--weight-version=v7"])
+    assert served_model_name(named, hosts) == "kimi" and named.weight_version == "v7"
+    assert sglang.weight_version == "default"
 
 
 def test_sglang_needs_urls_and_a_tokenizer(tmp_path: Path) -> None:

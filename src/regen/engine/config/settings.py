@@ -299,7 +299,7 @@ class TokenizerSettings(_Section):
     """The target model's tokenizer, which turns finished rows into the token ids drafters train on."""
 
     path: Path | None = None
-    """Local folder holding the tokenizer files (pulled from the GPU host or downloaded by hand); empty to leave output_ids empty. Required with job.backend = "sglang", which sends the prompts as token ids."""
+    """Local folder holding the tokenizer files (pulled from the GPU host or downloaded by hand); empty for the workspace's (what `regen pull` brought), else output_ids stay empty. SGLang, which is sent the prompts as token ids, needs one: with it empty and [[hosts]] set, `regen run` fetches the files from a host's model folder into the workspace itself (inspect, pull, push and sglang never need it)."""
     name: str | None = None
     """Name recorded in every row (e.g. "moonshotai/Kimi-K2.5"); defaults to the folder name."""
     trust_remote_code: bool = False
