@@ -12,7 +12,7 @@ from regen.engine.backends import make_backend
 from regen.engine.backends.sglang.backend import SGLangBackend
 from regen.engine.config.example import example_toml
 from regen.engine.config.loading import SettingsError, load_settings
-from regen.engine.config.settings import HostSettings, SGLangSettings, Settings, served_model_name
+from regen.engine.config.settings import HostSettings, Settings, SGLangSettings, served_model_name
 from tests.support.processes import ENV, regen_argv
 
 
