@@ -86,3 +86,22 @@ def test_regen_run_refuses_the_settings_with_exit_code_2(tmp_path: Path) -> None
     )
     assert done.returncode == 2
     assert "sglang.urls" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_regen_run_with_neither_a_host_nor_a_tokenizer_says_which_setting_and_command_in_one_line(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path, '[job]\nbackend = "sglang"\n[sglang]\nurls = ["http://127.0.0.1:1"]\n')
+    done = subprocess.run(
+        regen_argv("run", "--headless", "--settings", str(path)), env=ENV, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2
+    [line] = done.stderr.splitlines()
+    assert line.startswith(f"regen: {path}: tokenizer.path: empty") and "regen pull" in line
+    # The commands that fetch it or look at the hosts never ask for it (here they want [[hosts]]).
+    for command in (["inspect"], ["pull"], ["push"], ["sglang", "status"]):
+        other = subprocess.run(
+            regen_argv(*command, "--settings", str(path)), env=ENV, capture_output=True, text=True, timeout=60
+        )
+        assert other.returncode == 2 and "tokenizer.path" not in other.stderr, (command, other.stderr)
+        assert "no GPU hosts in the settings" in other.stderr
