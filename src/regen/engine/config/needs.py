@@ -1,4 +1,5 @@
-"""What each command needs of the settings beyond their shape, defined once (docs/inputs.md, "Settings").
+"""What each command needs of the settings beyond their shape, defined once (docs/gpu-host.md,
+"Settings each command needs").
 
 The settings' shape (engine/config/settings.py) holds for every command. What one backend needs of
 other sections holds only for the commands that use it: `regen inspect` and `regen pull` exist to
