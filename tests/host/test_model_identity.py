@@ -9,6 +9,7 @@ a path of its own (tests/support/gpuhost.py); the run goes through the real rout
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -125,3 +126,31 @@ def test_the_identity_names_the_first_file_that_differs_and_ignores_the_path(tmp
     )
     weights = first_difference(a["items"], survey(str(tmp_path / "b" / "elsewhere" / "Kimi"))["items"])
     assert weights == ("model-00001-of-00002.safetensors", None, "bytes:10")
+
+
+async def test_the_consoles_start_refuses_different_models_before_launching_on_any_host(
+    pair: tuple[GpuHost, GpuHost], tmp_path: Path
+) -> None:
+    from regen.engine.config.loading import load_settings
+    from regen.engine.host.monitor import HostMonitor
+
+    one, two = pair
+    (two.model / "tokenizer_config.json").write_text("{}")
+    conf = settings(one, two, tmp_path, write_dataset(tmp_path, "A", PROMPTS))
+    loaded = load_settings(conf)
+    monitor = HostMonitor(loaded.hosts, inspect_at_start=False, sglang=loaded.sglang)
+    monitor.start()
+    try:
+        assert monitor.sglang_action("start", None) == "starting SGLang on gpu1, gpu2"
+        deadline = asyncio.get_running_loop().time() + 120
+        while any(v["sglang_action"]["state"] == "running" for v in monitor.view()):  # type: ignore[index]
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.1)
+        for view in monitor.view():
+            action = view["sglang_action"]
+            assert action is not None and action["state"] == "failed"
+            assert "gpu1 and gpu2 hold different models: tokenizer_config.json differs" in str(action["message"])
+            assert "nothing was launched" in str(action["message"])
+    finally:
+        await monitor.close()
+    assert not list(one.work.glob("sglang-*.pid")), "nothing launched on any host"

@@ -142,7 +142,8 @@ async def _start(args: argparse.Namespace, settings: Settings, hosts: list[HostS
             model = await one_model(conns, settings.sglang.weight_version)
         except HostError as exc:
             return _fail(f"{exc}; nothing was launched", EXIT_FAILURE)
-        say(f"model {model.digest} on {', '.join(h.name for h in hosts)}")
+        if model is not None:
+            say(f"model {model.digest} on {', '.join(h.name for h in hosts)}")
         specs = [ServerSpec.of(settings.sglang, h, settings.hosts) for h in hosts]
         results = list(await asyncio.gather(*(start_server(c, s, say) for c, s in zip(conns, specs, strict=True))))
     finally:

@@ -75,13 +75,14 @@ async def take_identity(conn: HostConnection, weight_version: str | None) -> Mod
     return ModelIdentity.of(host.name, dict(result.one("identity")), weight_version)
 
 
-async def one_model(conns: Sequence[HostConnection], weight_version: str | None) -> ModelIdentity:
-    """Every host's identity at once; the first host's when they are one model, else ModelMismatch."""
+async def one_model(conns: Sequence[HostConnection], weight_version: str | None) -> ModelIdentity | None:
+    """Every host's identity at once; the first host's when they are one model (None with no host),
+    else ModelMismatch."""
     identities = await asyncio.gather(*(take_identity(c, weight_version) for c in conns))
     problem = mismatch(identities)
     if problem is not None:
         raise ModelMismatch(problem)
-    return identities[0]
+    return identities[0] if identities else None
 
 
 __all__ = ["ModelIdentity", "mismatch", "one_model", "take_identity"]
