@@ -81,7 +81,7 @@ def test_start_status_stop(host: GpuHost, tmp_path: Path) -> None:
     (entry,) = json.loads(status.stdout)["hosts"]
     assert entry["state"] == "ready" and entry["alive"] and entry["ready"]
     assert entry["phase"] == "ready" and entry["pid"] == pid
-    assert entry["version"] == "0.5.23" and entry["served_model_name"] == "kimi-k2.5"
+    assert entry["version"] == "0.5.23" and entry["served_model_name"] == "Kimi-K2.5"  # the model folder's name
     assert entry["model_path"] == str(host.model)
     assert entry["running"] == 0 and entry["queued"] == 0 and entry["kv_usage"] == 0
     busy = [g for g in entry["gpus"] if g["processes"]]

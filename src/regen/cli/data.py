@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int | None:
     from regen.engine.data.tokenizer import TokenizerError
 
     try:
-        settings = load_settings(args.settings)
+        settings = load_settings(args.settings, args.command)
         datasets = _datasets(args, settings)
         if args.command == "verify":
             return _verify(args, settings, datasets)

@@ -93,9 +93,9 @@ def run(args: argparse.Namespace) -> int | None:
     from regen.engine.runtime import run as run_loop
 
     try:
-        settings = load_settings(args.settings)
+        settings = load_settings(args.settings, args.command)
         if args.command == "inspect":
-            return run_loop(_inspect(args, _hosts(settings, args.host, one=False)))
+            return run_loop(_inspect(args, settings, _hosts(settings, args.host, one=False)))
         host = _hosts(settings, args.host, one=True)[0]
         return run_loop(_transfer(args, settings, host))
     except (SettingsError, _Usage) as exc:
@@ -117,12 +117,12 @@ def _say_notices() -> Any:
     return on_change
 
 
-async def _inspect(args: argparse.Namespace, hosts: list[HostSettings]) -> int:
+async def _inspect(args: argparse.Namespace, settings: Settings, hosts: list[HostSettings]) -> int:
     import orjson
 
     from regen.engine.host.inspect import format_report, inspect_hosts
 
-    records = await inspect_hosts(hosts, on_change=_say_notices())
+    records = await inspect_hosts(hosts, on_change=_say_notices(), weight_version=settings.sglang.weight_version)
     if args.json:
         sys.stdout.buffer.write(orjson.dumps({"hosts": records}, option=orjson.OPT_INDENT_2) + b"\n")
         sys.stdout.flush()
@@ -171,3 +171,44 @@ async def _transfer(args: argparse.Namespace, settings: Settings, host: HostSett
             f"{host.name}: workspace {settings.workspace} ready: a run with no datasets or tokenizer set uses it"
         )
     return EXIT_FAILURE if refused else EXIT_OK
+
+
+def fetch_tokenizer_for_run(settings: Settings) -> int | None:
+    """`regen run` with SGLang and a tokenizer to fetch: the files from a host's model folder into the
+    workspace (engine/host/transfer.py `fetch_tokenizer`, what `regen pull` does for them), one line
+    when anything came, and the settings pointed at them. None to go on, else the exit code.
+
+    A tokenizer the workspace holds already is checked against the host again (``up to date`` costs
+    a few hashes): an earlier fetch cut short is finished, a host whose files changed is refused.
+    """
+    from regen.engine.config.needs import tokenizer_hosts
+    from regen.engine.config.workspace import tokenizer_dir
+    from regen.engine.host.errors import HostError
+    from regen.engine.host.transfer import fetch_tokenizer
+    from regen.engine.runtime import run as run_loop
+
+    folder = tokenizer_dir(settings.workspace)
+    wanted = settings.tokenizer.path is None or settings.tokenizer.path == folder
+    if "sglang" not in settings.job.chosen_backends or not wanted or not tokenizer_hosts(settings):
+        return None
+    try:
+        report = run_loop(fetch_tokenizer(settings.hosts, settings.workspace, on_change=_say_notices()))
+    except HostError as exc:
+        return _fail(str(exc), EXIT_FAILURE)
+    for warning in report.warnings:
+        print(f"regen: warning: {warning}", file=sys.stderr)
+    refused = [o for o in report.outcomes if not o.ok]
+    for o in refused:
+        print(f"regen: {report.host}: {o.what}: {o.detail}", file=sys.stderr)
+    if refused or not report.outcomes:
+        return _fail(f"{report.host}: no usable tokenizer files fetched; tokenizer.path is empty", EXIT_FAILURE)
+    came = [o for o in report.outcomes if o.action != "up to date"]
+    if came:
+        print(
+            f"regen: tokenizer.path is empty: fetched {len(came)} tokenizer files ({sum(o.bytes for o in came):,} bytes) "
+            f"from {report.host}'s model folder into {folder}, sha256-verified",
+            file=sys.stderr,
+            flush=True,
+        )
+    settings.tokenizer.path = folder
+    return None

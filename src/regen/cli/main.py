@@ -15,6 +15,7 @@ from regen.cli.arguments import add_settings_argument
 from regen.cli.data import add_parsers as add_data_parsers
 from regen.cli.data import run as run_data_command
 from regen.cli.hosts import add_parsers as add_host_parsers
+from regen.cli.hosts import fetch_tokenizer_for_run
 from regen.cli.hosts import run as run_host_command
 from regen.cli.sglang import add_parsers as add_sglang_parsers
 from regen.cli.sglang import run as run_sglang_command
@@ -132,13 +133,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 prepared=args.prepared,
                 backend="fleets" if args.fleets else args.backend,
             )
-        settings = load_settings(args.settings)
-        if args.command == "run" and args.headless:
-            return _run(args, settings)
-        if args.command == "job-process":
+        settings = load_settings(args.settings, args.command)
+        if args.command == "job-process":  # `regen run` fetched what it needed before starting it
             return _run(args, settings)
         if args.command == "run":
-            return _run_detached(args, settings)
+            fetched = fetch_tokenizer_for_run(settings)
+            if fetched is not None:
+                return fetched
+            return _run(args, settings) if args.headless else _run_detached(args, settings)
         if args.command == "catalog":
             return _catalog(args, settings)
         if args.command == "attach":

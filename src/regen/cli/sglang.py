@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int | None:
     from regen.engine.runtime import run as run_loop
 
     try:
-        settings = load_settings(args.settings)
+        settings = load_settings(args.settings, args.command)
         hosts = _hosts(settings, args.host)
     except (SettingsError, _Usage) as exc:
         return _fail(str(exc), EXIT_USAGE)
@@ -115,7 +115,7 @@ async def _each(settings: Settings, hosts: list[HostSettings], work: Any) -> lis
     async def one(host: HostSettings) -> Any:
         conn = HostConnection(host, on_change=notices)
         try:
-            return await work(conn, ServerSpec.of(settings.sglang, host))
+            return await work(conn, ServerSpec.of(settings.sglang, host, settings.hosts))
         finally:
             await conn.close()
 
@@ -125,12 +125,29 @@ async def _each(settings: Settings, hosts: list[HostSettings], work: Any) -> lis
 async def _start(args: argparse.Namespace, settings: Settings, hosts: list[HostSettings]) -> int:
     import orjson
 
-    from regen.engine.host.sglang import start_server
+    from regen.cli.hosts import _say_notices
+    from regen.engine.host.errors import HostError
+    from regen.engine.host.identity import one_model
+    from regen.engine.host.sglang import ServerSpec, start_server
+    from regen.engine.host.ssh import HostConnection
 
     began = time.monotonic()
     # With --json, stdout holds only the JSON; the progress lines go to stderr.
     say = _say_err if args.json else _say
-    results = await _each(settings, hosts, lambda conn, spec: start_server(conn, spec, say))
+    notices = _say_notices()
+    conns = [HostConnection(h, on_change=notices) for h in hosts]
+    try:
+        # One model on every host, by content, before anything is launched on any of them.
+        try:
+            model = await one_model(conns, settings.sglang.weight_version)
+        except HostError as exc:
+            return _fail(f"{exc}; nothing was launched", EXIT_FAILURE)
+        if model is not None:
+            say(f"model {model.digest} on {', '.join(h.name for h in hosts)}")
+        specs = [ServerSpec.of(settings.sglang, h, settings.hosts) for h in hosts]
+        results = list(await asyncio.gather(*(start_server(c, s, say) for c, s in zip(conns, specs, strict=True))))
+    finally:
+        await asyncio.gather(*(c.close() for c in conns))
     if args.json:
         sys.stdout.buffer.write(orjson.dumps({"hosts": [r.to_dict() for r in results]}, option=orjson.OPT_INDENT_2) + b"\n")
         sys.stdout.flush()

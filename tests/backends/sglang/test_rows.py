@@ -74,7 +74,8 @@ async def test_rows_carry_exactly_the_servers_ids(
         )
         assert row["output_ids_source"] == "server"
         assert row["backend"] == "sglang" and row["provider"] == worker
-        assert row["model"] == "sim/kimi-k2.5" and row["served_model"] == SERVED
+        # The model is named by its served name, whatever the folder's path (docs/data-contract.md §3.2).
+        assert row["model"] == SERVED and row["served_model"] == SERVED
         assert row["server"] == {
             "kind": "sglang",
             "version": "0.5.23",

@@ -12,7 +12,7 @@ from regen.engine.backends import make_backend
 from regen.engine.backends.sglang.backend import SGLangBackend
 from regen.engine.config.example import example_toml
 from regen.engine.config.loading import SettingsError, load_settings
-from regen.engine.config.settings import Settings
+from regen.engine.config.settings import HostSettings, Settings, SGLangSettings, served_model_name
 from tests.support.processes import ENV, regen_argv
 
 
@@ -29,7 +29,16 @@ def test_the_defaults_and_the_example_file() -> None:
     assert (sglang.port, sglang.tp, sglang.ready_timeout_s, sglang.urls) == (30000, 8, 2700.0, [])
     assert (sglang.healthy_queue_min, sglang.healthy_queue_max, sglang.healthy_kv_usage_max) == (100, 2000, 0.95)
     example = tomllib.loads(example_toml())
-    assert example["sglang"]["served_model_name"] == "kimi-k2.5" and example["job"]["backend"] == "openrouter"
+    assert "served_model_name" not in example["sglang"] and example["job"]["backend"] == "openrouter"
+    # Empty: the first host's model folder's name, whatever the other hosts' paths (one name for the job).
+    hosts = [
+        HostSettings(name=n, address="h", data_root="/d", model_path=p)
+        for n, p in (("a", "/data/models/Kimi-K2.5/"), ("b", "/mnt/nvme/Kimi-K2.5-copy"))
+    ]
+    assert served_model_name(sglang, hosts) == "Kimi-K2.5" and served_model_name(sglang, []) is None
+    named = SGLangSettings(served_model_name="kimi", launch_args=["--weight-version=v7"])
+    assert served_model_name(named, hosts) == "kimi" and named.weight_version == "v7"
+    assert sglang.weight_version == "default"
 
 
 def test_sglang_needs_urls_and_a_tokenizer(tmp_path: Path) -> None:
@@ -77,3 +86,22 @@ def test_regen_run_refuses_the_settings_with_exit_code_2(tmp_path: Path) -> None
     )
     assert done.returncode == 2
     assert "sglang.urls" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_regen_run_with_neither_a_host_nor_a_tokenizer_says_which_setting_and_command_in_one_line(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path, '[job]\nbackend = "sglang"\n[sglang]\nurls = ["http://127.0.0.1:1"]\n')
+    done = subprocess.run(
+        regen_argv("run", "--headless", "--settings", str(path)), env=ENV, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2
+    [line] = done.stderr.splitlines()
+    assert line.startswith(f"regen: {path}: tokenizer.path: empty") and "regen pull" in line
+    # The commands that fetch it or look at the hosts never ask for it (here they want [[hosts]]).
+    for command in (["inspect"], ["pull"], ["push"], ["sglang", "status"]):
+        other = subprocess.run(
+            regen_argv(*command, "--settings", str(path)), env=ENV, capture_output=True, text=True, timeout=60
+        )
+        assert other.returncode == 2 and "tokenizer.path" not in other.stderr, (command, other.stderr)
+        assert "no GPU hosts in the settings" in other.stderr

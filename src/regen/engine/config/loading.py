@@ -14,7 +14,8 @@ from typing import Any
 
 from pydantic import SecretStr, ValidationError
 
-from regen.engine.config.settings import ENV_PREFIX, Settings, backend_problems
+from regen.engine.config.needs import need_problems
+from regen.engine.config.settings import ENV_PREFIX, Settings
 from regen.engine.config.workspace import use_workspace
 
 DEFAULT_SETTINGS_FILE = Path("settings.toml")
@@ -37,8 +38,9 @@ def _env_name(key: str) -> str:
     return ENV_PREFIX + key.replace(".", "__").upper()
 
 
-def load_settings(path: Path | None = None) -> Settings:
-    """Load settings from `path` (or ./settings.toml when present, else defaults) and the environment.
+def load_settings(path: Path | None = None, command: str = "run") -> Settings:
+    """Load settings from `path` (or ./settings.toml when present, else defaults) and the environment,
+    checked for what `command` needs of them (engine/config/needs.py).
 
     Raises SettingsError with one line per problem, each naming the key and where it came from.
     """
@@ -75,9 +77,6 @@ def load_settings(path: Path | None = None) -> Settings:
             message = err["msg"].removeprefix("Value error, ") if err["type"] == "value_error" else err["msg"]
             problems.append(f"{origin}: {key}: {message}")
         raise SettingsError(problems) from None
-    problems = backend_problems(settings)
-    if problems:
-        raise SettingsError([f"{where}: {problem}" for problem in problems])
     if settings.openrouter.api_key is None and env.get(KEY_ENV):
         settings.openrouter.api_key = SecretStr(env[KEY_ENV])
     base = source.parent if source is not None else Path.cwd()
@@ -95,6 +94,10 @@ def load_settings(path: Path | None = None) -> Settings:
         if host.known_hosts is not None:
             host.known_hosts = _resolve(base, host.known_hosts)
     use_workspace(settings)
+    # After the workspace: a tokenizer `regen pull` brought is as good as one named in the file.
+    problems = need_problems(settings, command)
+    if problems:
+        raise SettingsError([f"{where}: {problem}" for problem in problems])
     return settings
 
 

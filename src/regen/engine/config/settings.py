@@ -7,7 +7,8 @@ so the two never drift apart (a test checks it). engine/config/loading.py reads 
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Sequence
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
@@ -119,8 +120,8 @@ class SGLangSettings(_Section):
     """Servers the backend talks to directly, e.g. ["http://127.0.0.1:30000"]: a local server, an open tunnel or the router. Empty with [[hosts]] set: the run reaches each host's server through an SSH tunnel of its own, behind the SGLang router (smg) when there are several hosts."""
     port: int = Field(30000, ge=1, le=65535)
     """Port SGLang listens on, on the host's 127.0.0.1; a host's sglang_port overrides it."""
-    served_model_name: str = "kimi-k2.5"
-    """--served-model-name at launch; the backend refuses a server that serves another name."""
+    served_model_name: str | None = None
+    """--served-model-name at launch, one name for every server of the job whatever its model folder's path (the router and the rows name the model by it); empty for the first [[hosts]] model folder's name. The backend refuses a server that serves another name (with sglang.urls and this empty: servers that disagree)."""
     tp: int = Field(8, ge=1)
     """--tp at launch: GPUs per server. Also the GPUs a server counts for GPU time when it does not say (docs/money.md)."""
     launch_args: list[str] = Field(default_factory=list)
@@ -176,6 +177,20 @@ class SGLangSettings(_Section):
         if problem is not None:
             raise ValueError(problem)
         return args
+
+    @property
+    def weight_version(self) -> str:
+        """The weight version the servers are launched with: --weight-version in launch_args, else
+        SGLang's own default ("default"); part of the model's identity (engine/host/identity.py)."""
+        version = "default"
+        for i, word in enumerate(self.launch_args):
+            name, eq, value = word.partition("=")
+            if name == "--weight-version":
+                if eq:
+                    version = value
+                elif i + 1 < len(self.launch_args):
+                    version = self.launch_args[i + 1]
+        return version
 
     @model_validator(mode="after")
     def _queue_band(self) -> SGLangSettings:
@@ -286,7 +301,7 @@ class TokenizerSettings(_Section):
     """The target model's tokenizer, which turns finished rows into the token ids drafters train on."""
 
     path: Path | None = None
-    """Local folder holding the tokenizer files (pulled from the GPU host or downloaded by hand); empty to leave output_ids empty. Required with job.backend = "sglang", which sends the prompts as token ids."""
+    """Local folder holding the tokenizer files (pulled from the GPU host or downloaded by hand); empty for the workspace's (what `regen pull` brought), else output_ids stay empty. SGLang, which is sent the prompts as token ids, needs one: with it empty and [[hosts]] set, `regen run` fetches the files from a host's model folder into the workspace itself (inspect, pull, push and sglang never need it)."""
     name: str | None = None
     """Name recorded in every row (e.g. "moonshotai/Kimi-K2.5"); defaults to the folder name."""
     trust_remote_code: bool = False
@@ -432,21 +447,15 @@ class Settings(BaseSettings):
         return (env_settings, init_settings)
 
 
-def backend_problems(settings: Settings) -> list[str]:
-    """What the chosen backend needs from other sections, one line per problem (key first)."""
-    if "sglang" not in settings.job.chosen_backends:
-        return []
-    chosen = 'job.backend is "sglang"' if settings.job.backends is None else 'job.backends includes "sglang"'
-    problems = []
-    if not settings.sglang.urls and not settings.hosts:
-        # With [[hosts]] and no urls, the run reaches each host's server through a tunnel of its own.
-        problems.append(
-            f"sglang.urls: empty and no [[hosts]], but {chosen}: set urls to the server's URL, "
-            'e.g. urls = ["http://127.0.0.1:30000"], or add the GPU hosts as [[hosts]] tables'
-        )
-    if settings.tokenizer.path is None:
-        problems.append(
-            f"tokenizer.path: empty, but {chosen}: the prompts' token ids are rendered "
-            "locally, so set it to the model's tokenizer folder"
-        )
-    return problems
+def served_model_name(sglang: SGLangSettings, hosts: Sequence[HostSettings]) -> str | None:
+    """The one --served-model-name of every server of the job: sglang.served_model_name, else the
+    name of the first [[hosts]] model folder (hosts may mount it at different paths, docs/gpu-host.md,
+    "One model"); None with neither (servers given as sglang.urls name it themselves)."""
+    if sglang.served_model_name:
+        return sglang.served_model_name
+    for host in hosts:
+        if host.model_path:
+            name = PurePosixPath(host.model_path.rstrip("/")).name
+            if name and name not in (".", "..", "~"):
+                return name
+    return None

@@ -46,3 +46,9 @@ class TransferError(HostError):
     """A pull or push was refused or did not verify."""
 
     state = "transfer failed"
+
+
+class ModelMismatch(HostError):
+    """The hosts of one job hold different models (by content, engine/host/identity.py)."""
+
+    state = "different model"

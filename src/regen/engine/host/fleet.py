@@ -3,7 +3,9 @@
 With ``job.backend = "sglang"``, no ``sglang.urls`` and ``[[hosts]]`` set, the SGLang backend asks
 the fleet for its URLs when it opens: each host's server through a ``Tunnel`` over that host's one
 SSH connection (the job's own, from the host monitor), and with more than one host the router
-(``Router``, smg) in front of the tunnels. While the run lasts the fleet checks every worker's
+(``Router``, smg) in front of the tunnels. Before any tunnel, the hosts' models are compared by
+content (engine/host/identity.py): different models are refused, one model at different paths is
+one model. While the run lasts the fleet checks every worker's
 ``/health`` through its tunnel; a worker that stops answering is taken out of the router (the job
 carries on with the rest) and put back once it answers again (docs/sglang.md §13).
 """
@@ -21,6 +23,7 @@ import aiohttp
 
 from regen.engine.config.settings import HostSettings, SGLangSettings
 from regen.engine.host.errors import HostError
+from regen.engine.host.identity import ModelIdentity, one_model
 from regen.engine.host.router import Router, RouterError
 from regen.engine.host.tunnel import Tunnel
 from regen.engine.schema import HostFleetView
@@ -73,6 +76,9 @@ class Fleet:
         self.health_interval_s = health_interval_s
         self.workers: list[FleetWorker] = []
         self.router: Router | None = None
+        # The model on every host, by content (engine/host/identity.py); None when a host has no
+        # model_path to take it from.
+        self.model: ModelIdentity | None = None
         self._own: list[HostConnection] = []  # connections opened here when there is no monitor
 
     def _connection(self, host: HostSettings) -> HostConnection:
@@ -103,6 +109,14 @@ class Fleet:
             if self.on_reopen is not None:
                 self.on_reopen(tunnel.url)
 
+        try:
+            # Different models behind one router would make rows that lie; refused before any tunnel.
+            if all(h.model_path for h in self.hosts):
+                conns = [self._connection(h) for h in self.hosts]
+                self.model = await one_model(conns, self.sglang.weight_version)
+        except HostError:
+            await self.close()
+            raise
         for host in self.hosts:
             tunnel = Tunnel(self._connection(host), host.sglang_port or self.sglang.port, on_reopen=reopened)
             self.workers.append(FleetWorker(host.name, tunnel))

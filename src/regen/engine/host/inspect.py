@@ -8,12 +8,14 @@ holds. Record shapes are in docs/gpu-host.md ("What inspect reports").
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from regen.engine.config.settings import HostSettings
 from regen.engine.host.errors import HostError
+from regen.engine.host.identity import ModelIdentity, mismatch
 from regen.engine.host.ssh import HostConnection
 from regen.engine.schema import InspectCounts
 
@@ -21,12 +23,23 @@ from regen.engine.schema import InspectCounts
 TEXT_INVALID_LINES = 10
 
 
-async def inspect_host(conn: HostConnection, names: Sequence[str] = ()) -> dict[str, Any]:
-    """The inspect record of one host; raises HostError when it cannot be reached or the script fails."""
+async def inspect_host(
+    conn: HostConnection, names: Sequence[str] = (), *, weight_version: str | None = "default"
+) -> dict[str, Any]:
+    """The inspect record of one host; raises HostError when it cannot be reached or the script fails.
+
+    ``weight_version`` is what the servers are launched with (sglang.weight_version), part of the
+    model's identity; the record's ``model_digest`` is None when the model folder cannot be read.
+    """
     host = conn.host
     began = time.monotonic()
     result = await conn.hostcmd(["inspect", host.data_root, host.model_path or "", *names])
     facts = result.one("host")
+    model: ModelIdentity | None = None
+    found = facts.get("identity")
+    if isinstance(found, dict):
+        with contextlib.suppress(HostError):  # the model line says why (does not exist, unreadable)
+            model = ModelIdentity.of(host.name, found, weight_version)
     datasets = [{k: v for k, v in r.items() if k != "type"} for r in result.of_type("dataset")]
     return {
         "name": host.name,
@@ -42,6 +55,8 @@ async def inspect_host(conn: HostConnection, names: Sequence[str] = ()) -> dict[
         "gpu_error": facts["gpu_error"],
         "disk": facts["disk"],
         "model": facts["model"],
+        "model_digest": model.digest if model is not None else None,
+        "model_items": [list(item) for item in model.items] if model is not None else None,
         "versions": facts["versions"],
     }
 
@@ -65,13 +80,14 @@ async def inspect_hosts(
     names: Sequence[str] = (),
     *,
     on_change: Callable[[HostConnection], None] | None = None,
+    weight_version: str | None = "default",
 ) -> list[dict[str, Any]]:
     """Every host at once, each over its own connection; a host that fails does not stop the others."""
 
     async def one(host: HostSettings) -> dict[str, Any]:
         conn = HostConnection(host, on_change=on_change)
         try:
-            return await inspect_host(conn, names)
+            return await inspect_host(conn, names, weight_version=weight_version)
         except HostError as exc:
             return failed_record(host, exc, conn.retries)
         finally:
@@ -229,6 +245,8 @@ def format_report(records: Sequence[dict[str, Any]]) -> list[str]:
                     f"{model.get('safetensors_files')} safetensors files ({_bytes(model.get('safetensors_bytes'))})"
                 )
                 out.append(f"  tokenizer files: {', '.join(model.get('tokenizer_files') or []) or 'none'}")
+                if r.get("model_digest"):
+                    out.append(f"  model digest {r['model_digest']} (by content: docs/gpu-host.md, \"One model\")")
                 if model.get("missing_auto_map_files"):
                     out.append(f"  missing (named in auto_map): {', '.join(model['missing_auto_map_files'])}")
                 if model.get("error"):
@@ -245,4 +263,22 @@ def format_report(records: Sequence[dict[str, Any]]) -> list[str]:
         )
         for d in r.get("datasets") or []:
             out.extend(_dataset_lines(d))
+    problem = _one_model(records)
+    if problem is not None:
+        out.append(f"note: {problem}: one job cannot use both (regen sglang start refuses)")
     return out
+
+
+def _one_model(records: Sequence[dict[str, Any]]) -> str | None:
+    """Why the inspected hosts' models are not one model, or None (docs/gpu-host.md, "One model")."""
+    known = [
+        ModelIdentity(
+            r["name"],
+            str((r.get("model") or {}).get("path")),
+            tuple((str(n), str(v)) for n, v in r.get("model_items") or []),
+            r["model_digest"],
+        )
+        for r in records
+        if r.get("ok") and r.get("model_digest")
+    ]
+    return mismatch(known)

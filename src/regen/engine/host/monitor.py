@@ -75,6 +75,10 @@ class HostMonitor:
     def __len__(self) -> int:
         return len(self._hosts)
 
+    def _fleet(self) -> list[HostSettings]:
+        """Every host's settings: their servers share one served model name."""
+        return [h.settings for h in self._hosts.values()]
+
     def connection(self, name: str) -> HostConnection:
         """The job's one connection to host ``name``, for whatever else runs there."""
         return self._hosts[name].conn
@@ -135,7 +139,7 @@ class HostMonitor:
         tunnel = host.tunnel
         url = tunnel.url if tunnel is not None and tunnel.state == "open" else None
         try:
-            spec = ServerSpec.of(self.sglang_settings, host.settings)
+            spec = ServerSpec.of(self.sglang_settings, host.settings, self._fleet())
             host.sglang = await server_status(host.conn, spec, url, gpus=False, tunnel=False)
         except HostError as exc:
             host.sglang = {"ok": False, "error": str(exc)}
@@ -158,15 +162,25 @@ class HostMonitor:
         busy = [h.settings.name for h in chosen if h.action_task is not None and not h.action_task.done()]
         if busy:
             raise HostError(f"an SGLang start or stop is already running on {', '.join(busy)}")
+        loop = asyncio.get_running_loop()
+        # One model on every host of the job, by content, before a start launches anything anywhere.
+        model = loop.create_task(self._one_model(), name="host-sglang-model") if what == "start" else None
         for host in chosen:
             host.action = {"what": what, "state": "running", "started_at": time.time(), "progress": [], "message": None}
-            host.action_task = asyncio.get_running_loop().create_task(
-                self._sglang_action(host, what), name=f"host-sglang-{what}-{host.settings.name}"
+            host.action_task = loop.create_task(
+                self._sglang_action(host, what, model), name=f"host-sglang-{what}-{host.settings.name}"
             )
         names = ", ".join(h.settings.name for h in chosen)
         return f"{'starting' if what == 'start' else 'stopping'} SGLang on {names}"
 
-    async def _sglang_action(self, host: _Host, what: str) -> None:
+    async def _one_model(self) -> None:
+        from regen.engine.host.identity import one_model
+
+        assert self.sglang_settings is not None
+        hosts = [h.conn for h in self._hosts.values() if h.settings.model_path]
+        await one_model(hosts, self.sglang_settings.weight_version)
+
+    async def _sglang_action(self, host: _Host, what: str, model: asyncio.Future[None] | None = None) -> None:
         from regen.engine.host.sglang import ServerSpec, start_server, stop_server
 
         assert self.sglang_settings is not None and host.action is not None
@@ -178,8 +192,13 @@ class HostMonitor:
             del progress[:-PROGRESS_LINES]
 
         try:
-            spec = ServerSpec.of(self.sglang_settings, host.settings)
+            spec = ServerSpec.of(self.sglang_settings, host.settings, self._fleet())
             if what == "start":
+                if model is not None:
+                    try:
+                        await asyncio.shield(model)
+                    except HostError as exc:
+                        raise HostError(f"{exc}; nothing was launched") from None
                 result = await start_server(host.conn, spec, say)
                 ok, message = result.ok, result.message
                 if not ok and result.tail:

@@ -29,6 +29,7 @@ MODULES = (
     "regen.engine.data.lines",
     "regen.engine.data.validate",
     "regen.engine.host.scripts.probe",
+    "regen.engine.host.scripts.identity",
     "regen.engine.host.scripts.survey",
 )
 ENTRY = "regen.engine.host.scripts.hostcmd"

@@ -14,13 +14,13 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
-from regen.engine.config.settings import HostSettings, SGLangSettings
+from regen.engine.config.settings import HostSettings, SGLangSettings, served_model_name
 from regen.engine.host.errors import HostError, HostSetupError, RemoteError
 from regen.engine.host.scripts.sglanglog import PHASE_NAMES, LogState
 from regen.engine.host.ssh import HostConnection
@@ -34,6 +34,8 @@ MODULES = (
     "regen.engine.host.scripts.probe",
     "regen.engine.host.scripts.sglanglog",
 )
+# The served name when no model folder's name can be one (a model_path of "/" or "~").
+FALLBACK_SERVED_NAME = "model"
 DEFAULT_WORK_DIR = "regen-sglang"  # under the remote user's home
 # The preflight imports sglang and runs its --help on the host (torch loads: tens of seconds).
 START_TIMEOUT_S = 960.0
@@ -67,7 +69,9 @@ class ServerSpec:
     grace_s: float
 
     @classmethod
-    def of(cls, sglang: SGLangSettings, host: HostSettings) -> ServerSpec:
+    def of(cls, sglang: SGLangSettings, host: HostSettings, fleet: Sequence[HostSettings] = ()) -> ServerSpec:
+        """``host``'s server; ``fleet`` is every host of the job (``host`` alone when empty), whose
+        servers all get one --served-model-name (engine/config/settings.py `served_model_name`)."""
         if not host.model_path:
             raise HostSetupError(f"{host.name}: model_path is not set in its [[hosts]] table: SGLang needs the model folder")
         return cls(
@@ -75,7 +79,7 @@ class ServerSpec:
             port=host.sglang_port or sglang.port,
             model_path=host.model_path,
             tp=sglang.tp,
-            served_model_name=sglang.served_model_name,
+            served_model_name=served_model_name(sglang, fleet or [host]) or FALLBACK_SERVED_NAME,
             launch_args=tuple(sglang.launch_args),
             env=tuple(sorted(sglang.env.items())),
             work_dir=sglang.work_dir or DEFAULT_WORK_DIR,

@@ -25,8 +25,9 @@ from typing import Any, cast
 
 import asyncssh
 
+from regen.engine.config.settings import HostSettings
 from regen.engine.config.workspace import datasets_dir, tokenizer_dir
-from regen.engine.host.errors import TransferError
+from regen.engine.host.errors import HostError, TransferError
 from regen.engine.host.ssh import HostConnection
 
 PROMPTS_FILE = "prompts.jsonl"
@@ -237,7 +238,19 @@ async def pull(
                 conn, digest["path"], digest["bytes"], digest["sha256"], dest, f"{ds['name']}/{PROMPTS_FILE}"
             )
         )
-    tokenizer = manifest.get("tokenizer")
+    await _pull_tokenizer(conn, workspace, manifest.get("tokenizer"), report, done)
+    return report
+
+
+async def _pull_tokenizer(
+    conn: HostConnection,
+    workspace: Path,
+    tokenizer: dict[str, Any] | None,
+    report: Report,
+    done: Callable[[Outcome], None],
+) -> None:
+    """The model folder's tokenizer files, as the manifest lists them, to ``<workspace>/tokenizer``."""
+    host = conn.host
     if not host.model_path:
         report.warnings.append(f"{host.name}: no model_path set, so no tokenizer files were pulled")
     elif not tokenizer or not tokenizer.get("exists"):
@@ -251,7 +264,49 @@ async def pull(
             # The name comes from a fixed list or a checked module name (probe.py), never a path.
             dest = tokenizer_dir(workspace) / Path(f["name"]).name
             done(await pull_file(conn, f["path"], f["bytes"], f["sha256"], dest, f"tokenizer/{f['name']}"))
+
+
+async def pull_tokenizer(
+    conn: HostConnection, workspace: Path, *, on_outcome: Callable[[Outcome], None] | None = None
+) -> Report:
+    """Only the tokenizer files, as `pull` brings them (sha256-verified, resumable): what a run with
+    SGLang and no tokenizer fetches before it starts. No dataset is read on the host."""
+    host = conn.host
+    report = Report(host.name)
+
+    def done(outcome: Outcome) -> None:
+        report.outcomes.append(outcome)
+        if on_outcome is not None:
+            on_outcome(outcome)
+
+    result = await conn.hostcmd(["manifest", host.data_root, host.model_path or "", "tokenizer"])
+    await _pull_tokenizer(conn, workspace, result.one("manifest").get("tokenizer"), report, done)
     return report
+
+
+async def fetch_tokenizer(
+    hosts: Sequence[HostSettings],
+    workspace: Path,
+    *,
+    on_change: Callable[[HostConnection], None] | None = None,
+) -> Report:
+    """The tokenizer files from the first of ``hosts`` (those with a model_path, in order) that
+    answers, into ``<workspace>/tokenizer``; raises TransferError with the last host's reason when
+    none does. Files already there and equal are left as they are (``up to date``)."""
+    failures: list[str] = []
+    for host in hosts:
+        if not host.model_path:
+            continue
+        conn = HostConnection(host, on_change=on_change)
+        try:
+            return await pull_tokenizer(conn, workspace)
+        except HostError as exc:
+            failures.append(str(exc))
+        finally:
+            await conn.close()
+    if not failures:
+        raise TransferError("no [[hosts]] table has a model_path to fetch the tokenizer from")
+    raise TransferError(f"cannot fetch the tokenizer: {failures[-1]}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -40,7 +40,8 @@ from regen.engine.backends.sglang.wire import (
     usage_of,
     worker_name,
 )
-from regen.engine.config.settings import Settings, backend_problems
+from regen.engine.config.needs import need_problems
+from regen.engine.config.settings import Settings, served_model_name
 from regen.engine.data.datasets import Prompt
 from regen.engine.data.tokenizer import TargetTokenizer, TokenizerError, TokenizerSpec
 from regen.engine.net.deadlines import Deadlines
@@ -134,7 +135,9 @@ class SGLangBackend:
         self.top_p = sampling.top_p
         self.thinking = settings.tokenizer.thinking
         self.configured = settings.job.concurrency
-        self.model = self.settings.served_model_name
+        # The one name every server of the job serves (engine/config/settings.py `served_model_name`).
+        self.served_name = served_model_name(self.settings, settings.hosts)
+        self.model = self.served_name or "sglang"
         self.base_url = ", ".join(self.settings.urls)
         self.health = Health(
             self.settings.healthy_queue_min, self.settings.healthy_queue_max, self.settings.healthy_kv_usage_max
@@ -172,7 +175,11 @@ class SGLangBackend:
     # ------------------------------------------------------------------------------ lifecycle
 
     def check(self) -> None:
-        problems = backend_problems(self.all_settings)
+        problems = need_problems(self.all_settings, "run")
+        if not problems and self.all_settings.tokenizer.path is None:
+            # `regen run` fetches it from a host before the job starts (cli/main.py); a job made
+            # any other way must be given one.
+            problems.append("tokenizer.path: empty: set it to the model's tokenizer folder, or run regen pull")
         if problems:
             raise BackendError("; ".join(problems))
 
@@ -214,14 +221,21 @@ class SGLangBackend:
             self.entry = Worker(self.fleet.entry_url, self.workers[0].facts, gpus, name="router")
             self.base_url = self.fleet.entry_url
         first = self.workers[0].facts
-        self.model = first.model_path or first.served_model_name or self.settings.served_model_name
+        served = first.served_model_name or self.served_name
+        # One name for the model whatever the folders' paths (docs/data-contract.md §3.2 `model`).
+        self.model = served or first.model_path or "sglang"
+        identity = self.fleet.model if self.fleet is not None else None
         self._server = {
             "kind": "sglang",
             "version": first.version,
-            "served_model_name": first.served_model_name or self.settings.served_model_name,
+            "served_model_name": served,
             "weight_version": first.weight_version,
             "endpoint": "/generate",
         }
+        if identity is not None:
+            # The model by content, taken on the hosts (docs/data-contract.md §3.2); servers given
+            # as sglang.urls cannot be read there, so their rows have no digest.
+            self._server["model_digest"] = identity.digest
 
     async def _server_urls(self) -> tuple[list[str], dict[str, str]]:
         """The servers to talk to: `sglang.urls`, or each [[hosts]] server through a tunnel of its own
@@ -261,18 +275,20 @@ class SGLangBackend:
 
     def _check_servers(self, urls: list[str], facts: list[ServerFacts], names: dict[str, str]) -> list[Worker]:
         """One model, one version, one weight version behind every URL, or the rows would lie."""
-        wanted = self.settings.served_model_name
+        wanted = self.served_name
         for url, fact in zip(urls, facts, strict=True):
-            if fact.served_model_name is not None and fact.served_model_name != wanted:
-                raise BackendError(
-                    f"{url} serves {fact.served_model_name!r}, not sglang.served_model_name = {wanted!r}"
-                )
+            if wanted is not None and fact.served_model_name is not None and fact.served_model_name != wanted:
+                setting = "sglang.served_model_name" if self.settings.served_model_name else "the served model name"
+                raise BackendError(f"{url} serves {fact.served_model_name!r}, not {setting} = {wanted!r}")
             context = fact.context_length
             if context is not None and self.max_tokens >= context:
                 raise BackendError(
                     f"openrouter.max_tokens ({self.max_tokens}) does not fit {url}'s context length ({context})"
                 )
-        for key in ("version", "weight_version", "model_path"):
+        # Servers on [[hosts]] were checked to hold one model by content (engine/host/identity.py),
+        # whatever their paths; for sglang.urls the path is all regen can see.
+        keys = ["version", "weight_version", "served_model_name"] + (["model_path"] if self.fleet is None else [])
+        for key in keys:
             seen = {getattr(f, key) for f in facts if getattr(f, key) is not None}
             if len(seen) > 1:
                 where = "sglang.urls" if self.settings.urls else "[[hosts]]"
@@ -475,7 +491,7 @@ class SGLangBackend:
         if failure.error_class == errors.ErrorClass.NOT_FOUND:
             return (
                 f"{failure.message}: sglang.urls must name SGLang servers' native API (or the router), "
-                f"serving {self.settings.served_model_name}"
+                f"serving {self.served_name or 'the model'}"
             )
         return f"{failure.error_class}: {failure.message}"
 

@@ -7,11 +7,13 @@ arguments arrive as argv, so a dataset named ``$(touch x)`` is only ever a strin
     status DATA_ROOT MODEL_PATH              GPUs and disk, for the console's polls
     datasets DATA_ROOT                       the datasets under DATA_ROOT
     tokenizer MODEL_PATH                     the model folder's tokenizer files
-    manifest DATA_ROOT MODEL_PATH pull|push [NAME...]
+    manifest DATA_ROOT MODEL_PATH pull|push|tokenizer [NAME...]
                                              what a pull or push needs in one call: the datasets
                                              with the size and sha256 of their files, and (pull)
-                                             the tokenizer files with theirs
+                                             the tokenizer files with theirs; "tokenizer": those
+                                             files alone (what a run fetches), no dataset read
     digest PATH PREFIX [PATH PREFIX...]      size and sha256 of each file (PREFIX "" for all of it)
+    identity MODEL_PATH                      the model folder's identity by content (identity.py)
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from regen.engine.data.datasets import RESULTS_FILE
-from regen.engine.host.scripts import probe, survey
+from regen.engine.host.scripts import identity, probe, survey
 
 
 def _emit(record: dict[str, Any]) -> None:
@@ -58,13 +60,15 @@ def _inspect(data_root: str, model_path: str, names: Sequence[str]) -> None:
             "gpu_error": gpus["error"],
             "disk": {"data_root": probe.disk(data_root), "model_path": probe.disk(model_path or None)},
             "model": probe.model_folder(model_path or None),
+            "identity": identity.survey(model_path) if model_path else None,
             "versions": probe.versions(),
         }
     )
 
 
 def _manifest(data_root: str, model_path: str, mode: str, names: Sequence[str]) -> None:
-    listing = probe.list_datasets(data_root)
+    # A run fetching the tokenizer reads no dataset: hashing every prompts.jsonl could take minutes.
+    listing = probe.list_datasets(data_root) if mode != "tokenizer" else {"path": data_root, "error": None, "datasets": []}
     wanted = set(names)
     datasets = []
     for ds in listing["datasets"]:
@@ -76,7 +80,7 @@ def _manifest(data_root: str, model_path: str, mode: str, names: Sequence[str]) 
             entry["results"] = probe.file_digest(ds["path"] + "/" + RESULTS_FILE)
         datasets.append(entry)
     tokenizer = None
-    if mode == "pull" and model_path:
+    if mode in ("pull", "tokenizer") and model_path:
         tokenizer = probe.tokenizer_files(model_path)
         for f in tokenizer["files"]:
             f.update(probe.file_digest(f["path"]))
@@ -115,10 +119,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             _inspect(rest[0], rest[1], rest[2:])
         elif command == "status" and len(rest) == 2:
             _status(rest[0], rest[1])
-        elif command == "manifest" and len(rest) >= 3 and rest[2] in ("pull", "push"):
+        elif command == "manifest" and len(rest) >= 3 and rest[2] in ("pull", "push", "tokenizer"):
             _manifest(rest[0], rest[1], rest[2], rest[3:])
         elif command == "datasets" and len(rest) == 1:
             _emit({"type": "datasets"} | probe.list_datasets(rest[0]))
+        elif command == "identity" and len(rest) == 1:
+            _emit({"type": "identity"} | identity.survey(rest[0]))
         elif command == "tokenizer" and len(rest) == 1:
             _emit({"type": "tokenizer"} | probe.tokenizer_files(rest[0]))
         elif command == "digest" and rest and len(rest) % 2 == 0:
