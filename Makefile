@@ -1,9 +1,10 @@
-# Two commands matter: `make demo` and `make test`. Both build .venv themselves.
+# Two commands matter: `make demo` and `make test`. Both build .venv themselves. `make check` is the
+# edit loop: the same static checks and the tests that are not the integration kind (tests/support/kinds.py).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test recordings bench soak clean
+.PHONY: demo test check recordings bench soak clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,11 +21,20 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 demo: $(VENV)/.installed-base
 	$(BIN)/regen demo
 
+# Tests run in parallel (pytest-xdist): most of them wait on sockets, processes and simulated time.
+PYTEST_WORKERS ?= 4
+
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS)
+
+check: $(VENV)/.installed-test
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) -m "not integration"
 
 # What a console receives from real jobs (OpenRouter, SGLang, both fleets; the simulators' failures
 # staged), written to tests/console/recordings/ for the console's tests to replay (docs/console.md).

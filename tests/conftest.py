@@ -1,5 +1,6 @@
 """Shared fixtures: the OpenRouter simulator on a loopback port (in this loop or in a process of its
-own), settings, a tmux server. Their helpers are in tests/support/."""
+own), settings, a tmux server. Their helpers are in tests/support/. Which tests are the `integration`
+kind, that `make check` leaves to `make test`."""
 
 from __future__ import annotations
 
@@ -11,8 +12,15 @@ import pytest
 
 from regen.engine.config.settings import JobSettings, OpenRouterSettings, Settings
 from regen.sim.openrouter.server import OpenRouterSim
+from tests.support.kinds import INTEGRATION, ROOT
 from tests.support.openrouter_sim import SECRET, SIM_KEY, fast_sim_config, openrouter_process
 from tests.support.tmux import Tmux
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.relative_to(ROOT).as_posix().startswith(INTEGRATION):
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture
