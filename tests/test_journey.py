@@ -23,7 +23,7 @@ import subprocess
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -121,9 +121,10 @@ class Operator:
     """The operator's shell: the installed `regen`, run from the folder holding settings.toml, with
     the OpenRouter key in the environment and nothing of this checkout on any path."""
 
-    def __init__(self, regen_bin: Path, home: Path) -> None:
+    def __init__(self, regen_bin: Path, home: Path, transcript: Path) -> None:
         self.regen = regen_bin / "regen"
         self.home = home
+        self.transcript = transcript
         self.env = {**clean_env(), "OPENROUTER_API_KEY": KEY, "TZ": "UTC"}
         self.stderrs: dict[str, str] = {}
 
@@ -138,8 +139,14 @@ class Operator:
             stdin=subprocess.DEVNULL,
         )
         self.stderrs[" ".join(args)] = done.stderr
+        self.keep(f"$ regen {' '.join(args)}  (exit {done.returncode})", done.stdout + done.stderr)
         assert done.returncode == code, f"regen {' '.join(args)} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         return done
+
+    def keep(self, title: str, text: str) -> None:
+        """The night's transcript (commands' output, screens), kept in the test's folder for a reader."""
+        with self.transcript.open("a") as out:
+            out.write(f"\n===== {title}\n{text}\n")
 
     def shell_line(self, *args: str) -> str:
         """The command line tmux runs: this environment, then `regen ARGS`."""
@@ -196,9 +203,14 @@ def test_the_operators_night_from_settings_to_export_on_two_hosts_and_openrouter
     home = tmp_path / "operator"
     home.mkdir()
     write_settings(home, one, two, openrouter)
-    regen = Operator(regen_bin, home)
+    regen = Operator(regen_bin, home, tmp_path / "journey.txt")
     run = home / "run"
     workspace = home / "regen-data"
+
+    def see(predicate: Callable[[str], bool], what: str, timeout: float = 20.0) -> str:
+        screen = tmux.wait_for(predicate, what, timeout)
+        regen.keep(f"screen: {what}", screen)
+        return screen
 
     # inspect: both hosts answer, every line valid, one model by content at two paths.
     inspected = json.loads(regen("inspect", "--json").stdout)["hosts"]
@@ -232,58 +244,58 @@ def test_the_operators_night_from_settings_to_export_on_two_hosts_and_openrouter
 
     # run in tmux: the job starts detached, the console attaches; the host pane and the fleets pane.
     tmux("new-session", "-d", "-s", "regen", "-x", "160", "-y", "48", regen.shell_line("run"))
-    screen = tmux.wait_for(
+    screen = see(
         lambda s: "sglang RUNNING" in s and "openrouter RUNNING" in s and "Plan deadline 60s" in s,
         "the fleets pane",
         timeout=90,
     )
     assert screen.index("sglang RUNNING") < screen.index("openrouter RUNNING") < screen.index("Plan deadline")
-    screen = tmux.wait_for(
+    screen = see(
         lambda s: "gpu1 connected" in s and "gpu2 connected" in s and "tunnel open" in s, "the host pane"
     )
     job_pid = int((run / "job.lock").read_text())
 
     # p: the whole job pauses, and resumes.
     tmux.keys("p")
-    tmux.wait_for(lambda s: "PAUSED" in header(s), "the job paused")
+    see(lambda s: "PAUSED" in header(s), "the job paused")
     tmux.keys("p")
-    tmux.wait_for(lambda s: "RUNNING" in header(s), "the job resumed")
+    see(lambda s: "RUNNING" in header(s), "the job resumed")
     said = [e for e in events(run) if e["event"] in ("pause", "resume") and "backend" not in e]
     assert [e["event"] for e in said] == ["pause", "resume"]
 
     # P: one backend pauses (sglang, the first); OpenRouter runs on. P again resumes it.
     tmux.keys("P")
-    tmux.wait_for(lambda s: "Pause or resume one backend" in s, "the backend chooser")
+    see(lambda s: "Pause or resume one backend" in s, "the backend chooser")
     tmux.keys("Enter")
-    screen = tmux.wait_for(lambda s: "sglang PAUSED" in s, "sglang paused")
+    screen = see(lambda s: "sglang PAUSED" in s, "sglang paused")
     assert "openrouter RUNNING" in screen
     tmux.keys("P")
-    tmux.wait_for(lambda s: "Pause or resume one backend" in s, "the backend chooser")
+    see(lambda s: "Pause or resume one backend" in s, "the backend chooser")
     tmux.keys("Enter")
-    tmux.wait_for(lambda s: "sglang RUNNING" in s, "sglang resumed")
+    see(lambda s: "sglang RUNNING" in s, "sglang resumed")
 
     # d: a new deadline, counted from now.
     tmux.keys("d")
-    tmux.wait_for(lambda s: "Deadline now: 60s," in s and "Set [enter]" in s, "the deadline box")
+    see(lambda s: "Deadline now: 60s," in s and "Set [enter]" in s, "the deadline box")
     time.sleep(0.5)  # the box takes the keys once it has the focus (after it is drawn)
     tmux.keys("C-u")
-    tmux.wait_for(lambda s: "12h, 90m, 06:30 or none" in s, "the box emptied")
+    see(lambda s: "12h, 90m, 06:30 or none" in s, "the box emptied")
     tmux.keys("-l", "50s")
-    tmux.wait_for(lambda s: "  50s" in s, "the text typed")
+    see(lambda s: "  50s" in s, "the text typed")
     tmux.keys("Enter")
-    tmux.wait_for(lambda s: "Plan deadline 50s" in s and "Set the deadline" not in s, "the new deadline")
+    see(lambda s: "Plan deadline 50s" in s and "Set the deadline" not in s, "the new deadline")
     [moved] = [e for e in events(run) if e["event"] == "deadline" and e.get("source") != "settings"]
     deadline_at = moved["at"]
 
     # q: the console closes, the job goes on.
     tmux.keys("q")
-    tmux.wait_for(lambda s: "Fleets" not in s, "the console to close")
+    see(lambda s: "Fleets" not in s, "the console to close")
     os.kill(job_pid, 0)
 
     # attach: the console back on the same job.
     tmux("kill-server")
     tmux("new-session", "-d", "-s", "regen", "-x", "160", "-y", "48", regen.shell_line("attach"))
-    tmux.wait_for(lambda s: "sglang RUNNING" in s and "Plan deadline 50s" in s, "the console attached", timeout=60)
+    see(lambda s: "sglang RUNNING" in s and "Plan deadline 50s" in s, "the console attached", timeout=60)
 
     # SIGKILL of the job: the console says why it lost the job.
     rows_before = sum(
@@ -293,7 +305,7 @@ def test_the_operators_night_from_settings_to_export_on_two_hosts_and_openrouter
     )
     os.kill(job_pid, signal.SIGKILL)
     wait_gone(job_pid, 10)
-    tmux.wait_for(lambda s: "DISCONNECTED" in s, "the console to say the job is gone", timeout=30)
+    see(lambda s: "DISCONNECTED" in s, "the console to say the job is gone", timeout=30)
     tmux("kill-server")
     assert 0 < rows_before < sum(DATASETS.values()), "the kill came in the middle of the job"
 
