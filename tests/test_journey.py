@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -250,6 +251,8 @@ def test_the_operators_night_from_settings_to_export_on_two_hosts_and_openrouter
         timeout=90,
     )
     assert screen.index("sglang RUNNING") < screen.index("openrouter RUNNING") < screen.index("Plan deadline")
+    # The header counts both backends' requests in flight against no one limit (each has its own).
+    assert re.search(r"· in flight \d+ ·", screen.splitlines()[1]), screen.splitlines()[1]
     screen = see(
         lambda s: "gpu1 connected" in s and "gpu2 connected" in s and "tunnel open" in s, "the host pane"
     )
