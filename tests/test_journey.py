@@ -296,8 +296,8 @@ def test_the_operators_night_from_settings_to_export_on_two_hosts_and_openrouter
     os.kill(job_pid, 0)
 
     # attach: the console back on the same job.
-    tmux("kill-server")
-    tmux("new-session", "-d", "-s", "regen", "-x", "160", "-y", "48", regen.shell_line("attach"))
+    # In the same terminal, as the operator types it (the pane's first command has ended).
+    tmux("respawn-pane", "-k", "-t", "regen", regen.shell_line("attach"))
     see(lambda s: "sglang RUNNING" in s and "Plan deadline 50s" in s, "the console attached", timeout=60)
 
     # SIGKILL of the job: the console says why it lost the job.
@@ -309,7 +309,7 @@ def test_the_operators_night_from_settings_to_export_on_two_hosts_and_openrouter
     os.kill(job_pid, signal.SIGKILL)
     wait_gone(job_pid, 10)
     see(lambda s: "DISCONNECTED" in s, "the console to say the job is gone", timeout=30)
-    tmux("kill-server")
+    tmux.keys("q")
     assert 0 < rows_before < sum(DATASETS.values()), "the kill came in the middle of the job"
 
     # run again, to the end (headless this time): it resumes, the deadline where `d` put it.
