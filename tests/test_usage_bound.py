@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import sys
 from collections.abc import Callable
 from decimal import Decimal
@@ -30,7 +29,7 @@ from regen.sim.openrouter.server import OpenRouterSim
 from tests.support.datasets import write_dataset
 from tests.support.journals import journal
 from tests.support.openrouter_sim import SIM_KEY, fast_sim_config
-from tests.support.processes import ROOT
+from tests.support.processes import ROOT, free_port
 
 OTHER_KEY = "sk-sim-other-user"
 PROMPTS = 120
@@ -332,8 +331,6 @@ async def key_failing_front(sim: OpenRouterSim) -> Front:
     app.on_cleanup.append(close_session)
     runner = web.AppRunner(app)
     await runner.setup()
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
+    port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     return Front(runner, port)

@@ -4,43 +4,27 @@ fails here and nowhere else, since the checkout's own venv sees every file of th
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 
 from tests.support.datasets import read_rows
-from tests.support.processes import ROOT
+from tests.support.wheel import built_wheel, clean_env, installed_regen
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The `bin/` folder of a fresh venv holding regen from its wheel, and nothing of this checkout."""
-    where = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(where), str(ROOT)],
-        check=True,
-        capture_output=True,
-    )
-    (wheel,) = where.glob("regen-*.whl")
-    names = zipfile.ZipFile(wheel).namelist()
-    assert "regen/console/app.tcss" in names and "regen/console/themes/regen-dark.toml" in names
-    assert "regen/demo/datasets/chat/prompts.jsonl" in names
-    venv = where / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run([venv / "bin" / "pip", "install", "-q", str(wheel)], check=True, capture_output=True, timeout=900)
-    return venv / "bin"
-
-
-def clean_env() -> dict[str, str]:
-    """The environment without this checkout on any path."""
-    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+def installed() -> Path:
+    """The `bin/` folder of a fresh venv holding regen from its wheel, and nothing of this checkout
+    (built once per source tree, shared with tests/test_journey.py)."""
+    return installed_regen()
 
 
 def test_the_wheel_holds_every_module_and_imports_outside_the_checkout(installed: Path, tmp_path: Path) -> None:
+    names = zipfile.ZipFile(built_wheel()).namelist()
+    assert "regen/console/app.tcss" in names and "regen/console/themes/regen-dark.toml" in names
+    assert "regen/demo/datasets/chat/prompts.jsonl" in names
     probe = (
         "import pkgutil, importlib, regen, sys\n"
         "assert 'site-packages' in regen.__file__, regen.__file__\n"

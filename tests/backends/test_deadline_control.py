@@ -248,3 +248,21 @@ async def test_a_job_without_a_gpu_lane_plans_no_gpus_whatever_the_gpu_rate_sett
     finally:
         job.stop()
         await job.run()
+
+
+async def test_the_plan_before_any_row_expects_no_answer_longer_than_max_tokens(
+    openrouter: OpenRouterSim, fleet_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    # stats.expected_output_tokens left at its 2,000 while every request asks for 64 at most: the plan
+    # said before the start counted 30 times the work there can be, called the deadline unreachable and
+    # sent OpenRouter flat out until the first rows corrected it (found by tests/test_journey.py).
+    data = write_dataset(tmp_path, "A", 300)
+    settings = fleet_settings("http://127.0.0.1:9", openrouter.base_url, [data], backends=["openrouter"], deadline="90s")
+    assert settings.openrouter.max_tokens == 64 and settings.stats.expected_output_tokens == 2000
+    job = Job(settings)
+    await job.prepare()
+    try:
+        assert job.snapshot()["fleet"]["plan"]["output_tokens"] == 300 * 64
+    finally:
+        job.stop()
+        await job.run()

@@ -196,6 +196,20 @@ def test_a_platform_hold_shows_in_the_header_and_the_log() -> None:
     assert line.text == f"platform rate limit: all requests wait {hold['seconds']} s ({hold['reason']})"
 
 
+def test_the_header_counts_a_two_fleet_jobs_requests_in_flight_against_no_one_limit() -> None:
+    """Each backend's limit is its own (the fleets pane): the header once read "in flight 18/16" for
+    16 at the GPUs and 2 at OpenRouter, OpenRouter's limit under both (found by tests/test_journey.py)."""
+    snap: Any = frames("fleets", 21)[20]
+    strip = StatusStrip()
+    strip.snapshot = snap
+    second = strip._markup(Freshness(1.0, 5.0)).splitlines()[1]
+    assert f"in flight {snap['in_flight']} ·" in second, second
+    one: Any = frames("openrouter", 21)[20]
+    strip.snapshot = one
+    limit = one["lanes"][0]["concurrency"]["effective"]
+    assert f"in flight {one['in_flight']}/{limit}" in strip._markup(Freshness(1.0, 5.0)).splitlines()[1]
+
+
 def test_a_disconnected_console_says_why_on_a_line_of_its_own() -> None:
     """However narrow the terminal, the header's second line is the reason, in full where it fits."""
     strip = StatusStrip()

@@ -62,11 +62,34 @@ def start_headless_run(settings: Path, log: Path, env: dict[str, str] | None = N
         out.close()
 
 
+# Ports a test hands to a server that binds it later. Drawn below the kernel's ephemeral range
+# (/proc/sys/net/ipv4/ip_local_port_range, 32768 and up), never from it: there any client socket of
+# any process (another pytest-xdist worker's) may take the port between the draw and the bind. Each
+# worker draws from its own slice, so two workers never hand out the same port.
+_PORTS_LOW, _PORTS_HIGH = 10_000, 32_000
+_drawn: set[int] = set()
+
+
 def free_port() -> int:
-    """A loopback port nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port nothing listens on now, none this process handed out before, and none another
+    pytest-xdist worker can hand out."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    index = int(worker) if worker.isdigit() else 0
+    size = (_PORTS_HIGH - _PORTS_LOW) // max(workers, 1)
+    low = _PORTS_LOW + index * size
+    for _ in range(200):
+        port = random.randrange(low, low + size)
+        if port in _drawn:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _drawn.add(port)
+        return port
+    raise RuntimeError(f"no free loopback port in {low}..{low + size}")
 
 
 def settings_file(tmp_path: Path, base_url: str, datasets: list[Path], **job: object) -> Path:

@@ -114,6 +114,10 @@ class StatusStrip(Static):
         in_flight = f"{snap['in_flight']}/{conc['effective']}"
         if conc["configured"] != conc["effective"]:
             in_flight += f"<{conc['configured']}"
+        if len(snap["lanes"]) > 1:
+            # With several backends the limits are each one's (the fleets pane): the job's total has
+            # none, and one lane's limit under all of them read "18/16", as if over it (as headless).
+            in_flight = str(snap["in_flight"])
         model = escape(snap["model"] or str(job.get("model") or "?"))
         elapsed, eta = snap["elapsed_s"], snap["eta_s"]
         state_text = f"[b {colour}]{glyph} {state}[/]"

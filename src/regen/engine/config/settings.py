@@ -326,7 +326,7 @@ class StatsSettings(_Section):
     slow_factor: float = Field(2.0, gt=1)
     """A provider is SLOW when its median latency is this many times the typical provider's."""
     expected_output_tokens: int = Field(2000, ge=1)
-    """Output tokens per prompt the budget planner assumes until finished rows measure it."""
+    """Output tokens per prompt the budget planner assumes until finished rows measure it (never more than openrouter.max_tokens)."""
 
 
 class ConsoleSettings(_Section):
@@ -422,6 +422,13 @@ class Settings(BaseSettings):
     """GPU hosts over SSH, one [[hosts]] table each (`regen inspect`, `regen pull`, `regen push`)."""
     workspace: Path = Path("regen-data")
     """Local folder `regen pull` fills: datasets/<name>/prompts.jsonl and tokenizer/."""
+
+    @property
+    def expected_output_tokens(self) -> int:
+        """Output tokens per prompt the plans assume until rows measure it: the setting, capped at
+        max_tokens, since no answer is longer than the cap every request carries (a 2000-token guess
+        for 64-token answers had the deadline plan call for 30 times the work, docs/fleets.md)."""
+        return min(self.stats.expected_output_tokens, self.openrouter.max_tokens)
 
     @field_validator("hosts")
     @classmethod

@@ -207,7 +207,7 @@ class DeadlineControl:
 
     def facts(self, now_mono: float | None = None) -> Facts:
         now_mono = time.monotonic() if now_mono is None else now_mono
-        work = Work.of(remaining_needs(self.datasets, self.settings.stats.expected_output_tokens))
+        work = Work.of(remaining_needs(self.datasets, self.settings.expected_output_tokens))
         gpu_rate, _ = self._measure(self.gpus, now_mono)
         paid = self.paid
         request_rate: float | None = None

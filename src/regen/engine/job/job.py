@@ -92,7 +92,7 @@ class Job:
             dispatcher=self.dispatcher,
             datasets=self.datasets,
             rules=StatusRules(settings.stats.fail_error_share, settings.stats.slow_factor),
-            expected_output_tokens=settings.stats.expected_output_tokens,
+            expected_output_tokens=settings.expected_output_tokens,
             started_mono=self.started_mono,
             deadline_control=self.deadline_control,
         )

@@ -70,7 +70,7 @@ def dataset_needs(settings: Settings) -> tuple[list[DatasetNeed], list[dict[str,
         progress = read_rows(dataset.results_path)
         done = len(progress.done)
         remaining = max(0, report.valid - done)
-        per_prompt = progress.output_tokens / done if done else float(settings.stats.expected_output_tokens)
+        per_prompt = progress.output_tokens / done if done else float(settings.expected_output_tokens)
         prompt_tokens = planning_prompt_tokens(report.content_chars)
         output = remaining_output_tokens(
             remaining, per_prompt, progress.output_tokens, job.dataset_token_budget
