@@ -187,18 +187,22 @@ async def test_the_deadline_is_kept_across_restarts_and_changed_live(
         await job.run()
         return job
 
+    before = time.time()
     first = await session("2h")
     at = first.deadline_control.deadline_ts
-    assert at is not None and abs(at - (first.started_at + 7200)) < 5
+    # 2h from the moment the job resolved it: between the session's first and last instant, however
+    # long its start took on a busy machine.
+    assert at is not None and before + 7200 <= at <= time.time() + 7200
     await asyncio.sleep(1.1)
     again = await session("2h")
     assert again.deadline_control.deadline_ts == at, "a restart keeps the instant: 2h from the first start"
     changed = await session("3h")
     assert changed.deadline_control.deadline_ts == pytest.approx(at + 3600, abs=1), "a new setting counts from the first start too"
 
+    typed = time.time()
     operator = await session("3h", lambda job: job.deadline_control.set_deadline("30m", "console"))
     moved = operator.deadline_control.deadline_ts
-    assert moved is not None and abs(moved - (time.time() + 1800)) < 10, "typed live, a duration counts from now"
+    assert moved is not None and typed + 1800 <= moved <= time.time() + 1800, "typed live, a duration counts from now"
     kept = await session("3h")
     assert kept.deadline_control.deadline_ts == moved, "the operator's deadline outlives a restart with the same settings"
     cleared = await session("3h", lambda job: job.deadline_control.set_deadline(None, "console"))
