@@ -12,8 +12,9 @@ import orjson
 import pytest
 
 from regen.engine.backends.base import AttemptOutcome
-from regen.engine.backends.sglang.backend import SGLangBackend, Worker
+from regen.engine.backends.sglang.backend import SGLangBackend
 from regen.engine.backends.sglang.wire import StreamTail
+from regen.engine.backends.sglang.worker import Worker
 from regen.engine.config.settings import Settings
 from regen.engine.data.datasets import Dataset
 from regen.engine.data.tokenize_pool import TokenizePool

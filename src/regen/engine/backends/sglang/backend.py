@@ -28,7 +28,6 @@ from regen.engine.backends.base import (
 )
 from regen.engine.backends.sglang import errors
 from regen.engine.backends.sglang.load import Health, ServerLoad, next_ceiling, parse_metrics
-from regen.engine.backends.sglang.meter import ShareMeter
 from regen.engine.backends.sglang.server import ServerError, ServerFacts, read_facts
 from regen.engine.backends.sglang.wire import (
     NAN_MATCHED,
@@ -40,13 +39,14 @@ from regen.engine.backends.sglang.wire import (
     usage_of,
     worker_name,
 )
+from regen.engine.backends.sglang.worker import Worker
 from regen.engine.config.needs import need_problems
 from regen.engine.config.settings import Settings, served_model_name
 from regen.engine.data.datasets import Prompt
 from regen.engine.data.tokenizer import TargetTokenizer, TokenizerError, TokenizerSpec
 from regen.engine.net.deadlines import Deadlines
 from regen.engine.net.sglang_server import KEEPALIVE_S
-from regen.engine.schema import BackendView, RouteView, SGLangServerView
+from regen.engine.schema import BackendView, RouteView
 
 if TYPE_CHECKING:
     from regen.engine.host.fleet import Fleet
@@ -59,55 +59,6 @@ ABORT_GRACE_S = 2.0
 _ZERO = Decimal(0)
 # Failures after which the request may still be running on the server.
 _CUT = frozenset({errors.ErrorClass.NETWORK, errors.ErrorClass.STREAM_ERROR})
-
-
-class Worker:
-    """One server URL the backend sends to: its facts, its GPUs' meter, its load, its rids."""
-
-    def __init__(self, url: str, facts: ServerFacts, gpus: int, name: str | None = None) -> None:
-        self.url = url
-        self.name = name or worker_name(url)
-        self.generate_url = url + "/generate"
-        self.abort_url = url + "/abort_request"
-        self.metrics_url = url + "/metrics"
-        self.health_url = url + "/health_generate"
-        self.facts = facts
-        self.meter = ShareMeter(gpus)
-        self.live: set[str] = set()  # rids in flight here
-        self.orphans: set[str] = set()  # rids cut off by the transport: aborted once it answers again
-        self.load: ServerLoad | None = None
-        self.load_at: float | None = None  # wall clock of the last scrape
-        self.retracted_seen: float | None = None
-        self.error: str | None = None  # why the last poll failed
-        self.down = False
-        self.metrics_missing: str | None = None
-        self.abort_missing = False
-
-    def view(self) -> SGLangServerView:
-        load = self.load
-        facts = self.facts
-        return {
-            "url": self.url,
-            "worker": self.name,
-            "version": facts.version,
-            "served_model_name": facts.served_model_name,
-            "model_path": facts.model_path,
-            "weight_version": facts.weight_version,
-            "gpus": self.meter.gpus,
-            "max_running_requests": facts.max_running_requests,
-            "context_length": facts.context_length,
-            "in_flight": self.meter.in_flight,
-            "gpu_s": round(self.meter.busy_gpu_s(), 3),
-            "running": None if load is None else load.running,
-            "queued": None if load is None else load.queued,
-            "kv_usage": None if load is None else load.kv_usage,
-            "gen_throughput": None if load is None else load.gen_throughput,
-            "retracted_total": None if load is None else load.retracted_total,
-            "generation_tokens_total": None if load is None else load.generation_tokens_total,
-            "checked_at": self.load_at,
-            "down": self.down,
-            "error": self.error or self.metrics_missing,
-        }
 
 
 class SGLangBackend:
