@@ -31,7 +31,7 @@ def figure(view: ProviderView, key: str) -> float:
 
 def test_catalog_marks_every_endpoint_and_plans_the_budget(sim_process: str, tmp_path: Path) -> None:
     data = [write_dataset(tmp_path, "A", 500), write_dataset(tmp_path, "B", 300)]
-    settings = settings_file(tmp_path, sim_process, data, budget_usd=0.5)
+    settings = settings_file(tmp_path, sim_process, data, budget_usd=0.05)  # 800 prompts x 64 tokens cost more
     text = settings.read_text().replace(
         "max_tokens = 64\n", 'max_tokens = 64\n[openrouter.provider]\nignore = ["together"]\n'
     )
@@ -55,7 +55,8 @@ def test_catalog_marks_every_endpoint_and_plans_the_budget(sim_process: str, tmp
     assert rows["parasail"]["completion_usd_per_m"] == 2.2, "exact from the $/token string"
     plan = report["plan"]
     assert plan["remaining_prompts"] == 800
-    assert plan["output_tokens"] == 800 * 2000, "assumed tokens per prompt before any row exists"
+    # Before any row exists each prompt is assumed to take its whole max_tokens (64 here).
+    assert plan["output_tokens"] == 800 * 64, "assumed tokens per prompt before any row exists"
     assert plan["fits"] is False and plan["ways_out"]["token_budget"]["dataset_token_budget"] > 0
     human = subprocess.run(
         regen_argv("catalog", "--settings", str(settings)), env=env, capture_output=True, text=True

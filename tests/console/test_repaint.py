@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import time
 from typing import Any
 
 import pytest
@@ -26,12 +27,12 @@ def footer_words(app: RegenApp) -> list[str]:
     return [key.description for key in app.query_one(RegenFooter).query(FooterKey)]
 
 
-async def pause_until(pilot: Pilot[Any], done: Any, frames: int = 10) -> None:
-    """Let frames pass until `done()` (at most `frames` of them)."""
-    for _ in range(frames):
-        if done():
-            return
-        await pilot.pause()
+async def pause_until(pilot: Pilot[Any], done: Any, timeout_s: float = 10.0) -> None:
+    """Let frames pass until `done()`, for at most `timeout_s` of wall time (a count of frames is not a
+    bound: a busy machine paints fewer of them in the same time)."""
+    deadline = time.monotonic() + timeout_s
+    while not done() and time.monotonic() < deadline:
+        await pilot.pause(0.02)
     assert done()
 
 

@@ -7,6 +7,7 @@ Update after an intended change, or after `make recordings`, with `pytest tests/
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +16,7 @@ from textual.app import App, ComposeResult
 from textual.pilot import Pilot
 from textual.widget import Widget
 from textual.widgets import Input
+from textual.widgets._toast import Toast
 
 from regen.console.app import RegenApp
 from regen.console.history import History
@@ -50,11 +52,18 @@ def test_console_narrow_and_tall(snap_compare: SnapCompare) -> None:
 
 
 def test_console_disconnected(snap_compare: SnapCompare) -> None:
-    """The whole recording: the operator stopped the job, it drained and said goodbye; the header says so."""
+    """The whole recording: the operator stopped the job, it drained and said goodbye; the header says
+    so, and so does a toast."""
 
     async def run_before(pilot: Pilot[Any]) -> None:
         await settle(pilot)
         await pilot.app.workers.wait_for_complete()
+        # The toast is mounted a few frames after the goodbye: waited for by wall time (a busy machine
+        # paints fewer frames), so the screen is the same however fast it runs.
+        deadline = time.monotonic() + 10.0
+        while not pilot.app.query(Toast) and time.monotonic() < deadline:
+            await pilot.pause(0.02)
+        assert pilot.app.query(Toast), "the goodbye's toast"
         await pilot.pause()
 
     assert snap_compare(make_app(count=None), terminal_size=(80, 24), run_before=run_before)

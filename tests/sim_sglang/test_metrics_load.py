@@ -89,7 +89,9 @@ async def _flood(api: SGApi, n: int, max_new: int, prefix: str = "r") -> list[as
 
 
 async def test_queue_depth_rises_past_capacity(api: SGApi) -> None:
-    await api.config({"max_running_requests": 4, "decode_tokens_per_s": 10.0})
+    # The throughput gauge is set once per logged decode interval; a busy machine makes up late
+    # forwards in fewer, larger steps, so the interval is one forward here.
+    await api.config({"max_running_requests": 4, "decode_tokens_per_s": 10.0, "decode_log_interval": 1})
     tasks = await _flood(api, 12, 60)
     for _ in range(300):
         fams = await scrape(api)
