@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from regen.engine.config.settings import HostSettings
+from tests.support.gpuhost import GpuHost, make_gpu_host
 from tests.support.hosts import HostFactory, build_tree, host_settings
 from tests.support.sshd import SshServer, make_server, need_sshd
 
@@ -59,3 +60,14 @@ def make_host(tmp_path: Path) -> HostFactory:
         return host_settings(server, tree, tmp_path, **overrides)
 
     return make
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Iterator[GpuHost]:
+    """One GPU host (tests/support/gpuhost.py: the stand-in SGLang, nvidia-smi) over the session's sshd."""
+    need_sshd()
+    made = make_gpu_host(tmp_path / "gpu1")
+    try:
+        yield made
+    finally:
+        made.cleanup()

@@ -8,27 +8,13 @@ The host is a real sshd on loopback with the stand-in SGLang launcher (tests/sup
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from tests.support.datasets import read_rows, write_dataset
-from tests.support.gpuhost import GpuHost, make_gpu_host
+from tests.support.gpuhost import GpuHost
 from tests.support.processes import run_regen
-from tests.support.sshd import need_sshd
 
 PROMPTS = [[{"role": "user", "content": f"question {i}"}] for i in range(12)]
-
-
-@pytest.fixture
-def host(tmp_path: Path) -> Iterator[GpuHost]:
-    need_sshd()
-    made = make_gpu_host(tmp_path / "gpu1")
-    try:
-        yield made
-    finally:
-        made.cleanup()
 
 
 def no_tokenizer_settings(host: GpuHost, tmp_path: Path, job: list[str]) -> Path:

@@ -10,31 +10,12 @@ import json
 import os
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from tests.support.gpuhost import GpuHost, group_members, make_gpu_host
+from tests.support.gpuhost import GpuHost, group_members
+from tests.support.gpuhost import settings_file as settings
 from tests.support.processes import ROOT, free_port, run_regen
 from tests.support.sglang_sim import standin_env, start_standin, stop_group
-from tests.support.sshd import need_sshd
-
-
-@pytest.fixture
-def host(tmp_path: Path) -> Iterator[GpuHost]:
-    need_sshd()
-    made = make_gpu_host(tmp_path / "gpu1")
-    try:
-        yield made
-    finally:
-        made.cleanup()
-
-
-def settings(host: GpuHost, tmp_path: Path, **extra: object) -> Path:
-    path = tmp_path / "settings.toml"
-    path.write_text(host.settings_text(extra_sglang=dict(extra)))
-    return path
 
 
 def test_start_status_stop(host: GpuHost, tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ server's capture lines, and the launch flags the settings refuse."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,26 +12,10 @@ from regen.engine.config.settings import SGLangSettings
 from regen.engine.host.scripts.sglanglog import LogState
 from regen.sim.sglang.logs import SimLog
 from regen.sim.sglang.tokens import SimTokenizer
-from tests.support.gpuhost import GpuHost, make_gpu_host
+from tests.support.gpuhost import GpuHost
+from tests.support.gpuhost import settings_file as settings
 from tests.support.processes import run_regen as regen
 from tests.support.sglang_sim import fast_config, model_folder, running_sim
-from tests.support.sshd import need_sshd
-
-
-@pytest.fixture
-def host(tmp_path: Path) -> Iterator[GpuHost]:
-    need_sshd()
-    made = make_gpu_host(tmp_path / "gpu1")
-    try:
-        yield made
-    finally:
-        made.cleanup()
-
-
-def settings(host: GpuHost, tmp_path: Path, **extra: object) -> Path:
-    path = tmp_path / "settings.toml"
-    path.write_text(host.settings_text(extra_sglang=dict(extra)))
-    return path
 
 
 def test_a_server_whose_log_level_hides_ready_is_ready_by_health_generate(

@@ -11,29 +11,16 @@ import json
 import os
 import signal
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
-import pytest
 
 from tests.support.datasets import read_rows, write_dataset
-from tests.support.gpuhost import GpuHost, make_gpu_host, sim_state
+from tests.support.gpuhost import GpuHost, sim_state
 from tests.support.processes import run_regen, start_headless_run, wait_rows
-from tests.support.sshd import need_sshd
 
 PROMPTS = [[{"role": "user", "content": f"question {i}: tell me about topic {i % 9}"}] for i in range(60)]
-
-
-@pytest.fixture
-def host(tmp_path: Path) -> Iterator[GpuHost]:
-    need_sshd()
-    made = make_gpu_host(tmp_path / "gpu1")
-    try:
-        yield made
-    finally:
-        made.cleanup()
 
 
 def run_settings(host: GpuHost, tmp_path: Path, datasets: list[Path], **job: Any) -> Path:

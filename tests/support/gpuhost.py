@@ -173,3 +173,10 @@ def sim_state(host: GpuHost) -> dict[str, Any]:
     """The host's stand-in server's own record (GET /_sim/state on its port)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{host.port}/_sim/state", timeout=10) as r:
         return dict(json.loads(r.read()))
+
+
+def settings_file(host: GpuHost, tmp_path: Path, **extra: object) -> Path:
+    """tmp_path/settings.toml for `host`, with `extra` in its [sglang] section."""
+    path = tmp_path / "settings.toml"
+    path.write_text(host.settings_text(extra_sglang=dict(extra)))
+    return path
