@@ -196,7 +196,7 @@ def test_the_limit_obeys_the_lower_of_the_storm_and_the_backend() -> None:
         limit.on_throttle(float(t) * 2)
     assert limit.effective < 40 and limit.current == limit.effective
     limit.suggest(2)
-    assert limit.current == 8, "never below the minimum"
+    assert limit.current == 2, "the servers' ceiling is obeyed below the backoff's minimum"
     limit.suggest(None)
     assert limit.current == limit.effective
 
