@@ -27,7 +27,14 @@ from regen.engine.backends.base import (
     OnRoute,
 )
 from regen.engine.backends.sglang import errors
-from regen.engine.backends.sglang.load import Capacity, Health, ServerLoad, capacity, next_ceiling, parse_metrics
+from regen.engine.backends.sglang.load import (
+    Capacity,
+    Health,
+    ServerLoad,
+    capacity,
+    next_ceiling,
+    parse_metrics,
+)
 from regen.engine.backends.sglang.server import ServerError, ServerFacts, read_facts
 from regen.engine.backends.sglang.wire import (
     NAN_MATCHED,
