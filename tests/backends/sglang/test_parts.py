@@ -14,8 +14,16 @@ from aiohttp.client_reqrep import ConnectionKey
 
 from regen.engine.backends.base import Disposition
 from regen.engine.backends.sglang import errors
-from regen.engine.backends.sglang.load import Health, ServerLoad, next_ceiling, parse_metrics
+from regen.engine.backends.sglang.load import (
+    Capacity,
+    Health,
+    ServerLoad,
+    capacity,
+    next_ceiling,
+    parse_metrics,
+)
 from regen.engine.backends.sglang.meter import ShareMeter
+from regen.engine.backends.sglang.server import ServerFacts, running_slots
 from regen.engine.backends.sglang.wire import (
     StreamTail,
     finish_type,
@@ -23,6 +31,7 @@ from regen.engine.backends.sglang.wire import (
     sampling_params,
     worker_name,
 )
+from regen.engine.backends.sglang.worker import Worker
 from regen.engine.data.tokenizer import TargetTokenizer, TokenizerSpec
 from regen.engine.job.concurrency import AdaptiveLimit
 from regen.sim.sglang.server import SGLangSim
@@ -186,6 +195,43 @@ def test_the_ceiling_keeps_the_queue_in_its_band() -> None:
     )
     two = [(ServerLoad(queued=1500), 0), (ServerLoad(queued=1500), 0)]
     assert next_ceiling(two, 3500, None, 5000, HEALTH)[0] == 2500, "queues add up across servers"
+
+
+def test_the_servers_running_slots_bound_the_queue_band_and_the_ceiling() -> None:
+    assert capacity([2]) == Capacity(2, 1) and capacity([64, 64]) == Capacity(128, 32)
+    assert capacity([512, None]) is None, "one server's slots unknown: no bound"
+    small = capacity([4])
+    assert small is not None and small.band(HEALTH) == (1, 1) and small.most(HEALTH) == 5
+    # A server that runs 4 at once, with 12 of the job's 16 queued: 5 in flight at most.
+    ceiling, why = next_ceiling([(ServerLoad(running=4, queued=12), 0)], 16, None, 16, HEALTH, small)
+    assert ceiling == 5 and "above 1" in why
+    # Before any scrape, or with its queue short: still no more than its slots and one queued.
+    assert next_ceiling([], 0, None, 16, HEALTH, small) == (5, "0 queued, below 1; the servers run 4 at once: at most 5 in flight")
+    assert next_ceiling([(ServerLoad(running=2), 0)], 2, 5, 16, HEALTH, small)[0] == 5
+    # Large servers: the settings' band decides, and the slots' bound is above the operator's limit.
+    large = capacity([1024, 1024])
+    assert large is not None and large.band(HEALTH) == (100, 512)
+    deep = ServerLoad(running=2048, queued=3000, kv_usage=0.5)
+    assert next_ceiling([(deep, 0)], 5048, None, 6000, HEALTH, large)[0] == 2560
+    healthy = ServerLoad(running=2048, queued=300)
+    assert next_ceiling([(healthy, 0)], 2348, None, 6000, HEALTH, large)[0] == 2560, "the bound, the band healthy"
+    assert next_ceiling([(healthy, 0)], 2348, None, 2400, HEALTH, large)[0] is None, "above the operator's limit"
+
+
+def test_a_servers_slots_are_what_it_says_or_what_it_was_seen_running() -> None:
+    said = {"max_running_requests": None, "dp_size": 1, "internal_states": [{"effective_max_running_requests_per_dp": 48}]}
+    assert running_slots(said) == 48, "the scheduler's effective limit, the command line's flag unset"
+    ranks = {"dp_size": 4, "internal_states": [{"effective_max_running_requests_per_dp": 32}] * 4}
+    assert running_slots(ranks) == 128, "one entry per data-parallel rank"
+    assert running_slots({"dp_size": 4, "internal_states": [{"effective_max_running_requests_per_dp": 32}]}) == 128
+    assert running_slots({"max_running_requests": 64}) == 64, "an older release: the flag"
+    assert running_slots({}) is None
+    worker = Worker("http://127.0.0.1:30000", ServerFacts(), gpus=8)
+    assert worker.slots is None, "nothing said, nothing seen"
+    worker.running_peak = 6
+    assert worker.slots == 6
+    worker.facts.running_slots = 4
+    assert worker.slots == 6, "seen running more than it said"
 
 
 def test_the_limit_obeys_the_lower_of_the_storm_and_the_backend() -> None:
