@@ -54,9 +54,9 @@ async def test_metrics_are_polled_into_the_snapshot(
 async def test_a_deep_queue_lowers_the_ceiling_and_a_short_one_lifts_it(
     sim_tok: SimTokenizer, sglang_settings: Callable[..., Settings], tmp_path: Path
 ) -> None:
-    # Four requests run at a time; the rest queue. With the healthy band at 2..6 queued, but no
-    # more queued than a quarter of the slots (one), the job should keep about 4 + 1 in flight from
-    # the start, not the 48 the operator allows; a server that runs more is seen running more.
+    # Four requests run at a time; the rest queue. With the healthy band at 2..6 queued, but never
+    # more queued than a quarter of the slots (one), the job should keep 4 + 1 in flight from the
+    # start, not the 48 the operator allows; a server that runs more is seen running more.
     config = sim_config(max_running_requests=4, output_len_min=30, output_len_max=40, time_scale=0.2)
     async with recording_sim(config, sim_tok) as server:
         # More prompts than the test needs: the lift is seen before the work runs out, however

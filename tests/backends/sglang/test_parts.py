@@ -197,24 +197,27 @@ def test_the_ceiling_keeps_the_queue_in_its_band() -> None:
     assert next_ceiling(two, 3500, None, 5000, HEALTH)[0] == 2500, "queues add up across servers"
 
 
-def test_the_servers_running_slots_bound_the_queue_band_and_the_ceiling() -> None:
+def test_the_servers_running_slots_and_a_short_queue_bound_the_ceiling() -> None:
     assert capacity([2]) == Capacity(2, 1) and capacity([64, 64]) == Capacity(128, 32)
     assert capacity([512, None]) is None, "one server's slots unknown: no bound"
     small = capacity([4])
-    assert small is not None and small.band(HEALTH) == (1, 1) and small.most(HEALTH) == 5
+    assert small is not None and small.most(HEALTH) == 5
     # A server that runs 4 at once, with 12 of the job's 16 queued: 5 in flight at most.
     ceiling, why = next_ceiling([(ServerLoad(running=4, queued=12), 0)], 16, None, 16, HEALTH, small)
-    assert ceiling == 5 and "above 1" in why
-    # Before any scrape, or with its queue short: still no more than its slots and one queued.
-    assert next_ceiling([], 0, None, 16, HEALTH, small) == (5, "0 queued, below 1; the servers run 4 at once: at most 5 in flight")
-    assert next_ceiling([(ServerLoad(running=2), 0)], 2, 5, 16, HEALTH, small)[0] == 5
-    # Large servers: the settings' band decides, and the slots' bound is above the operator's limit.
+    assert ceiling == 5 and "the servers run 4 at once: at most 5 in flight" in why
+    # Before any scrape, or with its queue short (the default band would grow it): still 5.
+    assert next_ceiling([], 0, None, 16, HEALTH, small)[0] == 5
+    assert next_ceiling([(ServerLoad(running=4, queued=2), 0)], 5, 5, 16, HEALTH, small)[0] == 5, "steady"
+    # The queue is never longer than healthy_queue_max, however many slots.
+    narrow = Health(queue_min=2, queue_max=6, kv_usage_max=0.95)
+    assert capacity([64]) is not None and Capacity(64, 16).most(narrow) == 70
+    # Large servers: the band decides within the bound, and the bound above the operator's limit lifts it.
     large = capacity([1024, 1024])
-    assert large is not None and large.band(HEALTH) == (100, 512)
+    assert large is not None and large.most(HEALTH) == 2560
     deep = ServerLoad(running=2048, queued=3000, kv_usage=0.5)
     assert next_ceiling([(deep, 0)], 5048, None, 6000, HEALTH, large)[0] == 2560
     healthy = ServerLoad(running=2048, queued=300)
-    assert next_ceiling([(healthy, 0)], 2348, None, 6000, HEALTH, large)[0] == 2560, "the bound, the band healthy"
+    assert next_ceiling([(healthy, 0)], 2348, 2348, 6000, HEALTH, large)[0] == 2348, "in the band: unchanged"
     assert next_ceiling([(healthy, 0)], 2348, None, 2400, HEALTH, large)[0] is None, "above the operator's limit"
 
 

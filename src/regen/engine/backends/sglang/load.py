@@ -3,7 +3,7 @@
 docs/sglang.md §6 has the metric names; §11.6 the rule: never more in flight than the servers'
 running slots plus a short queue (a quarter of the slots, at least one per server, at most
 `healthy_queue_max`); within that, keep the requests waiting in the servers' queues between
-`healthy_queue_min` and that top, and the queue short while KV usage is at or above
+`healthy_queue_min` and `healthy_queue_max`, and the queue short while KV usage is at or above
 `healthy_kv_usage_max` or the scheduler retracts requests (too much in flight).
 """
 
@@ -39,14 +39,9 @@ class Capacity:
     slots: int
     queue: int
 
-    def band(self, health: Health) -> tuple[int, int]:
-        """The healthy queue band for these servers: the settings' band, its top at most `queue`."""
-        top = min(health.queue_max, self.queue)
-        return min(health.queue_min, top), top
-
     def most(self, health: Health) -> int:
-        """The most the job may have in flight on these servers."""
-        return self.slots + self.band(health)[1]
+        """The most the job may have in flight on these servers: their slots and a short queue."""
+        return self.slots + min(self.queue, health.queue_max)
 
 
 def capacity(slots: Iterable[int | None]) -> Capacity | None:
@@ -70,9 +65,8 @@ def next_ceiling(
 ) -> tuple[int | None, str]:
     """The in-flight ceiling to suggest next, and why; None when the servers want more than the
     operator allows (no opinion). `loads` pairs each server's scrape with the retractions since the
-    previous one; `servers` is their capacity where known, which bounds the band and the ceiling."""
-    queue_min, queue_max = (health.queue_min, health.queue_max) if servers is None else servers.band(health)
-    lowered, reason = _by_queue(loads, in_flight, ceiling, queue_min, queue_max, health.kv_usage_max)
+    previous one; `servers` is their capacity where known, which bounds the ceiling."""
+    lowered, reason = _by_queue(loads, in_flight, ceiling, health)
     if servers is not None:
         most = servers.most(health)
         if lowered is None or lowered > most:
@@ -87,9 +81,7 @@ def _by_queue(
     loads: Iterable[tuple[ServerLoad, int]],
     in_flight: int,
     ceiling: int | None,
-    queue_min: int,
-    queue_max: int,
-    kv_usage_max: float,
+    health: Health,
 ) -> tuple[int | None, str]:
     """The ceiling that keeps the queue in its band (None: no opinion), and why."""
     queued = 0.0
@@ -100,7 +92,8 @@ def _by_queue(
         kv = max(kv, load.kv_usage)
         retracted += new_retractions
     queued_n = int(queued)
-    if retracted > 0 or kv >= kv_usage_max:
+    queue_min, queue_max = health.queue_min, health.queue_max
+    if retracted > 0 or kv >= health.kv_usage_max:
         why = f"{retracted} retracted" if retracted > 0 else f"KV usage {kv:.2f}"
         if queued_n <= queue_min:
             # More would only wait in the queue: hold, do not grow.
