@@ -273,3 +273,46 @@ async def test_the_plan_before_any_row_expects_no_answer_longer_than_max_tokens(
     finally:
         job.stop()
         await job.run()
+
+
+async def test_work_is_not_held_in_the_gpus_queue_past_the_deadline_while_openrouter_could_take_it(
+    fleet_tok: SimTokenizer, openrouter: OpenRouterSim, fleet_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    # The operator's night in small (docs/fleets.md, "The GPU lane's queue"): GPUs that run two
+    # at once (about 0.4 s an answer) and 64 in flight allowed on each lane. Were the GPUs' lane
+    # to keep 64 in flight, 62 would wait in their queue to the end (some 12 s of work there)
+    # while OpenRouter had nothing left to take, and the deadline would be missed.
+    config = fast_config(served_model_name="kimi-k2.5", max_running_requests=2, time_scale=0.5, **TOKENS)
+    gpu_sim = SGLangSim(config, fleet_tok)
+    await gpu_sim.start()
+    try:
+        await gpu_sim.wait_ready(30)
+        data = write_dataset(tmp_path, "A", 200)
+        settings = paced(
+            fleet_settings(gpu_sim.base_url, openrouter.base_url, [data], deadline="20s", budget_usd=5.0, concurrency=64),
+            gpu_tokens_per_s=160.0,
+            margin=0.1,
+        )
+        job = Job(settings)
+        await job.prepare()
+        gpus = job.dispatcher.lane("sglang")
+        runner = asyncio.create_task(job.run())
+        lanes = job.dispatcher.lanes
+        peak = 0
+        last_answer = time.time()  # when the last attempt in flight on either fleet ended
+        while not runner.done():
+            peak = max(peak, gpus.in_flight)
+            if any(lane.in_flight for lane in lanes):
+                last_answer = time.time()
+            await asyncio.sleep(0.01)
+        outcome = await runner
+    finally:
+        await gpu_sim.stop()
+    assert outcome.reason is StopReason.DONE, outcome.message
+    deadline = job.deadline_control.deadline_ts
+    assert deadline is not None
+    # The answers are what the deadline is for; the job's own close after them is not paced.
+    assert last_answer <= deadline, f"the last answer came {last_answer - deadline:.1f} s after the deadline"
+    assert peak <= 3, f"{peak} in flight on GPUs that run 2 at once"
+    made = Counter(row["backend"] for row in one_row_per_prompt(data, 200))
+    assert made["openrouter"] > 0 and made["sglang"] > 0

@@ -188,8 +188,9 @@ async def test_a_backend_that_fails_for_good_closes_its_lane_and_the_gpus_go_on(
 async def test_the_gpus_lane_follows_their_healthy_queue_and_openrouter_takes_the_rest(
     fleet_tok: SimTokenizer, paid_sim: OpenRouterSim, fleet_settings: Callable[..., Settings], tmp_path: Path
 ) -> None:
-    # Four requests run at a time on the GPUs; with the healthy band at 2..6 queued, the GPUs' lane
-    # should hold about 4 + 6 in flight, not the 48 allowed, and OpenRouter's lane its own 48.
+    # Four requests run at a time on the GPUs; with the healthy band at 2..6 queued and never more
+    # queued than a quarter of their slots (docs/sglang.md §11.6), the GPUs' lane should hold about
+    # 4 + 1 in flight, not the 48 allowed, and OpenRouter's lane its own 48.
     config = fast_config(
         served_model_name="kimi-k2.5", max_running_requests=4, output_len_min=30, output_len_max=40, time_scale=0.2
     )

@@ -28,11 +28,28 @@ class RecordingSim(SGLangSim):
         super().__init__(*args, **kwargs)
         self.served: dict[str, dict[str, Any]] = {}
         self.abort_calls: list[str | None] = []  # the rid of every /abort_request, in order
+        # Whether /server_info leaves out how many requests the server runs at once, as a server
+        # that does not say would (docs/sglang.md §11.6: regen then learns it from /metrics).
+        self.hide_slots = False
 
     def make_app(self) -> web.Application:
         app = super().make_app()
         app.middlewares.append(self._record_abort)  # inside the key check, as the route is
+        app.middlewares.append(self._hide_slots)
         return app
+
+    @web.middleware
+    async def _hide_slots(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        response = await handler(request)
+        if not self.hide_slots or request.path not in ("/server_info", "/get_server_info"):
+            return response
+        assert isinstance(response, web.Response) and response.body is not None
+        info = orjson.loads(bytes(response.body))  # type: ignore[arg-type]
+        info["max_running_requests"] = None
+        info.pop("internal_states", None)
+        return web.json_response(info, dumps=lambda v: orjson.dumps(v).decode())
 
     @web.middleware
     async def _record_abort(

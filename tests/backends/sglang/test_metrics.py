@@ -54,8 +54,9 @@ async def test_metrics_are_polled_into_the_snapshot(
 async def test_a_deep_queue_lowers_the_ceiling_and_a_short_one_lifts_it(
     sim_tok: SimTokenizer, sglang_settings: Callable[..., Settings], tmp_path: Path
 ) -> None:
-    # Four requests run at a time; the rest queue. With the healthy band at 2..6 queued, the job
-    # should keep about 4 + 6 in flight, not the 48 the operator allows.
+    # Four requests run at a time; the rest queue. With the healthy band at 2..6 queued, but never
+    # more queued than a quarter of the slots (one), the job should keep 4 + 1 in flight from the
+    # start, not the 48 the operator allows; a server that runs more is seen running more.
     config = sim_config(max_running_requests=4, output_len_min=30, output_len_max=40, time_scale=0.2)
     async with recording_sim(config, sim_tok) as server:
         # More prompts than the test needs: the lift is seen before the work runs out, however
@@ -94,5 +95,30 @@ async def test_a_deep_queue_lowers_the_ceiling_and_a_short_one_lifts_it(
         for e in (orjson.loads(line) for line in (settings.job.run_dir / "events.jsonl").read_bytes().splitlines())
         if e["event"] == "concurrency_hint"
     ]
-    assert hints[0]["ceiling"] == lowered and "above 6" in hints[0]["reason"]
+    assert hints[0]["ceiling"] == lowered == 5 and "the servers run 4 at once" in hints[0]["reason"]
     assert len(hints) >= 2 and (hints[-1]["ceiling"] is None or hints[-1]["ceiling"] >= 30)
+
+
+async def test_a_small_server_gets_about_what_it_runs_at_once_not_the_job_concurrency(
+    sim_tok: SimTokenizer, sglang_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    # Two requests run at a time on this server; the operator allows 16 and leaves the healthy
+    # queue band at its defaults (100..2000, made for large servers). The job should keep about
+    # the server's two slots and a short queue in flight, from the first request, never 16.
+    config = sim_config(max_running_requests=2, output_len_min=30, output_len_max=40, time_scale=0.2)
+    async with recording_sim(config, sim_tok) as server:
+        data = write_dataset(tmp_path, "S", 40)
+        settings = sglang_settings([server.base_url], [data], concurrency=16)
+        job = Job(settings)
+        await job.prepare()
+        runner = asyncio.create_task(job.run())
+        peak_in_flight = peak_queued = 0
+        while not runner.done():
+            peak_in_flight = max(peak_in_flight, job.in_flight)
+            peak_queued = max(peak_queued, int(server.state()["queued"]))
+            await asyncio.sleep(0.005)
+        assert (await runner).reason is StopReason.DONE
+    assert peak_in_flight <= 3, f"{peak_in_flight} in flight on a server that runs 2 at once"
+    # One queued, and at most one more for the moment between two batches.
+    assert peak_queued <= 2, f"{peak_queued} waited in the server's queue"
+    assert len(read_rows(data)) == 40

@@ -14,8 +14,16 @@ from aiohttp.client_reqrep import ConnectionKey
 
 from regen.engine.backends.base import Disposition
 from regen.engine.backends.sglang import errors
-from regen.engine.backends.sglang.load import Health, ServerLoad, next_ceiling, parse_metrics
+from regen.engine.backends.sglang.load import (
+    Capacity,
+    Health,
+    ServerLoad,
+    capacity,
+    next_ceiling,
+    parse_metrics,
+)
 from regen.engine.backends.sglang.meter import ShareMeter
+from regen.engine.backends.sglang.server import ServerFacts, running_slots
 from regen.engine.backends.sglang.wire import (
     StreamTail,
     finish_type,
@@ -23,6 +31,7 @@ from regen.engine.backends.sglang.wire import (
     sampling_params,
     worker_name,
 )
+from regen.engine.backends.sglang.worker import Worker
 from regen.engine.data.tokenizer import TargetTokenizer, TokenizerSpec
 from regen.engine.job.concurrency import AdaptiveLimit
 from regen.sim.sglang.server import SGLangSim
@@ -188,6 +197,46 @@ def test_the_ceiling_keeps_the_queue_in_its_band() -> None:
     assert next_ceiling(two, 3500, None, 5000, HEALTH)[0] == 2500, "queues add up across servers"
 
 
+def test_the_servers_running_slots_and_a_short_queue_bound_the_ceiling() -> None:
+    assert capacity([2]) == Capacity(2, 1) and capacity([64, 64]) == Capacity(128, 32)
+    assert capacity([512, None]) is None, "one server's slots unknown: no bound"
+    small = capacity([4])
+    assert small is not None and small.most(HEALTH) == 5
+    # A server that runs 4 at once, with 12 of the job's 16 queued: 5 in flight at most.
+    ceiling, why = next_ceiling([(ServerLoad(running=4, queued=12), 0)], 16, None, 16, HEALTH, small)
+    assert ceiling == 5 and "the servers run 4 at once: at most 5 in flight" in why
+    # Before any scrape, or with its queue short (the default band would grow it): still 5.
+    assert next_ceiling([], 0, None, 16, HEALTH, small)[0] == 5
+    assert next_ceiling([(ServerLoad(running=4, queued=2), 0)], 5, 5, 16, HEALTH, small)[0] == 5, "steady"
+    # The queue is never longer than healthy_queue_max, however many slots.
+    narrow = Health(queue_min=2, queue_max=6, kv_usage_max=0.95)
+    assert capacity([64]) is not None and Capacity(64, 16).most(narrow) == 70
+    # Large servers: the band decides within the bound, and the bound above the operator's limit lifts it.
+    large = capacity([1024, 1024])
+    assert large is not None and large.most(HEALTH) == 2560
+    deep = ServerLoad(running=2048, queued=3000, kv_usage=0.5)
+    assert next_ceiling([(deep, 0)], 5048, None, 6000, HEALTH, large)[0] == 2560
+    healthy = ServerLoad(running=2048, queued=300)
+    assert next_ceiling([(healthy, 0)], 2348, 2348, 6000, HEALTH, large)[0] == 2348, "in the band: unchanged"
+    assert next_ceiling([(healthy, 0)], 2348, None, 2400, HEALTH, large)[0] is None, "above the operator's limit"
+
+
+def test_a_servers_slots_are_what_it_says_or_what_it_was_seen_running() -> None:
+    said = {"max_running_requests": None, "dp_size": 1, "internal_states": [{"effective_max_running_requests_per_dp": 48}]}
+    assert running_slots(said) == 48, "the scheduler's effective limit, the command line's flag unset"
+    ranks = {"dp_size": 4, "internal_states": [{"effective_max_running_requests_per_dp": 32}] * 4}
+    assert running_slots(ranks) == 128, "one entry per data-parallel rank"
+    assert running_slots({"dp_size": 4, "internal_states": [{"effective_max_running_requests_per_dp": 32}]}) == 128
+    assert running_slots({"max_running_requests": 64}) == 64, "an older release: the flag"
+    assert running_slots({}) is None
+    worker = Worker("http://127.0.0.1:30000", ServerFacts(), gpus=8)
+    assert worker.slots is None, "nothing said, nothing seen"
+    worker.running_peak = 6
+    assert worker.slots == 6
+    worker.facts.running_slots = 4
+    assert worker.slots == 6, "seen running more than it said"
+
+
 def test_the_limit_obeys_the_lower_of_the_storm_and_the_backend() -> None:
     limit = AdaptiveLimit(100, minimum=8, adaptive=True, ceiling=100)
     limit.suggest(40)
@@ -196,7 +245,7 @@ def test_the_limit_obeys_the_lower_of_the_storm_and_the_backend() -> None:
         limit.on_throttle(float(t) * 2)
     assert limit.effective < 40 and limit.current == limit.effective
     limit.suggest(2)
-    assert limit.current == 8, "never below the minimum"
+    assert limit.current == 2, "the servers' ceiling is obeyed below the backoff's minimum"
     limit.suggest(None)
     assert limit.current == limit.effective
 

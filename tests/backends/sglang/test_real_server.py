@@ -84,6 +84,9 @@ async def test_a_full_queue_throttles_like_a_503(
 ) -> None:
     config = sim_config(max_running_requests=4, max_queued_requests=4)
     async with recording_sim(config, sim_tok) as server:
+        # A server that does not say how many it runs at once: the job's first burst (48) meets its
+        # full queue before /metrics shows the four running (docs/sglang.md §11.6).
+        server.hide_slots = True
         data = write_dataset(tmp_path, "Q", 200)
         settings = sglang_settings(
             [server.base_url], [data], concurrency=48, min_concurrency=2, max_attempts=80

@@ -145,7 +145,7 @@ class SGLangSettings(_Section):
     healthy_queue_min: int = Field(100, ge=0)
     """Concurrency is raised while fewer requests than this wait in the servers' queues (and KV usage is healthy)."""
     healthy_queue_max: int = Field(2000, ge=1)
-    """Concurrency is lowered while more requests than this wait in the servers' queues."""
+    """Concurrency is lowered while more requests than this wait in the servers' queues. The job also never keeps more in flight than the servers' running slots plus a quarter of them (at most this many) queued (docs/sglang.md §11.6)."""
     healthy_kv_usage_max: float = Field(0.95, gt=0, le=1)
     """Concurrency is lowered to a short queue while a server's KV token usage is at or above this, or while it retracts requests."""
 

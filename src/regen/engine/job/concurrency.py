@@ -5,8 +5,10 @@ odd 429 any busy provider returns. Under a storm the limit shrinks multiplicativ
 per `cooldown_s` (one storm is one step, not two thousand); after `quiet_s` without a storm it grows
 back multiplicatively to what the operator set.
 
-A backend that can see its servers' load (SGLang's queue and KV usage) may also suggest a ceiling;
-`current`, the limit dispatch obeys, is the lower of the two, never below `minimum`.
+A backend that can see its servers' load (SGLang's slots, queue and KV usage) may also suggest a
+ceiling; `current`, the limit dispatch obeys, is the lower of the two. `minimum` bounds the backoff
+only: the servers' ceiling is obeyed as given (a server that runs two at once gets about two, not
+`minimum`; docs/sglang.md §11.6).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ class AdaptiveLimit:
         suggested = self.suggested
         if suggested is None or suggested >= self.effective:
             return self.effective
-        return max(self.minimum, suggested)
+        return suggested
 
     def suggest(self, ceiling: int | None) -> None:
         """The backend's ceiling (None lifts it)."""

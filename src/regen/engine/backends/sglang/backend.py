@@ -27,7 +27,14 @@ from regen.engine.backends.base import (
     OnRoute,
 )
 from regen.engine.backends.sglang import errors
-from regen.engine.backends.sglang.load import Health, ServerLoad, next_ceiling, parse_metrics
+from regen.engine.backends.sglang.load import (
+    Capacity,
+    Health,
+    ServerLoad,
+    capacity,
+    next_ceiling,
+    parse_metrics,
+)
 from regen.engine.backends.sglang.server import ServerError, ServerFacts, read_facts
 from regen.engine.backends.sglang.wire import (
     NAN_MATCHED,
@@ -490,6 +497,9 @@ class SGLangBackend:
     # ------------------------------------------------------------------------------- watching
 
     def tasks(self) -> list[Coroutine[Any, Any, None]]:
+        # Called as the run starts, before anything is sent: the servers' slots (read at open)
+        # bound the in-flight limit from the first request, not from the first scrape on.
+        self._steer()
         return [self._watch()] + ([self.fleet.watch()] if self.fleet is not None else [])
 
     async def _watch(self) -> None:
@@ -533,6 +543,7 @@ class SGLangBackend:
             else:
                 worker.load = load
                 worker.load_at = time.time()
+                worker.running_peak = max(worker.running_peak, int(load.running))
         if worker.orphans:
             orphans = list(worker.orphans)
             worker.orphans.clear()
@@ -549,15 +560,22 @@ class SGLangBackend:
             seen = worker.retracted_seen
             worker.retracted_seen = load.retracted_total
             scraped.append((load, 0 if seen is None else max(0, int(load.retracted_total - seen))))
-        if context is None or not scraped:
+        servers = self.capacity()
+        if context is None or (not scraped and servers is None):
             return
         in_flight = sum(w.meter.in_flight for w in self._every())
-        proposed, reason = next_ceiling(scraped, in_flight, self.ceiling, self.configured, self.health)
+        proposed, reason = next_ceiling(scraped, in_flight, self.ceiling, self.configured, self.health, servers)
         if proposed == self.ceiling:
             return
         self.ceiling = proposed
         self.ceiling_reason = reason
         context.suggest_concurrency(proposed, reason)
+
+    def capacity(self) -> Capacity | None:
+        """The running slots of the servers that take requests now (every one while all are down),
+        and the queue they may hold (engine/backends/sglang/load.py); None while one's are unknown."""
+        up = [w for w in self.workers if not w.down] or self.workers
+        return capacity(w.slots for w in up)
 
     # --------------------------------------------------------------------------------- view
 

@@ -29,6 +29,9 @@ class ServerFacts:
     weight_version: str | None = None
     gpus: int | None = None  # None: the server did not say (a router)
     max_running_requests: int | None = None
+    # The requests it runs at once: the scheduler's effective limit where it says (§3), else the
+    # command line's; None when neither is known (a router, an old release without the flag).
+    running_slots: int | None = None
     context_length: int | None = None
 
 
@@ -55,6 +58,23 @@ async def _first(
 
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def running_slots(info: dict[str, Any]) -> int | None:
+    """The requests a server runs at once: `internal_states`' effective limit per data-parallel rank
+    (one entry per rank, each counted; one entry for several ranks counts for each), else the
+    command line's `max_running_requests`."""
+    states = info.get("internal_states")
+    per_rank = (
+        [_int(s.get("effective_max_running_requests_per_dp")) for s in states if isinstance(s, dict)]
+        if isinstance(states, list)
+        else []
+    )
+    known = [n for n in per_rank if n is not None]
+    if known:
+        ranks = _int(info.get("dp_size")) or 1
+        return sum(known) * max(1, ranks // len(known))
+    return _int(info.get("max_running_requests"))
 
 
 def gpus_of(info: dict[str, Any]) -> int | None:
@@ -95,5 +115,6 @@ async def read_facts(session: aiohttp.ClientSession, base: str, timeout: aiohttp
         weight_version=str(model.get("weight_version") or server.get("weight_version") or "") or None,
         gpus=gpus_of(server),
         max_running_requests=_int(server.get("max_running_requests")),
+        running_slots=running_slots(server),
         context_length=_int(card.get("max_model_len")) or _int(server.get("context_length")),
     )

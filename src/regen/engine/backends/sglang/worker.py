@@ -25,12 +25,19 @@ class Worker:
         self.live: set[str] = set()  # rids in flight here
         self.orphans: set[str] = set()  # rids cut off by the transport: aborted once it answers again
         self.load: ServerLoad | None = None
+        self.running_peak = 0  # the most requests seen running at once (/metrics)
         self.load_at: float | None = None  # wall clock of the last scrape
         self.retracted_seen: float | None = None
         self.error: str | None = None  # why the last poll failed
         self.down = False
         self.metrics_missing: str | None = None
         self.abort_missing = False
+
+    @property
+    def slots(self) -> int | None:
+        """The requests this server runs at once: what it said (/server_info), or more where it
+        was seen running more; what was seen where it said nothing; None before either."""
+        return max(self.facts.running_slots or 0, self.running_peak) or None
 
     def view(self) -> SGLangServerView:
         load = self.load
