@@ -33,7 +33,6 @@ from regen.engine.backends.sglang.load import (
     ServerLoad,
     capacity,
     next_ceiling,
-    parse_metrics,
 )
 from regen.engine.backends.sglang.server import ServerError, ServerFacts, read_facts
 from regen.engine.backends.sglang.wire import (
@@ -519,31 +518,8 @@ class SGLangBackend:
         session = self._session
         if session is None:
             return
-        try:
-            async with session.get(worker.metrics_url, timeout=self._control_timeout) as resp:
-                text = await resp.text()
-                status = resp.status
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            worker.down = True
-            worker.error = f"{worker.url} unreachable: {type(exc).__name__}: {exc}"[:200]
-            return
-        worker.down = False
-        worker.error = None
-        self._answered(generation=False)
-        if status != 200:
-            worker.metrics_missing = (
-                f"no /metrics at {worker.url} (HTTP {status}): start the server with --enable-metrics"
-            )
-        else:
-            worker.metrics_missing = None
-            try:
-                load = parse_metrics(text)
-            except (ValueError, TypeError) as exc:
-                worker.metrics_missing = f"unreadable /metrics at {worker.url}: {exc}"[:200]
-            else:
-                worker.load = load
-                worker.load_at = time.time()
-                worker.running_peak = max(worker.running_peak, int(load.running))
+        if await worker.scrape(session, self._control_timeout):
+            self._answered(generation=False)
         if worker.orphans:
             orphans = list(worker.orphans)
             worker.orphans.clear()

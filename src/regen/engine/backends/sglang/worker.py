@@ -3,7 +3,11 @@ what the job knows of it: its facts from /server_info, its GPUs' meter, its load
 
 from __future__ import annotations
 
-from regen.engine.backends.sglang.load import ServerLoad
+import time
+
+import aiohttp
+
+from regen.engine.backends.sglang.load import ServerLoad, parse_metrics
 from regen.engine.backends.sglang.meter import ShareMeter
 from regen.engine.backends.sglang.server import ServerFacts
 from regen.engine.backends.sglang.wire import worker_name
@@ -64,3 +68,30 @@ class Worker:
             "down": self.down,
             "error": self.error or self.metrics_missing,
         }
+
+    async def scrape(self, session: aiohttp.ClientSession, timeout: aiohttp.ClientTimeout) -> bool:
+        """Read this server's /metrics into its load; whether the server answered at all (a sign of
+        life, docs/faults.md) even without metrics."""
+        try:
+            async with session.get(self.metrics_url, timeout=timeout) as resp:
+                text = await resp.text()
+                status = resp.status
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            self.down = True
+            self.error = f"{self.url} unreachable: {type(exc).__name__}: {exc}"[:200]
+            return False
+        self.down = False
+        self.error = None
+        if status != 200:
+            self.metrics_missing = f"no /metrics at {self.url} (HTTP {status}): start the server with --enable-metrics"
+            return True
+        self.metrics_missing = None
+        try:
+            load = parse_metrics(text)
+        except (ValueError, TypeError) as exc:
+            self.metrics_missing = f"unreadable /metrics at {self.url}: {exc}"[:200]
+        else:
+            self.load = load
+            self.load_at = time.time()
+            self.running_peak = max(self.running_peak, int(load.running))
+        return True
