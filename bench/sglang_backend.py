@@ -123,7 +123,9 @@ def regen_settings(
 
     return Settings(
         openrouter=OpenRouterSettings(max_tokens=max_tokens),
-        sglang=SGLangSettings(urls=[] if host else [url]),
+        # The simulator serves "kimi-k2.5" (SIM_CONFIG); a host's servers are named by the setting,
+        # else by the model folder (docs/gpu-host.md, "One model").
+        sglang=SGLangSettings(urls=[] if host else [url], served_model_name="kimi-k2.5"),
         tokenizer=TokenizerSettings(path=model, workers=1),
         job=JobSettings(backend="sglang", datasets=[dataset], run_dir=run_dir, concurrency=CONCURRENCY),
         hosts=[HostSettings(**host, sglang_port=int(url.rsplit(":", 1)[1]))] if host else [],
