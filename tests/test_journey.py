@@ -33,7 +33,8 @@ import pytest
 
 from tests.support.datasets import one_row_per_prompt, write_dataset
 from tests.support.gpuhost import GpuHost, group_members, make_gpu_host
-from tests.support.processes import free_port, wait_gone
+from tests.support.openrouter_sim import openrouter_process
+from tests.support.processes import wait_gone
 from tests.support.sglang_sim import model_folder
 from tests.support.sshd import need_sshd
 from tests.support.tmux import Tmux, needs_tmux
@@ -98,24 +99,8 @@ def hosts(tmp_path: Path) -> Iterator[tuple[GpuHost, GpuHost]]:
 @pytest.fixture
 def openrouter(tmp_path: Path, regen_bin: Path) -> Iterator[str]:
     """`regen sim openrouter` from the installed wheel, in a process of its own; yields its API URL."""
-    port = free_port()
-    config = tmp_path / "openrouter-sim.json"
-    config.write_text(json.dumps(OPENROUTER_SIM))
-    proc = subprocess.Popen(
-        [regen_bin / "regen", "sim", "openrouter", "--port", str(port), "--config", str(config)],
-        env=clean_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert "listening on" in line, line
-    try:
-        yield f"http://127.0.0.1:{port}/api/v1"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=10)
+    with openrouter_process(tmp_path, OPENROUTER_SIM, regen=[str(regen_bin / "regen")], env=clean_env()) as url:
+        yield url
 
 
 class Operator:

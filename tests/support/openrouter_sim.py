@@ -37,15 +37,18 @@ def fast_sim_config(**overrides: Any) -> SimConfig:
 
 
 @contextmanager
-def openrouter_process(folder: Path, config: dict[str, Any]) -> Iterator[str]:
+def openrouter_process(
+    folder: Path, config: dict[str, Any], regen: list[str] | None = None, env: dict[str, str] | None = None
+) -> Iterator[str]:
     """`regen sim openrouter` in its own process (so it outlives the jobs tests kill) on a free
-    loopback port, `config` written to folder/sim.json; yields its base URL, ends it with SIGTERM."""
+    loopback port, `config` written to folder/sim.json; yields its base URL, ends it with SIGTERM.
+    `regen` and `env`: another regen's command and environment (an installed wheel's), not this checkout's."""
     port = free_port()
     path = folder / "sim.json"
     path.write_text(json.dumps(config))
     proc = subprocess.Popen(
-        regen_argv("sim", "openrouter", "--port", str(port), "--config", str(path)),
-        env=ENV,
+        [*(regen or regen_argv()), "sim", "openrouter", "--port", str(port), "--config", str(path)],
+        env=ENV if env is None else env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Callable
-from decimal import Decimal
 from pathlib import Path
 
 from regen.engine.config.settings import Settings
 from regen.engine.job.job import Job, StopReason
 from regen.sim.sglang.tokens import SimTokenizer
 from tests.support.datasets import one_row_per_prompt, read_rows, write_dataset
+from tests.support.jobs import QuietContext
 from tests.support.journals import journal
 from tests.support.recording_sim import RecordingSim, recording_sim, sim_config, slow_config
 
@@ -142,20 +142,7 @@ async def test_cancel_of_an_attempt_sends_its_abort_without_holding_up_the_close
     from regen.engine.data.datasets import Prompt
 
     backend = SGLangBackend(sglang_settings([sim.base_url], []))
-
-    class Context:
-        live = True
-
-        def event(self, name: str, /, **fields: object) -> None: ...
-        def fatal(self, reason: str, message: str) -> None: ...
-        def budget_left(self) -> Decimal:
-            return Decimal(0)  # the SGLang backend never asks
-
-        def suggest_concurrency(self, ceiling: int | None, reason: str) -> None: ...
-        def answered(self, generation: bool) -> None: ...
-        async def reachable(self) -> None: ...
-
-    await backend.open(Context())
+    await backend.open(QuietContext())
     sim.apply_config(sim.config.model_copy(update={"time_scale": 1.0, "output_len_min": 200, "output_len_max": 300}))
     prompt = Prompt("A", 0, "0" * 64, [{"role": "user", "content": "hello"}])
     handles: list[str | None] = []

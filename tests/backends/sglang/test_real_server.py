@@ -8,7 +8,6 @@ import asyncio
 import re
 from collections import Counter
 from collections.abc import Callable
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -23,21 +22,9 @@ from regen.engine.net.sglang_metrics import parse_metrics
 from regen.engine.net.sglang_server import KEEPALIVE_S
 from regen.sim.sglang.tokens import SimTokenizer
 from tests.support.datasets import one_row_per_prompt, read_rows, write_dataset
+from tests.support.jobs import QuietContext
 from tests.support.journals import journal
 from tests.support.recording_sim import RecordingSim, recording_sim, sim_config, slow_config
-
-
-class Context:
-    live = True
-
-    def event(self, name: str, /, **fields: object) -> None: ...
-    def fatal(self, reason: str, message: str) -> None: ...
-    def budget_left(self) -> Decimal:
-        return Decimal(0)  # the SGLang backend never asks
-
-    def suggest_concurrency(self, ceiling: int | None, reason: str) -> None: ...
-    def answered(self, generation: bool) -> None: ...
-    async def reachable(self) -> None: ...
 
 
 async def test_max_tokens_past_the_models_context_is_refused_though_server_info_says_none(
@@ -139,7 +126,7 @@ async def test_the_backends_idle_connections_close_before_the_servers_do(
     sim: RecordingSim, sglang_settings: Callable[..., Settings]
 ) -> None:
     backend = SGLangBackend(sglang_settings([sim.base_url], []))
-    await backend.open(Context())
+    await backend.open(QuietContext())
     try:
         prompt = Prompt("A", 0, "0" * 64, [{"role": "user", "content": "hello"}])
 
