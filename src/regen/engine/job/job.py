@@ -31,6 +31,7 @@ from regen.engine.host.monitor import HostMonitor
 from regen.engine.job.commands import run_command
 from regen.engine.job.deadline_control import DeadlineControl
 from regen.engine.job.dispatch import Dispatcher
+from regen.engine.job.fidelity import FidelityMonitor
 from regen.engine.job.lanes import Lane, LaneCeilings
 from regen.engine.job.snapshot import SnapshotBuilder
 from regen.engine.job.stats import JobStats, StatusRules
@@ -83,6 +84,14 @@ class Job:
             budget = to_dollars(settings.job.budget_usd) if chosen.unit == "usd" else None
             self.dispatcher.add_lane(chosen, Ledger(budget, unit=chosen.unit), JobStats(settings.stats.window_s), self)
         self.lanes = self.dispatcher.lanes
+        # Every route's fingerprint, for every lane (engine/job/fidelity.py, docs/fidelity.md).
+        fidelity = settings.openrouter.fidelity
+        self.fidelity = (
+            None if fidelity == "off" else FidelityMonitor(alpha=settings.openrouter.fidelity_alpha)
+        )
+        for lane in self.lanes:
+            lane.settler.fidelity = self.fidelity
+            lane.settler.fidelity_action = fidelity
         # The deadline control (engine/job/deadline_control.py): the live plan over the fleets, and with a
         # GPU lane, a dollar lane and a deadline, OpenRouter's in-flight ceiling through the lanes' hook.
         self.deadline_control = DeadlineControl(settings, self.dispatcher, self.datasets, self.events)
@@ -95,6 +104,7 @@ class Job:
             expected_output_tokens=settings.expected_output_tokens,
             started_mono=self.started_mono,
             deadline_control=self.deadline_control,
+            fidelity=self.fidelity,
         )
         self._stop_mode: str | None = None
         self._background: set[asyncio.Task[None]] = set()

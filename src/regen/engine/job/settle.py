@@ -20,6 +20,7 @@ from regen.engine.config.settings import JobSettings
 from regen.engine.data.datasets import Prompt
 from regen.engine.data.tokenize_pool import TokenizePool
 from regen.engine.data.tokenizer import TokenizeError
+from regen.engine.job.fidelity import Drift, FidelityMonitor
 from regen.engine.job.rows import build_row
 from regen.engine.job.stats import JobStats, ProviderStats
 from regen.engine.job.workqueue import WorkItem
@@ -90,6 +91,10 @@ class Settler:
         self.account = backend.account
         self.breakdown = SpendBreakdown()
         self.pool: TokenizePool | None = None
+        # The job's fingerprints of every route (engine/job/fidelity.py), None when they are off, and
+        # what a drifting route gets (openrouter.fidelity; set by the job with the monitor).
+        self.fidelity: FidelityMonitor | None = None
+        self.fidelity_action = "warn"
         self.quarantined = 0
         self._random = random.Random()
         self._reconciling: set[asyncio.Task[None]] = set()
@@ -143,6 +148,21 @@ class Settler:
             attempts=item.attempts,
             now=now,
         )
+        fidelity = self.fidelity
+        if fidelity is not None and outcome.route:
+            drift = fidelity.observe(
+                self.backend.name,
+                outcome.route,
+                finish_reason=outcome.finish_reason,
+                output_tokens=outcome.completion_tokens,
+                reasoning_tokens=outcome.usage["reasoning_tokens"],
+                content=outcome.content,
+                reasoning=outcome.reasoning,
+                truncated=status == "truncated",
+                degenerate="degenerate_content" in row["flags"],
+            )
+            if drift is not None:
+                self._drifted(fidelity, drift)
         if violation is not None:
             await self.results.journal(record)
             await self._quarantine(item, row, violation, outcome.route)
@@ -282,6 +302,34 @@ class Settler:
                 except JobError as exc:
                     self.hooks.fatal(StopReason.FATAL, f"precision guard: {why}; {exc}")
         self.hooks.retry(item, time.monotonic())
+
+    def _drifted(self, fidelity: FidelityMonitor, drift: Drift) -> None:
+        """A route flagged by its fingerprint (docs/fidelity.md): journaled with its evidence, then
+        warned of, or kept out as the precision guard keeps a route out (a lane without routes to
+        exclude, SGLang's, can only warn)."""
+        routes = self.routes
+        action = self.fidelity_action if routes is not None else "warn"
+        fidelity.acted(drift.backend, drift.route, action)
+        self.events.event(
+            "drift",
+            backend=drift.backend,
+            provider=drift.route,
+            statistic=drift.statistic,
+            p=drift.p,
+            threshold=drift.threshold,
+            responses=drift.responses,
+            evidence=drift.evidence,
+            action=action,
+        )
+        if action == "warn" or routes is None:
+            return
+        route_id = routes.route_id(drift.route)
+        if route_id not in routes.excluded:
+            try:
+                self.hooks.exclude_route(route_id, "fidelity")
+            except JobError as exc:
+                self.hooks.fatal(StopReason.FATAL, f"fidelity: {drift.evidence}; {exc}")
+                return
 
     def _failed(
         self, item: WorkItem, failure: Failure, route: ProviderStats | None, launched_at: float

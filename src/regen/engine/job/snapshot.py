@@ -4,6 +4,7 @@ backend, ledger, settling and statistics) and the datasets: the job's own figure
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections import Counter
@@ -12,6 +13,7 @@ from decimal import Decimal
 
 from regen.engine.job.deadline_control import DeadlineControl, remaining_needs
 from regen.engine.job.dispatch import Dispatcher
+from regen.engine.job.fidelity import FidelityMonitor
 from regen.engine.job.lanes import Lane
 from regen.engine.job.stats import StatusRules, route_views
 from regen.engine.money.ledger import WASTE_CAUSES
@@ -45,6 +47,7 @@ class SnapshotBuilder:
         expected_output_tokens: int,
         started_mono: float,
         deadline_control: DeadlineControl | None = None,
+        fidelity: FidelityMonitor | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.datasets = datasets
@@ -52,6 +55,7 @@ class SnapshotBuilder:
         self.expected_output_tokens = expected_output_tokens
         self.started_mono = started_mono
         self.deadline_control = deadline_control
+        self.fidelity = fidelity
         self._plans: dict[str, tuple[float, BudgetPlanView]] = {}  # per lane: when, the answer
 
     def plan(self, lane: Lane, now: float) -> BudgetPlanView | None:
@@ -116,6 +120,7 @@ class SnapshotBuilder:
             route_id=str.strip if routes is None else routes.route_id,
             excluded=() if routes is None else routes.excluded,
             rules=self.rules,
+            fidelity=None if self.fidelity is None else functools.partial(self.fidelity.view, lane.name),
         )
 
     def _rates(self, lane: Lane, now: float) -> RatesView:

@@ -1,0 +1,137 @@
+"""Provider fidelity (docs/fidelity.md): the two-sample tests on known counts, the fingerprint's
+error rate on honest routes, and a real job against the simulator's impostor provider."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+
+from regen.engine.config.settings import Settings
+from regen.engine.job.fidelity import FidelityMonitor, Fingerprint, length_bin, leaks
+from regen.engine.job.job import StopReason
+from regen.engine.job.twosample import chi2_sf, events, histograms, similarity
+from regen.sim.openrouter.server import OpenRouterSim
+from tests.support.datasets import one_row_per_prompt, write_dataset
+from tests.support.jobs import openrouter, run_job
+
+
+def test_the_chi_square_tail_matches_its_tables() -> None:
+    assert abs(chi2_sf(3.841458820694124, 1) - 0.05) < 1e-12
+    assert abs(chi2_sf(18.307038053275146, 10) - 0.05) < 1e-12
+    assert abs(chi2_sf(0.5, 3) - 0.918891411654676) < 1e-12
+    assert abs(chi2_sf(100.0, 4) - 1.0e-20) < 1e-21  # far in the tail the continued fraction holds
+    assert chi2_sf(0.0, 3) == 1.0
+
+
+def test_histograms_merge_sparse_bins_and_measure_the_distance() -> None:
+    same = histograms([50, 50, 0, 1], [500, 500, 0, 9])
+    assert same.p > 0.5 and same.effect < 0.01 and same.df == 1  # the sparse tail merged into its neighbour
+    apart = histograms([90, 10], [500, 500])
+    assert apart.p < 1e-12 and abs(apart.effect - 0.4) < 1e-12
+    assert histograms([0, 0], [5, 5]).p == 1.0
+
+
+def test_the_events_test_is_exact_for_rare_events_and_symmetric() -> None:
+    # 3 events in all, all in the route that holds 1/10 of the answers: (1/10)^3 twice.
+    assert abs(events(3, 100, 0, 900).p - 2 * 0.1**3) < 1e-12
+    assert events(5, 100, 50, 1000).p == 1.0  # the same rate
+    assert events(0, 100, 0, 900).p == 1.0
+    many = events(3000, 10000, 2000, 10000)  # the normal approximation, far past the exact sum's reach
+    assert many.p < 1e-30 and abs(many.effect - 0.1) < 1e-12
+
+
+def test_finish_similarity_is_one_minus_the_total_variation() -> None:
+    assert similarity([90, 10, 0, 0], [100, 0, 0, 0]) == 0.9
+    assert similarity([0, 0, 0, 0], [1, 0, 0, 0]) is None
+
+
+def test_lengths_fall_in_quarter_octave_bins_and_leaks_are_looked_for_at_the_ends() -> None:
+    assert [length_bin(n) for n in (0, 7, 8, 9, 10, 12, 15, 16, 31, 32)] == [0, 7, 8, 8, 9, 10, 11, 12, 15, 16]
+    assert length_bin(1 << 40) == 95
+    assert leaks("text<|im_end|>") and leaks("</think>the answer") and not leaks("a plain answer")
+    assert leaks("x" * 1000 + "<|im_end|>") and not leaks("x" * 300 + "<|" + "x" * 300)
+
+
+def honest(rng: random.Random) -> dict[str, object]:
+    n = rng.randint(20, 60)
+    return {
+        "finish_reason": "stop" if rng.random() > 0.02 else "length",
+        "output_tokens": n,
+        "reasoning_tokens": n // 3,
+        "content": "An answer.",
+        "reasoning": "Thinking.",
+        "truncated": False,
+        "degenerate": rng.random() < 0.01,
+    }
+
+
+def test_honest_routes_are_not_flagged_over_many_looks() -> None:
+    rng = random.Random(7)
+    monitor = FidelityMonitor(alpha=1e-3)
+    for _ in range(20_000):
+        route = f"p{rng.randrange(8)}"
+        assert monitor.observe("openrouter", route, **honest(rng)) is None  # type: ignore[arg-type]
+    views = [monitor.view("openrouter", f"p{i}") for i in range(8)]
+    assert all(v is not None and v["state"] == "ok" and v["looks"] >= 90 for v in views)
+
+
+def test_a_route_whose_lengths_drift_is_flagged_with_its_evidence() -> None:
+    rng = random.Random(8)
+    monitor = FidelityMonitor(alpha=1e-3)
+    flagged = None
+    for i in range(6000):
+        route = f"p{i % 9}"
+        answer = honest(rng)
+        if route == "p8":
+            answer["output_tokens"] = int(answer["output_tokens"] * 1.3)  # type: ignore[call-overload]
+        drift = monitor.observe("openrouter", route, **answer)  # type: ignore[arg-type]
+        if drift is not None:
+            flagged = flagged or drift
+    assert flagged is not None and flagged.route == "p8" and flagged.statistic == "output_len"
+    assert flagged.responses <= 300
+    view = monitor.view("openrouter", "p8")
+    assert view is not None and view["state"] == "drift" and view["against"] == "pool"
+    assert "output_len: mean" in (view["evidence"] or "")
+    assert all(monitor.view("openrouter", f"p{i}")["state"] == "ok" for i in range(8))  # type: ignore[index]
+
+
+def test_the_gpu_fleet_is_the_reference_when_it_has_answered_enough() -> None:
+    monitor = FidelityMonitor(min_reference=10)
+    for _ in range(10):
+        monitor.observe("sglang", "http://gpu:30000", finish_reason="stop", output_tokens=40, reasoning_tokens=None,
+                        content="x", reasoning="", truncated=False, degenerate=False)
+    against, reference = monitor.reference("openrouter", "Together")
+    assert against == "sglang" and reference.n == 10
+    against, reference = monitor.reference("sglang", "http://gpu:30000")
+    assert against is None and reference == Fingerprint()  # a worker alone has no one to compare with
+
+
+async def test_an_impostor_provider_is_flagged_and_excluded_and_honest_ones_are_not(
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    # Four fp8 providers; Together declares fp8 too, but serves another model.
+    sim.config.impostor_providers = {"together": 0.2}
+    sim.config.min_completion_tokens, sim.config.max_completion_tokens = 20, 60
+    a = write_dataset(tmp_path, "A", 1200)
+    only = {"only": ["together", "fireworks", "parasail", "baseten"], "sort": None}  # balanced by price
+    job = await run_job(make_settings(sim.base_url, [a], concurrency=32, openrouter={"provider": only, "fidelity": "exclude"}))
+    assert job.outcome is not None and job.outcome.reason is StopReason.DONE
+    rows = one_row_per_prompt(a, 1200)
+    served = {name: sum(1 for row in rows if row["provider"] == name) for name in ("Together", "Fireworks", "Parasail", "BaseTen")}
+    assert served["Together"] <= 330, served  # flagged within 300 of its answers (and those in flight)
+    events = [orjson.loads(x) for x in (job.run_dir / "events.jsonl").read_bytes().splitlines()]
+    drifts = [e for e in events if e["event"] == "drift"]
+    assert [d["provider"] for d in drifts] == ["Together"] and drifts[0]["action"] == "exclude"
+    assert drifts[0]["evidence"] and drifts[0]["p"] < drifts[0]["threshold"]
+    assert any(e["event"] == "exclude" and e["source"] == "fidelity" for e in events)
+    assert "together" in openrouter(job).excluded
+    snap = job.snapshot()
+    views = {p["name"]: p for p in snap["lanes"][0]["providers"]}
+    assert views["Together"]["status"] == "EXCL"
+    assert views["Together"]["fidelity"]["state"] == "drift"  # type: ignore[index]
+    for name in ("Fireworks", "Parasail", "BaseTen"):
+        fidelity = views[name]["fidelity"]
+        assert fidelity is not None and fidelity["state"] == "ok" and views[name]["status"] == "OK"
