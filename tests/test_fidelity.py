@@ -6,16 +6,22 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import orjson
 
+from regen.console.screens import fidelity_lines
 from regen.engine.config.settings import Settings
-from regen.engine.job.fidelity import FidelityMonitor, Fingerprint, length_bin, leaks
+from regen.engine.control.headless import status_line, summary_lines
+from regen.engine.control.wire import encode
+from regen.engine.job.fidelity import FidelityMonitor, Fingerprint, leaks, length_bin
 from regen.engine.job.job import StopReason
 from regen.engine.job.twosample import chi2_sf, events, histograms, similarity
+from regen.engine.schema import Snapshot
 from regen.sim.openrouter.server import OpenRouterSim
 from tests.support.datasets import one_row_per_prompt, write_dataset
 from tests.support.jobs import openrouter, run_job
+from tests.support.schema_check import problems
 
 
 def test_the_chi_square_tail_matches_its_tables() -> None:
@@ -55,7 +61,7 @@ def test_lengths_fall_in_quarter_octave_bins_and_leaks_are_looked_for_at_the_end
     assert leaks("x" * 1000 + "<|im_end|>") and not leaks("x" * 300 + "<|" + "x" * 300)
 
 
-def honest(rng: random.Random) -> dict[str, object]:
+def honest(rng: random.Random) -> dict[str, Any]:
     n = rng.randint(20, 60)
     return {
         "finish_reason": "stop" if rng.random() > 0.02 else "length",
@@ -73,7 +79,7 @@ def test_honest_routes_are_not_flagged_over_many_looks() -> None:
     monitor = FidelityMonitor(alpha=1e-3)
     for _ in range(20_000):
         route = f"p{rng.randrange(8)}"
-        assert monitor.observe("openrouter", route, **honest(rng)) is None  # type: ignore[arg-type]
+        assert monitor.observe("openrouter", route, **honest(rng)) is None
     views = [monitor.view("openrouter", f"p{i}") for i in range(8)]
     assert all(v is not None and v["state"] == "ok" and v["looks"] >= 90 for v in views)
 
@@ -86,8 +92,8 @@ def test_a_route_whose_lengths_drift_is_flagged_with_its_evidence() -> None:
         route = f"p{i % 9}"
         answer = honest(rng)
         if route == "p8":
-            answer["output_tokens"] = int(answer["output_tokens"] * 1.3)  # type: ignore[call-overload]
-        drift = monitor.observe("openrouter", route, **answer)  # type: ignore[arg-type]
+            answer["output_tokens"] = int(answer["output_tokens"] * 1.3)
+        drift = monitor.observe("openrouter", route, **answer)
         if drift is not None:
             flagged = flagged or drift
     assert flagged is not None and flagged.route == "p8" and flagged.statistic == "output_len"
@@ -135,3 +141,31 @@ async def test_an_impostor_provider_is_flagged_and_excluded_and_honest_ones_are_
     for name in ("Fireworks", "Parasail", "BaseTen"):
         fidelity = views[name]["fidelity"]
         assert fidelity is not None and fidelity["state"] == "ok" and views[name]["status"] == "OK"
+
+
+async def test_a_warned_drift_shows_as_drift_in_the_snapshot_the_headless_lines_and_the_detail(
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    sim.config.impostor_providers = {"together": 0.3}
+    sim.config.min_completion_tokens, sim.config.max_completion_tokens = 20, 60
+    a = write_dataset(tmp_path, "A", 500)
+    only = {"only": ["together", "fireworks", "parasail"], "sort": None}
+    job = await run_job(make_settings(sim.base_url, [a], concurrency=32, openrouter={"provider": only}))
+    assert job.outcome is not None and job.outcome.reason is StopReason.DONE
+    one_row_per_prompt(a, 500)  # warned only: its rows stay rows
+    snap = job.snapshot()
+    assert not problems(snap, Snapshot)
+    encode(snap)
+    views = {p["name"]: p for p in snap["lanes"][0]["providers"]}
+    together = views["Together"]
+    assert together["status"] == "DRIFT" and not together["excluded"]
+    fidelity = together["fidelity"]
+    assert fidelity is not None and fidelity["action"] == "warn" and fidelity["statistic"] is not None
+    assert any(stat["flagged"] for stat in fidelity["stats"])
+    assert "DRIFT Together" in status_line(snap)
+    summary = "\n".join(summary_lines(snap, job.outcome))
+    assert f"DRIFT Together (warn): {fidelity['evidence']}" in summary
+    detail = fidelity_lines(together)
+    assert "fidelity      DRIFT:" in detail and "evidence" in detail and " ✗" in detail
+    assert "fidelity      ok:" in fidelity_lines(views["Fireworks"])
+    assert fidelity_lines(views["Novita"]) == ""  # never served: no fingerprint

@@ -122,7 +122,20 @@ def status_line(snap: Snapshot) -> str:
         line += " | " + plan_part(fleet)
         if fleet["deadline_ts"] is not None:
             line += " | " + deadline_part(fleet)
+    drifting = drifted(snap)
+    if drifting:
+        line += " | DRIFT " + ", ".join(p["name"] for _, p in drifting)
     return line
+
+
+def drifted(snap: Snapshot) -> list[tuple[LaneView, ProviderView]]:
+    """The routes whose fingerprint flagged them (engine/job/fidelity.py), lane by lane."""
+    return [
+        (lane, p)
+        for lane in snap["lanes"]
+        for p in lane["providers"]
+        if (view := p.get("fidelity")) is not None and view["state"] == "drift"
+    ]
 
 
 def plan_part(fleet: FleetView) -> str:
@@ -180,6 +193,7 @@ _SAID = {
     "deadline_reachable": lambda e: f"deadline: within reach again: {e.get('reason')}",
     "deadline": lambda e: "deadline cleared" if e.get("at") is None else f"deadline set to {_at(e['at'])} ({e.get('source')})",
     "lane_closed": lambda e: f"{e.get('backend')}: closed: {e.get('reason')}",
+    "drift": lambda e: f"DRIFT {e.get('provider')} ({e.get('action')}): {e.get('evidence')}",
 }
 
 
@@ -284,6 +298,10 @@ def summary_lines(snap: Snapshot, outcome: Outcome) -> list[str]:
         lines.append(f"deadline {_at(at)}: ended {verdict}")
     if snap["quarantined"]:
         lines.append(f"  quarantined responses: {snap['quarantined']} (see quarantine.jsonl)")
+    for _, p in drifted(snap):
+        view = p.get("fidelity")
+        assert view is not None
+        lines.append(f"  DRIFT {p['name']} ({view['action'] or 'warn'}): {view['evidence']} (docs/fidelity.md)")
     lines.append(f"{'done' if outcome.reason is StopReason.DONE else 'stopped'}: {outcome.message}")
     return lines
 
