@@ -19,7 +19,6 @@ Two parts, both against the OpenRouter simulator:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import statistics
 import subprocess
@@ -119,8 +118,8 @@ def child(mode: str, base_url: str, n: int, concurrency: int, workdir: Path, sim
 
     settings_of = tp.regen_settings
 
-    def with_fidelity(*args: Any) -> Any:
-        settings = settings_of(*args)
+    def with_fidelity(base_url: str, dataset: Path, run_dir: Path, concurrency: int) -> Any:
+        settings = settings_of(base_url, dataset, run_dir, concurrency)
         settings.openrouter.fidelity = mode
         return settings
 

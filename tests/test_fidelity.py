@@ -17,6 +17,7 @@ from regen.engine.control.wire import encode
 from regen.engine.job.fidelity import FidelityMonitor, Fingerprint, leaks, length_bin
 from regen.engine.job.job import StopReason
 from regen.engine.job.twosample import chi2_sf, events, histograms, similarity
+from regen.engine.run.recovery import read_journals
 from regen.engine.schema import Snapshot
 from regen.sim.openrouter.server import OpenRouterSim
 from tests.support.datasets import one_row_per_prompt, write_dataset
@@ -169,3 +170,32 @@ async def test_a_warned_drift_shows_as_drift_in_the_snapshot_the_headless_lines_
     assert "fidelity      DRIFT:" in detail and "evidence" in detail and " ✗" in detail
     assert "fidelity      ok:" in fidelity_lines(views["Fireworks"])
     assert fidelity_lines(views["Novita"]) == ""  # never served: no fingerprint
+
+
+async def test_requeued_rows_end_as_one_row_per_prompt_with_spend_equal_to_the_bill(
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    sim.config.impostor_providers = {"together": 0.3}
+    sim.config.min_completion_tokens, sim.config.max_completion_tokens = 20, 60
+    a = write_dataset(tmp_path, "A", 600)
+    only = {"only": ["together", "fireworks", "parasail"], "sort": None}
+    settings = make_settings(sim.base_url, [a], concurrency=32, openrouter={"provider": only, "fidelity": "requeue"})
+    job = await run_job(settings)
+    assert job.outcome is not None and job.outcome.reason is StopReason.DONE
+    rows = one_row_per_prompt(a, 600)  # compacted at the end: the rows taken back are gone
+    assert all(row["provider"] != "Together" for row in rows)
+    quarantined = [orjson.loads(x) for x in (job.run_dir / "quarantine.jsonl").read_bytes().splitlines()]
+    taken = [q for q in quarantined if q.get("requeued")]
+    assert taken and all(q["provider"] == "Together" and q["quarantine_reason"].startswith("fidelity: ") for q in taken)
+    # Nothing deleted: every answer Together gave is in quarantine.jsonl, as a row taken back or as
+    # one that landed after the flag.
+    assert all(q["provider"] == "Together" for q in quarantined)
+    ledger = job.lanes[0].ledger
+    assert ledger.spent == sim.billing.billed_total
+    waste = job.snapshot()["lanes"][0]["money"]["waste"]
+    assert waste["fidelity"]["amount"] > 0
+    # The journals say the same after the fact: the money, and its split.
+    journal = read_journals(job.run_dir / "attempts.jsonl", job.run_dir / "events.jsonl")
+    assert journal.spent == sim.billing.billed_total
+    assert journal.breakdown.waste["fidelity"] == job.lanes[0].settler.breakdown.waste["fidelity"]
+    assert sum(len(lines) for lines in journal.requeued.values()) == len(taken)

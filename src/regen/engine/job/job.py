@@ -42,6 +42,7 @@ from regen.engine.run.events import EVENTS_FILE, EventLog
 from regen.engine.run.inputs import Scanned, load_progress, scan_datasets
 from regen.engine.run.records import route_event, start_event
 from regen.engine.run.recovery import JournalState, read_journals
+from regen.engine.run.requeue import compact_all
 from regen.engine.run.results import ATTEMPTS_FILE, ResultsWriter
 from regen.engine.run.runlock import RunLock, RunLocked
 from regen.engine.run.state import DatasetState, JobError, JobState, Outcome, StopReason
@@ -126,6 +127,9 @@ class Job:
             raise JobError(str(exc)) from None
         try:
             journals = await asyncio.to_thread(self._read_journals)
+            # Rows taken back that a crash left in their files (engine/run/requeue.py), before they are read.
+            datasets = [entry.dataset for entry in scanned]
+            await asyncio.to_thread(compact_all, datasets, [journal.requeued for journal in journals.values()])
             crashed = [unsettled for journal in journals.values() for unsettled in journal.crashed]
             self.datasets.update(await load_progress(scanned, crashed, self.settings.job.dataset_token_budget))
             for lane in self.lanes:
@@ -309,6 +313,8 @@ class Job:
                 **split,
             )
         await self.results.close()
+        datasets = [state.dataset for state in self.datasets.values()]
+        await asyncio.to_thread(compact_all, datasets, [lane.settler.requeued for lane in self.lanes])
         await self.events.close()
         for lane in self.lanes:
             await lane.backend.close()

@@ -216,14 +216,15 @@ class Ledger:
         return None if self.budget is None else self.budget - self.spent
 
 
-WASTE_CAUSES = ("retries", "truncated", "quarantined", "crash", "cancelled")
+# fidelity: rows taken back from a route that served another model (docs/fidelity.md).
+WASTE_CAUSES = ("retries", "truncated", "quarantined", "crash", "cancelled", "fidelity")
 
 
 def spend_cause(outcome: str) -> str | None:
     """Which waste an attempt's dollars belong to; None for a usable (ok) row."""
     if outcome == "ok":
         return None
-    if outcome in ("truncated", "quarantined", "cancelled"):
+    if outcome in ("truncated", "quarantined", "cancelled", "fidelity"):
         return outcome
     if outcome == "lost_at_crash":
         return "crash"

@@ -35,6 +35,7 @@ from regen.engine.run.records import (
     KeyUsageVoidEvent,
     ReconciledRecord,
     RecoveryError,
+    RequeuedRecord,
     RouteEvent,
     StartEvent,
     StartRecord,
@@ -48,6 +49,7 @@ from regen.engine.run.records import (
     read_key_usage_base_event,
     read_key_usage_void_event,
     read_reconciled,
+    read_requeued,
     read_route_event,
     read_start,
     read_start_event,
@@ -114,6 +116,9 @@ class JournalState:
     # (connection refused, DNS, TLS, connect timeout) from one that was sent: they cost nothing.
     never_sent: list[Unsettled] = field(default_factory=list)
     excluded: dict[str, str] = field(default_factory=dict)  # route -> who excluded it
+    # Rows taken back (records.py RequeuedRecord): dataset -> (line, generation id) of each, what
+    # the compaction drops from raw_responses.jsonl (engine/run/requeue.py).
+    requeued: dict[str, set[tuple[int, str | None]]] = field(default_factory=dict)
     breakdown: SpendBreakdown = field(default_factory=SpendBreakdown)
     torn_bytes: int = 0
     first_start_ts: float | None = None  # the run's first start (epoch seconds): durations count from it
@@ -253,6 +258,7 @@ class _AttemptReplay:
             "gen": on(read_gen, self.gen),
             "end": on(read_end, self.end),
             "reconciled": on(read_reconciled, self.reconciled),
+            "requeued": on(read_requeued, self.requeued),
         }
 
     def _owner(self, rid: str, be: str | None) -> str | None:
@@ -324,6 +330,18 @@ class _AttemptReplay:
         repaired = self.unsent.pop(rid, None) if rec.get("unsent") else None
         if repaired is not None:
             state.estimates.settle(repaired.estimate, knowable=False, outcome=repaired.outcome)
+
+    def requeued(self, rec: RequeuedRecord) -> None:
+        """A row taken back: its money moves from its outcome to its cause; its row is dropped."""
+        if self.backend is not None and (rec.get("be") or self.default) != self.backend:
+            return
+        cost = Decimal(str(rec["cost"]))
+        tokens = rec.get("ctok") or 0
+        tokens = tokens if isinstance(tokens, int) else 0
+        breakdown = self.state.breakdown
+        breakdown.add(rec["outcome"], -cost, -tokens)
+        breakdown.add(rec["cause"], cost, tokens)
+        self.state.requeued.setdefault(rec["ds"], set()).add((rec["line"], rec.get("gen")))
 
     def finish(self) -> None:
         state = self.state
