@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,9 @@ from regen.engine.job.twosample import chi2_sf, events, histograms, similarity
 from regen.engine.run.recovery import read_journals
 from regen.engine.schema import Snapshot
 from regen.sim.openrouter.server import OpenRouterSim
-from tests.support.datasets import one_row_per_prompt, write_dataset
+from tests.support.datasets import one_row_per_prompt, read_rows, write_dataset
 from tests.support.jobs import openrouter, run_job
+from tests.support.processes import run_regen, settings_file
 from tests.support.schema_check import problems
 
 
@@ -199,3 +201,36 @@ async def test_requeued_rows_end_as_one_row_per_prompt_with_spend_equal_to_the_b
     assert journal.spent == sim.billing.billed_total
     assert journal.breakdown.waste["fidelity"] == job.lanes[0].settler.breakdown.waste["fidelity"]
     assert sum(len(lines) for lines in journal.requeued.values()) == len(taken)
+
+
+async def test_regen_quarantine_takes_a_routes_rows_back_after_the_fact_and_the_next_run_redoes_them(
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    a = write_dataset(tmp_path, "A", 200)
+    only = {"only": ["together", "fireworks"], "sort": None}
+    job = await run_job(make_settings(sim.base_url, [a], concurrency=16, openrouter={"provider": only, "fidelity": "off"}))
+    assert job.outcome is not None and job.outcome.reason is StopReason.DONE
+    served = sum(1 for row in one_row_per_prompt(a, 200) if row["provider"] == "Together")
+    assert served > 0
+    settings = settings_file(tmp_path, sim.base_url, [a])
+    later = run_regen("quarantine", "--settings", str(settings), "--route", "together", "--since", "2999-01-01T00:00Z")
+    assert later.returncode == 0 and "no rows of together" in later.stdout
+    bad = run_regen("quarantine", "--settings", str(settings), "--route", "together", "--since", "yesterday")
+    assert bad.returncode == 2 and "not a time: 'yesterday'" in bad.stderr
+    done = run_regen("quarantine", "--settings", str(settings), "--route", "together")
+    assert done.returncode == 0, done.stderr
+    assert f"{served} rows of together moved to" in done.stdout
+    left = read_rows(a)
+    assert len(left) == 200 - served and all(row["provider"] != "Together" for row in left)
+    quarantined = [orjson.loads(x) for x in (job.run_dir / "quarantine.jsonl").read_bytes().splitlines()]
+    assert len(quarantined) == served and all(q["requeued"] and q["provider"] == "Together" for q in quarantined)
+    again = run_regen("quarantine", "--settings", str(settings), "--route", "together")
+    assert again.returncode == 0 and "no rows of together" in again.stdout  # nothing is taken twice
+    # The next run sends those prompts again, elsewhere; the money stays the bill, split.
+    job = await run_job(make_settings(sim.base_url, [a], concurrency=16, openrouter={"provider": {"only": ["fireworks"]}}))
+    assert job.outcome is not None and job.outcome.reason is StopReason.DONE
+    rows = one_row_per_prompt(a, 200)
+    assert all(row["provider"] == "Fireworks" for row in rows)
+    assert job.lanes[0].ledger.spent == sim.billing.billed_total
+    journal = read_journals(job.run_dir / "attempts.jsonl", job.run_dir / "events.jsonl")
+    assert journal.breakdown.waste["fidelity"] == sum(Decimal(str(q["cost"])) for q in quarantined)

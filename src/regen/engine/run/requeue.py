@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import os
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from decimal import Decimal
 from pathlib import Path
@@ -23,7 +24,9 @@ from typing import Any
 import orjson
 
 from regen.engine.data.datasets import Dataset
+from regen.engine.data.jsonl import repair_torn_tail
 from regen.engine.run.records import RequeuedRecord, requeued_record
+from regen.engine.run.recovery import read_journals
 
 CAUSE = "fidelity"
 
@@ -109,6 +112,42 @@ def compact(results_path: Path, revoked: set[tuple[int, str | None]]) -> int:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
     return dropped
+
+
+def requeue_route(
+    run_dir: Path, datasets: Iterable[Dataset], route: str, since: float | None, why: str
+) -> tuple[int, Decimal]:
+    """`regen quarantine --route`: every row `route` served (since `since`) taken back while no job
+    runs (the caller holds the run lock): the three steps at once. How many rows, and their money."""
+    journal = read_journals(run_dir / "attempts.jsonl", run_dir / "events.jsonl")
+    chosen = list(datasets)
+    found: list[dict[str, Any]] = []
+    for dataset in chosen:
+        already = journal.requeued.get(dataset.name, set())
+        found.extend(
+            row
+            for row in route_rows(dataset.results_path, route, since)
+            if (row["line"], row.get("generation_id")) not in already
+        )
+    now = time.time()
+    pairs = [taken_back(row, why, now) for row in found]
+    _append_durably(run_dir / "quarantine.jsonl", [q for q, _ in pairs])
+    _append_durably(run_dir / "attempts.jsonl", [r for _, r in pairs])
+    revoked: dict[str, set[tuple[int, str | None]]] = {}
+    for row in found:
+        revoked.setdefault(row["dataset"], set()).add((row["line"], row.get("generation_id")))
+    compact_all(chosen, [journal.requeued, revoked])
+    return len(found), sum((Decimal(r["cost"]) for _, r in pairs), Decimal(0))
+
+
+def _append_durably(path: Path, records: list[Any]) -> None:
+    if not records:
+        return
+    repair_torn_tail(path)  # a crashed job's last line, cut before anything follows it
+    with open(path, "ab") as f:
+        f.write(b"".join(orjson.dumps(record) + b"\n" for record in records))
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def compact_all(datasets: Iterable[Dataset], requeued: Iterable[Mapping[str, set[tuple[int, str | None]]]]) -> int:
