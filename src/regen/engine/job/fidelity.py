@@ -14,13 +14,15 @@ honest route is flagged with probability at most alpha over the whole run howeve
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from regen.engine.job.twosample import Result, events, histograms, similarity
 from regen.engine.schema import FidelityStat, FidelityView
 
 FINISH_KINDS = ("stop", "length", "tool_calls")  # then "other"
+FINISH_INDEX = {kind: i for i, kind in enumerate(FINISH_KINDS)}
+OTHER_FINISH = len(FINISH_KINDS)
 LENGTH_BINS = 96  # quarter-octave bins: lengths up to 2^23 tokens, the last bin holds the rest
 STATISTICS = (
     "finish",
@@ -61,12 +63,16 @@ def length_bin(n: int) -> int:
 
 
 def leaks(text: str) -> bool:
-    """A special token's text at either end of `text`."""
-    tail = max(0, len(text) - LEAK_WINDOW)
-    for mark in LEAK_MARKS:
-        if text.find(mark, 0, LEAK_WINDOW) >= 0 or (tail and text.find(mark, tail) >= 0):
-            return True
-    return False
+    """A special token's text at either end of `text`. Every mark opens with "<", and most answers
+    have none at their ends: those are done with in two finds, allocating nothing."""
+    if text.find("<", 0, LEAK_WINDOW) >= 0 and _marks(text, 0, LEAK_WINDOW):
+        return True
+    tail = len(text) - LEAK_WINDOW
+    return tail > 0 and text.find("<", tail) >= 0 and _marks(text, tail, len(text))
+
+
+def _marks(text: str, start: int, end: int) -> bool:
+    return any(text.find(mark, start, end) >= 0 for mark in LEAK_MARKS)
 
 
 @dataclass(slots=True)
@@ -87,20 +93,26 @@ class Fingerprint:
     leaks: int = 0
     refusals: int = 0
 
-    def add(self, other: Fingerprint) -> None:
-        self.n += other.n
-        for counts, more in ((self.finish, other.finish), (self.output, other.output), (self.reasoning, other.reasoning)):
-            for i, x in enumerate(more):
-                counts[i] += x
-        self.output_sum += other.output_sum
-        self.reasoning_n += other.reasoning_n
-        self.reasoning_sum += other.reasoning_sum
-        self.thinking += other.thinking
-        self.closed += other.closed
-        self.degenerate += other.degenerate
-        self.truncated += other.truncated
-        self.leaks += other.leaks
-        self.refusals += other.refusals
+    def add(self, other: Fingerprint, sign: int = 1) -> None:
+        """Add (or with sign -1, take away) another fingerprint's counts."""
+        self.n += sign * other.n
+        self.finish = [a + sign * b for a, b in zip(self.finish, other.finish, strict=True)]
+        self.output = [a + sign * b for a, b in zip(self.output, other.output, strict=True)]
+        self.reasoning = [a + sign * b for a, b in zip(self.reasoning, other.reasoning, strict=True)]
+        self.output_sum += sign * other.output_sum
+        self.reasoning_n += sign * other.reasoning_n
+        self.reasoning_sum += sign * other.reasoning_sum
+        self.thinking += sign * other.thinking
+        self.closed += sign * other.closed
+        self.degenerate += sign * other.degenerate
+        self.truncated += sign * other.truncated
+        self.leaks += sign * other.leaks
+        self.refusals += sign * other.refusals
+
+    def copy(self) -> Fingerprint:
+        out = Fingerprint()
+        out.add(self)
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +167,9 @@ class FidelityMonitor:
         self.min_responses = min_responses
         self.min_reference = min_reference
         self.floors = floors or Floors()
-        self.routes: dict[tuple[str, str], RouteFidelity] = {}
+        self.routes: dict[str, dict[str, RouteFidelity]] = {}  # backend -> route -> its state
+        # Each backend's routes summed as they fold, so a look's reference is a subtraction, not a sum.
+        self.totals: dict[str, Fingerprint] = {}
 
     # ------------------------------------------------------------------------------------ folding
 
@@ -173,31 +187,36 @@ class FidelityMonitor:
         degenerate: bool,
     ) -> Drift | None:
         """Fold one answer; at a look, test the route. Returns the Drift the first time it is flagged."""
-        key = (backend, route)
-        state = self.routes.get(key)
+        routes = self.routes.get(backend)
+        if routes is None:
+            routes = self.routes[backend] = {}
+            self.totals[backend] = Fingerprint()
+        state = routes.get(route)
         if state is None:
-            state = self.routes[key] = RouteFidelity()
-        fp = state.fingerprint
-        fp.n += 1
-        try:
-            fp.finish[FINISH_KINDS.index(finish_reason or "")] += 1
-        except ValueError:
-            fp.finish[-1] += 1
-        fp.output[length_bin(output_tokens)] += 1
-        fp.output_sum += output_tokens
-        if reasoning_tokens is not None:
-            fp.reasoning[length_bin(reasoning_tokens)] += 1
-            fp.reasoning_n += 1
-            fp.reasoning_sum += reasoning_tokens
-        if reasoning or reasoning_tokens:
-            fp.thinking += 1
-            if content:
-                fp.closed += 1
-        fp.degenerate += degenerate
-        fp.truncated += truncated
-        fp.leaks += leaks(content)
-        fp.refusals += content.startswith(REFUSAL_OPENINGS)
-        if fp.n % self.look_every or fp.n < self.min_responses:
+            state = routes[route] = RouteFidelity()
+        finish = FINISH_INDEX.get(finish_reason, OTHER_FINISH)  # type: ignore[arg-type]
+        output = length_bin(output_tokens)
+        thinking = bool(reasoning or reasoning_tokens)
+        closed = thinking and bool(content)
+        leaked = leaks(content)
+        refused = content.startswith(REFUSAL_OPENINGS)
+        for fp in (state.fingerprint, self.totals[backend]):
+            fp.n += 1
+            fp.finish[finish] += 1
+            fp.output[output] += 1
+            fp.output_sum += output_tokens
+            if reasoning_tokens is not None:
+                fp.reasoning[length_bin(reasoning_tokens)] += 1
+                fp.reasoning_n += 1
+                fp.reasoning_sum += reasoning_tokens
+            fp.thinking += thinking
+            fp.closed += closed
+            fp.degenerate += degenerate
+            fp.truncated += truncated
+            fp.leaks += leaked
+            fp.refusals += refused
+        n = state.fingerprint.n
+        if n % self.look_every or n < self.min_responses:
             return None
         return self.look(backend, route)
 
@@ -206,28 +225,32 @@ class FidelityMonitor:
     def reference(self, backend: str, route: str) -> tuple[str | None, Fingerprint]:
         """What a route is compared with: the GPU fleet's unflagged answers when there are enough
         (and the route is not one of them), else the lane's other unflagged routes."""
-        if backend != SGLANG:
-            fleet = self._pool(lambda b, r: b == SGLANG)
+        if backend != SGLANG and SGLANG in self.totals:
+            fleet = self._pool(SGLANG, None)
             if fleet.n >= self.min_reference:
                 return SGLANG, fleet
-        pool = self._pool(lambda b, r: b == backend and r != route)
+        pool = self._pool(backend, route)
         return ("pool" if pool.n else None), pool
 
-    def _pool(self, chosen: Callable[[str, str], bool]) -> Fingerprint:
-        pool = Fingerprint()
-        for (b, r), state in self.routes.items():
-            if state.drift is None and chosen(b, r):
-                pool.add(state.fingerprint)
+    def _pool(self, backend: str, leave_out: str | None) -> Fingerprint:
+        """A backend's routes summed, less `leave_out` and every flagged route."""
+        total = self.totals.get(backend)
+        if total is None:
+            return Fingerprint()
+        pool = total.copy()
+        for name, state in self.routes[backend].items():
+            if name == leave_out or state.drift is not None:
+                pool.add(state.fingerprint, -1)
         return pool
 
     def look(self, backend: str, route: str) -> Drift | None:
-        state = self.routes[(backend, route)]
+        state = self.routes[backend][route]
         against, ref = self.reference(backend, route)
         state.against, state.reference_n = against, ref.n
         if ref.n < self.min_reference:
             return None
         state.looks += 1
-        family = max(2, sum(1 for b, _ in self.routes if b == backend))
+        family = max(2, len(self.routes[backend]))
         spent = self.alpha * 6 / (math.pi**2 * state.looks**2)
         threshold = spent / (family * len(STATISTICS))
         state.threshold = threshold
@@ -306,17 +329,21 @@ class FidelityMonitor:
 
     # ---------------------------------------------------------------------------------- the view
 
+    def _state(self, backend: str, route: str) -> RouteFidelity | None:
+        routes = self.routes.get(backend)
+        return None if routes is None else routes.get(route)
+
     def drifted(self, backend: str, route: str) -> bool:
-        state = self.routes.get((backend, route))
+        state = self._state(backend, route)
         return state is not None and state.drift is not None
 
     def acted(self, backend: str, route: str, action: str) -> None:
-        state = self.routes.get((backend, route))
+        state = self._state(backend, route)
         if state is not None:
             state.action = action
 
     def view(self, backend: str, route: str) -> FidelityView | None:
-        state = self.routes.get((backend, route))
+        state = self._state(backend, route)
         if state is None:
             return None
         drift = state.drift

@@ -216,15 +216,16 @@ class Ledger:
         return None if self.budget is None else self.budget - self.spent
 
 
-# fidelity: rows taken back from a route that served another model (docs/fidelity.md).
-WASTE_CAUSES = ("retries", "truncated", "quarantined", "crash", "cancelled", "fidelity")
+# fidelity: rows taken back from a route that served another model; audit: the canary audit's
+# requests (docs/fidelity.md).
+WASTE_CAUSES = ("retries", "truncated", "quarantined", "crash", "cancelled", "fidelity", "audit")
 
 
 def spend_cause(outcome: str) -> str | None:
     """Which waste an attempt's dollars belong to; None for a usable (ok) row."""
     if outcome == "ok":
         return None
-    if outcome in ("truncated", "quarantined", "cancelled", "fidelity"):
+    if outcome in ("truncated", "quarantined", "cancelled", "fidelity", "audit"):
         return outcome
     if outcome == "lost_at_crash":
         return "crash"
