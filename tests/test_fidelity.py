@@ -12,9 +12,13 @@ from typing import Any
 import orjson
 
 from regen.console.screens import fidelity_lines
+from regen.engine.backends.openrouter.audit import compare, plan_audit, run_audit
 from regen.engine.config.settings import Settings
 from regen.engine.control.headless import status_line, summary_lines
 from regen.engine.control.wire import encode
+from regen.engine.data.idcompare import common_prefix, majority
+from regen.engine.data.idcompare import similarity as id_similarity
+from regen.engine.data.tokenizer import TargetTokenizer
 from regen.engine.job.fidelity import FidelityMonitor, Fingerprint, leaks, length_bin
 from regen.engine.job.job import StopReason
 from regen.engine.job.twosample import chi2_sf, events, histograms, similarity
@@ -25,6 +29,7 @@ from tests.support.datasets import one_row_per_prompt, read_rows, write_dataset
 from tests.support.jobs import openrouter, run_job
 from tests.support.processes import run_regen, settings_file
 from tests.support.schema_check import problems
+from tests.support.sglang_sim import model_folder
 
 
 def test_the_chi_square_tail_matches_its_tables() -> None:
@@ -234,3 +239,52 @@ async def test_regen_quarantine_takes_a_routes_rows_back_after_the_fact_and_the_
     assert job.lanes[0].ledger.spent == sim.billing.billed_total
     journal = read_journals(job.run_dir / "attempts.jsonl", job.run_dir / "events.jsonl")
     assert journal.breakdown.waste["fidelity"] == sum(Decimal(str(q["cost"])) for q in quarantined)
+
+
+def test_the_audit_compares_answers_in_ids_by_prefix_and_similarity_against_the_majority() -> None:
+    assert common_prefix([1, 2, 3, 4], [1, 2, 9, 4]) == 2
+    assert common_prefix([], [1]) == 0 and common_prefix([5, 6], [5, 6, 7]) == 2
+    assert id_similarity([1, 2, 3, 4], [1, 2, 3, 4]) == 1.0
+    assert id_similarity([1, 2, 3, 4], [1, 2, 9, 4]) == 0.75  # 2 x 3 matched of 8
+    assert id_similarity([1, 2], [3, 4]) == 0.0 and id_similarity([], []) == 1.0
+    assert majority([[1, 2, 3], [1, 2, 9], [1, 2, 3]]) == 0 and majority([]) is None
+    report = compare({"A": [[1, 2, 3, 4]], "B": [[1, 2, 3, 4]], "C": [[1, 7, 8, 9]], "D": [None]}, 1)
+    rows = {row["provider"]: row for row in report["providers"]}
+    assert rows["A"]["verdict"] == rows["B"]["verdict"] == "same" and rows["A"]["prefix_median"] == 4
+    assert rows["C"]["verdict"] == "differs" and rows["C"]["prefix_median"] == 1
+    assert rows["C"]["similarity_mean"] == 0.25 and rows["D"]["verdict"] == "no answers"
+
+
+async def test_the_audit_plans_its_cost_then_finds_the_impostor_in_token_ids(
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    sim.config.impostor_providers = {"together": 0.0}
+    sim.config.impostor_prefix_tokens = 24
+    sim.config.min_completion_tokens, sim.config.max_completion_tokens = 100, 200
+    a = write_dataset(tmp_path, "A", 50)
+    settings = make_settings(sim.base_url, [a], budget_usd=1.0)
+    settings.tokenizer.path = model_folder(tmp_path / "model")
+    plan = await plan_audit(settings, 4, 7, 256)
+    assert len(plan.prompts) == 4 and plan.prompts == (await plan_audit(settings, 4, 7, 256)).prompts  # seeded
+    names = {e.provider_name for e in plan.providers}
+    assert "Together" in names and "DeepInfra" not in names  # allowed providers only (fp4 is kept out)
+    assert plan.fits and 0 < plan.worst_usd < 1
+    tight = make_settings(sim.base_url, [a], budget_usd=1e-6)
+    assert not (await plan_audit(tight, 4, 7, 256)).fits
+    before = sim.billing.billed_total
+    tokenizer = TargetTokenizer.from_settings(settings.tokenizer, path=settings.tokenizer.path)
+    report = await run_audit(settings, plan, tokenizer.encode)
+    rows = {row["provider"]: row for row in report["providers"]}
+    assert rows["Together"]["verdict"] == "differs"
+    assert 0 < rows["Together"]["prefix_median"] < 100  # the reference's first words, then another text
+    assert all(row["verdict"] == "same" and row["similarity_mean"] == 1.0 for name, row in rows.items() if name != "Together")
+    assert Decimal(str(report["spent_usd"])) == sim.billing.billed_total - before <= plan.worst_usd
+    # Its money is in the run's journal, so the next run's ledger counts it against the budget.
+    journal = read_journals(settings.job.run_dir / "attempts.jsonl", settings.job.run_dir / "events.jsonl")
+    assert journal.spent == sim.billing.billed_total - before and journal.breakdown.waste["audit"] == journal.spent
+
+
+def test_regen_audit_refuses_without_the_target_tokenizer(sim_process: str, tmp_path: Path) -> None:
+    settings = settings_file(tmp_path, sim_process, [write_dataset(tmp_path, "A", 5)])
+    done = run_regen("audit", "--settings", str(settings))
+    assert done.returncode == 2 and "tokenizer.path: empty" in done.stderr

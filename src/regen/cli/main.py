@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from regen.cli.arguments import add_settings_argument
+from regen.cli.audit import add_parsers as add_audit_parsers
+from regen.cli.audit import run as run_audit_command
 from regen.cli.data import add_parsers as add_data_parsers
 from regen.cli.data import run as run_data_command
 from regen.cli.hosts import add_parsers as add_host_parsers
@@ -72,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_data_parsers(commands)
     add_quarantine_parsers(commands)
+    add_audit_parsers(commands)
     add_host_parsers(commands)
     add_sglang_parsers(commands)
 
@@ -123,6 +126,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         quarantine_code = run_quarantine_command(args)
         if quarantine_code is not None:
             return quarantine_code
+        audit_code = run_audit_command(args)
+        if audit_code is not None:
+            return audit_code
         host_code = run_host_command(args)
         if host_code is not None:
             return host_code

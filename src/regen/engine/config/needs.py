@@ -40,6 +40,7 @@ COMMAND_NEEDS: Mapping[str, frozenset[Need]] = {
     "verify": frozenset(),
     "export": frozenset(),
     "quarantine": frozenset(),
+    "audit": frozenset(),
 }
 
 
