@@ -23,6 +23,7 @@ INTEGRATION = (
     "tests/test_console_tmux.py",
     "tests/test_demo_fleets.py",
     "tests/test_disk_full.py",
+    "tests/test_fidelity.py",
     "tests/test_hostile_inputs.py",
     "tests/test_job.py",
     "tests/test_journey.py",
