@@ -12,7 +12,7 @@ Two parts, both against the OpenRouter simulator:
   bench/throughput.py's simulator process and pinning; output tokens per wall second and per
   client CPU-second, medians.
 
-    .venv/bin/python bench/fidelity.py              # 20 runs, then throughput (~10 min on 2 cores)
+    .venv/bin/python bench/fidelity.py              # 20 runs at drift 0.1, then throughput (~12 min on 2 cores)
     .venv/bin/python bench/fidelity.py --runs 3 --repeat 1   # a smoke run
 """
 
@@ -162,7 +162,7 @@ def throughput(repeat: int, prompts: int, concurrency: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=20)
-    ap.add_argument("--drift", type=float, default=0.05)
+    ap.add_argument("--drift", type=float, default=0.1)
     ap.add_argument("--detect-prompts", type=int, default=4500, help="prompts per detection run (~500 per provider)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=4000, help="prompts per throughput run")
