@@ -1,8 +1,9 @@
 """`regen audit`: the canary audit (docs/fidelity.md, "The canary audit").
 
 A small seeded sample of the job's own prompts, at temperature 0 with a fixed seed, sent to each
-allowed provider alone (`provider.only`, no fallbacks); the answers compared in the target tokenizer's
-ids with the majority answer of each prompt. The plan (what it costs at worst) is made before anything
+allowed provider alone (`provider.only`, no fallbacks) and to each SGLang server of `sglang.urls`; the
+answers compared in the target tokenizer's ids with the servers' answer of each prompt (the target's
+own weights), or the majority's when there are no servers. The plan (what it costs at worst) is made before anything
 is sent and must fit in what `job.budget_usd` has left; what it spent is journaled in attempts.jsonl
 (outcome `audit`), so the next run's ledger counts it.
 """
@@ -29,6 +30,7 @@ from regen.engine.backends.openrouter.catalog import (
     routing_of,
 )
 from regen.engine.backends.openrouter.client import OpenRouterClient
+from regen.engine.backends.sglang.audit import fleet_answers
 from regen.engine.config.settings import ProviderSettings, Settings
 from regen.engine.data.datasets import Prompt, discover
 from regen.engine.data.idcompare import common_prefix, majority, similarity
@@ -141,7 +143,9 @@ async def run_audit(settings: Settings, plan: AuditPlan, encode: Callable[[str],
             ids.append(None if result.error is not None else encode(result.reasoning) + encode(result.content))
         answers[endpoint.provider_name] = ids
     await asyncio.to_thread(_journal, settings.job.run_dir / "attempts.jsonl", records)
-    return {**compare(answers, len(plan.prompts)), "spent_usd": float(spent), "plan_usd": float(plan.worst_usd)}
+    fleet = await fleet_answers(settings, plan.prompts, plan.max_tokens, encode)
+    report = compare({**answers, **fleet}, len(plan.prompts), reference=set(fleet))
+    return {**report, "spent_usd": float(spent), "plan_usd": float(plan.worst_usd)}
 
 
 def _journal(path: Path, records: list[Any]) -> None:
@@ -155,20 +159,25 @@ def _journal(path: Path, records: list[Any]) -> None:
         os.fsync(f.fileno())
 
 
-def compare(answers: dict[str, list[list[int] | None]], prompts: int) -> dict[str, Any]:
-    """Each provider against each prompt's majority answer: common prefix and similarity in ids."""
+def compare(
+    answers: dict[str, list[list[int] | None]], prompts: int, reference: set[str] | None = None
+) -> dict[str, Any]:
+    """Each provider against each prompt's reference answer: the majority of the `reference` sources
+    (the GPU fleet's servers) when they answered, else of all. Common prefix and similarity in ids."""
     per: dict[str, dict[str, list[float]]] = {name: {"prefix": [], "similarity": []} for name in answers}
+    trusted = reference or set()
     for i in range(prompts):
         given = [(name, ids[i]) for name, ids in answers.items() if ids[i] is not None]
-        ref = majority([ids for _, ids in given if ids is not None])
+        pool = [(name, ids) for name, ids in given if name in trusted] or given
+        ref = majority([ids for _, ids in pool if ids is not None])
         if ref is None:
             continue
-        reference = given[ref][1]
-        assert reference is not None
+        reference_ids = pool[ref][1]
+        assert reference_ids is not None
         for name, ids in given:
             assert ids is not None
-            per[name]["prefix"].append(common_prefix(ids, reference))
-            per[name]["similarity"].append(similarity(ids, reference))
+            per[name]["prefix"].append(common_prefix(ids, reference_ids))
+            per[name]["similarity"].append(similarity(ids, reference_ids))
     providers = []
     for name, figures in per.items():
         sims = figures["similarity"]
@@ -182,4 +191,4 @@ def compare(answers: dict[str, list[list[int] | None]], prompts: int) -> dict[st
                 "verdict": "no answers" if mean is None else ("differs" if mean < SIMILAR else "same"),
             }
         )
-    return {"reference": "majority", "providers": providers}
+    return {"reference": "sglang" if trusted else "majority", "providers": providers}
