@@ -27,8 +27,10 @@ from regen.engine.run.report_data import ATTEMPTS, ROWS, SPENT, TOKENS, Latency,
 # Text as text in the SVG (the page's fonts), not as paths: smaller, and searchable.
 matplotlib.rcParams["svg.fonttype"] = "none"
 matplotlib.rcParams["svg.hashsalt"] = "regen-report"  # the same data gives the same file
-# The most points a line is drawn with: the bins are summed into groups above that.
+# The most points a line is drawn with: the bins are summed into groups above that. Errors are
+# rarer than rows, so their bins are wider (fewer), or each would hold a count of 0 or 1.
 MAX_POINTS = 400
+ERROR_POINTS = 120
 LANE_COLOURS = {"openrouter": "#3b7dd8", "sglang": "#2ca25f"}
 OTHER_COLOURS = ("#8e6bbf", "#e6862e", "#c94a5a", "#6b8e23")
 SPAN_COLOURS = {"outage": "#d62728", "hold": "#ff9f1c", "pause": "#9e9e9e"}
@@ -86,12 +88,12 @@ def _when(ts: Sequence[float]) -> list[float]:
 
 
 def _grouped(
-    starts: list[float], values: list[float], width: float
+    starts: list[float], values: list[float], width: float, points: int = MAX_POINTS
 ) -> tuple[list[float], list[float], float]:
-    """The bins summed in groups so that at most MAX_POINTS remain: (starts, sums, group width)."""
-    if len(starts) <= MAX_POINTS:
+    """The bins summed in groups so that at most `points` remain: (starts, sums, group width)."""
+    if len(starts) <= points:
         return starts, values, width
-    k = math.ceil(len(starts) / MAX_POINTS)
+    k = math.ceil(len(starts) / points)
     return (
         starts[::k],
         [math.fsum(values[i : i + k]) for i in range(0, len(values), k)],
@@ -145,9 +147,14 @@ def _marks(ax: Axes, data: ReportData, *, legend: bool = True) -> None:
                 _day(data.deadline), color="#d62728", ls="--", lw=1.2, label="deadline"
             )
     if legend:
-        handles, _ = ax.get_legend_handles_labels()
-        if handles:
-            ax.legend(loc="upper left", fontsize=8, framealpha=0.8)
+        _legend(ax)
+
+
+def _legend(ax: Axes, columns: int = 1) -> None:
+    """Beside the plot, never over its lines."""
+    handles, _ = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, ncols=columns, frameon=False)
 
 
 def _new(width: float, height: float) -> Figure:
@@ -352,17 +359,19 @@ def _errors(data: ReportData) -> Chart | None:
     stack, labels = [], []
     when: list[float] = []
     width = bins.width_s
-    for column, (lane, error) in enumerate(data.error_columns):
+    for column, (lane, error) in sorted(enumerate(data.error_columns), key=lambda c: c[1]):
         starts, values = bins.series(column)
-        starts, values, width = _grouped(starts, values, bins.width_s)
+        starts, values, width = _grouped(starts, values, bins.width_s, ERROR_POINTS)
         when = _when(starts)
         stack.append([v / width * 60 for v in values])
         labels.append(f"{error}" if len(data.lane_order) == 1 else f"{lane}: {error}")
-    ax.stackplot(when, *stack, labels=labels, step="post", alpha=0.85)
+    palette = matplotlib.colormaps["tab20"]
+    colours = [palette(i % 20) for i in range(len(stack))]
+    ax.stackplot(when, *stack, labels=labels, colors=colours, step="post", alpha=0.85)
     ax.set_ylabel("errors / minute")
     _time_axis(ax)
     _marks(ax, data, legend=False)
-    ax.legend(loc="upper left", fontsize=7, ncols=3, framealpha=0.8)
+    _legend(ax, columns=1 if len(labels) <= 12 else 2)
     return _chart(
         fig,
         "errors",
