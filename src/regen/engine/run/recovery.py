@@ -252,10 +252,10 @@ def read_lanes(
     """
     states = {lane: JournalState() for lane in lanes}
     if attempts_path.exists():
-        attempts = [_AttemptReplay(states[lane], lane, default, False) for lane in lanes]
+        attempts = {lane: _AttemptReplay(states[lane], lane, default, False) for lane in lanes}
         with _named(attempts_path):
-            replay(attempts_path, ATTEMPTS, _together([a.handlers() for a in attempts], attempts_seen))
-        for each in attempts:
+            replay(attempts_path, ATTEMPTS, _together([_ByLane(attempts, default).handlers()], attempts_seen))
+        for each in attempts.values():
             each.finish()
     if events_path.exists():
         events = [_EventReplay(states[lane], lane, default) for lane in lanes]
@@ -295,6 +295,48 @@ def _fan(groups: list[tuple[Callable[[Raw], object], list[Callable[[Any], None]]
                 each(record)
 
     return handle
+
+
+class _ByLane:
+    """Each attempt record to its own lane's replay only: what every lane's replay would make of
+    all the records (another lane's are passed over), at one replay's cost. A record's lane is its
+    `be`, else its start's, else `default`, as `_AttemptReplay._owner` has it."""
+
+    def __init__(self, replays: Mapping[str, _AttemptReplay], default: str) -> None:
+        self.replays = replays
+        self.default = default
+        self.open: dict[str, str] = {}  # rid -> the lane of an attempt started and not ended
+
+    def handlers(self) -> dict[str, Handler]:
+        return {
+            "start": on(read_start, self.start),
+            "gen": on(read_gen, self.gen),
+            "end": on(read_end, self.end),
+            "reconciled": on(read_reconciled, self.reconciled),
+        }
+
+    def start(self, rec: StartRecord) -> None:
+        lane = rec.get("be") or self.default
+        self.open[rec["rid"]] = lane
+        replay = self.replays.get(lane)
+        if replay is not None:
+            replay.start(rec)
+
+    def gen(self, rec: GenRecord) -> None:
+        replay = self.replays.get(self.open.get(rec["rid"], self.default))
+        if replay is not None:
+            replay.gen(rec)
+
+    def end(self, rec: EndRecord) -> None:
+        started = self.open.pop(rec["rid"], None)
+        replay = self.replays.get(rec.get("be") or started or self.default)
+        if replay is not None:
+            replay.end(rec)
+
+    def reconciled(self, rec: ReconciledRecord) -> None:
+        replay = self.replays.get(rec.get("be") or self.open.get(rec["rid"]) or self.default)
+        if replay is not None:
+            replay.reconciled(rec)
 
 
 class _AttemptReplay:

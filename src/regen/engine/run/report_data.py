@@ -77,26 +77,30 @@ class Bins:
         self.high = 0
 
     def index(self, ts: float) -> int:
-        if self.origin is None:
-            self.origin = ts
-        at = math.floor((ts - self.origin) / self.width_s)
-        if not self.bins:
-            self.low = self.high = at
-        elif at < self.low or at > self.high:
+        origin = self.origin
+        if origin is None:
+            self.origin = origin = ts
+            self.low = self.high = 0
+        at = math.floor((ts - origin) / self.width_s)
+        if at < self.low or at > self.high:
             self.low, self.high = min(self.low, at), max(self.high, at)
             while self.high - self.low >= MAX_BINS:
                 self._widen()
                 at //= 2
         return at
 
-    def add(self, ts: float, column: int, amount: float) -> None:
+    def row(self, ts: float) -> list[float]:
+        """The bin of instant `ts`: a value per column, to add to."""
         at = self.index(ts)
         row = self.bins.get(at)
         if row is None:
             row = self.bins[at] = [0.0] * self.columns
         elif len(row) < self.columns:
             row.extend([0.0] * (self.columns - len(row)))
-        row[column] += amount
+        return row
+
+    def add(self, ts: float, column: int, amount: float) -> None:
+        self.row(ts)[column] += amount
 
     def grow(self, columns: int) -> None:
         self.columns = max(self.columns, columns)
@@ -192,7 +196,6 @@ class LaneTotals:
     attempts: int = 0
     errors: Counter[str] = field(default_factory=Counter)
     open_attempts: int = 0  # started, not ended: in flight now, or cut by a crash
-    datasets: Counter[str] = field(default_factory=Counter)  # rows per dataset
 
     @property
     def confirmed(self) -> Decimal:
@@ -229,7 +232,7 @@ class ReportData:
 
 class _Binner:
     """The attempt journal's records into per-lane bins and latency histograms (one pass, beside
-    recovery's own replay of the same records)."""
+    recovery's own replay of the same records). Runs once per journal line: kept lean."""
 
     def __init__(self, lanes: list[str], default: str, totals: dict[str, LaneTotals]) -> None:
         self.default = default
@@ -239,7 +242,10 @@ class _Binner:
         self.errors = Bins(0)
         self.error_columns: dict[tuple[str, str], int] = {}
         self.latency: dict[tuple[str, str], Latency] = {}
-        self.owner: dict[str, str] = {}  # rid -> backend, of attempts in flight
+        self.base = {lane: i * FIELDS for i, lane in enumerate(lanes)}  # lane -> its first column
+        # rid -> backend, of attempts in flight whose start named one: the end records of journals
+        # written before ends named their backend belong to their start's (docs/architecture.md).
+        self.owner: dict[str, str] = {}
         self.first: float | None = None
         self.last: float | None = None
 
@@ -250,13 +256,13 @@ class _Binner:
             "reconciled": on(read_reconciled, self.reconciled),
         }
 
-    def _lane(self, name: str) -> int:
-        try:
-            return self.order.index(name)
-        except ValueError:
-            self.order.append(name)
+    def _base(self, lane: str) -> int:
+        base = self.base.get(lane)
+        if base is None:  # a backend no start event named (the settings' default changed since)
+            self.order.append(lane)
+            base = self.base[lane] = (len(self.order) - 1) * FIELDS
             self.bins.grow(FIELDS * len(self.order))
-            return len(self.order) - 1
+        return base
 
     def _seen(self, ts: float) -> None:
         if self.first is None or ts < self.first:
@@ -265,46 +271,49 @@ class _Binner:
             self.last = ts
 
     def start(self, rec: StartRecord) -> None:
-        self.owner[rec["rid"]] = rec.get("be") or self.default
-        ts = rec.get("ts")
-        if isinstance(ts, int | float):
-            self._seen(float(ts))
+        be = rec.get("be")
+        if be is not None:
+            self.owner[rec["rid"]] = be
+        if self.first is None:
+            ts = rec.get("ts")
+            if isinstance(ts, int | float):
+                self.first = float(ts)
 
     def end(self, rec: EndRecord) -> None:
-        rid = rec["rid"]
-        lane = rec.get("be") or self.owner.get(rid) or self.default
-        self.owner.pop(rid, None)
-        outcome = str(rec.get("outcome"))
-        totals = self.totals.get(lane)
+        owned = self.owner.pop(rec["rid"], None)
+        lane = rec.get("be") or owned or self.default
+        outcome = rec.get("outcome") or "None"
         row = outcome in ROW_OUTCOMES
-        raw_tokens = rec.get("ctok")
-        tokens = raw_tokens if isinstance(raw_tokens, int) else 0
+        error = not row and is_error(outcome)
+        tokens = rec.get("ctok") or 0
+        if type(tokens) is not int:  # older journals hold the API's value as it came
+            tokens = 0
+        totals = self.totals.get(lane)
         if totals is not None:
             totals.attempts += 1
             if row:
                 totals.rows += 1
                 totals.output_tokens += tokens
-                totals.datasets[str(rec.get("ds"))] += 1
                 if outcome == "truncated":
                     totals.truncated += 1
                 else:
                     totals.ok += 1
-            elif is_error(outcome):
+            elif error:
                 totals.errors[outcome] += 1
         ts = rec.get("ts")
         if not isinstance(ts, int | float):
             return
-        ts = float(ts)
-        self._seen(ts)
-        base = self._lane(lane) * FIELDS
-        bins = self.bins
-        bins.add(ts, base + ATTEMPTS, 1)
+        if self.last is None or ts > self.last:
+            self.last = ts
+        base = self._base(lane)
+        bin_ = self.bins.row(ts)
+        bin_[base + ATTEMPTS] += 1
         cost = rec.get("cost")
         if cost is not None:
-            bins.add(ts, base + SPENT, float(cost))
+            bin_[base + SPENT] += float(cost)
         if row:
-            bins.add(ts, base + ROWS, 1)
-            bins.add(ts, base + TOKENS, tokens)
+            bin_[base + ROWS] += 1
+            bin_[base + TOKENS] += tokens
             route = rec.get("provider") or "(unnamed)"
             latency = self.latency.get((lane, route))
             if latency is None:
@@ -315,20 +324,20 @@ class _Binner:
                 latency.count += 1
             if isinstance(ttft, int | float):
                 latency.ttft[Latency.bin(ttft)] += 1
-        elif is_error(outcome):
+        elif error:
             key = (lane, outcome)
             column = self.error_columns.get(key)
             if column is None:
                 column = self.error_columns[key] = len(self.error_columns)
                 self.errors.grow(len(self.error_columns))
-            self.errors.add(ts, column, 1)
+            self.errors.row(ts)[column] += 1
 
     def reconciled(self, rec: ReconciledRecord) -> None:
         lane = rec.get("be") or self.owner.get(rec["rid"]) or self.default
         ts, delta = rec.get("ts"), rec.get("delta")
         if isinstance(ts, int | float) and delta is not None:
             self._seen(float(ts))
-            self.bins.add(float(ts), self._lane(lane) * FIELDS + SPENT, float(delta))
+            self.bins.row(ts)[self._base(lane) + SPENT] += float(delta)
 
 
 class _Events:
@@ -417,7 +426,7 @@ class _Events:
         name = lane if isinstance(lane, str) else self.only
         cut = sum((float(str(v)) for v in cuts.values()), 0.0)
         binner = self.binner
-        binner.bins.add(ts, binner._lane(name) * FIELDS + SPENT, -cut)
+        binner.bins.add(ts, binner._base(name) + SPENT, -cut)
 
     def _close(self, kind: str, lane: str | None, ts: float) -> None:
         began = self.open.pop((kind, lane), None)
