@@ -11,8 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
-import webbrowser
 from pathlib import Path
 
 from regen.cli.arguments import add_settings_argument
@@ -87,6 +85,8 @@ def run(args: argparse.Namespace) -> int | None:
         return _fail(f"{where}{exc.strerror or exc}", EXIT_FAILURE)
     print(f"report: {out} ({written} charts, each also as a PNG beside it)")
     if args.open:
+        import webbrowser
+
         webbrowser.open(out.resolve().as_uri())
     return EXIT_OK
 
@@ -109,6 +109,8 @@ def write_report(run_dir: Path, out: Path, default_backend: str) -> int:
 
 def _write(path: Path, content: bytes) -> None:
     """Whole or not at all: a browser reloading the page never reads half of it."""
+    import tempfile
+
     fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "wb") as f:
