@@ -75,6 +75,7 @@ class Bins:
         self.bins: dict[int, list[float]] = {}
         self.low = 0
         self.high = 0
+        self._since, self._until, self._last = math.inf, -math.inf, [0.0]  # the last bin `row` gave
 
     def index(self, ts: float) -> int:
         origin = self.origin
@@ -91,12 +92,19 @@ class Bins:
 
     def row(self, ts: float) -> list[float]:
         """The bin of instant `ts`: a value per column, to add to."""
+        # The journal's instants mostly follow one another: the last bin asked for is usually the one.
+        if self._since <= ts < self._until:
+            return self._last
         at = self.index(ts)
         row = self.bins.get(at)
         if row is None:
             row = self.bins[at] = [0.0] * self.columns
         elif len(row) < self.columns:
             row.extend([0.0] * (self.columns - len(row)))
+        assert self.origin is not None
+        self._since = self.origin + at * self.width_s
+        self._until = self._since + self.width_s
+        self._last = row
         return row
 
     def add(self, ts: float, column: int, amount: float) -> None:
@@ -104,6 +112,7 @@ class Bins:
 
     def grow(self, columns: int) -> None:
         self.columns = max(self.columns, columns)
+        self._since, self._until = math.inf, -math.inf  # its bin is short of the new columns
 
     def _widen(self) -> None:
         merged: dict[int, list[float]] = {}
@@ -117,6 +126,7 @@ class Bins:
             for i, value in enumerate(row):
                 into[i] += value
         self.bins = merged
+        self._since, self._until = math.inf, -math.inf
         self.width_s *= 2
         self.low //= 2
         self.high //= 2
@@ -134,6 +144,17 @@ class Bins:
         return starts, values
 
 
+_LOG_FLOOR = math.log10(LATENCY_FLOOR_S)
+
+
+def _latency_bin(seconds: float, log10: Any = math.log10) -> int:
+    """The histogram bin of a time in seconds (per journal line: kept to one log and a compare)."""
+    if seconds <= LATENCY_FLOOR_S:
+        return 0
+    at = int((log10(seconds) - _LOG_FLOOR) * LATENCY_PER_DECADE)
+    return at if at < LATENCY_BINS else LATENCY_BINS - 1
+
+
 @dataclass(slots=True)
 class Latency:
     """One route's end-to-end and first-token times of its rows, as log-spaced histograms."""
@@ -144,9 +165,7 @@ class Latency:
 
     @staticmethod
     def bin(seconds: float) -> int:
-        if seconds <= LATENCY_FLOOR_S:
-            return 0
-        return min(LATENCY_BINS - 1, int(math.log10(seconds / LATENCY_FLOOR_S) * LATENCY_PER_DECADE))
+        return _latency_bin(seconds)
 
     @staticmethod
     def edge(index: float) -> float:
@@ -319,11 +338,11 @@ class _Binner:
             if latency is None:
                 latency = self.latency[(lane, route)] = Latency()
             e2e, ttft = rec.get("e2e"), rec.get("ttft")
-            if isinstance(e2e, int | float):
-                latency.e2e[Latency.bin(e2e)] += 1
+            if type(e2e) is float or type(e2e) is int:
+                latency.e2e[_latency_bin(e2e)] += 1
                 latency.count += 1
-            if isinstance(ttft, int | float):
-                latency.ttft[Latency.bin(ttft)] += 1
+            if type(ttft) is float or type(ttft) is int:
+                latency.ttft[_latency_bin(ttft)] += 1
         elif error:
             key = (lane, outcome)
             column = self.error_columns.get(key)
