@@ -17,6 +17,7 @@ from typing import Any
 
 import matplotlib
 import matplotlib.dates as mdates
+import matplotlib.ticker as mticker
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -341,6 +342,10 @@ def _latency(data: ReportData) -> Chart | None:
             boxprops={"facecolor": "#cfe0f5"},
         )
         ax.set_xscale("log")
+        # Seconds as numbers (0.5, 2, 10), not powers of ten; no labels on the minor ticks.
+        ax.xaxis.set_major_locator(mticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(mticker.FuncFormatter(lambda value, _: f"{value:g}"))
+        ax.xaxis.set_minor_formatter(mticker.NullFormatter())
         ax.set_xlabel(f"{title}, seconds (p5, p25, p50, p75, p95)")
         ax.grid(True, axis="x", alpha=0.25)
     return _chart(
