@@ -276,13 +276,15 @@ def test_a_run_cut_by_sigkill_is_reported_from_what_its_journals_hold(killed: Ki
     assert lane.open_attempts > 0, "the kill cut attempts in flight"
 
 
-def test_regen_report_says_in_one_line_what_is_not_a_run_folder(tmp_path: Path) -> None:
-    missing = run_regen("report", str(tmp_path / "nowhere"))
-    assert missing.returncode == 2 and missing.stderr.strip() == (
-        f"regen: {tmp_path / 'nowhere'}: no such run folder (give RUN_DIR, or set job.run_dir in settings)"
-    )
-    empty = run_regen("report", str(tmp_path))
-    assert empty.returncode == 1 and "no journals" in empty.stderr and "Traceback" not in empty.stderr
+def test_regen_report_says_in_one_line_what_is_not_a_run_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert regen_in_process("report", str(tmp_path / "nowhere")) == 2
+    said = capsys.readouterr().err
+    assert said == f"regen: {tmp_path / 'nowhere'}: no such run folder (give RUN_DIR, or set job.run_dir in settings)\n"
+    assert regen_in_process("report", str(tmp_path)) == 1
+    assert "no journals" in capsys.readouterr().err
     (tmp_path / "attempts.jsonl").write_text('{"k": "end"}\n')
-    bad = run_regen("report", str(tmp_path))
-    assert bad.returncode == 1 and f"{tmp_path / 'attempts.jsonl'}:1: end record without a request id" in bad.stderr
+    assert regen_in_process("report", str(tmp_path)) == 1
+    said = capsys.readouterr().err
+    assert said.startswith(f"regen: {tmp_path / 'attempts.jsonl'}:1: end record without a request id") and said.count("\n") == 1
