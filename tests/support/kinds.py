@@ -29,6 +29,7 @@ INTEGRATION = (
     "tests/test_outage_recovery.py",
     "tests/test_outages.py",
     "tests/test_providers.py",
+    "tests/test_report.py",
     "tests/test_snapshot_schema.py",
     "tests/test_training_rows.py",
     "tests/test_usage_bound.py",

@@ -39,3 +39,22 @@ class RunLock:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def holder(run_dir: Path) -> int | None:
+    """The pid of the job that holds the run folder now, else None: a reader's question
+    (`regen report`), answered without taking the lock from anyone or writing anything."""
+    try:
+        fd = os.open(run_dir / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            said = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            return int(said) if said.isdigit() else 0
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
