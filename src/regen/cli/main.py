@@ -21,6 +21,8 @@ from regen.cli.hosts import fetch_tokenizer_for_run
 from regen.cli.hosts import run as run_host_command
 from regen.cli.quarantine import add_parsers as add_quarantine_parsers
 from regen.cli.quarantine import run as run_quarantine_command
+from regen.cli.report import add_parsers as add_report_parsers
+from regen.cli.report import run as run_report_command
 from regen.cli.sglang import add_parsers as add_sglang_parsers
 from regen.cli.sglang import run as run_sglang_command
 from regen.engine.config.loading import SettingsError, load_settings
@@ -75,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_data_parsers(commands)
     add_quarantine_parsers(commands)
     add_audit_parsers(commands)
+    add_report_parsers(commands)
     add_host_parsers(commands)
     add_sglang_parsers(commands)
 
@@ -129,6 +132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         audit_code = run_audit_command(args)
         if audit_code is not None:
             return audit_code
+        report_code = run_report_command(args)
+        if report_code is not None:
+            return report_code
         host_code = run_host_command(args)
         if host_code is not None:
             return host_code

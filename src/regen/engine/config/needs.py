@@ -41,6 +41,7 @@ COMMAND_NEEDS: Mapping[str, frozenset[Need]] = {
     "export": frozenset(),
     "quarantine": frozenset(),
     "audit": frozenset(),
+    "report": frozenset(),
 }
 
 
