@@ -7,6 +7,7 @@ own record of what it received and generated (`record_ids`) is what rows are com
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -16,6 +17,11 @@ from typing import Any
 
 import orjson
 
+from regen.engine.backends.sglang.audit import fleet_answers
+from regen.engine.config.loading import load_settings
+from regen.engine.data.datasets import Dataset
+from regen.engine.data.scan import iter_prompts
+from regen.engine.data.tokenizer import TargetTokenizer
 from tests.support.datasets import read_rows, write_dataset
 from tests.support.gpuhost import GpuHost, sim_state
 from tests.support.processes import run_regen, start_headless_run, wait_rows
@@ -81,6 +87,15 @@ def test_a_run_through_the_tunnel_carries_the_servers_ids(host: GpuHost, tmp_pat
     assert run.returncode == 0, run.stderr[-3000:]
     check_rows(host, data)
     # Nothing of the run is left on this machine's ports: the tunnel closed with the job.
+    assert host.sshd.sessions() == []
+    # The canary audit asks the same server alone, through tunnels of its own (docs/fidelity.md).
+    settings = load_settings(conf, "run")
+    assert settings.tokenizer.path is not None
+    encode = TargetTokenizer.from_settings(settings.tokenizer, path=settings.tokenizer.path).encode
+    prompts = list(iter_prompts(Dataset("A", data)))[:3]
+    answers = asyncio.run(fleet_answers(settings, prompts, 16, encode))
+    assert list(answers) == ["sglang gpu1"], "named by its host, not the tunnel's local port"
+    assert all(ids for ids in answers["sglang gpu1"]), answers
     assert host.sshd.sessions() == []
 
 

@@ -43,18 +43,39 @@ def _ignore(_: str | None) -> None:
 async def fleet_answers(
     settings: Settings, prompts: Sequence[Prompt], max_tokens: int, encode: Callable[[str], list[int]]
 ) -> dict[str, list[list[int] | None]]:
-    """Each server of `sglang.urls` (when the job has the SGLang backend) and its answers in ids;
-    empty without servers named there (a fleet reached through [[hosts]] tunnels is not asked yet)."""
-    if "sglang" not in settings.job.chosen_backends or not settings.sglang.urls:
+    """Each server of the GPU fleet (when the job has the SGLang backend) and its answers in ids:
+    the servers of `sglang.urls`, or each [[hosts]] server through the tunnels a backend opens for
+    the whole fleet (each asked alone, past the router); empty without servers."""
+    if "sglang" not in settings.job.chosen_backends:
         return {}
+    greedy = settings.model_copy(
+        update={"openrouter": settings.openrouter.model_copy(update={"temperature": 0.0, "max_tokens": max_tokens})}
+    )
+    if settings.sglang.urls:
+        servers = {url: url.split("://", 1)[-1] for url in settings.sglang.urls}
+        return await _ask_each(greedy, servers, prompts, encode)
+    if not settings.hosts:
+        return {}
+    fleet = SGLangBackend(greedy)  # holds the SSH connections and tunnels while each server is asked
+    fleet.check()
+    await fleet.open(_Alone())
+    try:
+        servers = {worker.url: worker.name for worker in fleet.workers}
+        return await _ask_each(greedy, servers, prompts, encode)
+    finally:
+        await fleet.close()
+
+
+async def _ask_each(
+    settings: Settings,
+    servers: dict[str, str],
+    prompts: Sequence[Prompt],
+    encode: Callable[[str], list[int]],
+) -> dict[str, list[list[int] | None]]:
+    """`servers` (url -> name), each through a backend of its own holding that url alone."""
     answers: dict[str, list[list[int] | None]] = {}
-    for url in settings.sglang.urls:
-        alone = settings.model_copy(
-            update={
-                "openrouter": settings.openrouter.model_copy(update={"temperature": 0.0, "max_tokens": max_tokens}),
-                "sglang": settings.sglang.model_copy(update={"urls": [url]}),
-            }
-        )
+    for url, name in servers.items():
+        alone = settings.model_copy(update={"sglang": settings.sglang.model_copy(update={"urls": [url]})})
         backend = SGLangBackend(alone)
         backend.check()
         await backend.open(_Alone())
@@ -65,5 +86,5 @@ async def fleet_answers(
                 ids.append(None if outcome.failure is not None else encode(outcome.reasoning) + encode(outcome.content))
         finally:
             await backend.close()
-        answers[f"sglang {url.split('://', 1)[-1]}"] = ids
+        answers[f"sglang {name}"] = ids
     return answers
