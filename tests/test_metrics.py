@@ -135,7 +135,7 @@ def test_the_dashboard_queries_only_families_the_page_has() -> None:
     board = dashboard()
     assert board["schemaVersion"] >= 39
     assert [i["name"] for i in board["__inputs"]] == ["DS_PROMETHEUS"]
-    cells = set()
+    cells: set[tuple[int, int]] = set()
     for panel in board["panels"]:
         assert panel["datasource"] == {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}, panel["title"]
         pos = panel["gridPos"]
