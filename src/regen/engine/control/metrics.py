@@ -1,10 +1,11 @@
 """/metrics: the job's figures in Prometheus' text format, served from the job's own event loop.
 
 Off unless `[metrics] listen` is set (engine/config/settings.py `MetricsSettings`). Nothing is
-counted for it on the hot path: a scrape builds one snapshot (engine/job/snapshot.py, what a console
-reads a few times a second) and reads the per-route folds beside it (engine/job/stats.py: prompt
-tokens and the latency buckets every attempt feeds anyway). Every family is in `FAMILIES`, the one
-list docs/metrics.md documents (a test holds the two together) and dashboards/regen.json queries.
+counted for it on the hot path: a scrape reads the job's parts with the snapshot builder's rules
+(engine/job/snapshot.py; the whole snapshot would fold every route's percentiles, which no family
+needs) and the per-route folds beside them (engine/job/stats.py: prompt tokens and the latency
+buckets every attempt feeds anyway). Every family is in `FAMILIES`, the one list docs/metrics.md
+documents (a test holds the two together) and dashboards/regen.json queries.
 
 Money is in each ledger's unit, named in the family: `_dollars` for OpenRouter's, `_gpu_seconds` for
 the GPU time of SGLang's (docs/money.md). Counters count this process's attempts (a restart starts
@@ -13,19 +14,20 @@ them again, which Prometheus' rate() expects); the datasets' gauges count the wh
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, exposition
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.exposition import choose_encoder
 
 from regen.engine.job.job import Job
 from regen.engine.job.lanes import Lane
+from regen.engine.job.snapshot import dataset_view, lane_state
 from regen.engine.job.stats import Buckets
 from regen.engine.run.state import JobState
-from regen.engine.schema import LaneView, Snapshot
+from regen.engine.schema import MoneyView
 
 PATH = "/metrics"
 
@@ -131,7 +133,9 @@ class _Page:
 
 
 class JobCollector:
-    """A prometheus-client collector that reads the job at scrape time."""
+    """A prometheus-client collector that reads the job at scrape time, part by part, with the
+    snapshot builder's own rules (engine/job/snapshot.py): the same figures a snapshot would show,
+    without folding every route's percentiles, which no family needs."""
 
     def __init__(self, job: Job) -> None:
         self.job = job
@@ -142,52 +146,68 @@ class JobCollector:
 
     def collect(self) -> Iterator[Metric]:
         job = self.job
-        snap = job.snapshot()
+        figures = job.figures
+        now = time.monotonic()
+        remaining = figures.remaining()
         page = _Page()
-        _job(page, job, snap)
-        for lane, view in zip(job.lanes, snap["lanes"], strict=True):
-            _lane(page, view)
-            _rows(page, lane)
-            _routes(page, lane, view)
-            _servers(page, view)
+        _job(page, job, figures.eta_s(now, remaining))
+        for lane in job.lanes:
+            _lane(page, job, lane, now)
+            money = figures.money(lane, now, remaining, lane.stats.counters.rows)
+            _money_of(page, lane.name, money)
+            _routes(page, job, lane, UNIT_SUFFIX.get(money["unit"]))
+            if lane.ledger.unit == "gpu_s":
+                _servers(page, lane)
         yield from page.metrics.values()
 
 
-def _job(page: _Page, job: Job, snap: Snapshot) -> None:
+def _job(page: _Page, job: Job, eta_s: float | None) -> None:
     for state in JobState:
-        page.add("regen_job_state", [state.value], 1.0 if snap["state"] == state.value else 0.0)
+        page.add("regen_job_state", [state.value], 1.0 if job.state is state else 0.0)
     page.add("regen_job_start_time_seconds", [], job.started_at)
-    waiting = sum(max(0, d["total"] - d["done"] - d["failed"] - d["in_flight"]) for d in snap["datasets"])
-    page.add("regen_queue_depth", [], waiting)
-    if snap["eta_s"] is not None:
-        page.add("regen_eta_seconds", [], snap["eta_s"])
-    fleet = snap.get("fleet")
-    if fleet is not None and fleet["deadline_ts"] is not None:
-        page.add("regen_deadline_timestamp_seconds", [], fleet["deadline_ts"])
-        page.add("regen_deadline_fits", [], 1.0 if fleet["fits"] else 0.0)
-    for d in snap["datasets"]:
-        page.add("regen_dataset_prompts", [d["name"]], d["total"])
+    waiting = 0
+    for name, progress in job.datasets.items():
+        d = dataset_view(name, progress)
+        waiting += max(0, d["total"] - d["done"] - d["failed"] - d["in_flight"])
+        page.add("regen_dataset_prompts", [name], d["total"])
         for status, n in (("ok", d["ok"]), ("truncated", d["truncated"]), ("failed", d["failed"])):
-            page.add("regen_dataset_done", [d["name"], status], n)
+            page.add("regen_dataset_done", [name, status], n)
+    page.add("regen_queue_depth", [], waiting)
+    if eta_s is not None:
+        page.add("regen_eta_seconds", [], eta_s)
+    control = job.deadline_control
+    if control.deadline_ts is not None:
+        page.add("regen_deadline_timestamp_seconds", [], control.deadline_ts)
+        page.add("regen_deadline_fits", [], 1.0 if control.view()["fits"] else 0.0)
 
 
-def _lane(page: _Page, view: LaneView) -> None:
-    b = view["name"]
-    for state in LANE_STATES:
-        page.add("regen_lane_state", [b, state], 1.0 if view["state"] == state else 0.0)
-    page.add("regen_attempts_total", [b], view["attempts"])
-    for cls, n in sorted(view["errors"].items()):
+def _lane(page: _Page, job: Job, lane: Lane, now: float) -> None:
+    b = lane.name
+    state, _ = lane_state(lane, now)
+    for word in LANE_STATES:
+        page.add("regen_lane_state", [b, word], 1.0 if state == word else 0.0)
+    counters = lane.stats.counters
+    for status in sorted({"ok", "truncated", *counters.statuses}):
+        page.add("regen_rows_total", [b, status], counters.statuses[status])
+    page.add("regen_attempts_total", [b], counters.attempts)
+    for cls, n in sorted(counters.errors.items()):
         page.add("regen_errors_total", [b, cls], n)
-    page.add("regen_in_flight", [b], view["in_flight"])
-    limit, ceiling = view["concurrency"]["effective"], view["ceiling"]
+    page.add("regen_quarantined_total", [b], lane.settler.quarantined)
+    page.add("regen_in_flight", [b], lane.in_flight)
+    ceilings = job.dispatcher.ceilings
+    ceiling = None if ceilings is None else ceilings.lane_ceiling(b)
+    limit = lane.limit.current
     page.add("regen_concurrency_limit", [b], limit if ceiling is None else min(limit, ceiling))
-    page.add("regen_concurrency_configured", [b], view["concurrency"]["configured"])
+    page.add("regen_concurrency_configured", [b], lane.limit.configured)
     if ceiling is not None:
         page.add("regen_concurrency_ceiling", [b], ceiling)
-    page.add("regen_held_seconds", [b], view["held_s"] or 0.0)
-    page.add("regen_outage_current_seconds", [b], view["outage_s"] or 0.0)
-    page.add("regen_outage_seconds_total", [b], view["outage_total_s"])
-    money = view["money"]
+    page.add("regen_held_seconds", [b], max(0.0, lane.held_until - now) if lane.held_until else 0.0)
+    outage_s = lane.outage_s(now)
+    page.add("regen_outage_current_seconds", [b], outage_s or 0.0)
+    page.add("regen_outage_seconds_total", [b], lane.outage_total_s + (outage_s or 0.0))
+
+
+def _money_of(page: _Page, b: str, money: MoneyView) -> None:
     unit = UNIT_SUFFIX.get(money["unit"])
     if unit is None:  # a ledger in a unit this page has no name for: its amounts are left out
         return
@@ -203,41 +223,33 @@ def _lane(page: _Page, view: LaneView) -> None:
     page.add("regen_unknowable_requests", [b], money["unknowable"]["requests"])
 
 
-def _rows(page: _Page, lane: Lane) -> None:
-    statuses = lane.stats.counters.statuses
-    for status in sorted({"ok", "truncated", *statuses}):
-        page.add("regen_rows_total", [lane.name, status], statuses[status])
-    page.add("regen_quarantined_total", [lane.name], lane.settler.quarantined)
-
-
-def _routes(page: _Page, lane: Lane, view: LaneView) -> None:
-    b = view["name"]
-    unit = UNIT_SUFFIX.get(view["money"]["unit"])
-    folds = lane.stats.routes
-    for p in view["providers"]:
-        if not p["requests"] and not p["in_flight"]:
-            continue  # a route that never served: nothing to count yet
-        labels = [b, p["name"]]
-        page.add("regen_requests_total", labels, p["requests"])
-        for cls, n in sorted(p["errors"].items()):
+def _routes(page: _Page, job: Job, lane: Lane, unit: str | None) -> None:
+    b = lane.name
+    flying = job.dispatcher.in_flight_by_route(lane)
+    for name in sorted(set(lane.stats.routes) | set(flying)):
+        labels = [b, name]
+        page.add("regen_route_in_flight", labels, flying.get(name, 0))
+        stats = lane.stats.routes.get(name)
+        if stats is None:
+            continue  # in flight on a route that has not settled an attempt yet
+        page.add("regen_requests_total", labels, stats.requests)
+        for cls, n in sorted(stats.errors.items()):
             page.add("regen_request_errors_total", [*labels, cls], n)
-        page.add("regen_output_tokens_total", labels, p["output_tokens"])
-        page.add("regen_route_in_flight", labels, p["in_flight"])
+        page.add("regen_output_tokens_total", labels, stats.output_tokens)
+        page.add("regen_prompt_tokens_total", labels, stats.prompt_tokens)
         if unit is not None:
-            page.add(f"regen_route_spent_{unit}", labels, p["spent"])
-        stats = folds.get(p["name"])
-        if stats is not None:
-            page.add("regen_prompt_tokens_total", labels, stats.prompt_tokens)
-            page.histogram("regen_request_duration_seconds", labels, stats.e2e_buckets)
-            page.histogram("regen_time_to_first_token_seconds", labels, stats.ttft_buckets)
+            page.add(f"regen_route_spent_{unit}", labels, float(stats.spent))
+        page.histogram("regen_request_duration_seconds", labels, stats.e2e_buckets)
+        page.histogram("regen_time_to_first_token_seconds", labels, stats.ttft_buckets)
 
 
-def _servers(page: _Page, view: LaneView) -> None:
-    account = view["account"]
+def _servers(page: _Page, lane: Lane) -> None:
+    """SGLang's servers as its backend last scraped them (its account in the snapshot)."""
+    account = lane.backend.view()["account"]
     if account["kind"] != "sglang":
         return
     for server in account["servers"]:
-        labels = [view["name"], server["worker"]]
+        labels = [lane.name, server["worker"]]
         page.add("regen_sglang_server_up", labels, 0.0 if server["down"] else 1.0)
         if server["running"] is not None:
             page.add("regen_sglang_server_running", labels, server["running"])
@@ -276,5 +288,5 @@ class MetricsServer:
 
     async def _metrics(self, request: web.Request) -> web.Response:
         # The format the scraper asks for (Prometheus' text, or OpenMetrics), as the library's own server.
-        encode, content_type = choose_encoder(request.headers.get("Accept", ""))
+        encode, content_type = exposition.choose_encoder(request.headers.get("Accept", ""))
         return web.Response(body=encode(self.registry), headers={"Content-Type": content_type})
