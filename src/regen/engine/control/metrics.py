@@ -78,6 +78,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("regen_concurrency_limit", "gauge", B, "requests", "The in-flight limit obeyed now: the adaptive limit, under the deadline control's ceiling when it sets one."),
     Family("regen_concurrency_configured", "gauge", B, "requests", "The in-flight limit the settings allow (job.concurrency, job.backend_concurrency)."),
     Family("regen_concurrency_ceiling", "gauge", B, "requests", "The deadline control's ceiling on the backend's in-flight attempts; absent while it runs flat out."),
+    Family("regen_holds_total", "counter", B, "holds", "Holds on every route of the backend (a platform limit, docs/openrouter.md §7.3) this run."),
+    Family("regen_outages_total", "counter", B, "outages", "Times the backend became unreachable this run (docs/faults.md, outages)."),
     Family("regen_held_seconds", "gauge", B, "seconds", "Seconds left of a hold on every route of the backend (a platform limit); 0 when not held."),
     Family("regen_outage_current_seconds", "gauge", B, "seconds", "How long the backend has been unreachable, this outage; 0 while it answers."),
     Family("regen_outage_seconds_total", "counter", B, "seconds", "The backend's outages of this run, in all."),
@@ -201,6 +203,8 @@ def _lane(page: _Page, job: Job, lane: Lane, now: float) -> None:
     page.add("regen_concurrency_configured", [b], lane.limit.configured)
     if ceiling is not None:
         page.add("regen_concurrency_ceiling", [b], ceiling)
+    page.add("regen_holds_total", [b], lane.holds)
+    page.add("regen_outages_total", [b], lane.outages)
     page.add("regen_held_seconds", [b], max(0.0, lane.held_until - now) if lane.held_until else 0.0)
     outage_s = lane.outage_s(now)
     page.add("regen_outage_current_seconds", [b], outage_s or 0.0)
