@@ -10,8 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from regen.engine.control.metrics import JobCollector
+from regen.engine.job.job import Job
 from tests.support.kinds import ROOT
 
 DASHBOARD = ROOT / "dashboards" / "regen.json"
@@ -49,6 +52,13 @@ def parse(text: str) -> Page:
         for sample in family.samples:
             page.samples.append((sample.name, dict(sample.labels), float(sample.value)))
     return page
+
+
+def page_of(job: Job) -> Page:
+    """The page the job's /metrics would serve now, rendered without a server."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(JobCollector(job))
+    return parse(generate_latest(registry).decode())
 
 
 async def scrape(address: str) -> Page:
