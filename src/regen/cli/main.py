@@ -17,6 +17,8 @@ from regen.cli.data import run as run_data_command
 from regen.cli.hosts import add_parsers as add_host_parsers
 from regen.cli.hosts import fetch_tokenizer_for_run
 from regen.cli.hosts import run as run_host_command
+from regen.cli.report import add_parsers as add_report_parsers
+from regen.cli.report import run as run_report_command
 from regen.cli.sglang import add_parsers as add_sglang_parsers
 from regen.cli.sglang import run as run_sglang_command
 from regen.engine.config.loading import SettingsError, load_settings
@@ -69,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     catalog.add_argument("--json", action="store_true", help="machine-readable output")
 
     add_data_parsers(commands)
+    add_report_parsers(commands)
     add_host_parsers(commands)
     add_sglang_parsers(commands)
 
@@ -117,6 +120,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         data_code = run_data_command(args)
         if data_code is not None:
             return data_code
+        report_code = run_report_command(args)
+        if report_code is not None:
+            return report_code
         host_code = run_host_command(args)
         if host_code is not None:
             return host_code

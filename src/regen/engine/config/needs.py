@@ -39,6 +39,7 @@ COMMAND_NEEDS: Mapping[str, frozenset[Need]] = {
     "sglang": frozenset(),
     "verify": frozenset(),
     "export": frozenset(),
+    "report": frozenset(),
 }
 
 

@@ -8,7 +8,6 @@ import math
 import time
 from collections import Counter
 from collections.abc import Mapping
-from decimal import Decimal
 
 from regen.engine.job.deadline_control import DeadlineControl, remaining_needs
 from regen.engine.job.dispatch import Dispatcher
@@ -74,7 +73,6 @@ class SnapshotBuilder:
         estimates = ledger.estimates
         spent_here = float(ledger.spent - lane.spent_at_start)
         per_row = spent_here / rows if rows else None
-        per_m = float(breakdown.useful) / breakdown.useful_tokens * 1e6 if breakdown.useful_tokens else None
         headroom = ledger.headroom
         view: MoneyView = {
             "unit": ledger.unit,
@@ -92,12 +90,12 @@ class SnapshotBuilder:
             "projected_total": None if per_row is None else float(ledger.spent) + per_row * remaining,
             "useful": float(breakdown.useful),
             "useful_output_tokens": breakdown.useful_tokens,
-            "useful_per_m": per_m,
+            "useful_per_m": breakdown.useful_per_m,
             "waste": {
                 cause: {"amount": float(breakdown.waste[cause]), "tokens": breakdown.waste_tokens[cause]}
                 for cause in WASTE_CAUSES
             },
-            "waste_total": float(sum(breakdown.waste.values(), Decimal(0))),
+            "waste_total": float(breakdown.waste_total),
         }
         if estimates.bounded_by is not None:
             view["unknowable_bound"] = estimates.bounded_by

@@ -247,3 +247,12 @@ class SpendBreakdown:
         else:
             self.waste[cause] += amount
             self.waste_tokens[cause] += tokens
+
+    @property
+    def waste_total(self) -> Decimal:
+        return sum(self.waste.values(), Decimal(0))
+
+    @property
+    def useful_per_m(self) -> float | None:
+        """What a million useful output tokens cost, in the ledger's unit; None before the first."""
+        return float(self.useful) / self.useful_tokens * 1e6 if self.useful_tokens else None

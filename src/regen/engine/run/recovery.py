@@ -14,7 +14,7 @@ rows (docs/inputs.md, "Results and journals").
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -33,6 +33,7 @@ from regen.engine.run.records import (
     Handler,
     KeyUsageBaseEvent,
     KeyUsageVoidEvent,
+    Raw,
     ReconciledRecord,
     RecoveryError,
     RouteEvent,
@@ -62,9 +63,11 @@ __all__ = [
     "RecoveryError",
     "Unsettled",
     "journal_spend",
+    "ledger_unit",
     "never_left",
     "prompt_digest",
     "read_journals",
+    "read_lanes",
     "read_rows",
 ]
 
@@ -228,6 +231,112 @@ def read_journals(
         with _named(events_path):
             replay(events_path, EVENTS, events.handlers())
     return state
+
+
+def read_lanes(
+    attempts_path: Path,
+    events_path: Path,
+    lanes: Sequence[str],
+    default: str,
+    *,
+    attempts_seen: Mapping[str, Handler] | None = None,
+    events_seen: Mapping[str, Handler] | None = None,
+) -> dict[str, JournalState]:
+    """Each lane's money, unsettled attempts and exclusions, as `read_journals(backend=lane,
+    default=default, count_attempts=False)` gives them, in one pass over each journal, each record
+    also handed to `attempts_seen` / `events_seen` (`regen report`'s time series,
+    engine/run/report_data.py).
+
+    Read only: a job may be appending to the journals now, so a torn last line is passed over,
+    never cut, and an attempt still in flight is one of `crashed` (a start without an end).
+    """
+    states = {lane: JournalState() for lane in lanes}
+    if attempts_path.exists():
+        attempts = {lane: _AttemptReplay(states[lane], lane, default, False) for lane in lanes}
+        with _named(attempts_path):
+            replay(attempts_path, ATTEMPTS, _together([_ByLane(attempts, default).handlers()], attempts_seen))
+        for each in attempts.values():
+            each.finish()
+    if events_path.exists():
+        events = [_EventReplay(states[lane], lane, default) for lane in lanes]
+        with _named(events_path):
+            replay(events_path, EVENTS, _together([e.handlers() for e in events], events_seen))
+    return states
+
+
+def _together(tables: list[dict[str, Handler]], seen: Mapping[str, Handler] | None) -> dict[str, Handler]:
+    """One table whose handler of a kind hands the record to every table's handler of that kind,
+    each reader run once per record (the tables' readers of a kind are the same function)."""
+    merged: dict[str, Handler] = {}
+    for kind in {kind for table in [*tables, seen or {}] for kind in table}:
+        groups: dict[Callable[[Raw], object], list[Callable[[Any], None]]] = {}
+        for table in [*tables, seen or {}]:
+            handler = table.get(kind)
+            if handler is not None:
+                groups.setdefault(handler.read, []).append(handler.handle)
+        if len(groups) == 1:
+            ((read, handles),) = groups.items()
+            if len(handles) == 1:
+                merged[kind] = Handler(read, handles[0])
+                continue
+        merged[kind] = Handler(_raw, _fan(list(groups.items())))
+    return merged
+
+
+def _raw(raw: Raw) -> Raw:
+    return raw
+
+
+def _fan(groups: list[tuple[Callable[[Raw], object], list[Callable[[Any], None]]]]) -> Callable[[Raw], None]:
+    def handle(raw: Raw) -> None:
+        for read, handles in groups:
+            record = read(raw)
+            for each in handles:
+                each(record)
+
+    return handle
+
+
+class _ByLane:
+    """Each attempt record to its own lane's replay only: what every lane's replay would make of
+    all the records (another lane's are passed over), at one replay's cost. A record's lane is its
+    `be`, else its start's, else `default`, as `_AttemptReplay._owner` has it."""
+
+    def __init__(self, replays: Mapping[str, _AttemptReplay], default: str) -> None:
+        self.replays = replays
+        self.default = default
+        self.open: dict[str, str] = {}  # rid -> the lane of an attempt started and not ended
+
+    def handlers(self) -> dict[str, Handler]:
+        return {
+            "start": on(read_start, self.start),
+            "gen": on(read_gen, self.gen),
+            "end": on(read_end, self.end),
+            "reconciled": on(read_reconciled, self.reconciled),
+        }
+
+    def start(self, rec: StartRecord) -> None:
+        lane = rec.get("be") or self.default
+        self.open[rec["rid"]] = lane
+        replay = self.replays.get(lane)
+        if replay is not None:
+            replay.start(rec)
+
+    def gen(self, rec: GenRecord) -> None:
+        replay = self.replays.get(self.open.get(rec["rid"], self.default))
+        if replay is not None:
+            replay.gen(rec)
+
+    def end(self, rec: EndRecord) -> None:
+        started = self.open.pop(rec["rid"], None)
+        replay = self.replays.get(rec.get("be") or started or self.default)
+        if replay is not None:
+            replay.end(rec)
+
+    def reconciled(self, rec: ReconciledRecord) -> None:
+        replay = self.replays.get(rec.get("be") or self.open.get(rec["rid"]) or self.default)
+        if replay is not None:
+            replay.reconciled(rec)
 
 
 class _AttemptReplay:
@@ -406,6 +515,11 @@ class _EventReplay:
 # Backends whose ledger counts something other than dollars (docs/money.md): their attempts' amounts
 # are not part of what the rows' `cost` can be compared with.
 _NOT_DOLLARS = frozenset({"sglang"})
+
+
+def ledger_unit(backend: str) -> str:
+    """The unit a backend's journaled amounts are in, named as its ledger names it (docs/money.md)."""
+    return "gpu_s" if backend in _NOT_DOLLARS else "usd"
 
 
 def journal_spend(attempts_path: Path) -> dict[str, float]:
