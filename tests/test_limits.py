@@ -15,6 +15,7 @@ from regen.engine.control.headless import status_line
 from regen.engine.job.job import Job, StopReason
 from regen.sim.openrouter.server import OpenRouterSim
 from tests.support.datasets import read_rows, write_dataset
+from tests.support.metrics_page import page_of
 
 
 def events(job: Job) -> list[dict]:
@@ -78,6 +79,9 @@ async def test_a_platform_rate_limit_holds_all_dispatch_until_its_reset(
     held_reason = snap["lanes"][0]["held_reason"]
     assert held_reason is not None and "rate limit" in held_reason.lower()
     assert "(held 00:00:0" in status_line(snap)
+    page = page_of(job)  # /metrics says the same
+    assert 0 < page.total("regen_held_seconds", backend="openrouter") <= 2.0
+    assert page.values("regen_lane_state", backend="openrouter", state="held") == [1.0]
     await asyncio.sleep(0.1)  # requests already sent when the first 429 came back land
     sent = sim.total_requests
     sim.config.faults = {}
@@ -88,6 +92,7 @@ async def test_a_platform_rate_limit_holds_all_dispatch_until_its_reset(
     names = [e["event"] for e in events(job)]
     assert "hold" in names and "hold_end" in names
     assert names.count("hold") <= 2, "the 429s of one burst make one hold, not one each"
+    assert page_of(job).values("regen_holds_total", backend="openrouter") == [names.count("hold")]
     assert job.snapshot()["lanes"][0]["held_s"] is None
 
 

@@ -23,6 +23,7 @@ from regen.sim.openrouter.server import OpenRouterSim
 from tests.support.datasets import read_rows, write_dataset
 from tests.support.faultproxy import FaultProxy
 from tests.support.journals import journal
+from tests.support.metrics_page import page_of
 from tests.support.openrouter_sim import fast_sim_config
 
 
@@ -77,6 +78,9 @@ async def test_the_simulator_stopped_and_started_again_holds_then_finishes(
     ended = [e for e in events if e["event"] == "outage_end"]
     assert len(began) == 1 and len(ended) == 1 and ended[0]["seconds"] >= 3.0
     assert job.snapshot()["lanes"][0]["outage_total_s"] >= 3.0
+    page = page_of(job)  # /metrics counts the outage and its seconds
+    assert page.values("regen_outages_total", backend="openrouter") == [1.0]
+    assert page.values("regen_outage_seconds_total", backend="openrouter") == [job.lanes[0].outage_total_s]
     # Spend: what the simulator billed, exactly; only attempts cut without any generation id may
     # stay at their worst case, flagged, and they are never below what they cost.
     unknowable = job.lanes[0].ledger.estimates.unknowable

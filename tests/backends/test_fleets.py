@@ -37,27 +37,10 @@ from regen.sim.sglang.server import SGLangSim
 from regen.sim.sglang.tokens import SimTokenizer
 from tests.support.backend_cases import BOTH, openrouter_case, sglang_case
 from tests.support.datasets import one_row_per_prompt, write_dataset
-from tests.support.journals import journal
+from tests.support.journals import journal, spend_by_backend
 from tests.support.openrouter_sim import SIM_KEY, fast_sim_config
 from tests.support.processes import ENV, regen_argv, wait_for_attempts
 from tests.support.sglang_sim import fast_config
-
-
-def spend_by_backend(attempts: Path) -> dict[str, Decimal]:
-    """Each backend's spend summed straight from the attempt journal: end costs plus reconciled
-    corrections, each attempt put on the backend its start record names."""
-    owner: dict[str, str] = {}
-    spent: dict[str, Decimal] = defaultdict(Decimal)
-    for rec in journal(attempts):
-        rid: str = rec.get("rid", "")  # every start, end and reconciled record has one
-        if rec["k"] == "start":
-            owner[rid] = rec["be"]
-        elif rec["k"] == "end":
-            assert rec["be"] == owner[rid], "an attempt's end names the backend its start did"
-            spent[owner[rid]] += Decimal(rec["cost"])
-        elif rec["k"] == "reconciled":
-            spent[owner[rid]] += Decimal(rec["delta"])
-    return dict(spent)
 
 
 def lane_rows(job: Job) -> dict[str, int]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -17,3 +19,20 @@ def journal(path: Path, *, complete_only: bool = False) -> list[dict[str, Any]]:
     if complete_only:
         data = data[: data.rfind(b"\n") + 1]
     return [orjson.loads(line) for line in data.splitlines()]
+
+
+def spend_by_backend(attempts: Path) -> dict[str, Decimal]:
+    """Each backend's spend summed straight from the attempt journal: end costs plus reconciled
+    corrections, each attempt put on the backend its start record names."""
+    owner: dict[str, str] = {}
+    spent: dict[str, Decimal] = defaultdict(Decimal)
+    for rec in journal(attempts):
+        rid: str = rec.get("rid", "")  # every start, end and reconciled record has one
+        if rec["k"] == "start":
+            owner[rid] = rec["be"]
+        elif rec["k"] == "end":
+            assert rec["be"] == owner[rid], "an attempt's end names the backend its start did"
+            spent[owner[rid]] += Decimal(rec["cost"])
+        elif rec["k"] == "reconciled":
+            spent[owner[rid]] += Decimal(rec["delta"])
+    return dict(spent)

@@ -7,6 +7,8 @@ so the two never drift apart (a test checks it). engine/config/loading.py reads 
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
@@ -367,6 +369,55 @@ class HeadlessSettings(_Section):
     """Seconds between status lines."""
 
 
+_HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+LOOPBACK = "127.0.0.1"
+
+
+def listen_address(text: str) -> tuple[str, int]:
+    """"HOST:PORT", "[IPv6]:PORT", or a bare "PORT" (or ":PORT") on loopback: the host and port to
+    listen on. Raises ValueError, in the operator's words, for anything else."""
+    text = text.strip()
+    shape = f"{text!r} is not an address to listen on like 127.0.0.1:9464 (or a port alone, on loopback)"
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = "", text
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(shape) from None
+    elif ":" in host:
+        if "/" in host:  # a URL, not an address
+            raise ValueError(shape)
+        raise ValueError(f"{text!r}: an IPv6 address goes in brackets, like [::1]:9464")
+    elif host and not _HOSTNAME.match(host):
+        raise ValueError(shape)
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(shape if not port.isdigit() else f"{text!r}: the port must be 1-65535")
+    return host or LOOPBACK, int(port)
+
+
+class MetricsSettings(_Section):
+    """Prometheus metrics served by the job process at /metrics (docs/metrics.md); off unless `listen` is set."""
+
+    listen: str | None = None
+    """Address the job serves /metrics on, like "127.0.0.1:9464"; a port alone listens on loopback only. Give an explicit address (e.g. "0.0.0.0:9464") to let other machines scrape it. Empty: no metrics, no port opened."""
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, listen: str | None) -> str | None:
+        if listen is None or not listen.strip():
+            return None
+        host, port = listen_address(listen)
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        """Where to listen; None: metrics are off."""
+        return None if self.listen is None else listen_address(self.listen)
+
+
 class HostSettings(_Section):
     """A GPU host reached over SSH (docs/gpu-host.md): where its datasets and model live."""
 
@@ -422,6 +473,8 @@ class Settings(BaseSettings):
     """The console."""
     headless: HeadlessSettings = Field(default_factory=HeadlessSettings)
     """Headless output."""
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    """Prometheus metrics."""
     hosts: list[HostSettings] = Field(default_factory=list)
     """GPU hosts over SSH, one [[hosts]] table each (`regen inspect`, `regen pull`, `regen push`)."""
     workspace: Path = Path("regen-data")

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from regen.engine.control.metrics import MetricsServer
 from regen.engine.control.server import SOCKET_NAME, ControlServer
 from regen.engine.durations import duration
 from regen.engine.job.job import Job, Outcome, StopReason
@@ -318,6 +319,7 @@ async def run_headless(
     loop = asyncio.get_running_loop()
     installed = _install_signals(loop, job, out)
     control = await _open_control(job, out)
+    metrics = await open_metrics(job, out)
     if on_ready is not None:
         on_ready(job)
     first = job.snapshot()
@@ -334,6 +336,8 @@ async def run_headless(
         if control is not None:
             await control.push_now()
             await control.close()
+        if metrics is not None:
+            await metrics.close()
     _say(out, status_line(job.snapshot()))
     for line in summary_lines(job.snapshot(), outcome):
         _say(out, line)
@@ -385,6 +389,23 @@ async def _open_control(job: Job, out: TextIO) -> ControlServer | None:
     except OSError as exc:
         _say(out, f"regen: warning: no control socket at {server.path} ({exc}); consoles cannot attach")
         return None
+    return server
+
+
+async def open_metrics(job: Job, out: TextIO) -> MetricsServer | None:
+    """/metrics when `[metrics] listen` is set (docs/metrics.md); None when it is not, and, said once,
+    when the address cannot be listened on (the job runs on without it, as without a control socket)."""
+    address = job.settings.metrics.address
+    if address is None:
+        return None
+    server = MetricsServer(job, *address)
+    try:
+        await server.start()
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        _say(out, f"regen: warning: metrics.listen: cannot listen on {server.address} ({reason}); no /metrics this run")
+        return None
+    _say(out, f"metrics: http://{server.address}/metrics")
     return server
 
 

@@ -375,6 +375,7 @@ class Dispatcher:
                 return
             reason = f"{lane.backend.title} unreachable ({failure.message[:160]})"
             outage = lane.outage = Outage(now, reason, PROBE_FIRST_S, next_probe_at=now + PROBE_FIRST_S)
+            lane.outages += 1
             lane.up.clear()
             outage.prober = asyncio.get_running_loop().create_task(self._ask_alive(lane, outage))
             self.events.event("outage", reason=reason, **self.lane_fields(lane))
@@ -457,6 +458,7 @@ class Dispatcher:
             return  # the requests in flight when the limit hit all report it; one hold is enough
         lane.held_until = until
         lane.held_reason = reason
+        lane.holds += 1
         self.events.event("hold", seconds=round(wait, 1), reason=reason, **self.lane_fields(lane))
         self._changed.set()
 

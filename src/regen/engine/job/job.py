@@ -552,6 +552,12 @@ class Job:
         """A folded view of the job for the console and the headless line."""
         return self._snapshots.build(self.state, self.outcome, self.hosts.view())
 
+    @property
+    def figures(self) -> SnapshotBuilder:
+        """The snapshot's builder, whose parts /metrics reads one by one at scrape time (the whole
+        snapshot folds every route's percentiles, which a scrape does not need: engine/control/metrics.py)."""
+        return self._snapshots
+
 
 class LaneContext:
     """What one lane's backend may ask of the job (engine/backends/base.py `JobContext`): its own

@@ -80,6 +80,8 @@ class Lane:
     held_reason: str | None = None
     outage: Outage | None = None
     outage_total_s: float = 0.0
+    holds: int = 0  # this run's holds and outages, counted for /metrics (engine/control/metrics.py)
+    outages: int = 0
     # Set while the backend is reachable (no outage): what waits for it (a bill's lookup) waits here.
     up: asyncio.Event = field(default_factory=_up)
     unreachable_streak: int = 0

@@ -224,6 +224,7 @@ class Settler:
                 error=None if failure is None else failure.error_class,
                 message="" if failure is None else failure.message,
                 now=mono,
+                prompt_tokens=outcome.usage["prompt_tokens"] or 0,
             )
         return route
 
@@ -273,6 +274,7 @@ class Settler:
         stats = self.stats
         counters = stats.counters
         counters.rows += 1
+        counters.statuses[status] += 1
         counters.output_tokens += tokens
         counters.refusal_streak = 0
         stats.tokens_rate.add(tokens, mono)

@@ -129,6 +129,14 @@ class SnapshotBuilder:
             "attempts_per_s": stats.attempts_rate.rate(now, started),
         }
 
+    def remaining(self) -> int:
+        """Prompts still to be made: not written, not given up, in datasets whose token budget is not spent."""
+        return sum(max(0, s.remaining - s.failed) for s in self.datasets.values() if not s.budget_reached)
+
+    def eta_s(self, now: float, remaining: int) -> float | None:
+        """The work left at the rows per second measured now, every lane's together; None before a rate."""
+        return eta(remaining, math.fsum(self._rates(lane, now)["rows_per_s"] for lane in self.dispatcher.lanes))
+
     def _lane_view(self, lane: Lane, now: float, elapsed: float, remaining: int, job_rows: int) -> LaneView:
         counters = lane.stats.counters
         backend = lane.backend
@@ -136,17 +144,7 @@ class SnapshotBuilder:
         routes, guard = backend.routes, backend.guard
         held = lane.held_until
         outage = lane.outage
-        state, reason = "running", None
-        if lane.closed is not None:
-            state, reason = "closed", lane.closed
-        elif lane.paused:
-            state = "paused"
-        elif outage is not None:
-            state, reason = "out", outage.reason
-        elif held and held > now:
-            state, reason = "held", lane.held_reason
-        elif lane.budget_blocked:
-            state = "budget"
+        state, reason = lane_state(lane, now)
         ceilings = self.dispatcher.ceilings
         outage_s = lane.outage_s(now)
         return {
@@ -184,7 +182,7 @@ class SnapshotBuilder:
         elapsed = now - self.started_mono
         dispatcher = self.dispatcher
         lanes = dispatcher.lanes
-        remaining = sum(max(0, s.remaining - s.failed) for s in self.datasets.values() if not s.budget_reached)
+        remaining = self.remaining()
         # The whole job's counts: every lane's summed (one lane's own, for a single backend).
         rows = sum(lane.stats.counters.rows for lane in lanes)
         attempts = sum(lane.stats.counters.attempts for lane in lanes)
@@ -211,7 +209,7 @@ class SnapshotBuilder:
             "rows": rows,
             "attempts": attempts,
             "quarantined": sum(lane.settler.quarantined for lane in lanes),
-            "eta_s": remaining / rows_per_s if rows_per_s > 0 else None,
+            "eta_s": eta(remaining, rows_per_s),
             "datasets": [dataset_view(name, s) for name, s in self.datasets.items()],
             "hosts": hosts,
             "lanes": views,
@@ -220,6 +218,26 @@ class SnapshotBuilder:
         if control is not None and control.shown:
             snapshot["fleet"] = control.view()
         return snapshot
+
+
+def eta(remaining: int, rows_per_s: float) -> float | None:
+    return remaining / rows_per_s if rows_per_s > 0 else None
+
+
+def lane_state(lane: Lane, now: float) -> tuple[str, str | None]:
+    """A lane's state word (engine/schema.py LaneView.state) and why, at monotonic `now`."""
+    held, outage = lane.held_until, lane.outage
+    if lane.closed is not None:
+        return "closed", lane.closed
+    if lane.paused:
+        return "paused", None
+    if outage is not None:
+        return "out", outage.reason
+    if held and held > now:
+        return "held", lane.held_reason
+    if lane.budget_blocked:
+        return "budget", None
+    return "running", None
 
 
 def dataset_view(name: str, s: DatasetState) -> DatasetView:

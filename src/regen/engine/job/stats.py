@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import time
+from bisect import bisect_left
 from collections import Counter, deque
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -85,6 +86,40 @@ class Reservoir:
             self.values[slot] = value
 
 
+# Upper bounds (seconds) of the latency histograms /metrics exposes (docs/metrics.md): an answer of a
+# few hundred tokens takes seconds, a long reasoning answer minutes; TTFT waits in a queue for seconds.
+# Few buckets: every one is a line of every route on every scrape (BENCHMARKS.md, "Metrics").
+E2E_BOUNDS_S = (0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+TTFT_BOUNDS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+class Buckets:
+    """A histogram of a stream in fixed buckets: one bisect and two additions per value, so every
+    attempt feeds it whether or not /metrics is served (engine/control/metrics.py reads it then)."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)  # the last: above every bound
+        self.total = 0.0
+
+    def add(self, value: float) -> None:
+        # A value equal to a bound belongs to that bucket (Prometheus' `le`, less or equal).
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """(le, values at or below it) per bound, then ("+Inf", all): Prometheus' buckets."""
+        out: list[tuple[str, int]] = []
+        running = 0
+        for bound, count in zip(self.bounds, self.counts, strict=False):
+            running += count
+            out.append((repr(float(bound)), running))
+        out.append(("+Inf", running + self.counts[-1]))
+        return out
+
+
 def _quantiles(values: list[float]) -> Quantiles:
     ordered = sorted(values)
     return {
@@ -126,11 +161,15 @@ class ProviderStats:
     requests: int = 0
     ok: int = 0
     output_tokens: int = 0
+    prompt_tokens: int = 0  # of the successes, as output_tokens
     spent: Decimal = Decimal(0)
     errors: Counter[str] = field(default_factory=Counter)
     e2e: Reservoir = field(default_factory=Reservoir)
     ttft: Reservoir = field(default_factory=Reservoir)
     tpot: Reservoir = field(default_factory=Reservoir)
+    # The successes' latencies in fixed buckets over the whole run, for /metrics' histograms.
+    e2e_buckets: Buckets = field(default_factory=lambda: Buckets(E2E_BOUNDS_S))
+    ttft_buckets: Buckets = field(default_factory=lambda: Buckets(TTFT_BOUNDS_S))
     # The window: counts per whole second (exact however fast the provider is), and the latest
     # successes' latencies for percentiles (enough for p99, cheap at four snapshots a second).
     seconds: deque[_Second] = field(default_factory=deque)
@@ -150,6 +189,7 @@ class ProviderStats:
         error: str | None = None,
         message: str = "",
         now: float | None = None,
+        prompt_tokens: int = 0,
     ) -> None:
         now = time.monotonic() if now is None else now
         self.requests += 1
@@ -158,9 +198,12 @@ class ProviderStats:
         if ok:
             self.ok += 1
             self.output_tokens += tokens
+            self.prompt_tokens += prompt_tokens
             self.e2e.add(e2e)
+            self.e2e_buckets.add(e2e)
             if ttft is not None:
                 self.ttft.add(ttft)
+                self.ttft_buckets.add(ttft)
             if tpot is not None:
                 self.tpot.add(tpot)
         else:
@@ -371,6 +414,7 @@ class Counters:
 
     attempts: int = 0
     rows: int = 0
+    statuses: Counter[str] = field(default_factory=Counter)  # the rows by status (ok, truncated)
     output_tokens: int = 0
     errors: Counter[str] = field(default_factory=Counter)
     # Requests refused as bad in a row: with no row at all, the settings are wrong, not the prompts.
