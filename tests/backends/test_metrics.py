@@ -111,6 +111,8 @@ async def test_the_metrics_page_counts_what_the_snapshot_and_the_journal_count(
     assert page.total("regen_job_state", state="DONE") == 1
     assert page_figures(page) == lane_figures(snap)
     assert page.total("regen_rows_total") == snap["rows"] == len(rows) == 150
+    fingerprinted = sum(p["fidelity"]["responses"] for lane in snap["lanes"] for p in lane["providers"] if p.get("fidelity"))
+    assert page.total("regen_fidelity_responses_total") == fingerprinted > 0
     assert page.values("regen_queue_depth") == [0.0] and page.values("regen_dataset_done", status="ok") == [
         float(snap["datasets"][0]["ok"])
     ]
@@ -136,6 +138,13 @@ async def test_the_metrics_page_counts_what_the_snapshot_and_the_journal_count(
                 count = page.values("regen_request_duration_seconds_count", backend=b, route=p["name"])
                 assert count == [p["ok"]] == page.values("regen_time_to_first_token_seconds_count", backend=b, route=p["name"])
                 assert page.values("regen_request_duration_seconds_bucket", backend=b, route=p["name"], le="+Inf") == [p["ok"]]
+            # Fidelity (on by default, warn): the route's fingerprint as the providers pane has it.
+            fidelity = p.get("fidelity")
+            if fidelity is not None:
+                state = fidelity["state"]
+                assert page.values("regen_fidelity_state", backend=b, route=p["name"], state=state) == [1.0]
+                assert page.total("regen_fidelity_state", backend=b, route=p["name"]) == 1
+                assert page.values("regen_fidelity_responses_total", backend=b, route=p["name"]) == [fidelity["responses"]]
     # Money, each ledger in its unit: what it spent is what the journal sums to.
     paid, gpus = job.dispatcher.lane("openrouter").ledger, job.dispatcher.lane("sglang").ledger
     assert page.values("regen_spent_dollars", backend="openrouter") == [float(paid.spent)]

@@ -34,6 +34,7 @@ PATH = "/metrics"
 # A ledger's unit (engine/money/ledger.py) as the suffix of the families that carry its amounts.
 UNIT_SUFFIX = {"usd": "dollars", "gpu_s": "gpu_seconds"}
 LANE_STATES = ("running", "paused", "held", "out", "closed", "budget")  # engine/schema.py LaneView.state
+FIDELITY_STATES = ("learning", "ok", "drift")  # engine/schema.py FidelityView.state
 
 B, R = ("backend",), ("backend", "route")
 
@@ -104,8 +105,11 @@ FAMILIES: tuple[Family, ...] = (
     Family("regen_sglang_server_up", "gauge", R, "", "1 while the server answers, 0 while it is down."),
     Family("regen_sglang_server_running", "gauge", R, "requests", "Requests the server is running, from its own /metrics."),
     Family("regen_sglang_server_queued", "gauge", R, "requests", "Requests waiting in the server's queue, from its own /metrics."),
-    # Fidelity flags (issue 21) join here once the job counts them: a family per figure, read in
-    # `JobCollector.collect` from the snapshot as the others are.
+    # ---- each route's fingerprint against the others (engine/job/fidelity.py, docs/fidelity.md)
+    Family("regen_fidelity_state", "gauge", ("backend", "route", "state"), "", "1 for the route's fidelity now (learning, ok, drift: its answers are not the others'), 0 for the others; absent with openrouter.fidelity = off."),
+    Family("regen_fidelity_responses_total", "counter", R, "responses", "Answers fingerprinted on this route."),
+    Family("regen_fidelity_looks_total", "counter", R, "looks", "Tests run on this route so far (each spends its share of the error rate)."),
+    Family("regen_fidelity_finish_similarity", "gauge", R, "", "1 minus the total variation distance of the route's finish-reason mix and its reference's; absent until tested."),
 )
 
 
@@ -245,6 +249,14 @@ def _routes(page: _Page, job: Job, lane: Lane, unit: str | None) -> None:
             page.add(f"regen_route_spent_{unit}", labels, float(stats.spent))
         page.histogram("regen_request_duration_seconds", labels, stats.e2e_buckets)
         page.histogram("regen_time_to_first_token_seconds", labels, stats.ttft_buckets)
+        fidelity = None if job.fidelity is None else job.fidelity.view(b, name)
+        if fidelity is not None:
+            for word in FIDELITY_STATES:
+                page.add("regen_fidelity_state", [*labels, word], 1.0 if fidelity["state"] == word else 0.0)
+            page.add("regen_fidelity_responses_total", labels, fidelity["responses"])
+            page.add("regen_fidelity_looks_total", labels, fidelity["looks"])
+            if fidelity["finish_similarity"] is not None:
+                page.add("regen_fidelity_finish_similarity", labels, fidelity["finish_similarity"])
 
 
 def _servers(page: _Page, lane: Lane) -> None:
