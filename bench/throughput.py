@@ -87,7 +87,7 @@ SIM_PROFILE: dict[str, Any] = {
 MAX_TOKENS = 8192  # above max_completion_tokens: every completion ends with "stop"
 # --hotpath (issue 19): the per-request cost alone. time_scale 0 makes the simulator answer at
 # once (no TTFT, no token delays), so whatever limits a run is CPU on one side or the other.
-HOTPATH = {"concurrency": 2000, "prompts": 6000, "repeat": 9, "variants": "aiohttp,regen", "modes": "stream,json",
+HOTPATH: dict[str, Any] = {"concurrency": 2000, "prompts": 6000, "repeat": 9, "variants": "aiohttp,regen", "modes": "stream,json",
            "sim_profile": {"time_scale": 0.0}, "bar": 0.9}
 BAR = 0.8  # regen / aiohttp, the claim above; --hotpath raises it to HOTPATH["bar"]
 
@@ -641,8 +641,8 @@ def main(argv: list[str] | None = None) -> int:
     global PIN, BAR
     PIN = not args.no_pin
     if args.hotpath:
-        SIM_PROFILE.update(HOTPATH["sim_profile"])  # type: ignore[arg-type]
-        BAR = float(HOTPATH["bar"])  # type: ignore[arg-type]
+        SIM_PROFILE.update(HOTPATH["sim_profile"])
+        BAR = float(HOTPATH["bar"])
         args.concurrency = str(HOTPATH["concurrency"])
         args.prompts = args.prompts or HOTPATH["prompts"]
         args.repeat = HOTPATH["repeat"] if args.repeat == 3 else args.repeat
