@@ -57,6 +57,10 @@ if str(ROOT) not in sys.path:
 from tests.support.processes import free_port  # noqa: E402
 
 VARIANTS = ("aiohttp", "regen", "openai")
+# With --against DIR: regen as another checkout has it (DIR/src first on the child's path), in the
+# same run, so a change's effect is measured against the moment's load on a shared machine too.
+BASE_VARIANT = "regen-base"
+AGAINST: Path | None = None
 MODES = ("stream", "json")  # a streamed answer (SSE) or one chat.completion body
 API_KEY = "sk-sim-test"
 MODEL = "moonshotai/kimi-k2.5"
@@ -349,7 +353,7 @@ def child(variant: str, base_url: str, n: int, concurrency: int, workdir: Path,
             if not stream:
                 raise SystemExit("the openai variant streams only")
             await run_openai(base_url, n, concurrency, w)
-        else:
+        else:  # regen, or regen-base (the other checkout's, by the path run_child gave this child)
             await run_regen(base_url, n, concurrency, w, workdir, stream)
         return type(asyncio.get_running_loop()).__module__.split(".")[0]
 
@@ -480,8 +484,12 @@ def run_child(variant: str, sim: Sim, n: int, concurrency: int, workdir: Path,
            "--sim-pid", str(sim.proc.pid), "--child-mode", mode]
     if profile is not None:
         cmd += ["--profile-out", str(profile)]
+    env = None
+    if variant == BASE_VARIANT:
+        assert AGAINST is not None
+        env = {**os.environ, "PYTHONPATH": str(AGAINST / "src")}
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          preexec_fn=_pin(CLIENT_CPU))
+                          preexec_fn=_pin(CLIENT_CPU), env=env)
     if proc.returncode != 0:
         raise SystemExit(f"{variant} child failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -538,6 +546,15 @@ def ratio_lines(rows: list[dict[str, Any]]) -> tuple[list[str], bool]:
             paired = f"; median of the rounds' own ratios {statistics.median(pairs):.2f}" if pairs else ""
             parts.append(f"regen/aiohttp = {ra:.2f} ({'meets' if good else 'BELOW'} the {BAR:.2f} bar; "
                          f"per CPU-second {eff:.2f}{paired})")
+        if BASE_VARIANT in by:
+            base = by[BASE_VARIANT]
+            pairs = paired_ratios(by["regen"], base)
+            paired = f"; median of the rounds' own ratios {statistics.median(pairs):.2f}" if pairs else ""
+            parts.append(f"regen/regen-base = {by['regen']['tok_s'] / base['tok_s']:.2f} (per CPU-second "
+                         f"{by['regen']['tok_cpu_s'] / base['tok_cpu_s']:.2f}{paired})")
+            if "aiohttp" in by:
+                parts.append(f"regen-base/aiohttp = {base['tok_s'] / by['aiohttp']['tok_s']:.2f} (per CPU-second "
+                             f"{base['tok_cpu_s'] / by['aiohttp']['tok_cpu_s']:.2f})")
         if "openai" in by:
             ro = by["regen"]["tok_s"] / by["openai"]["tok_s"]
             good = ro >= 3.0
@@ -625,7 +642,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write-md", action="store_true", help="update the throughput section of BENCHMARKS.md")
     ap.add_argument("--profile", metavar="DIR", type=Path, default=None,
                     help="cProfile each run's timed window into DIR/VARIANT-MODE-C-K.prof")
-    ap.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
+    ap.add_argument("--against", type=Path, default=None, metavar="DIR",
+                    help="also run regen from the checkout DIR (e.g. `git worktree add DIR main`) as regen-base")
+    ap.add_argument("--child", choices=(*VARIANTS, BASE_VARIANT), help=argparse.SUPPRESS)
     ap.add_argument("--child-mode", choices=MODES, default="stream", help=argparse.SUPPRESS)
     ap.add_argument("--base-url", help=argparse.SUPPRESS)
     ap.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
@@ -638,8 +657,12 @@ def main(argv: list[str] | None = None) -> int:
               args.profile_out, args.child_mode)
         return 0
 
-    global PIN, BAR
+    global PIN, BAR, AGAINST
     PIN = not args.no_pin
+    if args.against is not None:
+        AGAINST = args.against.resolve()
+        if not (AGAINST / "src" / "regen").is_dir():
+            ap.error(f"--against {args.against}: no src/regen there")
     if args.hotpath:
         SIM_PROFILE.update(HOTPATH["sim_profile"])
         BAR = float(HOTPATH["bar"])
@@ -658,8 +681,10 @@ def main(argv: list[str] | None = None) -> int:
         repeat = args.repeat
         prompts_for = {c: args.prompts or max(6000, 10 * c) for c in levels}
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if AGAINST is not None and BASE_VARIANT not in variants:
+        variants.append(BASE_VARIANT)
     for v in variants:
-        if v not in VARIANTS:
+        if v not in (*VARIANTS, BASE_VARIANT):
             ap.error(f"unknown variant {v!r}")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     for m in modes:
