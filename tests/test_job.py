@@ -402,7 +402,10 @@ async def test_a_row_written_without_its_end_record_settles_the_attempt(
         for x in journal.read_bytes().splitlines()
         if orjson.loads(x).get("rid") == lost["rid"]
     ]
-    assert [r["k"] for r in settled] == ["start", "gen", "end"] and settled[-1]["outcome"] == "ok"
+    # The gen record is there only when it was written before its end record took its place
+    # (engine/data/jsonl.py `supersede`); the row names the handle either way.
+    assert [r["k"] for r in settled] in (["start", "gen", "end"], ["start", "end"])
+    assert settled[-1]["outcome"] == "ok" and settled[-1]["gen"] == lost["gen"]
     one_row_per_prompt(a, 10)
 
 

@@ -145,6 +145,29 @@ async def test_concurrent_producers_all_acknowledged_exactly_once(tmp_path: Path
         assert [j for kk, j in rows if kk == k] == list(range(20))
 
 
+async def test_a_superseding_line_takes_the_place_of_a_queued_one_and_follows_a_written_one(
+    tmp_path: Path,
+) -> None:
+    p = tmp_path / "out.jsonl"
+    app = await JsonlAppender.open(p, commit_interval_s=0.05)
+    first = app.append_nowait({"k": "gen", "n": 1})
+    app.append({"k": "other"})
+    # Still queued: the end line is written where the gen line would have been, and it alone.
+    ended = app.supersede(first, {"k": "end", "n": 1})
+    await ended
+    assert [o for _, o in iter_jsonl(p)] == [{"k": "end", "n": 1}, {"k": "other"}]
+    # Already written: the gen line stays, and the end line is appended after it.
+    second = app.append_nowait({"k": "gen", "n": 2})
+    await app.flush()
+    await app.supersede(second, {"k": "end", "n": 2})
+    third = app.append_nowait({"k": "gen", "n": 3})
+    await app.close()
+    assert [o["k"] + str(o.get("n", "")) for _, o in iter_jsonl(p)] == ["end1", "other", "gen2", "end2", "gen3"]
+    assert app.lines_written == 5
+    with pytest.raises(JsonlError, match="closed"):
+        app.supersede(third, {"k": "end", "n": 3})
+
+
 async def test_flush_waits_for_queued_lines(tmp_path: Path) -> None:
     p = tmp_path / "out.jsonl"
     app = await JsonlAppender.open(p, commit_interval_s=0.05)

@@ -214,10 +214,12 @@ class JsonlAppender:
         self._interval = commit_interval_s
         self._max_batch = max_batch
         self._loop = asyncio.get_running_loop()
-        # Parallel queues: encoded chunk, its line count, and the future to resolve for it.
+        # Parallel queues: encoded chunk, its line count, and the future to resolve for it (None
+        # for a line nobody waits for: `append_nowait`).
         self._chunks: list[bytes] = []
         self._counts: list[int] = []
-        self._waiters: list[asyncio.Future[None]] = []
+        self._waiters: list[asyncio.Future[None] | None] = []
+        self._taken = 0  # chunks ever taken into a batch: a queued chunk's ticket less this is its index
         self._queued_lines = 0
         self._first_queued_at = 0.0
         self._wake = asyncio.Event()
@@ -226,7 +228,7 @@ class JsonlAppender:
         self._failure: WriteFailed | None = None
         self._on_failure = on_failure
         # Waiters of the batch being written now: failed too if the writer is cancelled mid-write.
-        self._writing: list[asyncio.Future[None]] = []
+        self._writing: list[asyncio.Future[None] | None] = []
         self._task = self._loop.create_task(self._run(), name=f"jsonl-writer {path.name}")
 
     @classmethod
@@ -279,6 +281,31 @@ class JsonlAppender:
         if not isinstance(obj, dict):
             raise TypeError(f"JSONL lines are objects, got {type(obj).__name__}")
         return self._enqueue(orjson.dumps(obj) + b"\n", 1)
+
+    def append_nowait(self, obj: Mapping[str, Any]) -> int:
+        """Queue one line nobody waits for; a failure to write it reaches ``on_failure`` (and every
+        later append). Returns its ticket for ``supersede``."""
+        self._check_usable()
+        if not isinstance(obj, dict):
+            raise TypeError(f"JSONL lines are objects, got {type(obj).__name__}")
+        self._enqueue_line(orjson.dumps(obj) + b"\n", None)
+        return self._taken + len(self._chunks) - 1
+
+    def supersede(self, ticket: int, obj: Mapping[str, Any]) -> asyncio.Future[None]:
+        """Append `obj`, in place of the line of `ticket` when that line is still queued (not yet in
+        a batch being written): a line that says everything the queued one says and more makes it
+        redundant, and the file then holds the new line where the old one would have been, so it
+        is durable no later than the old one would have been. Otherwise a plain ``append``."""
+        self._check_usable()
+        index = ticket - self._taken
+        if 0 <= index < len(self._chunks) and self._waiters[index] is None and self._counts[index] == 1:
+            if not isinstance(obj, dict):
+                raise TypeError(f"JSONL lines are objects, got {type(obj).__name__}")
+            fut: asyncio.Future[None] = self._loop.create_future()
+            self._chunks[index] = orjson.dumps(obj) + b"\n"
+            self._waiters[index] = fut
+            return fut
+        return self.append(obj)
 
     def append_many(self, objs: Iterable[Mapping[str, Any]]) -> asyncio.Future[None]:
         """Queue several lines that become durable together; one future for all of them."""
@@ -373,7 +400,16 @@ class JsonlAppender:
         self._queued_lines += lines
         return fut
 
-    def _take_batch(self) -> tuple[bytes, int, list[asyncio.Future[None]]]:
+    def _enqueue_line(self, data: bytes, fut: asyncio.Future[None] | None) -> None:
+        if not self._chunks:
+            self._first_queued_at = self._loop.time()
+            self._wake.set()
+        self._chunks.append(data)
+        self._counts.append(1)
+        self._waiters.append(fut)
+        self._queued_lines += 1
+
+    def _take_batch(self) -> tuple[bytes, int, list[asyncio.Future[None] | None]]:
         # At least one chunk, then whole chunks while the line cap allows.
         n = 0
         lines = 0
@@ -384,6 +420,7 @@ class JsonlAppender:
         data = b"".join(self._chunks[:n])
         waiters = self._waiters[:n]
         del self._chunks[:n], self._counts[:n], self._waiters[:n]
+        self._taken += n
         self._queued_lines -= lines
         if self._chunks:
             # The rest has waited at least as long as this batch; send it without lingering.
@@ -418,7 +455,7 @@ class JsonlAppender:
                 self.bytes_written += len(data)
                 self.lines_written += lines
                 for fut in waiters:
-                    if not fut.done():  # a caller may have cancelled its wait
+                    if fut is not None and not fut.done():  # a caller may have cancelled its wait
                         fut.set_result(None)
         except asyncio.CancelledError:
             # A batch may be mid-write on the file's thread: its outcome is unknown, so its
@@ -431,8 +468,9 @@ class JsonlAppender:
         waiters = [*self._writing, *self._waiters]
         self._writing = []
         for fut in waiters:
-            if not fut.done():
+            if fut is not None and not fut.done():
                 fut.set_exception(failure.again())
+        self._taken += len(self._chunks)
         self._chunks.clear()
         self._counts.clear()
         self._waiters.clear()

@@ -284,14 +284,15 @@ class Dispatcher:
         try:
             # Durable before the request leaves: a crash from here on is settled at the next start,
             # on the ledger of the backend named here.
-            await results.journal(
+            # Awaited, so its failure is seen here (not through journal()'s done callback).
+            await results.attempts.append(
                 start_record(flight.rid, prompt.dataset, prompt.line, flight.reservation, lane.name, time.time())
             )
 
             def on_handle(handle: str | None) -> None:
                 flight.handle = handle
                 if handle:
-                    results.journal(gen_record(flight.rid, handle))
+                    flight.gen_ticket = results.journal_nowait(gen_record(flight.rid, handle))
 
             def on_route(name: str) -> None:
                 flight.route = name

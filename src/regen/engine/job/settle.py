@@ -49,6 +49,7 @@ class Flight:
     route: str | None = None
     handle: str | None = None
     released: bool = False
+    gen_ticket: int | None = None  # the gen record's place in the journal's queue (results.py `commit_row`)
 
 
 class SettleHooks(Protocol):
@@ -186,7 +187,9 @@ class Settler:
                 await self.results.journal(record)
                 self.hooks.fatal(StopReason.FATAL, f"tokenizing failed: {exc}")
                 return
-        await self.results.commit_row(prompt.dataset, record, row)
+        # The end record names the handle only when it is the handle the gen record journaled.
+        supersedes = flight.gen_ticket if outcome.handle == flight.handle else None
+        await self.results.commit_row(prompt.dataset, record, row, supersedes)
         self._progress(prompt, status, outcome.completion_tokens, mono)
         self.hooks.reached(flight.launched_at)
         self.hooks.succeeded(mono)

@@ -76,9 +76,21 @@ class ResultsWriter:
         future.add_done_callback(_seen)
         return future
 
-    async def commit_row(self, dataset: str, end: EndRecord, row: Mapping[str, Any]) -> None:
-        """The attempt's end record and its row, durable together."""
-        settled, written = self.attempts.append(end), self._rows[dataset].append(row)
+    def journal_nowait(self, record: AttemptRecord) -> int:
+        """Append one record nobody waits for (a failure reaches on_failure); returns its ticket,
+        for a later record that makes it redundant (`commit_row`'s `supersedes`)."""
+        return self.attempts.append_nowait(record)
+
+    async def commit_row(
+        self, dataset: str, end: EndRecord, row: Mapping[str, Any], supersedes: int | None = None
+    ) -> None:
+        """The attempt's end record and its row, durable together. `supersedes`: the ticket of the
+        attempt's `gen` record, which the end record (naming the same handle) replaces when it has
+        not been written yet (engine/data/jsonl.py `supersede`): one line fewer per attempt that
+        ends within one group commit of its handle."""
+        attempts = self.attempts
+        settled = attempts.append(end) if supersedes is None else attempts.supersede(supersedes, end)
+        written = self._rows[dataset].append(row)
         await settled
         await written
 
