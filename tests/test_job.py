@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
@@ -153,6 +154,22 @@ async def test_a_changed_prompt_stops_the_resume(
     lines = (a / "prompts.jsonl").read_bytes().splitlines()
     lines[3] = orjson.dumps({"messages": [{"role": "user", "content": "edited"}]})
     (a / "prompts.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    with pytest.raises(JobError, match=r"prompts.jsonl:4: prompt changed since its row was written"):
+        await Job(settings).prepare()
+
+
+async def test_a_prompt_edited_after_a_cached_scan_stops_the_resume_even_at_the_same_size_and_mtime(
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    a = write_dataset(tmp_path, "A", 5)
+    settings = make_settings(sim.base_url, [a])
+    await run_job(settings)
+    assert (settings.job.run_dir / "scans" / "A.scan").is_file(), "the first start kept its scan"
+    prompts = a / "prompts.jsonl"
+    st = prompts.stat()
+    prompts.write_bytes(prompts.read_bytes().replace(b"question 3:", b"question 9:"))  # same length
+    os.utime(prompts, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert prompts.stat().st_size == st.st_size
     with pytest.raises(JobError, match=r"prompts.jsonl:4: prompt changed since its row was written"):
         await Job(settings).prepare()
 

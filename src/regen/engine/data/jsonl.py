@@ -34,6 +34,8 @@ __all__ = [
     "JsonlError",
     "WriteFailed",
     "iter_jsonl",
+    "iter_lines",
+    "parse_line",
     "repair_torn_tail",
 ]
 
@@ -147,13 +149,24 @@ def iter_jsonl(
     that is not a JSON object, or is longer than ``max_line`` bytes (default ``MAX_LINE_BYTES``),
     raises ``CorruptLine`` naming the file and line.
     """
+    for n, raw in iter_lines(path, max_line=max_line):
+        yield n, parse_line(path, n, raw)
+
+
+def iter_lines(
+    path: str | os.PathLike[str], *, max_line: int | None = None, start: int = 0, first: int = 0
+) -> Iterator[tuple[int, bytes]]:
+    """``(line, bytes)`` for every complete line, as ``iter_jsonl`` reads them, not parsed; from
+    byte `start`, which is line `first` of the file (a checkpoint's offset, engine/run/checkpoint.py)."""
     limit = MAX_LINE_BYTES if max_line is None else max_line
     try:
         f = open(path, "rb")  # noqa: SIM115 - closed by the with below, after the check
     except FileNotFoundError:
         return
     with f:
-        n = -1
+        if start:
+            f.seek(start)
+        n = first - 1
         while True:
             raw = f.readline(limit + 1)
             if not raw:
@@ -163,16 +176,21 @@ def iter_jsonl(
                 if len(raw) <= limit or not _skip_rest_of_line(f):
                     return  # a torn last line, however long
                 raise CorruptLine(path, n, f"line longer than {limit} bytes")
-            try:
-                obj = orjson.loads(raw)
-            except orjson.JSONDecodeError as e:
-                if b"\x00" in raw:
-                    # Zeros are what a power loss can leave where a write never reached the disk.
-                    raise CorruptLine(path, n, "holds NUL bytes, not JSON") from None
-                raise CorruptLine(path, n, f"corrupt JSON ({e})") from None
-            if not isinstance(obj, dict):
-                raise CorruptLine(path, n, "not a JSON object")
-            yield n, obj
+            yield n, raw
+
+
+def parse_line(path: str | os.PathLike[str], n: int, raw: bytes) -> dict[str, Any]:
+    """One complete line (0-based `n`) as a JSON object, or CorruptLine naming it."""
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        if b"\x00" in raw:
+            # Zeros are what a power loss can leave where a write never reached the disk.
+            raise CorruptLine(path, n, "holds NUL bytes, not JSON") from None
+        raise CorruptLine(path, n, f"corrupt JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise CorruptLine(path, n, "not a JSON object")
+    return obj
 
 
 def _skip_rest_of_line(f: Any) -> bool:

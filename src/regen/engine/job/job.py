@@ -38,7 +38,7 @@ from regen.engine.job.usage_bound import UsageBound
 from regen.engine.job.workqueue import WorkQueue
 from regen.engine.money.ledger import Ledger, to_dollars
 from regen.engine.run.events import EVENTS_FILE, EventLog
-from regen.engine.run.inputs import Scanned, load_progress, scan_datasets
+from regen.engine.run.inputs import Scanned, keep_scans, load_progress, scan_datasets
 from regen.engine.run.records import route_event, start_event
 from regen.engine.run.recovery import JournalState, read_journals
 from regen.engine.run.results import ATTEMPTS_FILE, ResultsWriter
@@ -115,6 +115,7 @@ class Job:
         except RunLocked as exc:
             raise JobError(str(exc)) from None
         try:
+            await keep_scans(scanned)
             journals = await asyncio.to_thread(self._read_journals)
             crashed = [unsettled for journal in journals.values() for unsettled in journal.crashed]
             self.datasets.update(await load_progress(scanned, crashed, self.settings.job.dataset_token_budget))
@@ -224,13 +225,18 @@ class Job:
 
     def _work_queue(self, scanned: list[Scanned], journal: JournalState) -> WorkQueue:
         invalid = {item.dataset.name: item.report.invalid_lines for item in scanned}
-        skip = {name: set(state.progress.done) | invalid[name] for name, state in self.datasets.items()}
+        skip = {}
+        for name, state in self.datasets.items():
+            skip[name] = lines = state.progress.done.copy()  # a bitmap: 125 KB a million lines
+            lines.update(invalid[name])
         # Only prompts still to do need their earlier attempts: drop the rest in place (a copy of a
         # million entries would double the resume's peak memory).
         prior = journal.attempts
         for name, tried in prior.items():
-            for line in skip.get(name, ()):
-                tried.pop(line, None)
+            skipped = skip.get(name)
+            if skipped is not None:
+                for line in [line for line in tried if line in skipped]:
+                    del tried[line]
         return WorkQueue(
             [(name, iter_prompts(state.dataset, skip[name])) for name, state in self.datasets.items()],
             prior_attempts=prior,

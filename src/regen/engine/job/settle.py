@@ -26,7 +26,7 @@ from regen.engine.job.workqueue import WorkItem
 from regen.engine.money.ledger import Ledger, SpendBreakdown, to_dollars
 from regen.engine.run.events import EventLog
 from regen.engine.run.records import EndRecord, end_record, gave_up_record, reconciled_record
-from regen.engine.run.recovery import JournalState, Unsettled, prompt_digest
+from regen.engine.run.recovery import JournalState, Unsettled
 from regen.engine.run.results import ResultsWriter
 from regen.engine.run.state import DatasetState, JobError, StopReason
 
@@ -232,7 +232,7 @@ class Settler:
     def _progress(self, prompt: Prompt, status: str, tokens: int, mono: float) -> None:
         """A row written: its dataset's progress and the job's counters."""
         progress = self.datasets[prompt.dataset].progress
-        progress.done[prompt.line] = prompt_digest(prompt.sha256)
+        progress.done.add(prompt.line)
         progress.output_tokens += tokens
         if status == "truncated":
             progress.truncated += 1

@@ -14,16 +14,17 @@ rows (docs/inputs.md, "Results and journals").
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from regen.engine.data.jsonl import CorruptLine, iter_jsonl, repair_torn_tail
-from regen.engine.data.scan import DIGEST_BYTES
+from regen.engine.data.jsonl import CorruptLine, iter_lines, parse_line, repair_torn_tail
+from regen.engine.data.scan import DIGEST_BYTES, ScanReport
 from regen.engine.money.ledger import Estimates, SpendBreakdown
+from regen.engine.run.lineset import LineSet
 from regen.engine.run.records import (
     ATTEMPTS,
     EVENTS,
@@ -55,6 +56,7 @@ from regen.engine.run.records import (
     replay,
     stop_message,
 )
+from regen.engine.run.rowfacts import SLICE_FROM, row_facts
 
 __all__ = [
     "DatasetProgress",
@@ -72,9 +74,7 @@ __all__ = [
 class DatasetProgress:
     """Rows already written for one dataset."""
 
-    # line -> the first DIGEST_BYTES of its row's prompt_sha256 (b"" when that is not hex): what
-    # the check against the prompts compares, at a third of the hex string's memory.
-    done: dict[int, bytes] = field(default_factory=dict)
+    done: LineSet = field(default_factory=LineSet)  # lines that have their row
     ok: int = 0
     truncated: int = 0
     output_tokens: int = 0
@@ -86,7 +86,13 @@ class DatasetProgress:
     # both fleets counts each backend's share over the whole job with them (docs/fleets.md).
     backend_rows: dict[str, int] = field(default_factory=dict)
     backend_tokens: dict[str, int] = field(default_factory=dict)
-
+    # Checked against the prompts' digests while read (read_rows(prompts=...)): the first row whose
+    # prompt changed since it was written, and rows naming lines that are not valid prompts.
+    changed: int | None = None
+    orphans: list[int] = field(default_factory=list)
+    # How far the file was read: its complete lines and their bytes (a checkpoint resumes there).
+    lines: int = 0
+    offset: int = 0
 
 @dataclass(slots=True)
 class Unsettled:
@@ -142,46 +148,87 @@ def prompt_digest(sha256: object) -> bytes:
         return b""
 
 
-def read_rows(results_path: Path, unsettled_lines: Collection[int] = ()) -> DatasetProgress:
+def read_rows(
+    results_path: Path,
+    unsettled_lines: Collection[int] = (),
+    prompts: ScanReport | None = None,
+    *,
+    progress: DatasetProgress | None = None,
+) -> DatasetProgress:
     """Rows of one raw_responses.jsonl, repairing a torn last line first.
 
     For lines in `unsettled_lines` (an attempt started, no end record) the row's generation id,
     cost and tokens are kept: the row and the end record are written concurrently, so a crash can
-    leave the row without its end record, and the row then settles the attempt.
+    leave the row without its end record, and the row then settles the attempt. With `prompts` (the
+    scan's digests) each row is checked against its prompt as it is read (check_rows_match says
+    what was found). With `progress` (a checkpoint's) reading goes on from where it stopped.
     """
-    progress = DatasetProgress(torn_bytes=repair_torn_tail(results_path))
+    torn = repair_torn_tail(results_path)
+    if progress is None:
+        progress = DatasetProgress()
+    progress.torn_bytes += torn
     if not results_path.exists():
         return progress
-    for row in _rows(results_path):
-        line = row["line"]
-        if line in progress.done:
-            progress.duplicates += 1
-            continue
-        progress.done[line] = prompt_digest(row.get("prompt_sha256"))
-        if line in unsettled_lines:
-            progress.settling[line] = {
-                "gen": row.get("generation_id"),
-                # A GPU-time row keeps its ledger amount beside the (null) dollar cost.
-                "cost": row.get("cost") if row.get("cost") is not None else row.get("gpu_s"),
-                "est": bool(row.get("cost_estimated")),
-                "status": row.get("status"),
-                "ctok": (row.get("usage") or {}).get("completion_tokens"),
-                "provider": row.get("provider"),
-                "backend": row.get("backend"),
-            }
-        if row.get("status") == "truncated":
-            progress.truncated += 1
-        else:
-            progress.ok += 1
-        usage = row.get("usage") or {}
-        tokens = usage.get("completion_tokens")
-        made = tokens if isinstance(tokens, int) else 0
-        progress.output_tokens += made
-        backend = row.get("backend")
-        if isinstance(backend, str):
-            progress.backend_rows[backend] = progress.backend_rows.get(backend, 0) + 1
-            progress.backend_tokens[backend] = progress.backend_tokens.get(backend, 0) + made
+    digest_of = prompts.digest_of if prompts is not None and prompts.digests is not None else None
+    offset = progress.offset
+    with _named(results_path):
+        for n, raw in iter_lines(results_path, start=progress.offset, first=progress.lines):
+            offset += len(raw)
+            # A short row is parsed whole faster than it is sliced (BENCHMARKS.md "Restart").
+            row = row_facts(raw) if len(raw) >= SLICE_FROM else None
+            # Short, not regen's key order, or a row that settles an attempt (it needs the fields
+            # after `cost`): the whole row.
+            if row is None or _row_problem(row) is not None or row["line"] in unsettled_lines:
+                row = parse_line(results_path, n, raw)
+                problem = _row_problem(row)
+                if problem is not None:
+                    raise RecoveryError(stop_message(results_path, n, problem))
+            _count_row(progress, row, unsettled_lines, digest_of)
+            progress.lines = n + 1
+            progress.offset = offset
     return progress
+
+
+def _count_row(
+    progress: DatasetProgress,
+    row: dict[str, Any],
+    unsettled_lines: Collection[int],
+    digest_of: Callable[[int], bytes | None] | None,
+) -> None:
+    line = row["line"]
+    if not progress.done.add(line):
+        progress.duplicates += 1
+        return
+    if digest_of is not None:
+        kept = digest_of(line)
+        if kept is None:
+            progress.orphans.append(line)
+        elif progress.changed is None and prompt_digest(row["prompt_sha256"]) != kept:
+            # b"" (a row whose prompt_sha256 is not hex) was not written for this prompt either.
+            progress.changed = line
+    usage = row.get("usage") or {}
+    tokens = usage.get("completion_tokens")
+    if line in unsettled_lines:
+        progress.settling[line] = {
+            "gen": row.get("generation_id"),
+            # A GPU-time row keeps its ledger amount beside the (null) dollar cost.
+            "cost": row.get("cost") if row.get("cost") is not None else row.get("gpu_s"),
+            "est": bool(row.get("cost_estimated")),
+            "status": row.get("status"),
+            "ctok": tokens,
+            "provider": row.get("provider"),
+            "backend": row.get("backend"),
+        }
+    if row.get("status") == "truncated":
+        progress.truncated += 1
+    else:
+        progress.ok += 1
+    made = tokens if isinstance(tokens, int) else 0
+    progress.output_tokens += made
+    backend = row.get("backend")
+    if isinstance(backend, str):
+        progress.backend_rows[backend] = progress.backend_rows.get(backend, 0) + 1
+        progress.backend_tokens[backend] = progress.backend_tokens.get(backend, 0) + made
 
 
 # How the client used to word an attempt that failed before its request left (aiohttp's connector
@@ -458,15 +505,6 @@ def _named(path: Path) -> Iterator[None]:
         yield
     except CorruptLine as exc:
         raise RecoveryError(stop_message(path, exc.line, exc.problem)) from None
-
-
-def _rows(path: Path) -> Iterator[dict[str, Any]]:
-    with _named(path):
-        for n, row in iter_jsonl(path):
-            problem = _row_problem(row)
-            if problem is not None:
-                raise RecoveryError(stop_message(path, n, problem))
-            yield row
 
 
 def _row_problem(row: dict[str, Any]) -> str | None:
