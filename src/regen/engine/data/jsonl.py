@@ -154,10 +154,16 @@ def iter_jsonl(
 
 
 def iter_lines(
-    path: str | os.PathLike[str], *, max_line: int | None = None, start: int = 0, first: int = 0
+    path: str | os.PathLike[str],
+    *,
+    max_line: int | None = None,
+    start: int = 0,
+    first: int = 0,
+    end: int | None = None,
 ) -> Iterator[tuple[int, bytes]]:
     """``(line, bytes)`` for every complete line, as ``iter_jsonl`` reads them, not parsed; from
-    byte `start`, which is line `first` of the file (a checkpoint's offset, engine/run/checkpoint.py)."""
+    byte `start`, which is line `first` of the file (a checkpoint's offset, engine/run/checkpoint.py),
+    to byte `end` (the lines that began before it)."""
     limit = MAX_LINE_BYTES if max_line is None else max_line
     try:
         f = open(path, "rb")  # noqa: SIM115 - closed by the with below, after the check
@@ -167,7 +173,8 @@ def iter_lines(
         if start:
             f.seek(start)
         n = first - 1
-        while True:
+        at = start
+        while end is None or at < end:
             raw = f.readline(limit + 1)
             if not raw:
                 return
@@ -176,6 +183,7 @@ def iter_lines(
                 if len(raw) <= limit or not _skip_rest_of_line(f):
                     return  # a torn last line, however long
                 raise CorruptLine(path, n, f"line longer than {limit} bytes")
+            at += len(raw)
             yield n, raw
 
 

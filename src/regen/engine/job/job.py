@@ -37,10 +37,12 @@ from regen.engine.job.stats import JobStats, StatusRules
 from regen.engine.job.usage_bound import UsageBound
 from regen.engine.job.workqueue import WorkQueue
 from regen.engine.money.ledger import Ledger, to_dollars
+from regen.engine.run.checkpoint import Checkpointer
+from regen.engine.run.checkpoint import Lane as CheckpointLane
 from regen.engine.run.events import EVENTS_FILE, EventLog
 from regen.engine.run.inputs import Scanned, keep_scans, load_progress, scan_datasets
 from regen.engine.run.records import route_event, start_event
-from regen.engine.run.recovery import JournalState, read_journals
+from regen.engine.run.recovery import JournalState
 from regen.engine.run.results import ATTEMPTS_FILE, ResultsWriter
 from regen.engine.run.runlock import RunLock, RunLocked
 from regen.engine.run.state import DatasetState, JobError, JobState, Outcome, StopReason
@@ -116,9 +118,14 @@ class Job:
             raise JobError(str(exc)) from None
         try:
             await keep_scans(scanned)
-            journals = await asyncio.to_thread(self._read_journals)
-            crashed = [unsettled for journal in journals.values() for unsettled in journal.crashed]
-            self.datasets.update(await load_progress(scanned, crashed, self.settings.job.dataset_token_budget))
+            self.checkpoints = self._checkpointer(scanned)
+            resumed = await asyncio.to_thread(
+                self.checkpoints.resume, {item.dataset.name: item.report for item in scanned}
+            )
+            journals = resumed.journals
+            self.datasets.update(load_progress(scanned, resumed.progress, self.settings.job.dataset_token_budget))
+            # The next start reads from here (docs/faults.md, "Checkpoints").
+            await asyncio.to_thread(self.checkpoints.write)
             for lane in self.lanes:
                 routes = lane.backend.routes
                 if routes is not None:
@@ -177,21 +184,33 @@ class Job:
             plan = self.deadline_control.tick().plan
             self.events.event("fleet_plan", reason=plan.reason, fits=plan.fits, plan=plan.to_dict())
 
-    def _read_journals(self) -> dict[str, JournalState]:
-        """Each lane's money and history from the journals; records an older single-backend run
-        wrote without naming their backend belong to `job.backend`."""
+    def _checkpointer(self, scanned: list[Scanned]) -> Checkpointer:
+        """Each lane's reading of the journals and each dataset's rows, kept between checkpoints.
+
+        Records an older single-backend run wrote without naming their backend belong to
+        `job.backend`; attempt counts are every backend's, counted once, by the first lane's read.
+        """
         default = self.settings.job.backend if len(self.lanes) > 1 else self.lanes[0].name
-        # Attempt counts are every backend's: counted once, by the first lane's read.
-        return {
-            lane.name: read_journals(
-                self.run_dir / ATTEMPTS_FILE,
-                self.run_dir / EVENTS_FILE,
-                backend=lane.name,
-                default=default,
-                count_attempts=lane is self.lanes[0],
-            )
-            for lane in self.lanes
-        }
+        return Checkpointer(
+            self.run_dir,
+            self.run_dir / ATTEMPTS_FILE,
+            self.run_dir / EVENTS_FILE,
+            [CheckpointLane(lane.name, lane.name, default, lane is self.lanes[0]) for lane in self.lanes],
+            {item.dataset.name: item.dataset.results_path for item in scanned},
+        )
+
+    async def _checkpointing(self) -> None:
+        """A checkpoint every `job.checkpoint_interval_s` while the job runs."""
+        while True:
+            await asyncio.sleep(self.settings.job.checkpoint_interval_s)
+            await self._checkpoint()
+
+    async def _checkpoint(self) -> None:
+        """Read on from the last checkpoint and write the next; a failure only costs the next start time."""
+        try:
+            await asyncio.to_thread(self.checkpoints.advance)
+        except (OSError, JsonlError) as exc:
+            self.events.event("checkpoint_failed", reason=str(exc)[:300])
 
     async def _start_tokenizer(self) -> TokenizePool | None:
         """Worker processes that turn every row's text into the target model's token ids."""
@@ -257,6 +276,7 @@ class Job:
                 self._background.add(task)
         pacing = loop.create_task(self.deadline_control.run())
         self._background.add(pacing)
+        self._background.add(loop.create_task(self._checkpointing()))
         self.hosts.start()
         try:
             await self.dispatcher.run()
@@ -306,6 +326,7 @@ class Job:
             )
         await self.results.close()
         await self.events.close()
+        await self._checkpoint()  # a clean stop: the next start reads nothing but this checkpoint
         for lane in self.lanes:
             await lane.backend.close()
         # After the backend: its last aborts and its tunnels go over these connections.

@@ -8,7 +8,7 @@ than guess which of the two is right.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from regen.engine.config.settings import JobSettings
@@ -16,7 +16,7 @@ from regen.engine.data.datasets import Dataset, DatasetError, discover
 from regen.engine.data.scan import ScanReport
 from regen.engine.data.scancache import cached_scan
 from regen.engine.money.ledger import planning_prompt_tokens
-from regen.engine.run.recovery import DatasetProgress, Unsettled, read_rows
+from regen.engine.run.recovery import DatasetProgress
 from regen.engine.run.state import DatasetState, JobError
 
 # Invalid lines listed per dataset before "and N more".
@@ -58,25 +58,21 @@ async def scan_datasets(job: JobSettings, only: Collection[str] | None, skip_inv
     return scanned
 
 
-async def load_progress(
-    scanned: Iterable[Scanned], crashed: Iterable[Unsettled], token_budget: int | None
+def load_progress(
+    scanned: Iterable[Scanned], progress: Mapping[str, DatasetProgress], token_budget: int | None
 ) -> dict[str, DatasetState]:
-    """Each dataset's live state, from its rows; rows of attempts a crash left open are kept to settle them."""
-    crashed_lines: dict[str, set[int]] = {}
-    for attempt in crashed:
-        crashed_lines.setdefault(attempt.dataset, set()).add(attempt.line)
+    """Each dataset's live state, from its rows (read and checked against the prompts by
+    engine/run/checkpoint.py); JobError when a row does not match its prompt."""
     states = {}
     for item in scanned:
         dataset, report = item.dataset, item.report
-        progress = await asyncio.to_thread(
-            read_rows, dataset.results_path, crashed_lines.get(dataset.name, set()), report
-        )
-        check_rows_match(dataset, progress)
+        rows = progress[dataset.name]
+        check_rows_match(dataset, rows)
         states[dataset.name] = DatasetState(
             dataset,
             report.total,
             len(report.invalid),
-            progress,
+            rows,
             token_budget=token_budget,
             prompt_tokens_mean=planning_prompt_tokens(report.content_chars),
         )

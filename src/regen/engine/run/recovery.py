@@ -60,6 +60,7 @@ from regen.engine.run.rowfacts import SLICE_FROM, row_facts
 
 __all__ = [
     "DatasetProgress",
+    "JournalReplay",
     "JournalState",
     "RecoveryError",
     "Unsettled",
@@ -154,6 +155,7 @@ def read_rows(
     prompts: ScanReport | None = None,
     *,
     progress: DatasetProgress | None = None,
+    end: int | None = None,
 ) -> DatasetProgress:
     """Rows of one raw_responses.jsonl, repairing a torn last line first.
 
@@ -161,18 +163,19 @@ def read_rows(
     cost and tokens are kept: the row and the end record are written concurrently, so a crash can
     leave the row without its end record, and the row then settles the attempt. With `prompts` (the
     scan's digests) each row is checked against its prompt as it is read (check_rows_match says
-    what was found). With `progress` (a checkpoint's) reading goes on from where it stopped.
+    what was found). With `progress` (a checkpoint's) reading goes on from where it stopped; with
+    `end` it stops there and repairs nothing (the job is writing the file: engine/run/checkpoint.py).
     """
-    torn = repair_torn_tail(results_path)
     if progress is None:
         progress = DatasetProgress()
-    progress.torn_bytes += torn
+    if end is None:
+        progress.torn_bytes += repair_torn_tail(results_path)
     if not results_path.exists():
         return progress
     digest_of = prompts.digest_of if prompts is not None and prompts.digests is not None else None
     offset = progress.offset
     with _named(results_path):
-        for n, raw in iter_lines(results_path, start=progress.offset, first=progress.lines):
+        for n, raw in iter_lines(results_path, start=progress.offset, first=progress.lines, end=end):
             offset += len(raw)
             # A short row is parsed whole faster than it is sliced (BENCHMARKS.md "Restart").
             row = row_facts(raw) if len(raw) >= SLICE_FROM else None
@@ -263,18 +266,65 @@ def read_journals(
     `count_attempts`). An attempt's backend is its records' `be`; records without one were written
     by a single-backend run and belong to `default`.
     """
-    state = JournalState(torn_bytes=repair_torn_tail(attempts_path))
-    repair_torn_tail(events_path)
-    if attempts_path.exists():
-        attempts = _AttemptReplay(state, backend, default, count_attempts)
-        with _named(attempts_path):
-            replay(attempts_path, ATTEMPTS, attempts.handlers())
-        attempts.finish()
-    if events_path.exists():
-        events = _EventReplay(state, backend, default)
-        with _named(events_path):
-            replay(events_path, EVENTS, events.handlers())
-    return state
+    journals = JournalReplay.begin(backend, default, count_attempts)
+    journals.repair(attempts_path, events_path)
+    journals.advance(attempts_path, events_path)
+    return journals.finish()
+
+
+class JournalReplay:
+    """The two journals read up to a point, and reading on from there: a checkpoint keeps one
+    (engine/run/checkpoint.py), so a start reads only the records written after it."""
+
+    def __init__(self, state: JournalState, attempts: _AttemptReplay, events: _EventReplay) -> None:
+        self.state = state
+        self.attempts = attempts
+        self.events = events
+        self.attempts_at = (0, 0)  # (byte offset, lines) read of the attempt journal
+        self.events_at = (0, 0)
+
+    @classmethod
+    def begin(cls, backend: str | None, default: str | None, count_attempts: bool) -> JournalReplay:
+        state = JournalState()
+        return cls(state, _AttemptReplay(state, backend, default, count_attempts), _EventReplay(state, backend, default))
+
+    def repair(self, attempts_path: Path, events_path: Path) -> None:
+        """A torn last line cut off (at a start: nothing is writing the journals then)."""
+        self.state.torn_bytes += repair_torn_tail(attempts_path)
+        repair_torn_tail(events_path)
+
+    def advance(self, attempts_path: Path, events_path: Path) -> None:
+        """Every complete record after the point read so far (a torn last line is left for later)."""
+        if attempts_path.exists():
+            with _named(attempts_path):
+                self.attempts_at = replay(
+                    attempts_path, ATTEMPTS, self.attempts.handlers(), start=self.attempts_at[0], first=self.attempts_at[1]
+                )
+        if events_path.exists():
+            with _named(events_path):
+                self.events_at = replay(
+                    events_path, EVENTS, self.events.handlers(), start=self.events_at[0], first=self.events_at[1]
+                )
+
+    def open_lines(self) -> dict[str, set[int]]:
+        """dataset -> lines of attempts started and not ended (so far): their rows may settle them."""
+        lines: dict[str, set[int]] = {}
+        for start in self.attempts.starts.values():
+            lines.setdefault(start["ds"], set()).add(start["line"])
+        return lines
+
+    def forget_done(self, done: Mapping[str, Collection[int]]) -> None:
+        """Attempt counts of prompts that have their row: only unfinished prompts need theirs."""
+        for name, tried in self.attempts.attempts.items():
+            finished = done.get(name)
+            if finished:
+                for line in [line for line in tried if line in finished]:
+                    del tried[line]
+
+    def finish(self) -> JournalState:
+        """The state as recovery hands it on (the attempts open now counted as crashed)."""
+        self.attempts.finish()
+        return self.state
 
 
 class _AttemptReplay:
@@ -374,10 +424,10 @@ class _AttemptReplay:
 
     def finish(self) -> None:
         state = self.state
-        for rid, start in self.starts.items():
-            state.crashed.append(
-                Unsettled(rid, start["ds"], start["line"], self.generation.get(rid), Decimal(str(start["reserved"])))
-            )
+        state.crashed = [
+            Unsettled(rid, start["ds"], start["line"], self.generation.get(rid), Decimal(str(start["reserved"])))
+            for rid, start in self.starts.items()
+        ]
         state.to_reconcile = list(self.estimated.values())
         state.never_sent = list(self.unsent.values())
         state.attempts = self.attempts
