@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import fcntl
+import gzip
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -166,7 +167,8 @@ def iter_lines(
     to byte `end` (the lines that began before it)."""
     limit = MAX_LINE_BYTES if max_line is None else max_line
     try:
-        f = open(path, "rb")  # noqa: SIM115 - closed by the with below, after the check
+        # A rotated journal segment is compressed (engine/run/segments.py).
+        f = gzip.open(path, "rb") if os.fspath(path).endswith(".gz") else open(path, "rb")  # noqa: SIM115
     except FileNotFoundError:
         return
     with f:

@@ -45,6 +45,7 @@ from regen.engine.run.records import route_event, start_event
 from regen.engine.run.recovery import JournalState
 from regen.engine.run.results import ATTEMPTS_FILE, ResultsWriter
 from regen.engine.run.runlock import RunLock, RunLocked
+from regen.engine.run.segments import compress
 from regen.engine.run.state import DatasetState, JobError, JobState, Outcome, StopReason
 from regen.engine.schema import JobInfo, Snapshot
 
@@ -205,6 +206,12 @@ class Job:
             await asyncio.sleep(self.settings.job.checkpoint_interval_s)
             await self._checkpoint()
 
+    async def _compress(self) -> None:
+        try:
+            await asyncio.to_thread(compress, self.run_dir / ATTEMPTS_FILE)
+        except OSError as exc:  # the segment stays plain, read as well; the next start tries again
+            self.events.event("compress_failed", reason=str(exc)[:300])
+
     async def _checkpoint(self) -> None:
         """Read on from the last checkpoint and write the next; a failure only costs the next start time."""
         try:
@@ -277,6 +284,8 @@ class Job:
         pacing = loop.create_task(self.deadline_control.run())
         self._background.add(pacing)
         self._background.add(loop.create_task(self._checkpointing()))
+        # The journal's history a start rotated (engine/run/segments.py), compressed meanwhile.
+        self._background.add(loop.create_task(self._compress()))
         self.hosts.start()
         try:
             await self.dispatcher.run()

@@ -39,6 +39,7 @@ import orjson
 from regen.engine.data.scan import ScanReport
 from regen.engine.run import lineset, recovery
 from regen.engine.run.recovery import DatasetProgress, JournalReplay, JournalState, read_rows
+from regen.engine.run.segments import last_segment, rotate
 
 CHECKPOINTS_DIR = "checkpoints"
 KEEP = 2
@@ -148,6 +149,8 @@ class Checkpointer:
         for replay in self.replays.values():
             replay.state.torn_bytes = 0
             replay.repair(self.attempts_path, self.events_path)
+            if loaded is None:
+                replay.read_segments(self.attempts_path)  # the whole history
             replay.advance(self.attempts_path, self.events_path)
         open_lines = self._open_lines()
         for name, path in self.results.items():
@@ -160,6 +163,10 @@ class Checkpointer:
             self.progress[name] = read_rows(path, open_lines.get(name, set()), report, progress=progress)
             self.prompts_sha[name] = report.sha256
         self._forget_settled(open_lines)
+        # Everything read is in the checkpoint the job writes next: a grown journal becomes history.
+        if rotate(self.attempts_path) is not None:
+            for replay in self.replays.values():
+                replay.attempts_at = (0, 0)
         copies: tuple[dict[str, JournalReplay], dict[str, DatasetProgress]] = _copy((self.replays, self.progress))
         journals = {name: replay.finish() for name, replay in copies[0].items()}
         return Resumed(journals, copies[1], loaded is not None)
@@ -230,6 +237,7 @@ class Checkpointer:
             "format": _FORMAT,
             "code": _code(),
             "key": self.key,
+            "segments": last_segment(self.attempts_path),
             "files": {
                 label: {"offset": offset, "tail": _tail_sha(files[label], offset)}
                 for label, offset in self._offsets().items()
@@ -284,6 +292,8 @@ class Checkpointer:
         body = data[cut + 1 :]
         if head["format"] != _FORMAT or head["code"] != code or head["key"] != self.key:
             return False
+        if head["segments"] != last_segment(self.attempts_path):
+            return False  # the journal was rotated since: its offsets are of another file
         if len(body) != head["body_bytes"] or hashlib.sha256(body).hexdigest() != head["body_sha256"]:
             return False  # torn or damaged
         files = self._files()

@@ -57,6 +57,7 @@ from regen.engine.run.records import (
     stop_message,
 )
 from regen.engine.run.rowfacts import SLICE_FROM, row_facts
+from regen.engine.run.segments import history, segments
 
 __all__ = [
     "DatasetProgress",
@@ -268,6 +269,7 @@ def read_journals(
     """
     journals = JournalReplay.begin(backend, default, count_attempts)
     journals.repair(attempts_path, events_path)
+    journals.read_segments(attempts_path)
     journals.advance(attempts_path, events_path)
     return journals.finish()
 
@@ -292,6 +294,12 @@ class JournalReplay:
         """A torn last line cut off (at a start: nothing is writing the journals then)."""
         self.state.torn_bytes += repair_torn_tail(attempts_path)
         repair_torn_tail(events_path)
+
+    def read_segments(self, attempts_path: Path) -> None:
+        """The attempt journal's rotated history (engine/run/segments.py), before the file itself."""
+        for part in segments(attempts_path):
+            with _named(part):
+                replay(part, ATTEMPTS, self.attempts.handlers())
 
     def advance(self, attempts_path: Path, events_path: Path) -> None:
         """Every complete record after the point read so far (a torn last line is left for later)."""
@@ -535,11 +543,9 @@ def journal_spend(attempts_path: Path) -> dict[str, float]:
     def reconciled(rec: ReconciledRecord) -> None:
         add(rec["rid"], None, rec.get("be"), rec.get("delta"))
 
-    replay(
-        attempts_path,
-        ATTEMPTS,
-        {"start": on(read_start, start), "end": on(read_end, end), "reconciled": on(read_reconciled, reconciled)},
-    )
+    handlers = {"start": on(read_start, start), "end": on(read_end, end), "reconciled": on(read_reconciled, reconciled)}
+    for part in history(attempts_path):  # the rotated segments first (engine/run/segments.py)
+        replay(part, ATTEMPTS, handlers)
     return spend
 
 
