@@ -141,6 +141,9 @@ class Checkpointer:
 
         Nothing writes the files now: torn tails are repaired as a full read repairs them.
         """
+        if self.dir.is_dir():
+            for stale in self.dir.glob(".*.tmp"):  # a write a crash cut short: never a checkpoint
+                stale.unlink()
         loaded = self._load()
         if loaded is None:
             self.replays = {lane.name: JournalReplay.begin(lane.backend, lane.default, lane.count_attempts) for lane in self.lanes}
