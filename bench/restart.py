@@ -138,8 +138,9 @@ def resume(folder: Path, run_dir: Path) -> dict[str, float]:
     return phases
 
 
-async def resume_job(folder: Path, run_dir: Path) -> float:
-    """The real thing: Job.prepare() against the simulator, for the end-to-end figure."""
+async def resume_job(folder: Path, run_dir: Path, *, prepare: bool = True) -> float:
+    """The real thing: Job.prepare() against the simulator, for the end-to-end figure (without
+    `prepare`: everything but it, the process's memory before any file is read)."""
     from regen.engine.config.settings import JobSettings, OpenRouterSettings, Settings
     from regen.engine.job.job import Job
     from regen.sim.openrouter.config import SimConfig
@@ -154,6 +155,8 @@ async def resume_job(folder: Path, run_dir: Path) -> float:
         )
         job = Job(settings)
         started = time.perf_counter()
+        if not prepare:
+            return 0.0
         await job.prepare()
         took = time.perf_counter() - started
         await job.lanes[0].backend.close()
@@ -165,16 +168,20 @@ async def resume_job(folder: Path, run_dir: Path) -> float:
         await sim.stop()
 
 
-def prepare_in_child(folder: Path, run_dir: Path) -> tuple[float, float]:
+def peak_mb() -> float:
+    """This process's peak RSS (VmHWM: since its exec, not the forked parent's pages)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def prepare_in_child(folder: Path, run_dir: Path, mode: str = "--prepare") -> tuple[float, float]:
     """Job.prepare() in a process of its own: its seconds and its peak RSS (MB)."""
-    proc = subprocess.Popen(
-        [sys.executable, __file__, "--prepare", str(folder), str(run_dir)], stdout=subprocess.PIPE, text=True
-    )
-    assert proc.stdout is not None
-    out = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    assert status == 0, out
-    return float(out.split()[-1]), usage.ru_maxrss / 1024
+    out = subprocess.run(
+        [sys.executable, __file__, mode, str(folder), str(run_dir)], stdout=subprocess.PIPE, text=True, check=True
+    ).stdout.split()
+    return float(out[-2]), float(out[-1])
 
 
 def forget(run_dir: Path) -> None:
@@ -199,9 +206,11 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--since", type=int, default=100_000, help="rows written after the last checkpoint before the SIGKILL")
     parser.add_argument("--prepare", nargs=2, type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--baseline", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.prepare:
-        print(f"{asyncio.run(resume_job(*args.prepare)):.3f}")
+    if args.prepare or args.baseline:
+        took = asyncio.run(resume_job(*(args.prepare or args.baseline), prepare=bool(args.prepare)))
+        print(f"{took:.3f} {peak_mb():.0f}")
         return 0
     folder, run_dir = build(args.rows)
     results = folder / "raw_responses.jsonl"
@@ -223,6 +232,8 @@ def main() -> int:
         peak = max(f[1] for f in figures)
         print(f"Job.prepare() {label:<44} {took:7.3f} s = {took / wc:6.1f}x wc -l, peak RSS {peak:5.0f} MB")
 
+    baseline = prepare_in_child(folder, run_dir, "--baseline")[1]
+    print(f"the process before Job.prepare() (imports, the simulator, the Job): peak RSS {baseline:.0f} MB")
     first = []
     for _ in range(args.repeat):
         forget(run_dir)
