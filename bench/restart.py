@@ -1,16 +1,19 @@
 """Restart cost: how long a job takes to resume on a big results file, against `wc -l` on it.
 
-    python bench/restart.py                 # 1,000,000 prompts and rows (about 1 GB of rows)
+    python bench/restart.py                 # 1,000,000 prompts and rows (about 1.35 GB of rows)
     python bench/restart.py --rows 200000   # smaller
 
-Resuming reads every row (which prompts are done, the tokens and statuses so far), checks each row
-against its prompt line (a prompt edited under its row stops the job), validates every prompt line
-and rebuilds spend from the attempt journal. The baseline is `wc -l` on the same results file in the
-same run: the least any tool can do to learn how many rows there are. Both run with the files in
-the page cache (each is run once first), so the figure is CPU, not disk.
+Resuming rebuilds which prompts are done, the tokens and statuses so far, checks each row against
+its prompt line (a prompt edited under its row stops the job), validates every prompt line and
+rebuilds spend from the attempt journal. A checkpoint (engine/run/checkpoint.py) and the kept scan
+(engine/data/scancache.py) leave a start only what was written since the last checkpoint. The
+baseline is `wc -l` on the same results file in the same run: the least any tool can do to learn
+how many rows there are. Files are in the page cache (each is read once first), so the figure is CPU.
 
-Goal (the engine split must not regress it): the resume within 10x of `wc -l`. The bench prints the
-resume's phases, so a miss says where the time goes.
+Printed: the readers' phases without a checkpoint or kept scan (a first start), then Job.prepare()
+each in a process of its own (seconds and peak RSS, VmHWM): a first start, after a clean stop (goal
+10x `wc -l`), and after a SIGKILL with `--since` rows and their attempts written after the last
+checkpoint (goal 15x); peak RSS goal 150 MB (BENCHMARKS.md "Restart").
 """
 
 from __future__ import annotations
