@@ -1,27 +1,21 @@
 """Journal compaction (engine/run/segments.py): at a start the grown attempt journal becomes a compressed
 segment a resume never reads; a resume from the checkpoint, a full read of the history and a spend
-audit all give what the uncompacted journal gives, to the last digit, crash states included."""
+audit all give what the uncompacted journal gives, to the last digit, crash states included. (A real
+job stopped and resumed over compactions: tests/test_job.py.)"""
 
 from __future__ import annotations
 
-import asyncio
 import shutil
-from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
-from regen.engine.config.settings import Settings
-from regen.engine.job.job import Job, StopReason
 from regen.engine.run import segments
 from regen.engine.run.checkpoint import CHECKPOINTS_DIR, Resumed
 from regen.engine.run.recovery import journal_spend, read_journals
 from regen.engine.run.segments import SEGMENTS_DIR, compress, history
-from regen.sim.openrouter.server import OpenRouterSim
-from tests.support.datasets import one_row_per_prompt, read_rows, write_dataset
-from tests.support.jobs import run_job
-from tests.test_checkpoint import Run, assert_same
+from tests.support.runfolder import Run, assert_same
 
 
 def start(run: Run) -> Resumed:
@@ -89,30 +83,3 @@ def test_a_crash_while_compressing_leaves_the_history_whole(tmp_path: Path, monk
     assert read_journals(run.attempts, run.events).spent == want, "a segment both plain and compressed counts once"
     assert compress(run.attempts) == 1 and sorted(p.name for p in folder.iterdir()) == ["attempts.000001.jsonl.gz"]
     assert read_journals(run.attempts, run.events).spent == want
-
-
-async def test_a_job_stopped_and_resumed_over_compactions_writes_each_row_once_and_loses_no_money(
-    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(segments, "COMPACT_FROM", 1)
-    sim.config.time_scale = 0.05
-    a = write_dataset(tmp_path, "A", 60)
-    settings = make_settings(sim.base_url, [a], concurrency=16)
-    for stop_at in (10, 30):
-        job = Job(settings)
-        await job.prepare()
-        runner = asyncio.create_task(job.run())
-        while len(read_rows(a)) < stop_at:
-            await asyncio.sleep(0.01)
-        job.stop(cancel=True)
-        assert (await runner).reason is StopReason.OPERATOR
-    last = await run_job(settings)
-    assert last.outcome is not None and last.outcome.reason is StopReason.DONE
-    one_row_per_prompt(a, 60)
-    run_dir = settings.job.run_dir
-    assert len(list((run_dir / SEGMENTS_DIR).iterdir())) == 2, "the second and third starts rotated the journal"
-    # The ledger the last start rebuilt from its checkpoint is what the whole history says.
-    full = read_journals(run_dir / "attempts.jsonl", run_dir / "events.jsonl")
-    ledger = last.lanes[0].ledger
-    assert ledger.spent == full.spent and ledger.estimated == full.estimated
-    assert ledger.spent - ledger.estimated <= sim.billing.billed_total <= ledger.spent

@@ -20,8 +20,9 @@ import hashlib
 import os
 from array import array
 from collections.abc import Callable
+from io import BufferedReader
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import orjson
 
@@ -83,7 +84,7 @@ def _load(cache: Path, dataset: Dataset, size: int, mtime_ns: int, rules: str) -
         return None  # unreadable, or not a cache this regen wrote: scanned again
 
 
-def _read(f: BinaryIO, dataset: Dataset, size: int, mtime_ns: int, rules: str) -> ScanReport | None:
+def _read(f: BufferedReader, dataset: Dataset, size: int, mtime_ns: int, rules: str) -> ScanReport | None:
     head: dict[str, Any] = orjson.loads(f.readline())  # JSONDecodeError is a ValueError
     if (
         not isinstance(head, dict)
