@@ -87,3 +87,20 @@ def test_files_that_no_longer_hold_what_a_checkpoint_read_are_read_whole(tmp_pat
     assert not resumed.from_checkpoint
     assert 7 in resumed.progress["A"].done and 5 not in resumed.progress["A"].done
     assert_same(resumed, run.full())
+
+
+def test_rows_rewritten_under_a_running_checkpointer_are_read_again(tmp_path: Path) -> None:
+    run = Run(tmp_path)
+    for line in range(8):
+        run.answered(line)
+    checkpoints = run.checkpointer()
+    checkpoints.resume(run.prompts())
+    checkpoints.write()
+    # The file rewritten without the rows of lines 2 and 5 (taken back), then a new row appended.
+    kept = [row for row in run.dataset.results_path.read_bytes().splitlines(keepends=True)
+            if b'"line":2,' not in row and b'"line":5,' not in row]  # fmt: skip
+    run.dataset.results_path.write_bytes(b"".join(kept))
+    run.answered(9)
+    checkpoints.advance()
+    assert sorted(checkpoints.progress["A"].done) == [0, 1, 3, 4, 6, 7, 9]
+    assert checkpoints.progress["A"].ok == 7

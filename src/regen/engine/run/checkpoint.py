@@ -130,6 +130,7 @@ class Checkpointer:
         self.replays: dict[str, JournalReplay] = {}
         self.progress: dict[str, DatasetProgress] = {}
         self.prompts_sha: dict[str, str] = {}  # dataset -> the prompts file its rows were checked against
+        self.tails: dict[str, str] = {}  # dataset -> sha256 of the 4 KB before the rows read so far
         self.written = 0  # checkpoints written by this process
         # A periodic advance still running in its thread when the clean stop's starts: one at a time.
         self._lock = threading.Lock()
@@ -165,6 +166,7 @@ class Checkpointer:
             progress.changed, progress.orphans = None, []
             self.progress[name] = read_rows(path, open_lines.get(name, set()), report, progress=progress)
             self.prompts_sha[name] = report.sha256
+            self.tails[name] = _tail_sha(path, self.progress[name].offset)
         self._forget_settled(open_lines)
         # Everything read is in the checkpoint the job writes next: a grown journal becomes history.
         if rotate(self.attempts_path) is not None:
@@ -190,9 +192,14 @@ class Checkpointer:
             replay.advance(self.attempts_path, self.events_path)
         open_lines = self._open_lines()
         for name, path in self.results.items():
-            self.progress[name] = read_rows(
-                path, open_lines.get(name, set()), progress=self.progress.get(name), end=sizes[name]
-            )
+            progress = self.progress.get(name)
+            if progress is not None and (
+                progress.offset > sizes[name] or _tail_sha(path, progress.offset) != self.tails.get(name)
+            ):
+                # Rewritten under the reader (rows taken back and the file compacted): read it again.
+                progress = DatasetProgress()
+            self.progress[name] = read_rows(path, open_lines.get(name, set()), progress=progress, end=sizes[name])
+            self.tails[name] = _tail_sha(path, self.progress[name].offset)
         self._forget_settled(open_lines)
         self._write()
 
