@@ -34,7 +34,7 @@ from regen.engine.run.recovery import RecoveryError, read_journals, read_rows
 from tests.support.datasets import read_rows as rows_of
 from tests.support.datasets import write_dataset
 from tests.support.openrouter_sim import SIM_KEY, openrouter_process
-from tests.support.processes import ENV, run_regen, settings_file
+from tests.support.processes import ENV, regen_captured, run_regen, settings_file
 
 U = b'{"messages":[{"role":"user","content":"hi"}]}'
 
@@ -265,6 +265,12 @@ def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str
     return run_regen(*args, env={**ENV, "OPENROUTER_API_KEY": SIM_KEY}, timeout=timeout)
 
 
+def run_here(*args: str) -> subprocess.CompletedProcess[str]:
+    """`run_cli` without a Python start: the refusals below are checked in this process, and
+    `test_a_refusal_is_the_processs_exit_code_and_one_line` checks that a real process says the same."""
+    return regen_captured(*args, env={**ENV, "OPENROUTER_API_KEY": SIM_KEY})
+
+
 def assert_clean_failure(proc: subprocess.CompletedProcess[str], code: int, *expected: str) -> None:
     assert proc.returncode == code, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
     assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
@@ -279,7 +285,7 @@ def test_cli_refuses_a_hostile_prompt_line_naming_file_and_line(
     data = write_dataset(tmp_path, "A", 0, raw=[U, raw, U])
     # No simulator: the lines are checked before anything is sent (an unreachable address proves it).
     settings = settings_file(tmp_path, "http://127.0.0.1:9/api/v1", [data])
-    proc = run_cli("run", "--headless", "--settings", str(settings))
+    proc = run_here("run", "--headless", "--settings", str(settings))
     assert_clean_failure(proc, 1, f"{data / 'prompts.jsonl'}:2: {reason}")
     assert not (data / "raw_responses.jsonl").exists(), "nothing is written for a refused dataset"
     assert not (tmp_path / "run").exists()
@@ -291,7 +297,7 @@ def test_cli_refuses_a_100_mb_line(tmp_path: Path) -> None:
     with open(folder / "prompts.jsonl", "wb") as fh:
         fh.write(U + b"\n" + b"{" * (100 << 20) + b"\n")
     settings = settings_file(tmp_path, "http://127.0.0.1:9/api/v1", [folder])
-    proc = run_cli("run", "--headless", "--settings", str(settings))
+    proc = run_here("run", "--headless", "--settings", str(settings))
     assert_clean_failure(proc, 1, f"prompts.jsonl:2: line longer than {lines_mod.MAX_LINE_BYTES} bytes")
 
 
@@ -361,9 +367,23 @@ def test_cli_hostile_settings_exit_2_naming_file_and_key(
 ) -> None:
     path = tmp_path / "settings.toml"
     path.write_bytes(content)
-    proc = run_cli("run", "--headless", "--settings", str(path), timeout=60)
+    proc = run_here("run", "--headless", "--settings", str(path))
     assert_clean_failure(proc, 2, *keys)
     assert all(line.startswith(f"regen: {path}: ") for line in proc.stderr.strip().splitlines())
+
+
+def test_a_refusal_is_the_processs_exit_code_and_one_line(tmp_path: Path) -> None:
+    """What the in-process refusals above check, once from a real `regen` process."""
+    path = tmp_path / "settings.toml"
+    path.write_bytes(HOSTILE_SETTINGS[0][1])
+    proc = run_cli("run", "--headless", "--settings", str(path), timeout=60)
+    assert_clean_failure(proc, 2, *HOSTILE_SETTINGS[0][2])
+    assert proc.stdout == "" and all(line.startswith(f"regen: {path}: ") for line in proc.stderr.strip().splitlines())
+    data = write_dataset(tmp_path, "A", 0, raw=[U, HOSTILE_INVALID[0][1], U])
+    settings = settings_file(tmp_path, "http://127.0.0.1:9/api/v1", [data])
+    proc = run_cli("run", "--headless", "--settings", str(settings))
+    assert_clean_failure(proc, 1, f"{data / 'prompts.jsonl'}:2: {HOSTILE_INVALID[0][2]}")
+    assert not (tmp_path / "run").exists()
 
 
 # -- results files and journals with garbage added by hand -----------------------------------------
@@ -433,12 +453,12 @@ def test_garbage_in_results_or_journals_stops_with_file_and_line_and_writes_noth
         p: p.read_bytes()
         for p in [path, data / "raw_responses.jsonl", settings.parent / "run" / "attempts.jsonl"]
     }
-    proc = run_cli("run", "--headless", "--settings", str(settings))
+    proc = run_here("run", "--headless", "--settings", str(settings))
     assert_clean_failure(proc, 1, f"{path}:{lines // 2 + 1}: ", problem, "fix or delete it, then run again")
     assert len(proc.stderr.strip().splitlines()) == 1
     assert {p: p.read_bytes() for p in before} == before, "nothing rewritten, nothing appended"
     if target == "raw_responses.jsonl":
-        verified = run_cli("verify", "--settings", str(settings), str(data))
+        verified = run_here("verify", "--settings", str(settings), str(data))
         assert verified.returncode == 1 and "Traceback" not in verified.stderr + verified.stdout
         assert f"line {lines // 2}" in verified.stdout
     # Removing the line by hand is the documented remedy.
@@ -463,7 +483,7 @@ def test_cli_verify_on_a_corrupt_attempt_journal_is_a_message(finished_run: tupl
     settings, data = finished_run
     journal = settings.parent / "run" / "attempts.jsonl"
     journal.write_bytes(journal.read_bytes() + b"garbage\n")
-    proc = run_cli("verify", "--settings", str(settings), str(data))
+    proc = run_here("verify", "--settings", str(settings), str(data))
     assert_clean_failure(proc, 1, f"{journal} line ", "corrupt JSON")
 
 

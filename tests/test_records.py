@@ -24,6 +24,7 @@ from regen.engine.run.records import (
     on,
     reconciled_record,
     replay,
+    requeued_record,
     start_record,
     usage_bound_event,
 )
@@ -124,6 +125,12 @@ TODAY: list[tuple[str, Any, bytes]] = [
         gave_up_record("A", 7, 2, "cut " * 100, TS),
         b'{"k":"gave_up","ds":"A","line":7,"attempts":2,"why":"' + b"cut " * 75 + b'","ts":1700000000.5}',
     ),
+    (
+        "requeued",
+        requeued_record("A", 3, "gen-a3", "openrouter", "Together", "ok", Decimal("0.0012"), 40, "fidelity", "drift", TS),
+        b'{"k":"requeued","ds":"A","line":3,"gen":"gen-a3","be":"openrouter","provider":"Together","outcome":"ok",'
+        b'"cost":"0.0012","ctok":40,"cause":"fidelity","why":"drift","ts":1700000000.5}',
+    ),
 ]
 
 # Each event writer beside the event as EventLog.event wrote it: {"ts", "event", **fields}.
@@ -160,6 +167,7 @@ READERS = {
     "end": records.read_end,
     "reconciled": records.read_reconciled,
     "gave_up": records.read_gave_up,
+    "requeued": records.read_requeued,
     "deadline": records.read_deadline_event,
     "key_usage_base": records.read_key_usage_base_event,
     "key_usage_void": records.read_key_usage_void_event,
@@ -211,6 +219,8 @@ def test_a_kind_without_a_handler_is_passed_over_and_a_record_without_a_kind_is_
         (b'{"k":"end","rid":"r","msg":{"a":1}}', ATTEMPTS, "end record with a malformed message"),
         (b'{"k":"reconciled","rid":"r","outcome":3}', ATTEMPTS, "reconciled record with a malformed outcome"),
         (b'{"k":"gave_up","ds":"A"}', ATTEMPTS, "gave_up record without its dataset or line"),
+        (b'{"k":"requeued","ds":"A","line":1,"outcome":"ok","cause":"fidelity","cost":"x"}', ATTEMPTS,
+         "requeued record whose cost is not a number"),
         (b'{"event":"deadline","at":1.0,"text":5}', EVENTS, "deadline event with a malformed text"),
         (b'{"event":"exclude","provider":null}', EVENTS, "exclude event without a provider"),
     ],
@@ -320,6 +330,8 @@ def test_a_journal_an_older_regen_wrote_reads_as_it_always_did(old_run: Path) ->
         "quarantined": Decimal(0),
         "crash": Decimal("0.0006"),
         "cancelled": Decimal("0.009"),
+        "fidelity": Decimal(0),
+        "audit": Decimal(0),
     }
     assert paid.excluded == {"deepinfra": "console"}
     assert paid.usage_base == Decimal(10) and paid.usage_account == "sk-or-v1-abc"

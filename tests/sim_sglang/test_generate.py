@@ -5,6 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from regen.sim.sglang.server import SGLangSim
 from regen.sim.sglang.tokens import SimTokenizer
 from tests.support.sglang_http import SGApi
 from tests.support.sglang_sim import fast_config, running_sim
@@ -223,3 +224,23 @@ async def test_input_longer_than_context_is_refused(kimi_tok: SimTokenizer, http
         assert r.status == 400
         body = await r.json()
     assert body == {"error": {"message": "The input (40 tokens) is longer than the model's context length (32 tokens)."}}
+
+
+async def test_a_drifting_worker_follows_the_reference_ids_for_a_prefix_then_leaves_them(
+    api: SGApi, sglang_sim: SGLangSim
+) -> None:
+    sglang_sim.config.output_len_min, sglang_sim.config.output_len_max = 100, 300
+    messages = [[{"role": "user", "content": f"Question {i}"}] for i in range(30)]
+    honest = [(await api.generate(input_ids=api.prompt(m), sampling={"max_new_tokens": 2000})).json for m in messages]
+    sglang_sim.config.drift = 0.3
+    sglang_sim.config.drift_after_tokens = 20
+    drifted = [(await api.generate(input_ids=api.prompt(m), sampling={"max_new_tokens": 2000})).json for m in messages]
+    for a, b in zip(honest, drifted, strict=True):
+        assert a["output_ids"][:20] == b["output_ids"][:20]
+        assert a["output_ids"][20:40] != b["output_ids"][20:40]
+    # Longer answers, and a share that never closes its thinking: max_new_tokens ends them.
+    assert sum(len(b["output_ids"]) for b in drifted) > 1.2 * sum(len(a["output_ids"]) for a in honest)
+    runaway = [b for b in drifted if b["meta_info"]["finish_reason"]["type"] == "length"]
+    assert 2 <= len(runaway) <= 20
+    assert all(api.tok.think_close_id not in b["output_ids"] for b in runaway)
+    assert all(a["meta_info"]["finish_reason"]["type"] == "stop" for a in honest)

@@ -23,14 +23,27 @@ INTEGRATION = (
     "tests/test_console_tmux.py",
     "tests/test_demo_fleets.py",
     "tests/test_disk_full.py",
+    "tests/test_fidelity.py",
     "tests/test_hostile_inputs.py",
     "tests/test_job.py",
     "tests/test_journey.py",
     "tests/test_outage_recovery.py",
     "tests/test_outages.py",
     "tests/test_providers.py",
+    "tests/test_report.py",
     "tests/test_snapshot_schema.py",
     "tests/test_training_rows.py",
     "tests/test_usage_bound.py",
     "tests/test_wheel.py",
+)
+
+# The longest single runs, started first (tests/conftest.py orders the suite): the night on the
+# installed wheel (which waits for the wheel's build), and the jobs killed and resumed.
+FIRST = (
+    "tests/test_journey.py",
+    "tests/test_wheel.py",
+    "tests/backends/test_fleets.py",
+    "tests/backends/test_dispatcher.py",
+    "tests/host/test_sglang_run.py",
+    "tests/test_job.py",
 )

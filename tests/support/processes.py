@@ -4,6 +4,8 @@ environment a child Python needs, a free port, and waiting for a job to get some
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import random
@@ -45,6 +47,28 @@ def regen_in_process(*args: str) -> int:
     from regen.cli.main import main
 
     return main(list(args))
+
+
+def regen_captured(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`regen ARGS` in this process with `env` as its environment: what `run_regen` returns, without
+    a Python start (most of a refusal's cost). For the tests that check an exit code and a message;
+    an exception that escapes `main` is a traceback the operator would see, and fails the test."""
+    from regen.cli.main import main
+
+    saved = dict(os.environ)
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        os.environ.clear()
+        os.environ.update(ENV if env is None else env)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as exc:  # argparse's own refusals
+                code = exc.code if isinstance(exc.code, int) else 2
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return subprocess.CompletedProcess(regen_argv(*args), code, out.getvalue(), err.getvalue())
 
 
 def start_headless_run(settings: Path, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:

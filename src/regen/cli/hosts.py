@@ -183,14 +183,15 @@ def fetch_tokenizer_for_run(settings: Settings) -> int | None:
     """
     from regen.engine.config.needs import tokenizer_hosts
     from regen.engine.config.workspace import tokenizer_dir
-    from regen.engine.host.errors import HostError
-    from regen.engine.host.transfer import fetch_tokenizer
-    from regen.engine.runtime import run as run_loop
 
     folder = tokenizer_dir(settings.workspace)
     wanted = settings.tokenizer.path is None or settings.tokenizer.path == folder
     if "sglang" not in settings.job.chosen_backends or not wanted or not tokenizer_hosts(settings):
         return None
+    # Imported past the return: asyncssh costs an OpenRouter-only start a fifth of a second.
+    from regen.engine.host.errors import HostError
+    from regen.engine.host.transfer import fetch_tokenizer
+    from regen.engine.runtime import run as run_loop
     try:
         report = run_loop(fetch_tokenizer(settings.hosts, settings.workspace, on_change=_say_notices()))
     except HostError as exc:

@@ -12,11 +12,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from regen.cli.arguments import add_settings_argument
+from regen.cli.audit import add_parsers as add_audit_parsers
+from regen.cli.audit import run as run_audit_command
 from regen.cli.data import add_parsers as add_data_parsers
 from regen.cli.data import run as run_data_command
 from regen.cli.hosts import add_parsers as add_host_parsers
 from regen.cli.hosts import fetch_tokenizer_for_run
 from regen.cli.hosts import run as run_host_command
+from regen.cli.quarantine import add_parsers as add_quarantine_parsers
+from regen.cli.quarantine import run as run_quarantine_command
+from regen.cli.report import add_parsers as add_report_parsers
+from regen.cli.report import run as run_report_command
 from regen.cli.sglang import add_parsers as add_sglang_parsers
 from regen.cli.sglang import run as run_sglang_command
 from regen.engine.config.loading import SettingsError, load_settings
@@ -69,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     catalog.add_argument("--json", action="store_true", help="machine-readable output")
 
     add_data_parsers(commands)
+    add_quarantine_parsers(commands)
+    add_audit_parsers(commands)
+    add_report_parsers(commands)
     add_host_parsers(commands)
     add_sglang_parsers(commands)
 
@@ -117,6 +126,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         data_code = run_data_command(args)
         if data_code is not None:
             return data_code
+        quarantine_code = run_quarantine_command(args)
+        if quarantine_code is not None:
+            return quarantine_code
+        audit_code = run_audit_command(args)
+        if audit_code is not None:
+            return audit_code
+        report_code = run_report_command(args)
+        if report_code is not None:
+            return report_code
         host_code = run_host_command(args)
         if host_code is not None:
             return host_code

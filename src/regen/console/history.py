@@ -14,7 +14,7 @@ from typing import Any
 from regen.console.format import money, number, percent
 from regen.engine.schema import DatasetView, EventRecord, ProviderView, Snapshot, budget_lane
 
-STATUSES = ("OK", "SLOW", "FAIL", "EXCL")
+STATUSES = ("OK", "SLOW", "FAIL", "EXCL", "DRIFT")
 # Error deltas go to the log at most once per this many seconds of job time.
 ERROR_LINE_EVERY_S = 5.0
 
@@ -29,7 +29,7 @@ class LogLine:
 
 
 def provider_status(provider: ProviderView) -> str:
-    """OK/SLOW/FAIL/EXCL: the job's word (engine/job/stats.py status_word is the only rule)."""
+    """OK/SLOW/FAIL/EXCL/DRIFT: the job's word (engine/job/stats.py status_word is the only rule)."""
     given = provider["status"].upper()
     return given if given in STATUSES else "OK"
 

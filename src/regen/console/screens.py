@@ -411,6 +411,26 @@ class HelpScreen(ModalScreen[None]):
         self.dismiss(None)
 
 
+def fidelity_lines(provider: ProviderView) -> str:
+    """The route's fingerprint for the detail screen (docs/fidelity.md): its state and reference,
+    the evidence of a flag, and each statistic against the reference with its p-value."""
+    view = provider.get("fidelity")
+    if view is None:
+        return ""
+    state = {"drift": "DRIFT", "ok": "ok", "learning": "learning"}[view["state"]]
+    against = view["against"] or "nothing yet"
+    similarity = view["finish_similarity"]
+    mix = "" if similarity is None else f", finish-mix similarity {similarity:.1%}"
+    lines = [f"\nfidelity      {state}: {view['responses']} answers against {against} ({view['reference_responses']}){mix}"]
+    if view["evidence"]:
+        lines.append(f"  evidence    {view['evidence']}" + (f" [{view['action']}]" if view["action"] else ""))
+    for stat in view["stats"]:
+        p = "-" if stat["p"] is None else f"{stat['p']:.1e}"
+        mark = " ✗" if stat["flagged"] else ""
+        lines.append(f"  {stat['name']:<16} {stat['value']:>22}  vs {stat['reference']:<22} p {p}{mark}")
+    return "\n".join(lines)
+
+
 class ProviderDetailScreen(ModalScreen[None]):
     """One provider: every number, its sparklines, its recent errors; refreshed with each snapshot."""
 
@@ -477,7 +497,8 @@ class ProviderDetailScreen(ModalScreen[None]):
         by_class = ", ".join(f"{k} {v}" for k, v in sorted(errors.items())) or "none"
         reason = provider["reason"]
         note = f"\n{'kept out' if not provider['allowed'] else 'note':<13} {reason}" if reason else ""
-        self.query_one("#detail-numbers", Static).update(Content(f"{grid}\nerrors        {by_class}{note}"))
+        fidelity = fidelity_lines(provider)
+        self.query_one("#detail-numbers", Static).update(Content(f"{grid}\nerrors        {by_class}{note}{fidelity}"))
         window = history.providers.get(self.slug)
         if window is not None:
             self.query_one("#detail-latency", ZeroSparkline).data = list(window.latency_p50_s)

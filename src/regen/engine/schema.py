@@ -179,6 +179,34 @@ class RouteRun(TypedDict):
 RecentError = TypedDict("RecentError", {"ts": float, "class": str | None, "message": str})
 
 
+class FidelityStat(TypedDict):
+    """One statistic of a route's fingerprint at its latest look (docs/fidelity.md)."""
+
+    name: str  # finish, output_len, reasoning_len, thinking_closes, degenerate, truncated, special_leaks, refusals
+    value: str  # the route's figure, as the operator reads it
+    reference: str  # the same figure of what it was compared with
+    p: float | None  # the test's p-value; None: not tested (too few answers on either side)
+    effect: float  # total variation distance (histograms) or difference of rates (events)
+    flagged: bool
+
+
+class FidelityView(TypedDict):
+    """A route's live fingerprint against the others (engine/job/fidelity.py): what the providers
+    pane's fidelity column and the detail screen show, and what /metrics exports."""
+
+    responses: int  # answers fingerprinted
+    state: Literal["learning", "ok", "drift"]  # learning: too few answers here or in the reference
+    against: str | None  # "pool" (the lane's other routes) or "sglang" (the GPU fleet's answers)
+    reference_responses: int
+    looks: int  # tests run so far (each look spends its share of the error rate)
+    threshold: float | None  # the p-value a statistic had to fall under at the latest look
+    finish_similarity: float | None  # 1 - total variation distance of the finish-reason mixes
+    statistic: str | None  # the statistic that flagged the route
+    evidence: str | None  # what it measured, in words
+    action: str | None  # what the job did: "warn", "exclude" or "requeue"
+    stats: list[FidelityStat]
+
+
 class ProviderView(TypedDict):
     """One row of the providers (or workers) pane."""
 
@@ -211,7 +239,9 @@ class ProviderView(TypedDict):
     recent_errors: list[RecentError]
     window: RouteWindow
     run: RouteRun
-    status: str  # OK | SLOW | FAIL | EXCL (engine/job/stats.py status_word)
+    status: str  # OK | SLOW | FAIL | EXCL | DRIFT (engine/job/stats.py status_word)
+    # The route's fingerprint (engine/job/fidelity.py); absent in recordings made before it.
+    fidelity: NotRequired[FidelityView | None]
 
 
 # -------------------------------------------------------------------------------------- the money

@@ -22,8 +22,8 @@ from regen.console.history import provider_status, slug_of
 from regen.console.widgets.colors import theme_style
 from regen.engine.schema import LaneView, ProviderView
 
-STATUS_GLYPH = {"OK": "✓", "SLOW": "~", "FAIL": "✗", "EXCL": "-"}
-STATUS_VARIABLE = {"OK": "success", "SLOW": "warning", "FAIL": "error", "EXCL": "provider-excluded"}
+STATUS_GLYPH = {"OK": "✓", "SLOW": "~", "FAIL": "✗", "EXCL": "-", "DRIFT": "≠"}
+STATUS_VARIABLE = {"OK": "success", "SLOW": "warning", "FAIL": "error", "EXCL": "provider-excluded", "DRIFT": "error"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +53,7 @@ COLUMNS = (
     Column("spent", "Spent", 7, 1),
     Column("usd_m", "$/M", 6, 4),
     Column("note", "Out by", 10, 4, numeric=False),
+    Column("fidelity", "Fidel", 6, 9, numeric=False),
 )
 CELL_PADDING = 1
 # Headings that change with the backend: SGLang's routes are workers, and its money is GPU time.
@@ -205,7 +206,21 @@ class ProvidersTable(DataTable[Any]):
             "spent": fmt.amount_short(provider["spent"], self.unit),
             "usd_m": fmt.amount_short(provider["cost_per_m_output"], self.unit),
             "note": Text(note, style=excluded_style, no_wrap=True, overflow="ellipsis"),
+            "fidelity": self._fidelity(provider),
         }
+
+    def _fidelity(self, provider: ProviderView) -> Text:
+        """The route's fingerprint in a word (engine/job/fidelity.py): its finish-mix similarity to
+        the reference once tested, `drift` once flagged, `…` while it learns."""
+        view = provider.get("fidelity")
+        if view is None:
+            return Text("")
+        if view["state"] == "drift":
+            return Text("drift", style=self._style("error", bold=True), no_wrap=True)
+        if view["state"] == "learning":
+            return Text("…", no_wrap=True)
+        similarity = view["finish_similarity"]
+        return Text("ok" if similarity is None else fmt.percent(similarity), no_wrap=True)
 
     def _style(self, variable: str, bold: bool = False) -> Style:
         return theme_style(self.app, variable, bold=bold)

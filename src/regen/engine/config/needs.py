@@ -39,6 +39,9 @@ COMMAND_NEEDS: Mapping[str, frozenset[Need]] = {
     "sglang": frozenset(),
     "verify": frozenset(),
     "export": frozenset(),
+    "quarantine": frozenset(),
+    "audit": frozenset(),
+    "report": frozenset(),
 }
 
 

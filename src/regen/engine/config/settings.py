@@ -94,6 +94,10 @@ class OpenRouterSettings(_Section):
     """The model's native precision (Kimi K2.5: int4). With provider.quantizations empty, only this precision and finer are allowed."""
     precision_guard: bool = True
     """Send the precision allowlist, check every response's serving provider against it, and quarantine and exclude offenders."""
+    fidelity: Literal["off", "warn", "exclude", "requeue"] = "warn"
+    """What a route whose answers drift from the others' (or the GPU fleet's) gets (docs/fidelity.md): "warn" shows DRIFT and journals it; "exclude" also keeps it out, as the precision guard does; "requeue" also moves its rows to quarantine.jsonl, books their money as waste (fidelity) and sends their prompts again; "off" fingerprints nothing."""
+    fidelity_alpha: float = Field(0.001, gt=0, lt=1)
+    """The chance, over a whole run, that an honest route is flagged at all (shared over the statistics, the routes and every look)."""
     key_poll_interval_s: float = Field(30.0, gt=0, le=3600)
     """Seconds between reads of the key's credit (/key) during a run."""
     usage_settle_s: float = Field(10.0, ge=0, le=3600)

@@ -28,7 +28,7 @@ def _count(n: float) -> str:
     return f"{n:.0f}" if n >= 100 or n == int(n) else f"{n:.1f}"
 
 
-def _amount(value: float, unit: str, places: int = 2) -> str:
+def amount(value: float, unit: str, places: int = 2) -> str:
     """An amount in the ledger's unit: dollars, or GPU-hours for a GPU-time ledger."""
     if unit == "usd":
         return f"${value:.{places}f}"
@@ -40,30 +40,30 @@ def _amount(value: float, unit: str, places: int = 2) -> str:
 def money_line(money: MoneyView) -> str:
     """Spent, split into what was billed and what is still an estimate, and why."""
     unit = money["unit"]
-    line = f"spent {_amount(money['spent'], unit, 4)}"
+    line = f"spent {amount(money['spent'], unit, 4)}"
     if money["budget"] is not None:
-        line += f" of {_amount(money['budget'], unit)}"
+        line += f" of {amount(money['budget'], unit)}"
     parts = []
     pending, unknowable = money["pending"], money["unknowable"]
     if pending["requests"]:
         parts.append(
-            f"{_amount(pending['amount'], unit, 4)} estimated for {pending['requests']} requests "
+            f"{amount(pending['amount'], unit, 4)} estimated for {pending['requests']} requests "
             "until their bill is looked up"
         )
     if unknowable["requests"] and money.get("unknowable_bound") == "key_usage":
         waited = money.get("unknowable_bound_wait_s")
         parts.append(
-            f"{_amount(unknowable['amount'], unit, 4)} for {unknowable['requests']} requests cut before their "
+            f"{amount(unknowable['amount'], unit, 4)} for {unknowable['requests']} requests cut before their "
             "generation id arrived, bounded by what the key's usage grew by"
             + (f" (read once it had settled, after {waited:.1f} s)" if isinstance(waited, int | float) else "")
         )
     elif unknowable["requests"]:
         parts.append(
-            f"{_amount(unknowable['amount'], unit, 4)} is the worst case of {unknowable['requests']} requests "
+            f"{amount(unknowable['amount'], unit, 4)} is the worst case of {unknowable['requests']} requests "
             "cut before their generation id arrived (no bill can ever name them, so it stays counted)"
         )
     if parts:
-        line += f": {_amount(money['confirmed'], unit, 4)} confirmed, " + "; ".join(parts)
+        line += f": {amount(money['confirmed'], unit, 4)} confirmed, " + "; ".join(parts)
     return line
 
 
@@ -74,9 +74,9 @@ def estimate_part(money: MoneyView) -> str:
     pending, unknowable = money["pending"], money["unknowable"]
     parts = []
     if pending["requests"]:
-        parts.append(f"{_amount(pending['amount'], unit)} pending for {pending['requests']} bills")
+        parts.append(f"{amount(pending['amount'], unit)} pending for {pending['requests']} bills")
     if unknowable["requests"]:
-        parts.append(f"{_amount(unknowable['amount'], unit)} unknowable")
+        parts.append(f"{amount(unknowable['amount'], unit)} unknowable")
     return f" ({', '.join(parts)})" if parts else ""
 
 
@@ -96,7 +96,7 @@ def status_line(snap: Snapshot) -> str:
     errors = " ".join(f"{k}:{v}" for k, v in sorted(snap["errors"].items())) or "none"
     unit = money["unit"]
     estimated = estimate_part(money)
-    budget = "" if money["budget"] is None else f" / {_amount(money['budget'], unit)}"
+    budget = "" if money["budget"] is None else f" / {amount(money['budget'], unit)}"
     state = snap["state"]
     settling = sum(lane["money"]["settling"] or 0 for lane in snap["lanes"])
     if any(lane["money"]["settling"] is not None for lane in snap["lanes"]):
@@ -112,7 +112,7 @@ def status_line(snap: Snapshot) -> str:
         f"[{duration(snap['elapsed_s'], 'clock')}] {state} | {datasets} | "
         f"{_count(rates['output_tokens_per_s'])} tok/s {rates['attempts_per_s']:.1f} req/s | "
         f"in flight {flying} | "
-        f"{_amount(money['spent'], unit)} spent{estimated} + {_amount(money['reserved'], unit)} reserved{budget} | "
+        f"{amount(money['spent'], unit)} spent{estimated} + {amount(money['reserved'], unit)} reserved{budget} | "
         f"errors {errors} | ETA {duration(snap['eta_s'], 'clock')}"
     )
     if len(lanes) > 1:
@@ -122,7 +122,20 @@ def status_line(snap: Snapshot) -> str:
         line += " | " + plan_part(fleet)
         if fleet["deadline_ts"] is not None:
             line += " | " + deadline_part(fleet)
+    drifting = drifted(snap)
+    if drifting:
+        line += " | DRIFT " + ", ".join(p["name"] for _, p in drifting)
     return line
+
+
+def drifted(snap: Snapshot) -> list[tuple[LaneView, ProviderView]]:
+    """The routes whose fingerprint flagged them (engine/job/fidelity.py), lane by lane."""
+    return [
+        (lane, p)
+        for lane in snap["lanes"]
+        for p in lane["providers"]
+        if (view := p.get("fidelity")) is not None and view["state"] == "drift"
+    ]
 
 
 def plan_part(fleet: FleetView) -> str:
@@ -180,6 +193,7 @@ _SAID = {
     "deadline_reachable": lambda e: f"deadline: within reach again: {e.get('reason')}",
     "deadline": lambda e: "deadline cleared" if e.get("at") is None else f"deadline set to {_at(e['at'])} ({e.get('source')})",
     "lane_closed": lambda e: f"{e.get('backend')}: closed: {e.get('reason')}",
+    "drift": lambda e: f"DRIFT {e.get('provider')} ({e.get('action')}): {e.get('evidence')}",
 }
 
 
@@ -202,7 +216,7 @@ def lane_part(lane: LaneView) -> str:
     state = "" if lane["state"] == "running" else f" {lane['state'].upper()}"
     return (
         f"{lane['name']}{state} {lane['rows']} rows ({lane['rows_share'] * 100:.0f}%) "
-        f"{_count(lane['output_tokens'])} tok {_amount(money['spent'], money['unit'], 4)} "
+        f"{_count(lane['output_tokens'])} tok {amount(money['spent'], money['unit'], 4)} "
         f"in flight {lane['in_flight']}/{_lane_limit(lane)}"
     )
 
@@ -211,9 +225,9 @@ def lane_line(lane: LaneView) -> str:
     """One backend's share for the summary."""
     money = lane["money"]
     unit = money["unit"]
-    spent = _amount(money["spent"], unit, 4)
+    spent = amount(money["spent"], unit, 4)
     if money["budget"] is not None:
-        spent += f" of {_amount(money['budget'], unit)}"
+        spent += f" of {amount(money['budget'], unit)}"
     errors = sum(lane["errors"].values())
     closed = f"; closed: {lane['reason']}" if lane["state"] == "closed" else ""
     return (
@@ -232,12 +246,12 @@ def _millis(value: float | None) -> str:
 
 def provider_line(p: ProviderView, unit: str) -> str:
     errors = sum(p["errors"].values())
-    per_m = "-" if p["cost_per_m_output"] is None else f"{_amount(p['cost_per_m_output'], unit)}/M"
+    per_m = "-" if p["cost_per_m_output"] is None else f"{amount(p['cost_per_m_output'], unit)}/M"
     return (
         f"  {p['status']:<4} {p['name']}: {p['requests']} requests ({p['share'] * 100:.0f}%), {p['ok']} rows, "
         f"latency p50 {_seconds(p['latency_p50_s'])} p95 {_seconds(p['latency_p95_s'])}, "
         f"TTFT p50 {_seconds(p['ttft_p50_s'])}, TPOT {_millis(p['tpot_s'])}, "
-        f"{_count(p['output_tokens_per_s'])} tok/s, {_amount(p['spent'], unit, 4)} ({per_m}), "
+        f"{_count(p['output_tokens_per_s'])} tok/s, {amount(p['spent'], unit, 4)} ({per_m}), "
         f"errors {errors} (429s {p['throttled']})"
     )
 
@@ -267,15 +281,15 @@ def summary_lines(snap: Snapshot, outcome: Outcome) -> list[str]:
     lines.append(f"money: {money_line(money)}")
     per_m = money["useful_per_m"]
     lines.append(
-        f"  useful {_amount(money['useful'], unit, 4)} for {money['useful_output_tokens']} output tokens"
-        + (f" ({_amount(per_m, unit)}/M)" if per_m is not None else "")
+        f"  useful {amount(money['useful'], unit, 4)} for {money['useful_output_tokens']} output tokens"
+        + (f" ({amount(per_m, unit)}/M)" if per_m is not None else "")
     )
     waste = ", ".join(
-        f"{cause} {_amount(w['amount'], unit, 4)}"
+        f"{cause} {amount(w['amount'], unit, 4)}"
         for cause, w in money["waste"].items()
         if w["amount"] or w["tokens"]
     )
-    lines.append(f"  waste {_amount(money['waste_total'], unit, 4)}" + (f": {waste}" if waste else ""))
+    lines.append(f"  waste {amount(money['waste_total'], unit, 4)}" + (f": {waste}" if waste else ""))
     fleet = snap.get("fleet")
     at = None if fleet is None else fleet["deadline_ts"]
     if at is not None:
@@ -284,6 +298,10 @@ def summary_lines(snap: Snapshot, outcome: Outcome) -> list[str]:
         lines.append(f"deadline {_at(at)}: ended {verdict}")
     if snap["quarantined"]:
         lines.append(f"  quarantined responses: {snap['quarantined']} (see quarantine.jsonl)")
+    for _, p in drifted(snap):
+        view = p.get("fidelity")
+        assert view is not None
+        lines.append(f"  DRIFT {p['name']} ({view['action'] or 'warn'}): {view['evidence']} (docs/fidelity.md)")
     lines.append(f"{'done' if outcome.reason is StopReason.DONE else 'stopped'}: {outcome.message}")
     return lines
 

@@ -31,6 +31,7 @@ from regen.engine.host.monitor import HostMonitor
 from regen.engine.job.commands import run_command
 from regen.engine.job.deadline_control import DeadlineControl
 from regen.engine.job.dispatch import Dispatcher
+from regen.engine.job.fidelity import FidelityMonitor
 from regen.engine.job.lanes import Lane, LaneCeilings
 from regen.engine.job.snapshot import SnapshotBuilder
 from regen.engine.job.stats import JobStats, StatusRules
@@ -43,6 +44,7 @@ from regen.engine.run.events import EVENTS_FILE, EventLog
 from regen.engine.run.inputs import Scanned, keep_scans, load_progress, scan_datasets
 from regen.engine.run.records import route_event, start_event
 from regen.engine.run.recovery import JournalState
+from regen.engine.run.requeue import compact_all
 from regen.engine.run.results import ATTEMPTS_FILE, ResultsWriter
 from regen.engine.run.runlock import RunLock, RunLocked
 from regen.engine.run.segments import compress
@@ -86,6 +88,14 @@ class Job:
             budget = to_dollars(settings.job.budget_usd) if chosen.unit == "usd" else None
             self.dispatcher.add_lane(chosen, Ledger(budget, unit=chosen.unit), JobStats(settings.stats.window_s), self)
         self.lanes = self.dispatcher.lanes
+        # Every route's fingerprint, for every lane (engine/job/fidelity.py, docs/fidelity.md).
+        fidelity = settings.openrouter.fidelity
+        self.fidelity = (
+            None if fidelity == "off" else FidelityMonitor(alpha=settings.openrouter.fidelity_alpha)
+        )
+        for lane in self.lanes:
+            lane.settler.fidelity = self.fidelity
+            lane.settler.fidelity_action = fidelity
         # The deadline control (engine/job/deadline_control.py): the live plan over the fleets, and with a
         # GPU lane, a dollar lane and a deadline, OpenRouter's in-flight ceiling through the lanes' hook.
         self.deadline_control = DeadlineControl(settings, self.dispatcher, self.datasets, self.events)
@@ -98,6 +108,7 @@ class Job:
             expected_output_tokens=settings.expected_output_tokens,
             started_mono=self.started_mono,
             deadline_control=self.deadline_control,
+            fidelity=self.fidelity,
         )
         self._stop_mode: str | None = None
         self._background: set[asyncio.Task[None]] = set()
@@ -120,8 +131,14 @@ class Job:
         try:
             await keep_scans(scanned)
             self.checkpoints = self._checkpointer(scanned)
+            datasets = [entry.dataset for entry in scanned]
+
+            def drop_taken_back(journals: Mapping[str, JournalState]) -> None:
+                # Rows taken back that a crash left in their files (engine/run/requeue.py), before they are read.
+                compact_all(datasets, [journal.requeued for journal in journals.values()])
+
             resumed = await asyncio.to_thread(
-                self.checkpoints.resume, {item.dataset.name: item.report for item in scanned}
+                self.checkpoints.resume, {item.dataset.name: item.report for item in scanned}, drop_taken_back
             )
             journals = resumed.journals
             self.datasets.update(load_progress(scanned, resumed.progress, self.settings.job.dataset_token_budget))
@@ -334,6 +351,8 @@ class Job:
                 **split,
             )
         await self.results.close()
+        datasets = [state.dataset for state in self.datasets.values()]
+        await asyncio.to_thread(compact_all, datasets, [lane.settler.requeued for lane in self.lanes])
         await self.events.close()
         await self._checkpoint()  # a clean stop: the next start reads nothing but this checkpoint
         for lane in self.lanes:

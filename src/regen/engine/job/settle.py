@@ -13,13 +13,16 @@ import random
 import time
 from dataclasses import dataclass
 from decimal import Decimal
+from pathlib import Path
 from typing import Any, Protocol
 
 from regen.engine.backends.base import Account, AttemptOutcome, Backend, Disposition, Failure
 from regen.engine.config.settings import JobSettings
 from regen.engine.data.datasets import Prompt
+from regen.engine.data.scan import iter_prompts
 from regen.engine.data.tokenize_pool import TokenizePool
 from regen.engine.data.tokenizer import TokenizeError
+from regen.engine.job.fidelity import Drift, FidelityMonitor
 from regen.engine.job.rows import build_row
 from regen.engine.job.stats import JobStats, ProviderStats
 from regen.engine.job.workqueue import WorkItem
@@ -27,6 +30,7 @@ from regen.engine.money.ledger import Ledger, SpendBreakdown, to_dollars
 from regen.engine.run.events import EventLog
 from regen.engine.run.records import EndRecord, end_record, gave_up_record, reconciled_record
 from regen.engine.run.recovery import JournalState, Unsettled
+from regen.engine.run.requeue import CAUSE, route_rows, taken_back
 from regen.engine.run.results import ResultsWriter
 from regen.engine.run.state import DatasetState, JobError, StopReason
 
@@ -62,6 +66,10 @@ class SettleHooks(Protocol):
     def reached(self, launched_at: float) -> None: ...  # the backend answered an attempt sent then
 
 
+def _listed(path: Path, route: str) -> list[dict[str, Any]]:
+    return list(route_rows(path, route))
+
+
 class Settler:
     """Turns outcomes into money, statistics, journal records and rows."""
 
@@ -90,6 +98,12 @@ class Settler:
         self.account = backend.account
         self.breakdown = SpendBreakdown()
         self.pool: TokenizePool | None = None
+        # The job's fingerprints of every route (engine/job/fidelity.py), None when they are off, and
+        # what a drifting route gets (openrouter.fidelity; set by the job with the monitor).
+        self.fidelity: FidelityMonitor | None = None
+        self.fidelity_action = "warn"
+        # Rows taken back in this run, per dataset: (line, generation id), what the compaction drops.
+        self.requeued: dict[str, set[tuple[int, str | None]]] = {}
         self.quarantined = 0
         self._random = random.Random()
         self._reconciling: set[asyncio.Task[None]] = set()
@@ -143,6 +157,24 @@ class Settler:
             attempts=item.attempts,
             now=now,
         )
+        fidelity = self.fidelity
+        if fidelity is not None and outcome.route:
+            drift = fidelity.observe(
+                self.backend.name,
+                outcome.route,
+                finish_reason=outcome.finish_reason,
+                output_tokens=outcome.completion_tokens,
+                reasoning_tokens=outcome.usage["reasoning_tokens"],
+                content=outcome.content,
+                reasoning=outcome.reasoning,
+                truncated=status == "truncated",
+                degenerate="degenerate_content" in row["flags"],
+            )
+            if drift is not None and self._drifted(fidelity, drift) == "requeue":
+                await self._requeue(drift.route, drift.evidence)
+            if self.fidelity_action == "requeue" and fidelity.drifted(self.backend.name, outcome.route):
+                # Answers of a route taken back that were in flight when it was flagged.
+                violation = violation or f"fidelity: {outcome.route} drifted; its rows are requeued"
         if violation is not None:
             await self.results.journal(record)
             await self._quarantine(item, row, violation, outcome.route)
@@ -282,6 +314,79 @@ class Settler:
                 except JobError as exc:
                     self.hooks.fatal(StopReason.FATAL, f"precision guard: {why}; {exc}")
         self.hooks.retry(item, time.monotonic())
+
+    def _drifted(self, fidelity: FidelityMonitor, drift: Drift) -> str:
+        """A route flagged by its fingerprint (docs/fidelity.md): journaled with its evidence, then
+        warned of, or kept out as the precision guard keeps a route out (a lane without routes to
+        exclude, SGLang's, can only warn). The action taken."""
+        routes = self.routes
+        action = self.fidelity_action if routes is not None else "warn"
+        fidelity.acted(drift.backend, drift.route, action)
+        self.events.event(
+            "drift",
+            backend=drift.backend,
+            provider=drift.route,
+            statistic=drift.statistic,
+            p=drift.p,
+            threshold=drift.threshold,
+            responses=drift.responses,
+            evidence=drift.evidence,
+            action=action,
+        )
+        if action == "warn" or routes is None:
+            return action
+        route_id = routes.route_id(drift.route)
+        if route_id not in routes.excluded:
+            try:
+                self.hooks.exclude_route(route_id, "fidelity")
+            except JobError as exc:
+                self.hooks.fatal(StopReason.FATAL, f"fidelity: {drift.evidence}; {exc}")
+                return "exclude"
+        return action
+
+    async def _requeue(self, route: str, why: str) -> None:
+        """Every row the route served, taken back (engine/run/requeue.py): to quarantine.jsonl, its
+        money to waste `fidelity`, its prompt back to the queue. Awaited by the settling of the
+        answer that flagged it, so the job cannot end before the prompts are queued again."""
+        now = time.time()
+        found: list[dict[str, Any]] = []
+        for name, state in self.datasets.items():
+            rows = await asyncio.to_thread(_listed, state.dataset.results_path, route)
+            taken = self.requeued.setdefault(name, set())
+            found.extend(row for row in rows if (row["line"], row.get("generation_id")) not in taken)
+        for row in found:
+            quarantined, record = taken_back(row, why, now)
+            await self.results.quarantine(quarantined)
+            await self.results.journal(record)
+            name, line = row["dataset"], row["line"]
+            self.requeued[name].add((line, row.get("generation_id")))
+            progress = self.datasets[name].progress
+            progress.done.discard(line)
+            if row.get("status") == "truncated":
+                progress.truncated -= 1
+            else:
+                progress.ok -= 1
+            progress.output_tokens -= record.get("ctok") or 0
+            cost = Decimal(record["cost"])
+            self.breakdown.add(record["outcome"], -cost, -(record.get("ctok") or 0))
+            self.breakdown.add(record["cause"], cost, record.get("ctok") or 0)
+        attempts = {(row["dataset"], row["line"]): int((row.get("timing") or {}).get("attempts") or 1) for row in found}
+        for prompt in await asyncio.to_thread(self._prompts, attempts):
+            self.hooks.retry(WorkItem(prompt, attempts=attempts[(prompt.dataset, prompt.line)]), time.monotonic())
+        self.events.event("requeued", backend=self.backend.name, provider=route, rows=len(found), cause=CAUSE)
+
+    def _prompts(self, wanted: dict[tuple[str, int], int]) -> list[Prompt]:
+        """The prompts of the rows taken back, read again from their datasets (one pass each)."""
+        out: list[Prompt] = []
+        for name in {ds for ds, _ in wanted}:
+            lines = {line for ds, line in wanted if ds == name}
+            for prompt in iter_prompts(self.datasets[name].dataset):
+                if prompt.line in lines:
+                    out.append(prompt)
+                    lines.discard(prompt.line)
+                    if not lines:
+                        break
+        return out
 
     def _failed(
         self, item: WorkItem, failure: Failure, route: ProviderStats | None, launched_at: float

@@ -4,14 +4,15 @@ backend, ledger, settling and statistics) and the datasets: the job's own figure
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections import Counter
 from collections.abc import Mapping
-from decimal import Decimal
 
 from regen.engine.job.deadline_control import DeadlineControl, remaining_needs
 from regen.engine.job.dispatch import Dispatcher
+from regen.engine.job.fidelity import FidelityMonitor
 from regen.engine.job.lanes import Lane
 from regen.engine.job.stats import StatusRules, route_views
 from regen.engine.money.ledger import WASTE_CAUSES
@@ -45,6 +46,7 @@ class SnapshotBuilder:
         expected_output_tokens: int,
         started_mono: float,
         deadline_control: DeadlineControl | None = None,
+        fidelity: FidelityMonitor | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.datasets = datasets
@@ -52,6 +54,7 @@ class SnapshotBuilder:
         self.expected_output_tokens = expected_output_tokens
         self.started_mono = started_mono
         self.deadline_control = deadline_control
+        self.fidelity = fidelity
         self._plans: dict[str, tuple[float, BudgetPlanView]] = {}  # per lane: when, the answer
 
     def plan(self, lane: Lane, now: float) -> BudgetPlanView | None:
@@ -74,7 +77,6 @@ class SnapshotBuilder:
         estimates = ledger.estimates
         spent_here = float(ledger.spent - lane.spent_at_start)
         per_row = spent_here / rows if rows else None
-        per_m = float(breakdown.useful) / breakdown.useful_tokens * 1e6 if breakdown.useful_tokens else None
         headroom = ledger.headroom
         view: MoneyView = {
             "unit": ledger.unit,
@@ -92,12 +94,12 @@ class SnapshotBuilder:
             "projected_total": None if per_row is None else float(ledger.spent) + per_row * remaining,
             "useful": float(breakdown.useful),
             "useful_output_tokens": breakdown.useful_tokens,
-            "useful_per_m": per_m,
+            "useful_per_m": breakdown.useful_per_m,
             "waste": {
                 cause: {"amount": float(breakdown.waste[cause]), "tokens": breakdown.waste_tokens[cause]}
                 for cause in WASTE_CAUSES
             },
-            "waste_total": float(sum(breakdown.waste.values(), Decimal(0))),
+            "waste_total": float(breakdown.waste_total),
         }
         if estimates.bounded_by is not None:
             view["unknowable_bound"] = estimates.bounded_by
@@ -116,6 +118,7 @@ class SnapshotBuilder:
             route_id=str.strip if routes is None else routes.route_id,
             excluded=() if routes is None else routes.excluded,
             rules=self.rules,
+            fidelity=None if self.fidelity is None else functools.partial(self.fidelity.view, lane.name),
         )
 
     def _rates(self, lane: Lane, now: float) -> RatesView:

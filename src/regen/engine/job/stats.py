@@ -16,7 +16,15 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from regen.engine.schema import ProviderView, Quantiles, RecentError, RouteRun, RouteView, RouteWindow
+from regen.engine.schema import (
+    FidelityView,
+    ProviderView,
+    Quantiles,
+    RecentError,
+    RouteRun,
+    RouteView,
+    RouteWindow,
+)
 
 WINDOW_QUANTILE_SAMPLES = 1024
 
@@ -231,6 +239,7 @@ class ProviderStats:
 def status_word(
     *,
     excluded: bool,
+    drift: bool = False,
     window_requests: int,
     error_share: float,
     latency_p50_s: float | None,
@@ -238,9 +247,12 @@ def status_word(
     typical_p50_s: float | None,
     rules: StatusRules,
 ) -> str:
-    """OK, SLOW, FAIL or EXCL: the one definition (the console shows the job's word)."""
+    """OK, SLOW, FAIL, DRIFT or EXCL: the one definition (the console shows the job's word). DRIFT:
+    the route's answers are not the others' (engine/job/fidelity.py), whatever its speed."""
     if excluded:
         return "EXCL"
+    if drift:
+        return "DRIFT"
     if window_requests >= rules.min_samples and error_share >= rules.fail_error_share:
         return "FAIL"
     if (
@@ -273,6 +285,7 @@ def route_views(
     route_id: Callable[[str], str],
     excluded: Container[str],
     rules: StatusRules,
+    fidelity: Callable[[str], FidelityView | None] | None = None,
 ) -> list[ProviderView]:
     """One row per route for snapshots: every route the backend knows (allowed or kept out, with the
     reason) and every one that served; whole-run and window figures, and a status word."""
@@ -323,6 +336,7 @@ def route_views(
                 "window": window,
                 "run": run,
                 "status": "OK",
+                "fidelity": None if fidelity is None else fidelity(name),
             }
         )
     judge(rows, rules)
@@ -336,6 +350,7 @@ def judge(rows: Sequence[ProviderView], rules: StatusRules) -> None:
         # A route the settings keep out never serves; it shows as EXCL with its reason.
         row["status"] = status_word(
             excluded=row["excluded"] or not row["allowed"],
+            drift=_drifting(row),
             window_requests=row["window"]["requests"],
             error_share=row["window"]["error_share"],
             latency_p50_s=row["latency_p50_s"],
@@ -343,6 +358,11 @@ def judge(rows: Sequence[ProviderView], rules: StatusRules) -> None:
             typical_p50_s=typical,
             rules=rules,
         )
+
+
+def _drifting(row: ProviderView) -> bool:
+    fidelity = row.get("fidelity")
+    return fidelity is not None and fidelity["state"] == "drift"
 
 
 @dataclass(slots=True)

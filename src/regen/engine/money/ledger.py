@@ -216,14 +216,16 @@ class Ledger:
         return None if self.budget is None else self.budget - self.spent
 
 
-WASTE_CAUSES = ("retries", "truncated", "quarantined", "crash", "cancelled")
+# fidelity: rows taken back from a route that served another model; audit: the canary audit's
+# requests (docs/fidelity.md).
+WASTE_CAUSES = ("retries", "truncated", "quarantined", "crash", "cancelled", "fidelity", "audit")
 
 
 def spend_cause(outcome: str) -> str | None:
     """Which waste an attempt's dollars belong to; None for a usable (ok) row."""
     if outcome == "ok":
         return None
-    if outcome in ("truncated", "quarantined", "cancelled"):
+    if outcome in ("truncated", "quarantined", "cancelled", "fidelity", "audit"):
         return outcome
     if outcome == "lost_at_crash":
         return "crash"
@@ -247,3 +249,12 @@ class SpendBreakdown:
         else:
             self.waste[cause] += amount
             self.waste_tokens[cause] += tokens
+
+    @property
+    def waste_total(self) -> Decimal:
+        return sum(self.waste.values(), Decimal(0))
+
+    @property
+    def useful_per_m(self) -> float | None:
+        """What a million useful output tokens cost, in the ledger's unit; None before the first."""
+        return float(self.useful) / self.useful_tokens * 1e6 if self.useful_tokens else None

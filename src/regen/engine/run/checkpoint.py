@@ -29,7 +29,7 @@ import io
 import os
 import pickle
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -137,10 +137,16 @@ class Checkpointer:
 
     # ------------------------------------------------------------------------------ a start
 
-    def resume(self, prompts: Mapping[str, ScanReport]) -> Resumed:
+    def resume(
+        self,
+        prompts: Mapping[str, ScanReport],
+        before_rows: Callable[[Mapping[str, JournalState]], None] | None = None,
+    ) -> Resumed:
         """The journals and rows as a full read gives them, read from the last good checkpoint on.
 
         Nothing writes the files now: torn tails are repaired as a full read repairs them.
+        `before_rows` is handed each lane's journals (not yet finished) before the rows are read:
+        the rows taken back that a crash left in their files are dropped there (engine/run/requeue.py).
         """
         if self.dir.is_dir():
             for stale in self.dir.glob(".*.tmp"):  # a write a crash cut short: never a checkpoint
@@ -156,12 +162,15 @@ class Checkpointer:
             if loaded is None:
                 replay.read_segments(self.attempts_path)  # the whole history
             replay.advance(self.attempts_path, self.events_path)
+        if before_rows is not None:
+            before_rows({name: replay.state for name, replay in self.replays.items()})
         open_lines = self._open_lines()
         for name, path in self.results.items():
             report = prompts[name]
             progress = self.progress.get(name)
-            if progress is None or self.prompts_sha.get(name) != report.sha256:
-                progress = DatasetProgress()  # another prompts file: every row is checked again
+            if progress is None or self.prompts_sha.get(name) != report.sha256 or not self._holds(name, progress):
+                # Another prompts file (every row is checked again), or rows rewritten since: read whole.
+                progress = DatasetProgress()
             progress.torn_bytes = 0
             progress.changed, progress.orphans = None, []
             self.progress[name] = read_rows(path, open_lines.get(name, set()), report, progress=progress)
@@ -193,15 +202,19 @@ class Checkpointer:
         open_lines = self._open_lines()
         for name, path in self.results.items():
             progress = self.progress.get(name)
-            if progress is not None and (
-                progress.offset > sizes[name] or _tail_sha(path, progress.offset) != self.tails.get(name)
-            ):
+            if progress is not None and (progress.offset > sizes[name] or not self._holds(name, progress)):
                 # Rewritten under the reader (rows taken back and the file compacted): read it again.
                 progress = DatasetProgress()
             self.progress[name] = read_rows(path, open_lines.get(name, set()), progress=progress, end=sizes[name])
             self.tails[name] = _tail_sha(path, self.progress[name].offset)
         self._forget_settled(open_lines)
         self._write()
+
+    def _holds(self, name: str, progress: DatasetProgress) -> bool:
+        """Whether the dataset's results file still holds, before the offset read, what was read."""
+        path = self.results[name]
+        size = path.stat().st_size if path.exists() else 0
+        return progress.offset <= size and _tail_sha(path, progress.offset) == self.tails.get(name)
 
     def _open_lines(self) -> dict[str, set[int]]:
         lines: dict[str, set[int]] = {}
@@ -316,4 +329,5 @@ class Checkpointer:
         if set(replays) != {lane.name for lane in self.lanes}:
             return False
         self.replays, self.progress, self.prompts_sha = replays, progress, prompts_sha
+        self.tails = {name: head["files"][f"rows:{name}"]["tail"] for name in self.results}
         return True

@@ -40,6 +40,12 @@ class LineSet:
         self._count += 1
         return True
 
+    def discard(self, line: int) -> None:
+        """Take `line` out, if it is there (a row taken back: engine/run/requeue.py)."""
+        if line in self:
+            self._bits[line >> 3] &= ~(1 << (line & 7)) & 0xFF
+            self._count -= 1
+
     def update(self, lines: Iterable[int]) -> None:
         for line in lines:
             self.add(line)

@@ -169,7 +169,27 @@ class GaveUpRecord(TypedDict, total=False):
     ts: float
 
 
-AttemptRecord = StartRecord | GenRecord | EndRecord | ReconciledRecord | GaveUpRecord
+class RequeuedRecord(TypedDict, total=False):
+    """A row taken back after the fact (docs/fidelity.md): copied to quarantine.jsonl, its prompt
+    to be sent again. Its attempt's end record counted its money as useful (or truncated); from this
+    record on it is waste with `cause`. The row leaves raw_responses.jsonl at the next compaction
+    (engine/run/requeue.py), matched by dataset, line and generation id."""
+
+    k: Required[Literal["requeued"]]
+    ds: Required[str]
+    line: Required[int]
+    gen: str | None  # the row's generation_id: which of the prompt's rows it was
+    be: str  # the row's backend
+    provider: str | None  # the route that served it
+    outcome: Required[str]  # the row's status ("ok", "truncated"): the spend it leaves
+    cost: Required[str]  # the row's cost, a decimal string in the ledger's unit
+    ctok: int  # its output tokens
+    cause: Required[str]  # the waste it becomes: "fidelity"
+    why: str  # the evidence, or the operator's command (300 characters at most)
+    ts: float
+
+
+AttemptRecord = StartRecord | GenRecord | EndRecord | ReconciledRecord | GaveUpRecord | RequeuedRecord
 
 
 # -- writers -----------------------------------------------------------------------------------
@@ -264,6 +284,35 @@ def gave_up_record(ds: str, line: int, attempts: int, why: str, ts: float) -> Ga
     return {"k": "gave_up", "ds": ds, "line": line, "attempts": attempts, "why": why[:300], "ts": ts}
 
 
+def requeued_record(
+    ds: str,
+    line: int,
+    gen: str | None,
+    be: str,
+    provider: str | None,
+    outcome: str,
+    cost: Decimal,
+    ctok: int,
+    cause: str,
+    why: str,
+    ts: float,
+) -> RequeuedRecord:
+    return {
+        "k": "requeued",
+        "ds": ds,
+        "line": line,
+        "gen": gen,
+        "be": be,
+        "provider": provider,
+        "outcome": outcome,
+        "cost": str(cost),
+        "ctok": ctok,
+        "cause": cause,
+        "why": why[:300],
+        "ts": ts,
+    }
+
+
 # -- readers -----------------------------------------------------------------------------------
 
 
@@ -324,6 +373,19 @@ def read_reconciled(raw: Raw) -> ReconciledRecord:
     if be is not None and type(be) is not str:
         raise BadRecord("reconciled record with a malformed backend")
     return cast(ReconciledRecord, raw)
+
+
+def read_requeued(raw: Raw) -> RequeuedRecord:
+    if type(raw.get("ds")) is not str or type(raw.get("line")) is not int:
+        raise BadRecord("requeued record without its dataset or line")
+    if type(raw.get("outcome")) is not str or type(raw.get("cause")) is not str:
+        raise BadRecord("requeued record without its outcome or cause")
+    if not is_money(raw.get("cost")):
+        raise BadRecord("requeued record whose cost is not a number")
+    gen, be = raw.get("gen"), raw.get("be")
+    if (gen is not None and type(gen) is not str) or (be is not None and type(be) is not str):
+        raise BadRecord("requeued record with a malformed generation id or backend")
+    return cast(RequeuedRecord, raw)
 
 
 def read_gave_up(raw: Raw) -> GaveUpRecord:

@@ -14,7 +14,7 @@ rows (docs/inputs.md, "Results and journals").
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -34,8 +34,10 @@ from regen.engine.run.records import (
     Handler,
     KeyUsageBaseEvent,
     KeyUsageVoidEvent,
+    Raw,
     ReconciledRecord,
     RecoveryError,
+    RequeuedRecord,
     RouteEvent,
     StartEvent,
     StartRecord,
@@ -49,6 +51,7 @@ from regen.engine.run.records import (
     read_key_usage_base_event,
     read_key_usage_void_event,
     read_reconciled,
+    read_requeued,
     read_route_event,
     read_start,
     read_start_event,
@@ -66,9 +69,11 @@ __all__ = [
     "RecoveryError",
     "Unsettled",
     "journal_spend",
+    "ledger_unit",
     "never_left",
     "prompt_digest",
     "read_journals",
+    "read_lanes",
     "read_rows",
 ]
 
@@ -122,6 +127,9 @@ class JournalState:
     # (connection refused, DNS, TLS, connect timeout) from one that was sent: they cost nothing.
     never_sent: list[Unsettled] = field(default_factory=list)
     excluded: dict[str, str] = field(default_factory=dict)  # route -> who excluded it
+    # Rows taken back (records.py RequeuedRecord): dataset -> (line, generation id) of each, what
+    # the compaction drops from raw_responses.jsonl (engine/run/requeue.py).
+    requeued: dict[str, set[tuple[int, str | None]]] = field(default_factory=dict)
     breakdown: SpendBreakdown = field(default_factory=SpendBreakdown)
     torn_bytes: int = 0
     first_start_ts: float | None = None  # the run's first start (epoch seconds): durations count from it
@@ -335,6 +343,114 @@ class JournalReplay:
         return self.state
 
 
+def read_lanes(
+    attempts_path: Path,
+    events_path: Path,
+    lanes: Sequence[str],
+    default: str,
+    *,
+    attempts_seen: Mapping[str, Handler] | None = None,
+    events_seen: Mapping[str, Handler] | None = None,
+) -> dict[str, JournalState]:
+    """Each lane's money, unsettled attempts and exclusions, as `read_journals(backend=lane,
+    default=default, count_attempts=False)` gives them, in one pass over each journal, each record
+    also handed to `attempts_seen` / `events_seen` (`regen report`'s time series,
+    engine/run/report_data.py).
+
+    Read only: a job may be appending to the journals now, so a torn last line is passed over,
+    never cut, and an attempt still in flight is one of `crashed` (a start without an end).
+    """
+    states = {lane: JournalState() for lane in lanes}
+    if attempts_path.exists():
+        attempts = {lane: _AttemptReplay(states[lane], lane, default, False) for lane in lanes}
+        with _named(attempts_path):
+            table = _together([_ByLane(attempts, default).handlers()], attempts_seen)
+            for part in history(attempts_path):  # the rotated segments first (engine/run/segments.py)
+                replay(part, ATTEMPTS, table)
+        for each in attempts.values():
+            each.finish()
+    if events_path.exists():
+        events = [_EventReplay(states[lane], lane, default) for lane in lanes]
+        with _named(events_path):
+            replay(events_path, EVENTS, _together([e.handlers() for e in events], events_seen))
+    return states
+
+
+def _together(tables: list[dict[str, Handler]], seen: Mapping[str, Handler] | None) -> dict[str, Handler]:
+    """One table whose handler of a kind hands the record to every table's handler of that kind,
+    each reader run once per record (the tables' readers of a kind are the same function)."""
+    merged: dict[str, Handler] = {}
+    for kind in {kind for table in [*tables, seen or {}] for kind in table}:
+        groups: dict[Callable[[Raw], object], list[Callable[[Any], None]]] = {}
+        for table in [*tables, seen or {}]:
+            handler = table.get(kind)
+            if handler is not None:
+                groups.setdefault(handler.read, []).append(handler.handle)
+        if len(groups) == 1:
+            ((read, handles),) = groups.items()
+            if len(handles) == 1:
+                merged[kind] = Handler(read, handles[0])
+                continue
+        merged[kind] = Handler(_raw, _fan(list(groups.items())))
+    return merged
+
+
+def _raw(raw: Raw) -> Raw:
+    return raw
+
+
+def _fan(groups: list[tuple[Callable[[Raw], object], list[Callable[[Any], None]]]]) -> Callable[[Raw], None]:
+    def handle(raw: Raw) -> None:
+        for read, handles in groups:
+            record = read(raw)
+            for each in handles:
+                each(record)
+
+    return handle
+
+
+class _ByLane:
+    """Each attempt record to its own lane's replay only: what every lane's replay would make of
+    all the records (another lane's are passed over), at one replay's cost. A record's lane is its
+    `be`, else its start's, else `default`, as `_AttemptReplay._owner` has it."""
+
+    def __init__(self, replays: Mapping[str, _AttemptReplay], default: str) -> None:
+        self.replays = replays
+        self.default = default
+        self.open: dict[str, str] = {}  # rid -> the lane of an attempt started and not ended
+
+    def handlers(self) -> dict[str, Handler]:
+        return {
+            "start": on(read_start, self.start),
+            "gen": on(read_gen, self.gen),
+            "end": on(read_end, self.end),
+            "reconciled": on(read_reconciled, self.reconciled),
+        }
+
+    def start(self, rec: StartRecord) -> None:
+        lane = rec.get("be") or self.default
+        self.open[rec["rid"]] = lane
+        replay = self.replays.get(lane)
+        if replay is not None:
+            replay.start(rec)
+
+    def gen(self, rec: GenRecord) -> None:
+        replay = self.replays.get(self.open.get(rec["rid"], self.default))
+        if replay is not None:
+            replay.gen(rec)
+
+    def end(self, rec: EndRecord) -> None:
+        started = self.open.pop(rec["rid"], None)
+        replay = self.replays.get(rec.get("be") or started or self.default)
+        if replay is not None:
+            replay.end(rec)
+
+    def reconciled(self, rec: ReconciledRecord) -> None:
+        replay = self.replays.get(rec.get("be") or self.open.get(rec["rid"]) or self.default)
+        if replay is not None:
+            replay.reconciled(rec)
+
+
 class _AttemptReplay:
     """The attempt journal, record by record, into a JournalState (money, attempts, open attempts)."""
 
@@ -358,6 +474,7 @@ class _AttemptReplay:
             "gen": on(read_gen, self.gen),
             "end": on(read_end, self.end),
             "reconciled": on(read_reconciled, self.reconciled),
+            "requeued": on(read_requeued, self.requeued),
         }
 
     def _owner(self, rid: str, be: str | None) -> str | None:
@@ -429,6 +546,18 @@ class _AttemptReplay:
         repaired = self.unsent.pop(rid, None) if rec.get("unsent") else None
         if repaired is not None:
             state.estimates.settle(repaired.estimate, knowable=False, outcome=repaired.outcome)
+
+    def requeued(self, rec: RequeuedRecord) -> None:
+        """A row taken back: its money moves from its outcome to its cause; its row is dropped."""
+        if self.backend is not None and (rec.get("be") or self.default) != self.backend:
+            return
+        cost = Decimal(str(rec["cost"]))
+        tokens = rec.get("ctok") or 0
+        tokens = tokens if isinstance(tokens, int) else 0
+        breakdown = self.state.breakdown
+        breakdown.add(rec["outcome"], -cost, -tokens)
+        breakdown.add(rec["cause"], cost, tokens)
+        self.state.requeued.setdefault(rec["ds"], set()).add((rec["line"], rec.get("gen")))
 
     def finish(self) -> None:
         state = self.state
@@ -511,6 +640,11 @@ class _EventReplay:
 # Backends whose ledger counts something other than dollars (docs/money.md): their attempts' amounts
 # are not part of what the rows' `cost` can be compared with.
 _NOT_DOLLARS = frozenset({"sglang"})
+
+
+def ledger_unit(backend: str) -> str:
+    """The unit a backend's journaled amounts are in, named as its ledger names it (docs/money.md)."""
+    return "gpu_s" if backend in _NOT_DOLLARS else "usd"
 
 
 def journal_spend(attempts_path: Path) -> dict[str, float]:

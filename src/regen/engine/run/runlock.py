@@ -39,3 +39,28 @@ class RunLock:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def holder(run_dir: Path) -> int | None:
+    """The pid of the job that holds the run folder now, else None: a reader's question
+    (`regen report`), answered from the kernel's lock table without taking the lock (a reader that
+    took it, even for an instant, could refuse a job starting at that instant)."""
+    try:
+        st = os.stat(run_dir / LOCK_NAME)
+    except FileNotFoundError:
+        return None
+    with open("/proc/locks", encoding="ascii", errors="replace") as table:
+        return held_by(table.read(), st.st_dev, st.st_ino)
+
+
+def held_by(table: str, dev: int, ino: int) -> int | None:
+    """The pid holding an flock on the file `dev`:`ino` in a /proc/locks text, else None. A line:
+    ``1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF`` (``->`` before a waiter's lock type)."""
+    want = f"{os.major(dev):02x}:{os.minor(dev):02x}:{ino}"
+    for line in table.splitlines():
+        fields = line.split()
+        if len(fields) >= 6 and fields[1] == "->":
+            continue  # a process waiting for the lock, not holding it
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == want and fields[4].isdigit():
+            return int(fields[4])
+    return None

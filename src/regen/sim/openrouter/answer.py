@@ -21,7 +21,26 @@ def content_text(plan: Plan, start: int, end: int) -> str:
     """Content tokens [start, end), counted from the first content token."""
     if plan.degenerate:
         return degenerate(start, end)
-    return span(CONTENT_CYCLE, plan.off_content, start, end)
+    if plan.diverge_at is None:
+        return span(CONTENT_CYCLE, plan.off_content, start, end)
+    split = max(0, plan.diverge_at - plan.reasoning_tokens)
+    return _diverging(CONTENT_CYCLE, plan.off_content, plan.alt_content, split, start, end)
+
+
+def reasoning_text(plan: Plan, start: int, end: int) -> str:
+    """Reasoning tokens [start, end)."""
+    if plan.diverge_at is None:
+        return span(REASONING_CYCLE, plan.off_reasoning, start, end)
+    return _diverging(REASONING_CYCLE, plan.off_reasoning, plan.alt_reasoning, plan.diverge_at, start, end)
+
+
+def _diverging(cycle: tuple[str, ...], offset: int, alt: int, split: int, start: int, end: int) -> str:
+    """An impostor's text: the reference's tokens before `split`, another text's from there on
+    (the other text's first token keeps its leading space unless it opens the completion)."""
+    head = span(cycle, offset, start, min(end, split)) if start < split else ""
+    if end <= split:
+        return head
+    return head + span(cycle, alt, max(start, split), end)
 
 
 def token_events(sim: OpenRouterState, plan: Plan, cb: ChunkBuilder, a: int, b: int) -> bytes:
@@ -37,7 +56,7 @@ def token_events(sim: OpenRouterState, plan: Plan, cb: ChunkBuilder, a: int, b: 
             end = r
         if pos < r:
             if plan.show_reasoning:
-                out.append(cb.reasoning(span(REASONING_CYCLE, plan.off_reasoning, pos, end)))
+                out.append(cb.reasoning(reasoning_text(plan, pos, end)))
         elif plan.tools is None:
             out.append(cb.content(content_text(plan, pos - r, end - r)))
         else:

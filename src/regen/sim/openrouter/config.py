@@ -153,6 +153,12 @@ class SimConfig(BaseModel):
     # fails only that attempt and OpenRouter falls back when allowed.
     provider_faults: dict[str, dict[str, float]] = Field(default_factory=dict)
     rogue_providers: list[str] = Field(default_factory=list)  # ignore quantizations filter
+    # Impostors (docs/fidelity.md): providers that declare the model and its precision but serve
+    # another, keyed like endpoint_overrides, each with its drift in 0..1. Their answers follow the
+    # reference for `impostor_prefix_tokens` tokens and then say something else; their lengths grow
+    # by the drift, and that share of their answers runs on to the length cap (finish "length").
+    impostor_providers: dict[str, float] = Field(default_factory=dict)
+    impostor_prefix_tokens: int = Field(32, ge=0)
     slow_first_token_factor: float = 20.0
     fault_position: float = 0.5  # share of the completion sent before a mid-stream fault
     retry_after_s: int = 2  # Retry-After seconds on 429/503/402-in-flight faults
@@ -175,6 +181,14 @@ class SimConfig(BaseModel):
     def _valid_provider_faults(cls, v: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
         for provider, rates in v.items():
             _check_rates(rates, f"provider_faults[{provider!r}]")
+        return v
+
+    @field_validator("impostor_providers")
+    @classmethod
+    def _drifts(cls, v: dict[str, float]) -> dict[str, float]:
+        for provider, drift in v.items():
+            if not 0.0 <= float(drift) <= 1.0:
+                raise ValueError(f"impostor_providers[{provider!r}] drift {drift} is outside 0..1")
         return v
 
     @field_validator("min_completion_tokens", "max_completion_tokens")

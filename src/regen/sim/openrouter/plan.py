@@ -18,6 +18,7 @@ from regen.sim.openrouter.billing import ProviderAttempt
 from regen.sim.openrouter.catalog import SimEndpoint, SimModel
 from regen.sim.openrouter.config import SimConfig
 from regen.sim.openrouter.limits import Hold
+from regen.sim.openrouter.routing import matches
 from regen.sim.openrouter.tools import ToolAnswer, plan_tool_answer
 
 _ALNUM = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
@@ -67,6 +68,11 @@ class Plan:
     requested_model: str = ""
     want_metadata: bool = False
     tools: ToolAnswer | None = None  # set: the content part is a preamble plus tool calls
+    # An impostor's answer (config.impostor_providers): from this completion token on, the text
+    # comes from the `alt` offsets, not the reference's. None: the reference throughout.
+    diverge_at: int | None = None
+    alt_content: int = 0
+    alt_reasoning: int = 0
     hold: Hold | None = None  # the in-flight budget hold this generation's cost settles
 
 
@@ -92,9 +98,17 @@ def make_plan(
     lo = cfg.min_completion_tokens
     hi = max(lo, cfg.max_completion_tokens)
     length = lo + int.from_bytes(digest[0:4], "little") % (hi - lo + 1)
+    drift = impostor_drift(ep, cfg.impostor_providers)
+    cap = max_tokens or ep.max_completion_tokens or model.default_max_completion_tokens
+    # An impostor's own draws, apart from the reference's so its first tokens and timing stay the same.
+    other = bytes(12)
+    if drift is not None:
+        other = hashlib.blake2b(digest, digest_size=12, person=b"impostor").digest()
+        length = round(length * (1 + drift))
+        if int.from_bytes(other[0:4], "little") / 2**32 < drift:
+            length = cap + 1  # runs on to the cap
     reasoning_on, show = reasoning_mode(body, model)
     reasoning = round(length * cfg.reasoning_share) if reasoning_on else 0
-    cap = max_tokens or ep.max_completion_tokens or model.default_max_completion_tokens
     finish: str | None = "stop"
     native: str | None = "stop"
     if length > cap:
@@ -177,7 +191,20 @@ def make_plan(
         candidates=candidates,
         want_metadata=want_metadata,
         tools=tools,
+        diverge_at=None if drift is None else cfg.impostor_prefix_tokens,
+        alt_content=int.from_bytes(other[4:8], "little"),
+        alt_reasoning=int.from_bytes(other[8:12], "little"),
     )
+
+
+def impostor_drift(ep: SimEndpoint, impostors: dict[str, float]) -> float | None:
+    """The endpoint's drift when it is an impostor (later matching keys win, as in
+    endpoint_overrides); None for an honest one."""
+    found: float | None = None
+    for name, drift in impostors.items():
+        if matches(ep, name):
+            found = float(drift)
+    return found
 
 
 def reasoning_mode(body: dict[str, Any], model: SimModel) -> tuple[bool, bool]:

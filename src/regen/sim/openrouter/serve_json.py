@@ -19,6 +19,7 @@ from regen.sim.openrouter.answer import (
     content_text,
     edge_headers,
     endless_text,
+    reasoning_text,
     router_metadata,
     usage,
 )
@@ -26,7 +27,6 @@ from regen.sim.openrouter.plan import Plan
 from regen.sim.openrouter.settle import bill, bill_cancel
 from regen.sim.openrouter.state import OpenRouterState
 from regen.sim.openrouter.stream import reasoning_details
-from regen.sim.openrouter.text import REASONING_CYCLE, span
 from regen.sim.openrouter.tools import message_calls
 from regen.sim.openrouter.wire import cf_headers, json_response
 
@@ -111,7 +111,7 @@ def _message(plan: Plan, reasoning_tokens: int, content_tokens: int) -> dict[str
         message["content"] = content_text(plan, 0, text_tokens)
     message["refusal"] = None
     if reasoning_tokens and plan.show_reasoning:
-        rtext = span(REASONING_CYCLE, plan.off_reasoning, 0, reasoning_tokens)
+        rtext = reasoning_text(plan, 0, reasoning_tokens)
         message["reasoning"] = rtext
         message["reasoning_details"] = reasoning_details(rtext)
     else:

@@ -146,6 +146,11 @@ class SimSGLangConfig(BaseModel):
     output_len_median: int = Field(default=64, ge=1)  # lognormal only
     output_len_sigma: float = Field(default=0.8, gt=0)  # lognormal only
     reasoning_share: float = Field(default=0.5, ge=0, le=1)  # of the output, when the prompt opens <think>
+    # An impostor worker (docs/fidelity.md): it serves another model under the same name. Its output
+    # follows the reference's ids for `drift_after_tokens` ids, then other ids; its lengths grow by
+    # `drift` and that share of its answers never closes its thinking and runs on to max_new_tokens.
+    drift: float | None = Field(default=None, ge=0, le=1)
+    drift_after_tokens: int = Field(default=32, ge=0)
     end_of_turn: str = "<|im_end|>"
     think_open: str = "<think>"
     think_close: str = "</think>"

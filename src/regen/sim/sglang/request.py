@@ -78,6 +78,10 @@ class Plan:
     content: int
     reasoning_offset: int
     content_offset: int
+    # An impostor's output (config.drift): from this output id on, ids come from the `alt` offsets.
+    diverge_at: int | None = None
+    alt_reasoning: int = 0
+    alt_content: int = 0
 
 
 def plan_output(
@@ -92,6 +96,8 @@ def plan_output(
     median: int,
     sigma: float,
     reasoning_share: float,
+    drift: float | None = None,
+    drift_after: int = 32,
 ) -> Plan:
     """Deterministic from the seed, the prompt and the request's sampling seed (not the rid, so a
     retried attempt says the same thing)."""
@@ -114,12 +120,26 @@ def plan_output(
         and prompt_ids[-1] == tok.think_open_id
     )
     reasoning = round(length * reasoning_share) if thinking else 0
+    reasoning_offset = rng.choice(tok.reasoning.starts)
+    content_offset = rng.choice(tok.content.starts)
+    if drift is None:
+        return Plan(thinking, reasoning, max(1, length - reasoning), reasoning_offset, content_offset)
+    # The impostor's own draws come after the reference's, so its first ids are the reference's.
+    length = round(length * (1 + drift))
+    reasoning = round(length * reasoning_share) if thinking else 0
+    if rng.random() < drift:
+        # It never closes its thinking (or never ends its answer): max_new_tokens ends it.
+        reasoning = reasoning if not thinking else 1 << 30
+        length = 1 << 30
     return Plan(
-        thinking=thinking,
-        reasoning=reasoning,
-        content=max(1, length - reasoning),
-        reasoning_offset=rng.choice(tok.reasoning.starts),
-        content_offset=rng.choice(tok.content.starts),
+        thinking,
+        reasoning,
+        max(1, length - reasoning),
+        reasoning_offset,
+        content_offset,
+        diverge_at=drift_after,
+        alt_reasoning=rng.choice(tok.reasoning.starts),
+        alt_content=rng.choice(tok.content.starts),
     )
 
 
@@ -174,18 +194,20 @@ class Req:
         k = len(self.output_ids)
         p = self.plan
         tok = self.tok
+        other = p.diverge_at is not None and k >= p.diverge_at
         if p.thinking:
             if k < p.reasoning:
-                return _at(tok.reasoning, p.reasoning_offset, k)
+                return _at(tok.reasoning, p.alt_reasoning if other else p.reasoning_offset, k)
             if k == p.reasoning:
                 assert tok.think_close_id is not None
                 return tok.think_close_id
             k -= p.reasoning + 1
+        offset = p.alt_content if other else p.content_offset
         if k < p.content:
-            return _at(tok.content, p.content_offset, k)
+            return _at(tok.content, offset, k)
         if k == p.content and tok.eot_id is not None:
             return tok.eot_id
-        return _at(tok.content, p.content_offset, k)
+        return _at(tok.content, offset, k)
 
     def reasoning_tokens(self) -> int:
         """Ids before </think> (SGLang counts them only with a reasoning parser set)."""

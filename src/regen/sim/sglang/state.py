@@ -122,6 +122,8 @@ class SGLangState:
             median=cfg.output_len_median,
             sigma=cfg.output_len_sigma,
             reasoning_share=cfg.reasoning_share,
+            drift=cfg.drift,
+            drift_after=cfg.drift_after_tokens,
         )
         return Req(
             rid=rid,

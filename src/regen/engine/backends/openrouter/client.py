@@ -201,9 +201,15 @@ class OpenRouterClient:
     """Sends chat completions and reads the account endpoints; safe to share across tasks."""
 
     def __init__(
-        self, settings: OpenRouterSettings, *, pool_size: int, routing: ProviderSettings | None = None
+        self,
+        settings: OpenRouterSettings,
+        *,
+        pool_size: int,
+        routing: ProviderSettings | None = None,
+        seed: int | None = None,
     ) -> None:
         self.settings = settings
+        self.seed = seed  # sent as `seed` (the canary audit's, docs/fidelity.md); None: not sent
         self.routing = routing if routing is not None else settings.provider
         self.pool_size = pool_size
         # Told of every answer from OpenRouter (response headers with a status its edge did not
@@ -239,6 +245,8 @@ class OpenRouterClient:
         body["usage"] = {"include": True}
         if s.reasoning is not None:
             body["reasoning"] = s.reasoning
+        if self.seed is not None:
+            body["seed"] = self.seed
         return body
 
     def provider_object(self, ignore: Sequence[str]) -> dict[str, Any]:
