@@ -1,16 +1,19 @@
 """Restart cost: how long a job takes to resume on a big results file, against `wc -l` on it.
 
-    python bench/restart.py                 # 1,000,000 prompts and rows (about 1 GB of rows)
+    python bench/restart.py                 # 1,000,000 prompts and rows (about 1.35 GB of rows)
     python bench/restart.py --rows 200000   # smaller
 
-Resuming reads every row (which prompts are done, the tokens and statuses so far), checks each row
-against its prompt line (a prompt edited under its row stops the job), validates every prompt line
-and rebuilds spend from the attempt journal. The baseline is `wc -l` on the same results file in the
-same run: the least any tool can do to learn how many rows there are. Both run with the files in
-the page cache (each is run once first), so the figure is CPU, not disk.
+Resuming rebuilds which prompts are done, the tokens and statuses so far, checks each row against
+its prompt line (a prompt edited under its row stops the job), validates every prompt line and
+rebuilds spend from the attempt journal. A checkpoint (engine/run/checkpoint.py) and the kept scan
+(engine/data/scancache.py) leave a start only what was written since the last checkpoint. The
+baseline is `wc -l` on the same results file in the same run: the least any tool can do to learn
+how many rows there are. Files are in the page cache (each is read once first), so the figure is CPU.
 
-Goal (the engine split must not regress it): the resume within 10x of `wc -l`. The bench prints the
-resume's phases, so a miss says where the time goes.
+Printed: the readers' phases without a checkpoint or kept scan (a first start), then Job.prepare()
+each in a process of its own (seconds and peak RSS, VmHWM): a first start, after a clean stop (goal
+10x `wc -l`), and after a SIGKILL with `--since` rows and their attempts written after the last
+checkpoint (goal 15x); peak RSS goal 150 MB (BENCHMARKS.md "Restart").
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -31,6 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from regen.engine.data.datasets import Dataset
 from regen.engine.data.scan import scan
+from regen.engine.data.scancache import SCANS_DIR
+from regen.engine.run.checkpoint import CHECKPOINTS_DIR
 from regen.engine.run.inputs import check_rows_match
 from regen.engine.run.records import end_record, gen_record, start_record
 from regen.engine.run.recovery import read_journals, read_rows
@@ -116,7 +122,8 @@ def wc_lines(path: Path) -> float:
 
 
 def resume(folder: Path, run_dir: Path) -> dict[str, float]:
-    """What Job.prepare() does with the files (engine/run/inputs.py, engine/run/recovery.py), phase by phase."""
+    """The readers Job.prepare() runs, phase by phase, without a checkpoint or a kept scan: a first
+    start (engine/run/inputs.py, engine/run/recovery.py)."""
     dataset = Dataset(folder.name, folder)
     phases: dict[str, float] = {}
     started = time.perf_counter()
@@ -126,17 +133,17 @@ def resume(folder: Path, run_dir: Path) -> dict[str, float]:
     journal = read_journals(run_dir / "attempts.jsonl", run_dir / "events.jsonl")
     phases["read journal"] = time.perf_counter() - mark
     mark = time.perf_counter()
-    progress = read_rows(dataset.results_path, {c.line for c in journal.crashed})
-    phases["read rows"] = time.perf_counter() - mark
-    mark = time.perf_counter()
-    check_rows_match(dataset, progress, report)
-    phases["check rows against prompts"] = time.perf_counter() - mark
+    # Each row is checked against its prompt's digest as it is read (read_rows(prompts=...)).
+    progress = read_rows(dataset.results_path, {c.line for c in journal.crashed}, report)
+    check_rows_match(dataset, progress)
+    phases["read and check rows"] = time.perf_counter() - mark
     phases["total"] = time.perf_counter() - started
     return phases
 
 
-async def resume_job(folder: Path, run_dir: Path) -> float:
-    """The real thing: Job.prepare() against the simulator, for the end-to-end figure."""
+async def resume_job(folder: Path, run_dir: Path, *, prepare: bool = True) -> float:
+    """The real thing: Job.prepare() against the simulator, for the end-to-end figure (without
+    `prepare`: everything but it, the process's memory before any file is read)."""
     from regen.engine.config.settings import JobSettings, OpenRouterSettings, Settings
     from regen.engine.job.job import Job
     from regen.sim.openrouter.config import SimConfig
@@ -151,6 +158,8 @@ async def resume_job(folder: Path, run_dir: Path) -> float:
         )
         job = Job(settings)
         started = time.perf_counter()
+        if not prepare:
+            return 0.0
         await job.prepare()
         took = time.perf_counter() - started
         await job.lanes[0].backend.close()
@@ -162,25 +171,93 @@ async def resume_job(folder: Path, run_dir: Path) -> float:
         await sim.stop()
 
 
+def peak_mb() -> float:
+    """This process's peak RSS (VmHWM: since its exec, not the forked parent's pages)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def prepare_in_child(folder: Path, run_dir: Path, mode: str = "--prepare") -> tuple[float, float]:
+    """Job.prepare() in a process of its own: its seconds and its peak RSS (MB)."""
+    out = subprocess.run(
+        [sys.executable, __file__, mode, str(folder), str(run_dir)], stdout=subprocess.PIPE, text=True, check=True
+    ).stdout.split()
+    return float(out[-2]), float(out[-1])
+
+
+def forget(run_dir: Path) -> None:
+    """No checkpoint and no kept scan: the next start reads every file whole."""
+    for sub in (CHECKPOINTS_DIR, SCANS_DIR):
+        shutil.rmtree(run_dir / sub, ignore_errors=True)
+
+
+def cut_tail(path: Path, lines: int) -> bytes:
+    """The last `lines` lines of `path`, cut off it (put back with `path.open("ab")`)."""
+    data = path.read_bytes()
+    at = len(data)
+    for _ in range(lines):
+        at = data.rindex(b"\n", 0, at - 1) + 1 if at > 1 else 0
+    path.write_bytes(data[:at])
+    return data[at:]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--since", type=int, default=100_000, help="rows written after the last checkpoint before the SIGKILL")
+    parser.add_argument("--prepare", nargs=2, type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--baseline", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.prepare or args.baseline:
+        took = asyncio.run(resume_job(*(args.prepare or args.baseline), prepare=bool(args.prepare)))
+        print(f"{took:.3f} {peak_mb():.0f}")
+        return 0
     folder, run_dir = build(args.rows)
     results = folder / "raw_responses.jsonl"
     size = results.stat().st_size
     print(f"{args.rows:,} rows, {size / 1e9:.2f} GB of results, {os.path.getsize(folder / 'prompts.jsonl') / 1e6:.0f} MB of prompts")
+    forget(run_dir)
     wc_lines(results)
     resume(folder, run_dir)  # warm the page cache for both
     wc = statistics.median(wc_lines(results) for _ in range(args.repeat))
     runs = [resume(folder, run_dir) for _ in range(args.repeat)]
     phases = {name: statistics.median(r[name] for r in runs) for name in runs[0]}
-    job = statistics.median(asyncio.run(resume_job(folder, run_dir)) for _ in range(args.repeat))
     print(f"wc -l on the results file: {wc:.3f} s")
+    print("the readers without a checkpoint or a kept scan (a first start):")
     for name, took in phases.items():
         print(f"  {name:<28} {took:7.3f} s")
-    print(f"Job.prepare() end to end:  {job:.3f} s  = {job / wc:.1f}x wc -l (goal: within 10x)")
+
+    def report(label: str, figures: list[tuple[float, float]]) -> None:
+        took = statistics.median(f[0] for f in figures)
+        peak = max(f[1] for f in figures)
+        print(f"Job.prepare() {label:<44} {took:7.3f} s = {took / wc:6.1f}x wc -l, peak RSS {peak:5.0f} MB")
+
+    baseline = prepare_in_child(folder, run_dir, "--baseline")[1]
+    print(f"the process before Job.prepare() (imports, the simulator, the Job): peak RSS {baseline:.0f} MB")
+    first = []
+    for _ in range(args.repeat):
+        forget(run_dir)
+        first.append(prepare_in_child(folder, run_dir))
+    report("first start (no checkpoint, no kept scan)", first)
+    # That start kept its scan and wrote a checkpoint of everything: what a clean stop leaves.
+    report("after a clean stop (goal: 10x)", [prepare_in_child(folder, run_dir) for _ in range(args.repeat)])
+    # A SIGKILL: the last checkpoint is `since` rows (and their attempts' records) behind the files.
+    killed = []
+    for _ in range(args.repeat):
+        rows_tail = cut_tail(results, args.since)
+        journal_tail = cut_tail(run_dir / "attempts.jsonl", 3 * args.since)
+        for old in (run_dir / CHECKPOINTS_DIR).glob("*.ckpt"):
+            old.unlink()
+        prepare_in_child(folder, run_dir)  # the checkpoint, behind
+        with results.open("ab") as f:
+            f.write(rows_tail)
+        with (run_dir / "attempts.jsonl").open("ab") as f:
+            f.write(journal_tail)
+        killed.append(prepare_in_child(folder, run_dir))
+    report(f"after a SIGKILL, {args.since:,} rows past the checkpoint (goal: 15x)", killed)
     return 0
 
 

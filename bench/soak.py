@@ -201,6 +201,12 @@ def main() -> int:
         print(f"       the simulator billed ${billed:.4f}; confirmed <= billed <= spent: {money_ok}")
     print(f"memory: longest segment {len(longest) / 60:.0f} min, RSS {sum(first) / len(first):.0f} MB early, "
           f"{sum(last) / len(last):.0f} MB late; peak {peak:.0f} MB")
+    # The run folder's journals (and checkpoints, kept scans, compressed segments) against the results.
+    results_bytes = sum((f / "raw_responses.jsonl").stat().st_size for f in folders if (f / "raw_responses.jsonl").exists())
+    run_bytes = sum(p.stat().st_size for p in (OUT / "run").rglob("*") if p.is_file())
+    attempts_bytes = (OUT / "run" / "attempts.jsonl").stat().st_size if (OUT / "run" / "attempts.jsonl").exists() else 0
+    print(f"disk: results {results_bytes / 1e6:.0f} MB, run folder {run_bytes / 1e6:.0f} MB "
+          f"(attempts.jsonl {attempts_bytes / 1e6:.0f} MB) = {run_bytes / max(results_bytes, 1):.2f}x the results")
     ok = duplicates == 0 and money_ok
     return 0 if ok else 1
 

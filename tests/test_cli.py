@@ -11,6 +11,10 @@ from pathlib import Path
 import orjson
 import pytest
 
+from regen.engine.data.datasets import Dataset
+from regen.engine.data.scan import scan
+from regen.engine.run.checkpoint import CHECKPOINTS_DIR, Checkpointer, Lane
+from regen.engine.run.recovery import read_journals
 from tests.support.datasets import read_rows, write_dataset
 from tests.support.openrouter_sim import SECRET
 from tests.support.processes import ENV, kill_at_random_moments, regen_argv, settings_file, wait_for_attempts
@@ -20,10 +24,15 @@ def test_sigkill_at_random_moments_then_resume_loses_and_duplicates_nothing(
     sim_process: str, tmp_path: Path
 ) -> None:
     data = [write_dataset(tmp_path, "A", 1500), write_dataset(tmp_path, "B", 500)]
-    settings = settings_file(tmp_path, sim_process, data, concurrency=32, max_attempts=20)
+    # A checkpoint every second: kills land between checkpoints, and each start reads on from the
+    # last one (docs/faults.md, "Checkpoints").
+    settings = settings_file(tmp_path, sim_process, data, concurrency=32, max_attempts=20, checkpoint_interval_s=1)
     env = {**ENV, "OPENROUTER_API_KEY": "sk-sim-test"}
     kills = kill_at_random_moments(settings, env, random.Random(11), 4, 0.8, 2.5)
     assert kills >= 2, "the job finished too fast to be killed"
+    checkpoints = tmp_path / "run" / CHECKPOINTS_DIR
+    written = max(int(p.stem) for p in checkpoints.glob("*.ckpt"))
+    assert written > 4, "besides one at each start, the killed runs checkpointed while running"
     final = subprocess.run(
         regen_argv("run", "--headless", "--settings", str(settings)),
         env=env,
@@ -44,6 +53,18 @@ def test_sigkill_at_random_moments_then_resume_loses_and_duplicates_nothing(
     ends = {r["rid"] for r in journal if r["k"] == "end"}
     assert starts == ends, "every attempt in flight at a kill was settled at the next start"
     assert any(r.get("outcome") == "lost_at_crash" for r in journal)
+    # The clean stop's checkpoint holds everything: a start from it rebuilds what a full read does.
+    run = tmp_path / "run"
+    full = read_journals(run / "attempts.jsonl", run / "events.jsonl", backend="openrouter", default="openrouter")
+    datasets = [Dataset(folder.name, folder) for folder in data]
+    resumed = Checkpointer(
+        run, run / "attempts.jsonl", run / "events.jsonl", [Lane("openrouter", "openrouter", "openrouter", True)],
+        {d.name: d.results_path for d in datasets},
+    ).resume({d.name: scan(d, keep_digests=True) for d in datasets})  # fmt: skip
+    assert resumed.from_checkpoint
+    got = resumed.journals["openrouter"]
+    assert (got.spent, got.estimates, got.crashed) == (full.spent, full.estimates, full.crashed)
+    assert all(len(resumed.progress[d.name].done) == n for d, n in zip(datasets, (1500, 500), strict=True))
 
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
@@ -12,6 +13,9 @@ import pytest
 
 from regen.engine.config.settings import Settings
 from regen.engine.job.job import Job, JobError, JobState, StopReason
+from regen.engine.run import segments
+from regen.engine.run.recovery import read_journals
+from regen.engine.run.segments import SEGMENTS_DIR
 from regen.sim.openrouter.config import FAULT_CLASSES
 from regen.sim.openrouter.server import OpenRouterSim
 from tests.support.datasets import one_row_per_prompt, read_rows, write_dataset
@@ -153,6 +157,22 @@ async def test_a_changed_prompt_stops_the_resume(
     lines = (a / "prompts.jsonl").read_bytes().splitlines()
     lines[3] = orjson.dumps({"messages": [{"role": "user", "content": "edited"}]})
     (a / "prompts.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    with pytest.raises(JobError, match=r"prompts.jsonl:4: prompt changed since its row was written"):
+        await Job(settings).prepare()
+
+
+async def test_a_prompt_edited_after_a_cached_scan_stops_the_resume_even_at_the_same_size_and_mtime(
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    a = write_dataset(tmp_path, "A", 5)
+    settings = make_settings(sim.base_url, [a])
+    await run_job(settings)
+    assert (settings.job.run_dir / "scans" / "A.scan").is_file(), "the first start kept its scan"
+    prompts = a / "prompts.jsonl"
+    st = prompts.stat()
+    prompts.write_bytes(prompts.read_bytes().replace(b"question 3:", b"question 9:"))  # same length
+    os.utime(prompts, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert prompts.stat().st_size == st.st_size
     with pytest.raises(JobError, match=r"prompts.jsonl:4: prompt changed since its row was written"):
         await Job(settings).prepare()
 
@@ -456,3 +476,30 @@ async def test_cancel_reaches_requests_that_had_not_started_yet(
     assert outcome.reason is StopReason.OPERATOR
     assert job.in_flight == 0 and job.lanes[0].ledger.reserved == 0
     assert all(state.in_flight == 0 for state in job.datasets.values())
+
+
+async def test_a_job_stopped_and_resumed_over_compactions_writes_each_row_once_and_loses_no_money(
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(segments, "COMPACT_FROM", 1)
+    sim.config.time_scale = 0.05
+    a = write_dataset(tmp_path, "A", 60)
+    settings = make_settings(sim.base_url, [a], concurrency=16)
+    for stop_at in (10, 30):
+        job = Job(settings)
+        await job.prepare()
+        runner = asyncio.create_task(job.run())
+        while len(read_rows(a)) < stop_at:
+            await asyncio.sleep(0.01)
+        job.stop(cancel=True)
+        assert (await runner).reason is StopReason.OPERATOR
+    last = await run_job(settings)
+    assert last.outcome is not None and last.outcome.reason is StopReason.DONE
+    one_row_per_prompt(a, 60)
+    run_dir = settings.job.run_dir
+    assert len(list((run_dir / SEGMENTS_DIR).iterdir())) == 2, "the second and third starts rotated the journal"
+    # The ledger the last start rebuilt from its checkpoint is what the whole history says.
+    full = read_journals(run_dir / "attempts.jsonl", run_dir / "events.jsonl")
+    ledger = last.lanes[0].ledger
+    assert ledger.spent == full.spent and ledger.estimated == full.estimated
+    assert ledger.spent - ledger.estimated <= sim.billing.billed_total <= ledger.spent

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import fcntl
+import gzip
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +35,8 @@ __all__ = [
     "JsonlError",
     "WriteFailed",
     "iter_jsonl",
+    "iter_lines",
+    "parse_line",
     "repair_torn_tail",
 ]
 
@@ -147,14 +150,33 @@ def iter_jsonl(
     that is not a JSON object, or is longer than ``max_line`` bytes (default ``MAX_LINE_BYTES``),
     raises ``CorruptLine`` naming the file and line.
     """
+    for n, raw in iter_lines(path, max_line=max_line):
+        yield n, parse_line(path, n, raw)
+
+
+def iter_lines(
+    path: str | os.PathLike[str],
+    *,
+    max_line: int | None = None,
+    start: int = 0,
+    first: int = 0,
+    end: int | None = None,
+) -> Iterator[tuple[int, bytes]]:
+    """``(line, bytes)`` for every complete line, as ``iter_jsonl`` reads them, not parsed; from
+    byte `start`, which is line `first` of the file (a checkpoint's offset, engine/run/checkpoint.py),
+    to byte `end` (the lines that began before it)."""
     limit = MAX_LINE_BYTES if max_line is None else max_line
     try:
-        f = open(path, "rb")  # noqa: SIM115 - closed by the with below, after the check
+        # A rotated journal segment is compressed (engine/run/segments.py).
+        f = gzip.open(path, "rb") if os.fspath(path).endswith(".gz") else open(path, "rb")  # noqa: SIM115
     except FileNotFoundError:
         return
     with f:
-        n = -1
-        while True:
+        if start:
+            f.seek(start)
+        n = first - 1
+        at = start
+        while end is None or at < end:
             raw = f.readline(limit + 1)
             if not raw:
                 return
@@ -163,16 +185,22 @@ def iter_jsonl(
                 if len(raw) <= limit or not _skip_rest_of_line(f):
                     return  # a torn last line, however long
                 raise CorruptLine(path, n, f"line longer than {limit} bytes")
-            try:
-                obj = orjson.loads(raw)
-            except orjson.JSONDecodeError as e:
-                if b"\x00" in raw:
-                    # Zeros are what a power loss can leave where a write never reached the disk.
-                    raise CorruptLine(path, n, "holds NUL bytes, not JSON") from None
-                raise CorruptLine(path, n, f"corrupt JSON ({e})") from None
-            if not isinstance(obj, dict):
-                raise CorruptLine(path, n, "not a JSON object")
-            yield n, obj
+            at += len(raw)
+            yield n, raw
+
+
+def parse_line(path: str | os.PathLike[str], n: int, raw: bytes) -> dict[str, Any]:
+    """One complete line (0-based `n`) as a JSON object, or CorruptLine naming it."""
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        if b"\x00" in raw:
+            # Zeros are what a power loss can leave where a write never reached the disk.
+            raise CorruptLine(path, n, "holds NUL bytes, not JSON") from None
+        raise CorruptLine(path, n, f"corrupt JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise CorruptLine(path, n, "not a JSON object")
+    return obj
 
 
 def _skip_rest_of_line(f: Any) -> bool:

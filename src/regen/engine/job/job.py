@@ -38,13 +38,16 @@ from regen.engine.job.stats import JobStats, StatusRules
 from regen.engine.job.usage_bound import UsageBound
 from regen.engine.job.workqueue import WorkQueue
 from regen.engine.money.ledger import Ledger, to_dollars
+from regen.engine.run.checkpoint import Checkpointer
+from regen.engine.run.checkpoint import Lane as CheckpointLane
 from regen.engine.run.events import EVENTS_FILE, EventLog
-from regen.engine.run.inputs import Scanned, load_progress, scan_datasets
+from regen.engine.run.inputs import Scanned, keep_scans, load_progress, scan_datasets
 from regen.engine.run.records import route_event, start_event
-from regen.engine.run.recovery import JournalState, read_journals
+from regen.engine.run.recovery import JournalState
 from regen.engine.run.requeue import compact_all
 from regen.engine.run.results import ATTEMPTS_FILE, ResultsWriter
 from regen.engine.run.runlock import RunLock, RunLocked
+from regen.engine.run.segments import compress
 from regen.engine.run.state import DatasetState, JobError, JobState, Outcome, StopReason
 from regen.engine.schema import JobInfo, Snapshot
 
@@ -126,12 +129,21 @@ class Job:
         except RunLocked as exc:
             raise JobError(str(exc)) from None
         try:
-            journals = await asyncio.to_thread(self._read_journals)
-            # Rows taken back that a crash left in their files (engine/run/requeue.py), before they are read.
+            await keep_scans(scanned)
+            self.checkpoints = self._checkpointer(scanned)
             datasets = [entry.dataset for entry in scanned]
-            await asyncio.to_thread(compact_all, datasets, [journal.requeued for journal in journals.values()])
-            crashed = [unsettled for journal in journals.values() for unsettled in journal.crashed]
-            self.datasets.update(await load_progress(scanned, crashed, self.settings.job.dataset_token_budget))
+
+            def drop_taken_back(journals: Mapping[str, JournalState]) -> None:
+                # Rows taken back that a crash left in their files (engine/run/requeue.py), before they are read.
+                compact_all(datasets, [journal.requeued for journal in journals.values()])
+
+            resumed = await asyncio.to_thread(
+                self.checkpoints.resume, {item.dataset.name: item.report for item in scanned}, drop_taken_back
+            )
+            journals = resumed.journals
+            self.datasets.update(load_progress(scanned, resumed.progress, self.settings.job.dataset_token_budget))
+            # The next start reads from here (docs/faults.md, "Checkpoints").
+            await asyncio.to_thread(self.checkpoints.write)
             for lane in self.lanes:
                 routes = lane.backend.routes
                 if routes is not None:
@@ -190,21 +202,39 @@ class Job:
             plan = self.deadline_control.tick().plan
             self.events.event("fleet_plan", reason=plan.reason, fits=plan.fits, plan=plan.to_dict())
 
-    def _read_journals(self) -> dict[str, JournalState]:
-        """Each lane's money and history from the journals; records an older single-backend run
-        wrote without naming their backend belong to `job.backend`."""
+    def _checkpointer(self, scanned: list[Scanned]) -> Checkpointer:
+        """Each lane's reading of the journals and each dataset's rows, kept between checkpoints.
+
+        Records an older single-backend run wrote without naming their backend belong to
+        `job.backend`; attempt counts are every backend's, counted once, by the first lane's read.
+        """
         default = self.settings.job.backend if len(self.lanes) > 1 else self.lanes[0].name
-        # Attempt counts are every backend's: counted once, by the first lane's read.
-        return {
-            lane.name: read_journals(
-                self.run_dir / ATTEMPTS_FILE,
-                self.run_dir / EVENTS_FILE,
-                backend=lane.name,
-                default=default,
-                count_attempts=lane is self.lanes[0],
-            )
-            for lane in self.lanes
-        }
+        return Checkpointer(
+            self.run_dir,
+            self.run_dir / ATTEMPTS_FILE,
+            self.run_dir / EVENTS_FILE,
+            [CheckpointLane(lane.name, lane.name, default, lane is self.lanes[0]) for lane in self.lanes],
+            {item.dataset.name: item.dataset.results_path for item in scanned},
+        )
+
+    async def _checkpointing(self) -> None:
+        """A checkpoint every `job.checkpoint_interval_s` while the job runs."""
+        while True:
+            await asyncio.sleep(self.settings.job.checkpoint_interval_s)
+            await self._checkpoint()
+
+    async def _compress(self) -> None:
+        try:
+            await asyncio.to_thread(compress, self.run_dir / ATTEMPTS_FILE)
+        except OSError as exc:  # the segment stays plain, read as well; the next start tries again
+            self.events.event("compress_failed", reason=str(exc)[:300])
+
+    async def _checkpoint(self) -> None:
+        """Read on from the last checkpoint and write the next; a failure only costs the next start time."""
+        try:
+            await asyncio.to_thread(self.checkpoints.advance)
+        except (OSError, JsonlError) as exc:
+            self.events.event("checkpoint_failed", reason=str(exc)[:300])
 
     async def _start_tokenizer(self) -> TokenizePool | None:
         """Worker processes that turn every row's text into the target model's token ids."""
@@ -238,13 +268,18 @@ class Job:
 
     def _work_queue(self, scanned: list[Scanned], journal: JournalState) -> WorkQueue:
         invalid = {item.dataset.name: item.report.invalid_lines for item in scanned}
-        skip = {name: set(state.progress.done) | invalid[name] for name, state in self.datasets.items()}
+        skip = {}
+        for name, state in self.datasets.items():
+            skip[name] = lines = state.progress.done.copy()  # a bitmap: 125 KB a million lines
+            lines.update(invalid[name])
         # Only prompts still to do need their earlier attempts: drop the rest in place (a copy of a
         # million entries would double the resume's peak memory).
         prior = journal.attempts
         for name, tried in prior.items():
-            for line in skip.get(name, ()):
-                tried.pop(line, None)
+            skipped = skip.get(name)
+            if skipped is not None:
+                for line in [line for line in tried if line in skipped]:
+                    del tried[line]
         return WorkQueue(
             [(name, iter_prompts(state.dataset, skip[name])) for name, state in self.datasets.items()],
             prior_attempts=prior,
@@ -265,6 +300,9 @@ class Job:
                 self._background.add(task)
         pacing = loop.create_task(self.deadline_control.run())
         self._background.add(pacing)
+        self._background.add(loop.create_task(self._checkpointing()))
+        # The journal's history a start rotated (engine/run/segments.py), compressed meanwhile.
+        self._background.add(loop.create_task(self._compress()))
         self.hosts.start()
         try:
             await self.dispatcher.run()
@@ -316,6 +354,7 @@ class Job:
         datasets = [state.dataset for state in self.datasets.values()]
         await asyncio.to_thread(compact_all, datasets, [lane.settler.requeued for lane in self.lanes])
         await self.events.close()
+        await self._checkpoint()  # a clean stop: the next start reads nothing but this checkpoint
         for lane in self.lanes:
             await lane.backend.close()
         # After the backend: its last aborts and its tunnels go over these connections.

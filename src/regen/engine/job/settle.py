@@ -29,7 +29,7 @@ from regen.engine.job.workqueue import WorkItem
 from regen.engine.money.ledger import Ledger, SpendBreakdown, to_dollars
 from regen.engine.run.events import EventLog
 from regen.engine.run.records import EndRecord, end_record, gave_up_record, reconciled_record
-from regen.engine.run.recovery import JournalState, Unsettled, prompt_digest
+from regen.engine.run.recovery import JournalState, Unsettled
 from regen.engine.run.requeue import CAUSE, route_rows, taken_back
 from regen.engine.run.results import ResultsWriter
 from regen.engine.run.state import DatasetState, JobError, StopReason
@@ -268,7 +268,7 @@ class Settler:
     def _progress(self, prompt: Prompt, status: str, tokens: int, mono: float) -> None:
         """A row written: its dataset's progress and the job's counters."""
         progress = self.datasets[prompt.dataset].progress
-        progress.done[prompt.line] = prompt_digest(prompt.sha256)
+        progress.done.add(prompt.line)
         progress.output_tokens += tokens
         if status == "truncated":
             progress.truncated += 1
@@ -366,7 +366,7 @@ class Settler:
             name, line = row["dataset"], row["line"]
             self.requeued[name].add((line, row.get("generation_id")))
             progress = self.datasets[name].progress
-            progress.done.pop(line, None)
+            progress.done.discard(line)
             if row.get("status") == "truncated":
                 progress.truncated -= 1
             else:

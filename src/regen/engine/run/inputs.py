@@ -8,14 +8,15 @@ than guess which of the two is right.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from regen.engine.config.settings import JobSettings
 from regen.engine.data.datasets import Dataset, DatasetError, discover
-from regen.engine.data.scan import ScanReport, scan
+from regen.engine.data.scan import ScanReport
+from regen.engine.data.scancache import cached_scan
 from regen.engine.money.ledger import planning_prompt_tokens
-from regen.engine.run.recovery import DatasetProgress, Unsettled, read_rows
+from regen.engine.run.recovery import DatasetProgress
 from regen.engine.run.state import DatasetState, JobError
 
 # Invalid lines listed per dataset before "and N more".
@@ -26,6 +27,8 @@ SHOWN_INVALID = 20
 class Scanned:
     dataset: Dataset
     report: ScanReport
+    # Keeps the scan in the run folder (engine/data/scancache.py), once the job holds it; None: kept already.
+    keep: Callable[[], None] | None = None
 
 
 async def scan_datasets(job: JobSettings, only: Collection[str] | None, skip_invalid: bool) -> list[Scanned]:
@@ -41,8 +44,9 @@ async def scan_datasets(job: JobSettings, only: Collection[str] | None, skip_inv
     scanned = []
     problems = []
     for dataset in found:
-        report = await asyncio.to_thread(scan, dataset, keep_digests=True)
-        scanned.append(Scanned(dataset, report))
+        # Kept in the run folder under the file's identity: an unchanged file is not validated again.
+        report, keep = await asyncio.to_thread(cached_scan, dataset, job.run_dir)
+        scanned.append(Scanned(dataset, report, keep))
         for bad in report.invalid[:SHOWN_INVALID]:
             problems.append(f"{dataset.prompts_path}:{bad.line + 1}: {bad.reason}")
         if len(report.invalid) > SHOWN_INVALID:
@@ -54,54 +58,49 @@ async def scan_datasets(job: JobSettings, only: Collection[str] | None, skip_inv
     return scanned
 
 
-async def load_progress(
-    scanned: Iterable[Scanned], crashed: Iterable[Unsettled], token_budget: int | None
+def load_progress(
+    scanned: Iterable[Scanned], progress: Mapping[str, DatasetProgress], token_budget: int | None
 ) -> dict[str, DatasetState]:
-    """Each dataset's live state, from its rows; rows of attempts a crash left open are kept to settle them."""
-    crashed_lines: dict[str, set[int]] = {}
-    for attempt in crashed:
-        crashed_lines.setdefault(attempt.dataset, set()).add(attempt.line)
+    """Each dataset's live state, from its rows (read and checked against the prompts by
+    engine/run/checkpoint.py); JobError when a row does not match its prompt."""
     states = {}
     for item in scanned:
         dataset, report = item.dataset, item.report
-        progress = await asyncio.to_thread(
-            read_rows, dataset.results_path, crashed_lines.get(dataset.name, set())
-        )
-        await asyncio.to_thread(check_rows_match, dataset, progress, report)
+        rows = progress[dataset.name]
+        check_rows_match(dataset, rows)
         states[dataset.name] = DatasetState(
             dataset,
             report.total,
             len(report.invalid),
-            progress,
+            rows,
             token_budget=token_budget,
             prompt_tokens_mean=planning_prompt_tokens(report.content_chars),
         )
     return states
 
 
-def check_rows_match(dataset: Dataset, progress: DatasetProgress, report: ScanReport) -> None:
+def check_rows_match(dataset: Dataset, progress: DatasetProgress) -> None:
     """Every row names a valid line whose prompt is still the one it was written for.
 
-    Compared against the digests the scan kept (scan(keep_digests=True)): no second pass over the file.
+    read_rows(prompts=...) compared each row with the digest the scan kept (scan(keep_digests=True))
+    as it read it: no second pass over either file.
     """
-    if not progress.done:
-        return
-    orphans = []
-    for line, digest in progress.done.items():
-        kept = report.digest_of(line)
-        if kept is None:
-            orphans.append(line)
-            continue
-        # b"" (a row whose prompt_sha256 is not hex) was not written for this prompt either.
-        if digest != kept:
-            raise JobError(
-                f"{dataset.prompts_path}:{line + 1}: prompt changed since its row was written "
-                f"(row in {dataset.results_path.name} has another prompt_sha256); restore the file or "
-                "move the results away"
-            )
-    if orphans:
-        orphans.sort()
+    if progress.changed is not None:
         raise JobError(
-            f"{dataset.results_path}: {len(orphans)} rows name lines that are not valid prompts "
-            f"in {dataset.prompts_path.name} (first: line {orphans[0] + 1})"
+            f"{dataset.prompts_path}:{progress.changed + 1}: prompt changed since its row was written "
+            f"(row in {dataset.results_path.name} has another prompt_sha256); restore the file or "
+            "move the results away"
         )
+    if progress.orphans:
+        first = min(progress.orphans)
+        raise JobError(
+            f"{dataset.results_path}: {len(progress.orphans)} rows name lines that are not valid prompts "
+            f"in {dataset.prompts_path.name} (first: line {first + 1})"
+        )
+
+
+async def keep_scans(scanned: Iterable[Scanned]) -> None:
+    """Each new scan kept in the run folder, for the next start (the job holds the folder now)."""
+    for item in scanned:
+        if item.keep is not None:
+            await asyncio.to_thread(item.keep)

@@ -28,7 +28,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Literal, Required, TypedDict, TypeVar, cast
 
-from regen.engine.data.jsonl import JsonlError, iter_jsonl
+from regen.engine.data.jsonl import JsonlError, iter_lines, parse_line
 
 # A journal line as parsed, before its reader has looked at it.
 Raw = Mapping[str, object]
@@ -632,21 +632,29 @@ ATTEMPTS = Journal("k", "not an attempt record (no kind 'k')")
 EVENTS = Journal("event", "not an event record (no event name)")
 
 
-def replay(path: Path, journal: Journal, handlers: Mapping[str, Handler]) -> None:
+def replay(
+    path: Path, journal: Journal, handlers: Mapping[str, Handler], *, start: int = 0, first: int = 0
+) -> tuple[int, int]:
     """Every complete line of `path` through its kind's handler, in order; kinds without one are
-    passed over (a newer regen's, or one this reader has no use for).
+    passed over (a newer regen's, or one this reader has no use for). From byte `start`, line
+    `first` (a checkpoint's, engine/run/checkpoint.py); returns where it stopped: the byte after
+    the last complete line and the number of lines.
 
     Raises RecoveryError naming file:line for a record without a kind or one its reader refuses;
-    a line that is not JSON raises iter_jsonl's CorruptLine (the caller words it).
+    a line that is not JSON raises CorruptLine (the caller words it).
     """
-    for n, raw in iter_jsonl(path):
+    offset, lines = start, first
+    for n, line in iter_lines(path, start=start, first=first):
+        raw = parse_line(path, n, line)
         kind = raw.get(journal.key)
         if type(kind) is not str:
             raise RecoveryError(stop_message(path, n, journal.unnamed))
         handler = handlers.get(kind)
-        if handler is None:
-            continue
-        try:
-            handler.handle(handler.read(raw))
-        except BadRecord as exc:
-            raise RecoveryError(stop_message(path, n, exc.problem)) from None
+        if handler is not None:
+            try:
+                handler.handle(handler.read(raw))
+            except BadRecord as exc:
+                raise RecoveryError(stop_message(path, n, exc.problem)) from None
+        offset += len(line)
+        lines = n + 1
+    return offset, lines

@@ -21,9 +21,10 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from regen.engine.data.jsonl import CorruptLine, iter_jsonl, repair_torn_tail
-from regen.engine.data.scan import DIGEST_BYTES
+from regen.engine.data.jsonl import CorruptLine, iter_lines, parse_line, repair_torn_tail
+from regen.engine.data.scan import DIGEST_BYTES, ScanReport
 from regen.engine.money.ledger import Estimates, SpendBreakdown
+from regen.engine.run.lineset import LineSet
 from regen.engine.run.records import (
     ATTEMPTS,
     EVENTS,
@@ -58,9 +59,12 @@ from regen.engine.run.records import (
     replay,
     stop_message,
 )
+from regen.engine.run.rowfacts import SLICE_FROM, row_facts
+from regen.engine.run.segments import history, segments
 
 __all__ = [
     "DatasetProgress",
+    "JournalReplay",
     "JournalState",
     "RecoveryError",
     "Unsettled",
@@ -77,9 +81,7 @@ __all__ = [
 class DatasetProgress:
     """Rows already written for one dataset."""
 
-    # line -> the first DIGEST_BYTES of its row's prompt_sha256 (b"" when that is not hex): what
-    # the check against the prompts compares, at a third of the hex string's memory.
-    done: dict[int, bytes] = field(default_factory=dict)
+    done: LineSet = field(default_factory=LineSet)  # lines that have their row
     ok: int = 0
     truncated: int = 0
     output_tokens: int = 0
@@ -91,7 +93,13 @@ class DatasetProgress:
     # both fleets counts each backend's share over the whole job with them (docs/fleets.md).
     backend_rows: dict[str, int] = field(default_factory=dict)
     backend_tokens: dict[str, int] = field(default_factory=dict)
-
+    # Checked against the prompts' digests while read (read_rows(prompts=...)): the first row whose
+    # prompt changed since it was written, and rows naming lines that are not valid prompts.
+    changed: int | None = None
+    orphans: list[int] = field(default_factory=list)
+    # How far the file was read: its complete lines and their bytes (a checkpoint resumes there).
+    lines: int = 0
+    offset: int = 0
 
 @dataclass(slots=True)
 class Unsettled:
@@ -150,46 +158,89 @@ def prompt_digest(sha256: object) -> bytes:
         return b""
 
 
-def read_rows(results_path: Path, unsettled_lines: Collection[int] = ()) -> DatasetProgress:
+def read_rows(
+    results_path: Path,
+    unsettled_lines: Collection[int] = (),
+    prompts: ScanReport | None = None,
+    *,
+    progress: DatasetProgress | None = None,
+    end: int | None = None,
+) -> DatasetProgress:
     """Rows of one raw_responses.jsonl, repairing a torn last line first.
 
     For lines in `unsettled_lines` (an attempt started, no end record) the row's generation id,
     cost and tokens are kept: the row and the end record are written concurrently, so a crash can
-    leave the row without its end record, and the row then settles the attempt.
+    leave the row without its end record, and the row then settles the attempt. With `prompts` (the
+    scan's digests) each row is checked against its prompt as it is read (check_rows_match says
+    what was found). With `progress` (a checkpoint's) reading goes on from where it stopped; with
+    `end` it stops there and repairs nothing (the job is writing the file: engine/run/checkpoint.py).
     """
-    progress = DatasetProgress(torn_bytes=repair_torn_tail(results_path))
+    if progress is None:
+        progress = DatasetProgress()
+    if end is None:
+        progress.torn_bytes += repair_torn_tail(results_path)
     if not results_path.exists():
         return progress
-    for row in _rows(results_path):
-        line = row["line"]
-        if line in progress.done:
-            progress.duplicates += 1
-            continue
-        progress.done[line] = prompt_digest(row.get("prompt_sha256"))
-        if line in unsettled_lines:
-            progress.settling[line] = {
-                "gen": row.get("generation_id"),
-                # A GPU-time row keeps its ledger amount beside the (null) dollar cost.
-                "cost": row.get("cost") if row.get("cost") is not None else row.get("gpu_s"),
-                "est": bool(row.get("cost_estimated")),
-                "status": row.get("status"),
-                "ctok": (row.get("usage") or {}).get("completion_tokens"),
-                "provider": row.get("provider"),
-                "backend": row.get("backend"),
-            }
-        if row.get("status") == "truncated":
-            progress.truncated += 1
-        else:
-            progress.ok += 1
-        usage = row.get("usage") or {}
-        tokens = usage.get("completion_tokens")
-        made = tokens if isinstance(tokens, int) else 0
-        progress.output_tokens += made
-        backend = row.get("backend")
-        if isinstance(backend, str):
-            progress.backend_rows[backend] = progress.backend_rows.get(backend, 0) + 1
-            progress.backend_tokens[backend] = progress.backend_tokens.get(backend, 0) + made
+    digest_of = prompts.digest_of if prompts is not None and prompts.digests is not None else None
+    offset = progress.offset
+    with _named(results_path):
+        for n, raw in iter_lines(results_path, start=progress.offset, first=progress.lines, end=end):
+            offset += len(raw)
+            # A short row is parsed whole faster than it is sliced (BENCHMARKS.md "Restart").
+            row = row_facts(raw) if len(raw) >= SLICE_FROM else None
+            # Short, not regen's key order, or a row that settles an attempt (it needs the fields
+            # after `cost`): the whole row.
+            if row is None or _row_problem(row) is not None or row["line"] in unsettled_lines:
+                row = parse_line(results_path, n, raw)
+                problem = _row_problem(row)
+                if problem is not None:
+                    raise RecoveryError(stop_message(results_path, n, problem))
+            _count_row(progress, row, unsettled_lines, digest_of)
+            progress.lines = n + 1
+            progress.offset = offset
     return progress
+
+
+def _count_row(
+    progress: DatasetProgress,
+    row: dict[str, Any],
+    unsettled_lines: Collection[int],
+    digest_of: Callable[[int], bytes | None] | None,
+) -> None:
+    line = row["line"]
+    if not progress.done.add(line):
+        progress.duplicates += 1
+        return
+    if digest_of is not None:
+        kept = digest_of(line)
+        if kept is None:
+            progress.orphans.append(line)
+        elif progress.changed is None and prompt_digest(row["prompt_sha256"]) != kept:
+            # b"" (a row whose prompt_sha256 is not hex) was not written for this prompt either.
+            progress.changed = line
+    usage = row.get("usage") or {}
+    tokens = usage.get("completion_tokens")
+    if line in unsettled_lines:
+        progress.settling[line] = {
+            "gen": row.get("generation_id"),
+            # A GPU-time row keeps its ledger amount beside the (null) dollar cost.
+            "cost": row.get("cost") if row.get("cost") is not None else row.get("gpu_s"),
+            "est": bool(row.get("cost_estimated")),
+            "status": row.get("status"),
+            "ctok": tokens,
+            "provider": row.get("provider"),
+            "backend": row.get("backend"),
+        }
+    if row.get("status") == "truncated":
+        progress.truncated += 1
+    else:
+        progress.ok += 1
+    made = tokens if isinstance(tokens, int) else 0
+    progress.output_tokens += made
+    backend = row.get("backend")
+    if isinstance(backend, str):
+        progress.backend_rows[backend] = progress.backend_rows.get(backend, 0) + 1
+        progress.backend_tokens[backend] = progress.backend_tokens.get(backend, 0) + made
 
 
 # How the client used to word an attempt that failed before its request left (aiohttp's connector
@@ -224,18 +275,72 @@ def read_journals(
     `count_attempts`). An attempt's backend is its records' `be`; records without one were written
     by a single-backend run and belong to `default`.
     """
-    state = JournalState(torn_bytes=repair_torn_tail(attempts_path))
-    repair_torn_tail(events_path)
-    if attempts_path.exists():
-        attempts = _AttemptReplay(state, backend, default, count_attempts)
-        with _named(attempts_path):
-            replay(attempts_path, ATTEMPTS, attempts.handlers())
-        attempts.finish()
-    if events_path.exists():
-        events = _EventReplay(state, backend, default)
-        with _named(events_path):
-            replay(events_path, EVENTS, events.handlers())
-    return state
+    journals = JournalReplay.begin(backend, default, count_attempts)
+    journals.repair(attempts_path, events_path)
+    journals.read_segments(attempts_path)
+    journals.advance(attempts_path, events_path)
+    return journals.finish()
+
+
+class JournalReplay:
+    """The two journals read up to a point, and reading on from there: a checkpoint keeps one
+    (engine/run/checkpoint.py), so a start reads only the records written after it."""
+
+    def __init__(self, state: JournalState, attempts: _AttemptReplay, events: _EventReplay) -> None:
+        self.state = state
+        self.attempts = attempts
+        self.events = events
+        self.attempts_at = (0, 0)  # (byte offset, lines) read of the attempt journal
+        self.events_at = (0, 0)
+
+    @classmethod
+    def begin(cls, backend: str | None, default: str | None, count_attempts: bool) -> JournalReplay:
+        state = JournalState()
+        return cls(state, _AttemptReplay(state, backend, default, count_attempts), _EventReplay(state, backend, default))
+
+    def repair(self, attempts_path: Path, events_path: Path) -> None:
+        """A torn last line cut off (at a start: nothing is writing the journals then)."""
+        self.state.torn_bytes += repair_torn_tail(attempts_path)
+        repair_torn_tail(events_path)
+
+    def read_segments(self, attempts_path: Path) -> None:
+        """The attempt journal's rotated history (engine/run/segments.py), before the file itself."""
+        for part in segments(attempts_path):
+            with _named(part):
+                replay(part, ATTEMPTS, self.attempts.handlers())
+
+    def advance(self, attempts_path: Path, events_path: Path) -> None:
+        """Every complete record after the point read so far (a torn last line is left for later)."""
+        if attempts_path.exists():
+            with _named(attempts_path):
+                self.attempts_at = replay(
+                    attempts_path, ATTEMPTS, self.attempts.handlers(), start=self.attempts_at[0], first=self.attempts_at[1]
+                )
+        if events_path.exists():
+            with _named(events_path):
+                self.events_at = replay(
+                    events_path, EVENTS, self.events.handlers(), start=self.events_at[0], first=self.events_at[1]
+                )
+
+    def open_lines(self) -> dict[str, set[int]]:
+        """dataset -> lines of attempts started and not ended (so far): their rows may settle them."""
+        lines: dict[str, set[int]] = {}
+        for start in self.attempts.starts.values():
+            lines.setdefault(start["ds"], set()).add(start["line"])
+        return lines
+
+    def forget_done(self, done: Mapping[str, Collection[int]]) -> None:
+        """Attempt counts of prompts that have their row: only unfinished prompts need theirs."""
+        for name, tried in self.attempts.attempts.items():
+            finished = done.get(name)
+            if finished:
+                for line in [line for line in tried if line in finished]:
+                    del tried[line]
+
+    def finish(self) -> JournalState:
+        """The state as recovery hands it on (the attempts open now counted as crashed)."""
+        self.attempts.finish()
+        return self.state
 
 
 def read_lanes(
@@ -259,7 +364,9 @@ def read_lanes(
     if attempts_path.exists():
         attempts = {lane: _AttemptReplay(states[lane], lane, default, False) for lane in lanes}
         with _named(attempts_path):
-            replay(attempts_path, ATTEMPTS, _together([_ByLane(attempts, default).handlers()], attempts_seen))
+            table = _together([_ByLane(attempts, default).handlers()], attempts_seen)
+            for part in history(attempts_path):  # the rotated segments first (engine/run/segments.py)
+                replay(part, ATTEMPTS, table)
         for each in attempts.values():
             each.finish()
     if events_path.exists():
@@ -454,10 +561,10 @@ class _AttemptReplay:
 
     def finish(self) -> None:
         state = self.state
-        for rid, start in self.starts.items():
-            state.crashed.append(
-                Unsettled(rid, start["ds"], start["line"], self.generation.get(rid), Decimal(str(start["reserved"])))
-            )
+        state.crashed = [
+            Unsettled(rid, start["ds"], start["line"], self.generation.get(rid), Decimal(str(start["reserved"])))
+            for rid, start in self.starts.items()
+        ]
         state.to_reconcile = list(self.estimated.values())
         state.never_sent = list(self.unsent.values())
         state.attempts = self.attempts
@@ -570,11 +677,9 @@ def journal_spend(attempts_path: Path) -> dict[str, float]:
     def reconciled(rec: ReconciledRecord) -> None:
         add(rec["rid"], None, rec.get("be"), rec.get("delta"))
 
-    replay(
-        attempts_path,
-        ATTEMPTS,
-        {"start": on(read_start, start), "end": on(read_end, end), "reconciled": on(read_reconciled, reconciled)},
-    )
+    handlers = {"start": on(read_start, start), "end": on(read_end, end), "reconciled": on(read_reconciled, reconciled)}
+    for part in history(attempts_path):  # the rotated segments first (engine/run/segments.py)
+        replay(part, ATTEMPTS, handlers)
     return spend
 
 
@@ -590,15 +695,6 @@ def _named(path: Path) -> Iterator[None]:
         yield
     except CorruptLine as exc:
         raise RecoveryError(stop_message(path, exc.line, exc.problem)) from None
-
-
-def _rows(path: Path) -> Iterator[dict[str, Any]]:
-    with _named(path):
-        for n, row in iter_jsonl(path):
-            problem = _row_problem(row)
-            if problem is not None:
-                raise RecoveryError(stop_message(path, n, problem))
-            yield row
 
 
 def _row_problem(row: dict[str, Any]) -> str | None:

@@ -1,0 +1,108 @@
+"""The attempt journal's history, rotated into compressed segments that a resume never reads.
+
+A checkpoint (engine/run/checkpoint.py) holds everything a start needs from the records before it,
+so at a start whose attempts.jsonl has grown past COMPACT_FROM, the whole file (all of it read into
+the checkpoint written next) becomes segment N: renamed into `segments/` at once, then compressed in
+the background. A start reads the checkpoint and the new attempts.jsonl only; whoever needs the whole
+history (a start without a usable checkpoint, `regen verify`'s spend, a spend audit:
+engine/run/recovery.py read_journals and journal_spend) reads the segments in order, then the file.
+
+Crash-safe at every step: the rename moves the file whole (history = segments + attempts.jsonl holds
+throughout); the compressed copy is written to a temporary name, fsynced and renamed, and only then
+is the plain segment removed; a segment found both plain and compressed is read plain; a temporary
+left by a crash is removed and the plain segment compressed again (docs/faults.md, "Checkpoints").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import os
+import re
+import shutil
+from pathlib import Path
+
+SEGMENTS_DIR = "segments"
+# A journal smaller than this stays whole: about 200,000 attempts, seconds to read.
+COMPACT_FROM = 64 << 20
+_PART = re.compile(r"^(?P<stem>.+)\.(?P<n>\d{6})\.jsonl(?P<gz>\.gz)?$")
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def segments(path: Path) -> list[Path]:
+    """The rotated segments of journal `path`, oldest first (each plain if it is there, else compressed)."""
+    folder = path.parent / SEGMENTS_DIR
+    if not folder.is_dir():
+        return []
+    found: dict[int, Path] = {}
+    for entry in folder.iterdir():
+        match = _PART.match(entry.name)
+        if match is None or match["stem"] != path.stem:
+            continue
+        n = int(match["n"])
+        if match["gz"] is None or n not in found:
+            found[n] = entry
+    return [found[n] for n in sorted(found)]
+
+
+def history(path: Path) -> list[Path]:
+    """Every part of journal `path`, in order: its segments, then the file."""
+    return [*segments(path), path]
+
+
+def last_segment(path: Path) -> int:
+    """The number of the newest segment of `path` (0: none)."""
+    parts = segments(path)
+    match = _PART.match(parts[-1].name) if parts else None
+    return int(match["n"]) if match else 0
+
+
+def rotate(path: Path) -> Path | None:
+    """Journal `path` renamed to its next segment (nothing writes it now), if it is COMPACT_FROM or more."""
+    try:
+        if path.stat().st_size < COMPACT_FROM:
+            return None
+    except FileNotFoundError:
+        return None
+    folder = path.parent / SEGMENTS_DIR
+    folder.mkdir(exist_ok=True)
+    target = folder / f"{path.stem}.{last_segment(path) + 1:06d}.jsonl"
+    os.rename(path, target)
+    _fsync_dir(folder)
+    _fsync_dir(path.parent)
+    return target
+
+
+def compress(path: Path) -> int:
+    """Every plain segment of journal `path` compressed (safe to run again after a crash); how many."""
+    folder = path.parent / SEGMENTS_DIR
+    if not folder.is_dir():
+        return 0
+    for stale in folder.glob(f".{path.stem}.*.tmp"):
+        stale.unlink()
+    done = 0
+    for part in segments(path):
+        if part.suffix == ".gz":
+            continue
+        final = part.with_name(part.name + ".gz")
+        temporary = folder / f".{part.name}.gz.tmp"
+        try:
+            with open(part, "rb") as src, gzip.open(temporary, "wb", compresslevel=1) as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            with open(temporary, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(temporary, final)
+            _fsync_dir(folder)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                temporary.unlink()
+        part.unlink()
+        done += 1
+    return done

@@ -1,0 +1,153 @@
+"""What a resume reads from rows (engine/run/rowfacts.py, engine/run/recovery.py read_rows) and the
+done lines' bitmap (engine/run/lineset.py): the same facts as a whole parse, whatever the row holds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from regen.engine.data.datasets import Dataset
+from regen.engine.data.scan import scan
+from regen.engine.run.inputs import check_rows_match
+from regen.engine.run.lineset import LineSet
+from regen.engine.run.recovery import read_rows
+from regen.engine.run.rowfacts import SLICE_FROM, row_facts
+from regen.engine.run.state import JobError
+
+FACTS = ("line", "prompt_sha256", "status", "backend", "usage", "cost")
+
+
+def a_row(line: int, **changes: Any) -> dict[str, Any]:
+    """A row in the key order engine/job/rows.py writes, long enough to be sliced (token ids kept)."""
+    row: dict[str, Any] = {
+        "schema_version": 1,
+        "id": f"A-{line:08d}",
+        "dataset": "A",
+        "line": line,
+        "prompt_sha256": f"{line:064x}",
+        "source_id": None,
+        "meta": None,
+        "status": "ok",
+        "backend": "openrouter",
+        "model": "m/x",
+        "served_model": "m/x-1",
+        "provider": "P",
+        "generation_id": f"gen-{line}",
+        "finish_reason": "stop",
+        "native_finish_reason": "stop",
+        "reasoning": "think",
+        "content": "answer",
+        "prompt_ids": list(range(100000, 100100)),
+        "output_ids": list(range(200000, 200300)),
+        "output_ids_source": "server",
+        "terminator_appended": False,
+        "num_prompt_tokens": 100,
+        "num_output_tokens": 300,
+        "usage": {"prompt_tokens": 100, "completion_tokens": 300},
+        "cost": 0.0004,
+        "cost_estimated": False,
+        "is_byok": False,
+        "request": {"max_tokens": 100},
+        "server": {"kind": "openrouter"},
+        "tokenizer": None,
+        "flags": [],
+        "timing": {"started_at": "2026-12-01T10:00:00.000Z", "ttft_s": 0.1, "e2e_s": 1.0, "attempts": 1},
+        "created_at": "2026-12-01T10:00:01.000Z",
+    }
+    row.update(changes)
+    return row
+
+
+def raw(row: dict[str, Any]) -> bytes:
+    return orjson.dumps(row) + b"\n"
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        # Keys named like the ones read, nested where a search by key would find them first.
+        {"meta": {"status": "x", "line": 9, "backend": "y", "usage": {"cost": 1}, "reasoning": "r"}},
+        {"source_id": 'a","status":"bad', "meta": [{"meta": None}]},
+        {"content": '","usage":{"completion_tokens":999},"cost":5,"cost_estimated":', "reasoning": 'x\\"y'},
+        {"usage": {"prompt_tokens": 1, "completion_tokens": 7, "cost": 0.5, "details": {"cost": 2}}},
+        {"usage": None, "cost": None, "status": "truncated", "backend": "sglang"},
+        {"cost": 1.5e-05},
+    ],
+    ids=["plain", "meta-with-the-keys", "escaped-source", "text-with-the-keys", "nested-usage", "nulls", "exp"],
+)
+def test_a_sliced_row_gives_what_the_whole_parse_gives(changes: dict[str, Any]) -> None:
+    line = raw(a_row(7, **changes))
+    assert len(line) >= SLICE_FROM
+    facts = row_facts(line)
+    whole = orjson.loads(line)
+    assert facts is not None and {key: facts[key] for key in FACTS} == {key: whole[key] for key in FACTS}
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"line": 3, "prompt_sha256": "x"}\n',  # hand-written: another key order
+        raw(a_row(1))[:-2] + b"\n",  # not closed
+        raw(a_row(1)).replace(b'"reasoning":"think"', b'"reasoning":"th\x00\x00"'),  # a power loss's zeros
+        raw(a_row(1)).replace(b'"line":1', b'"line":1.5'),
+    ],
+    ids=["other-order", "unclosed", "nul-bytes", "float-line"],
+)
+def test_a_row_not_in_regens_shape_is_left_to_the_whole_parse(line: bytes) -> None:
+    assert row_facts(line) is None
+
+
+def test_a_results_file_reads_the_same_sliced_or_whole(tmp_path: Path) -> None:
+    rows = [a_row(line, status="truncated" if line % 3 == 0 else "ok") for line in range(50)]
+    rows.append(a_row(4))  # a duplicate
+    rows.append(a_row(60, backend="sglang", meta={"k": [1, {"status": "no"}]}, usage={"completion_tokens": 5}))
+    long_path, short_path = tmp_path / "long.jsonl", tmp_path / "short.jsonl"
+    long_path.write_bytes(b"".join(raw(row) for row in rows))
+    # The same facts in rows short enough to be parsed whole.
+    short_path.write_bytes(b"".join(raw({**row, "prompt_ids": [], "output_ids": []}) for row in rows))
+    sliced, whole = read_rows(long_path, {60}), read_rows(short_path, {60})
+    assert sliced.done == whole.done == LineSet([*range(50), 60])
+    for got in (sliced, whole):
+        assert (got.ok, got.truncated, got.duplicates, got.output_tokens) == (34, 17, 1, 50 * 300 + 5)
+        assert got.backend_rows == {"openrouter": 50, "sglang": 1}
+        assert got.settling[60]["ctok"] == 5 and got.settling[60]["gen"] == "gen-60"
+    assert sliced.lines == whole.lines == 52 and sliced.offset == long_path.stat().st_size
+
+
+def test_rows_are_checked_against_the_prompts_as_they_are_read(tmp_path: Path) -> None:
+    folder = tmp_path / "A"
+    folder.mkdir()
+    prompts = [orjson.dumps({"messages": [{"role": "user", "content": f"q{n}"}]}) for n in range(5)]
+    (folder / "prompts.jsonl").write_bytes(b"\n".join([*prompts, b"not json"]) + b"\n")
+    dataset = Dataset("A", folder)
+    report = scan(dataset, keep_digests=True)
+    from regen.engine.data.validate import validate_line
+
+    shas = [validate_line(p, "A", n).sha256 for n, p in enumerate(prompts)]  # type: ignore[union-attr]
+    dataset.results_path.write_bytes(b"".join(raw(a_row(n, prompt_sha256=shas[n])) for n in range(5)))
+    check_rows_match(dataset, read_rows(dataset.results_path, prompts=report))  # all match
+
+    with dataset.results_path.open("ab") as f:
+        f.write(raw(a_row(5, prompt_sha256=shas[0])) + raw(a_row(9, prompt_sha256=shas[0])))
+    with pytest.raises(JobError, match=r"2 rows name lines that are not valid prompts .* \(first: line 6\)"):
+        check_rows_match(dataset, read_rows(dataset.results_path, prompts=report))
+
+    dataset.results_path.write_bytes(raw(a_row(2, prompt_sha256=shas[3])))
+    with pytest.raises(JobError, match=r"prompts.jsonl:3: prompt changed since its row was written"):
+        check_rows_match(dataset, read_rows(dataset.results_path, prompts=report))
+
+
+def test_a_line_set_holds_lines_as_bits() -> None:
+    lines = LineSet([0, 7, 8, 1_000_000])
+    assert not lines.add(7) and lines.add(9)
+    assert len(lines) == 5 and list(lines) == [0, 7, 8, 9, 1_000_000]
+    assert 1_000_000 in lines and 999_999 not in lines and -1 not in lines and "7" not in lines
+    assert len(lines.to_bytes()) == 1_000_000 // 8 + 1
+    copy = lines.copy()
+    copy.add(3)
+    assert 3 not in lines and LineSet.from_bytes(lines.to_bytes()) == lines != copy
+    assert not LineSet() and LineSet.from_bytes(b"") == LineSet()
