@@ -118,8 +118,8 @@ def child(mode: str, base_url: str, n: int, concurrency: int, workdir: Path, sim
 
     settings_of = tp.regen_settings
 
-    def with_fidelity(base_url: str, dataset: Path, run_dir: Path, concurrency: int) -> Any:
-        settings = settings_of(base_url, dataset, run_dir, concurrency)
+    def with_fidelity(base_url: str, dataset: Path, run_dir: Path, concurrency: int, stream: bool = True) -> Any:
+        settings = settings_of(base_url, dataset, run_dir, concurrency, stream)
         settings.openrouter.fidelity = mode
         return settings
 
