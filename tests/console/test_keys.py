@@ -439,7 +439,7 @@ async def test_narrow_terminal_drops_secondary_columns_and_tiny_shows_a_message(
         await pilot.resize_terminal(200, 50)
         await pilot.pause()
         assert not app.has_class("-too-small")
-        assert len(table.column_keys) == 15
+        assert len(table.column_keys) == 16 and "fidelity" in table.column_keys
 
 
 async def test_snapshots_coalesce() -> None:
