@@ -7,7 +7,6 @@ import io
 import os
 import stat
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -137,13 +136,16 @@ def test_detached_job_outlives_its_console_and_stops_on_request(sim_process: str
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(1.5)
+    # Its first status line, before the stop: a Python start can take seconds on a loaded machine.
+    assert attach.stdout is not None
+    first = attach.stdout.readline()
     stopped = subprocess.run(
         regen_argv("stop", "--settings", str(settings)), env=env, capture_output=True, text=True, timeout=60
     )
     assert stopped.returncode == 0, stopped.stderr
     assert "stopping: draining" in stopped.stderr
-    out, _ = attach.communicate(timeout=30)
+    rest, _ = attach.communicate(timeout=30)
+    out = first + rest
     assert "RUNNING" in out and "detached: the job has ended" in out
     wait_gone(pid)
     rows = read_rows(data[0])

@@ -36,3 +36,17 @@ def spend_by_backend(attempts: Path) -> dict[str, Decimal]:
         elif rec["k"] == "reconciled":
             spent[owner[rid]] += Decimal(rec["delta"])
     return dict(spent)
+
+
+def reconciled_before_end(attempts: Path) -> list[str]:
+    """The attempts whose bill (`reconciled`) was journaled before the `end` it corrects: a replay
+    reads such an estimate as still pending (engine/job/settle.py looks a bill up only once the end
+    record is queued)."""
+    ended: set[str] = set()
+    early: list[str] = []
+    for rec in journal(attempts):
+        if rec["k"] == "end":
+            ended.add(rec["rid"])
+        elif rec["k"] == "reconciled" and rec["rid"] not in ended:
+            early.append(rec["rid"])
+    return early

@@ -136,12 +136,17 @@ class Settler:
         route = self._account(flight, outcome, cost, estimated, result, failure, violation, mono)
         record = self._record(flight, outcome, cost, estimated, result, failure, violation, now)
         item = flight.item
-        if estimated and outcome.handle:
-            self.reconcile_later(
-                Unsettled(flight.rid, item.prompt.dataset, item.prompt.line, outcome.handle, cost, result, outcome.route)
-            )
+        # The bill is looked up only once the end record is queued: a lookup that answered while
+        # the row was still being tokenized would journal its `reconciled` record before the `end`
+        # it corrects, and a replay (a resume, `regen report`) would find the estimate still pending.
+        lookup = (
+            Unsettled(flight.rid, item.prompt.dataset, item.prompt.line, outcome.handle, cost, result, outcome.route)
+            if estimated and outcome.handle
+            else None
+        )
         if failure is not None:
             self.results.journal(record)
+            self._look_up(lookup)
             self._failed(item, failure, route, flight.launched_at)
             return
         assert status is not None
@@ -177,19 +182,25 @@ class Settler:
                 # Answers of a route taken back that were in flight when it was flagged.
                 violation = violation or f"fidelity: {outcome.route} drifted; its rows are requeued"
         if violation is not None:
-            await self.results.journal(record)
+            journaled = self.results.journal(record)
+            self._look_up(lookup)
+            await journaled
             await self._quarantine(item, row, violation, outcome.route)
             return
         if self.pool is not None:
             try:
                 row = await self.pool.fill(row, prompt.request_messages)
             except TokenizeError as exc:
-                await self.results.journal(record)
+                journaled = self.results.journal(record)
+                self._look_up(lookup)
+                await journaled
                 self.hooks.fatal(StopReason.FATAL, f"tokenizing failed: {exc}")
                 return
         # The end record names the handle only when it is the handle the gen record journaled.
         supersedes = flight.gen_ticket if outcome.handle == flight.handle else None
-        await self.results.commit_row(prompt.dataset, record, row, supersedes)
+        committed = self.results.commit_row(prompt.dataset, record, row, supersedes)
+        self._look_up(lookup)
+        await committed
         self._progress(prompt, status, outcome.completion_tokens, mono)
         self.hooks.reached(flight.launched_at)
         self.hooks.succeeded(mono)
@@ -508,6 +519,10 @@ class Settler:
         )
         if estimated and handle:
             self.reconcile_later(Unsettled(crashed.rid, crashed.dataset, crashed.line, handle, cost, outcome))
+
+    def _look_up(self, pending: Unsettled | None) -> None:
+        if pending is not None:
+            self.reconcile_later(pending)
 
     def reconcile_later(self, pending: Unsettled) -> None:
         account = self.account

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -81,18 +81,18 @@ class ResultsWriter:
         for a later record that makes it redundant (`commit_row`'s `supersedes`)."""
         return self.attempts.append_nowait(record)
 
-    async def commit_row(
+    def commit_row(
         self, dataset: str, end: EndRecord, row: Mapping[str, Any], supersedes: int | None = None
-    ) -> None:
-        """The attempt's end record and its row, durable together. `supersedes`: the ticket of the
-        attempt's `gen` record, which the end record (naming the same handle) replaces when it has
-        not been written yet (engine/data/jsonl.py `supersede`): one line fewer per attempt that
-        ends within one group commit of its handle."""
+    ) -> Awaitable[None]:
+        """The attempt's end record and its row, queued now (a record queued after this call is
+        journaled after the end record) and durable together once the result is awaited.
+        `supersedes`: the ticket of the attempt's `gen` record, which the end record (naming the
+        same handle) replaces when it has not been written yet (engine/data/jsonl.py `supersede`):
+        one line fewer per attempt that ends within one group commit of its handle."""
         attempts = self.attempts
         settled = attempts.append(end) if supersedes is None else attempts.supersede(supersedes, end)
         written = self._rows[dataset].append(row)
-        await settled
-        await written
+        return _both(settled, written)
 
     async def quarantine(self, row: Mapping[str, Any]) -> None:
         assert self._quarantine is not None
@@ -104,3 +104,8 @@ class ResultsWriter:
                 # A failed writer has said why already; closing the others must still happen.
                 with contextlib.suppress(WriteFailed):
                     await writer.close()
+
+
+async def _both(first: Awaitable[None], second: Awaitable[None]) -> None:
+    await first
+    await second
