@@ -171,6 +171,9 @@ async def test_preflight_402_key_limit_variant(api: Api, osim: OpenRouterSim) ->
 
 async def test_debit_at_completion_allows_overshoot(api: Api, osim: OpenRouterSim) -> None:
     osim.config.credits = 0.002
+    # Slow enough that every request passes the pre-flight check before the first one is debited,
+    # however loaded the machine (at the quick() scale one can finish before the next arrives).
+    osim.config.time_scale = 0.5
     replies = await asyncio.gather(*(api.chat(max_tokens=60) for _ in range(30)))
     assert all(r.status == 200 for r in replies)
     assert osim.billing.balance < 0  # concurrent requests overshoot, as at OpenRouter
@@ -209,6 +212,7 @@ async def test_key_and_credits_lag_the_ledger(api: Api, osim: OpenRouterSim) -> 
     # The gates do not lag: with the credits all spent a moment ago, /key still shows money left
     # while the pre-flight check, reading the live ledger, refuses.
     osim.config.credits = float(osim.billing.billed_total) + 1e-4
+    osim.config.time_scale = 0.5  # all three pass the pre-flight check before one is debited
     overshoot = await asyncio.gather(*(api.chat(max_tokens=20) for _ in range(3)))
     assert [r.status for r in overshoot] == [200] * 3 and osim.billing.balance < 0
     credits = (await api.get("/credits", key=MGMT)).json["data"]

@@ -187,6 +187,7 @@ async def test_negative_balance_refuses_free_models_too(api: Api, osim: OpenRout
     free = await api.chat(model="moonshotai/kimi-k2.5:free")
     assert free.status == 200 and free.json["usage"]["cost"] == 0
     osim.config.credits = 0.002
+    osim.config.time_scale = 0.5  # every request passes the pre-flight check before one is debited
     replies = await asyncio.gather(*(api.chat(max_tokens=60) for _ in range(30)))
     assert all(r.status == 200 for r in replies)
     assert osim.billing.balance < 0
