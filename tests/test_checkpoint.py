@@ -30,9 +30,15 @@ def test_a_start_from_a_checkpoint_rebuilds_what_the_full_read_does(tmp_path: Pa
     first.write()
 
     # After the checkpoint: more work, the estimate reconciled, a duplicate row, an exclusion.
-    run.journal(end_record(estimated, "A", 12, "g12", "openrouter", "ok", Decimal("0.0009"), False, TS, ctok=30))
+    run.journal(
+        end_record(estimated, "A", 12, "g12", "openrouter", "ok", Decimal("0.0009"), False, TS, ctok=30)
+    )
     run.row(12, status="truncated")
-    run.journal(reconciled_record(f"A-{15:08d}#0", "openrouter", "g15", "ok", Decimal("0.0007"), Decimal("-0.0493"), TS))
+    run.journal(
+        reconciled_record(
+            f"A-{15:08d}#0", "openrouter", "g15", "ok", Decimal("0.0007"), Decimal("-0.0493"), TS
+        )
+    )
     for line in range(16, 25):
         run.answered(line)
     run.failed(10)
@@ -45,8 +51,14 @@ def test_a_start_from_a_checkpoint_rebuilds_what_the_full_read_does(tmp_path: Pa
     assert resumed.from_checkpoint
     assert_same(resumed, run.full())
     assert resumed.journals["openrouter"].attempts["A"] == {10: 2, 11: 1, 14: 1, 30: 1}
-    assert {u.rid for u in resumed.journals["openrouter"].crashed} == {settled_by_row, "A-00000014#0", "A-00000030#0"}
-    assert resumed.progress["A"].settling[13]["gen"] == "g13", "the row before the checkpoint still settles its attempt"
+    assert {u.rid for u in resumed.journals["openrouter"].crashed} == {
+        settled_by_row,
+        "A-00000014#0",
+        "A-00000030#0",
+    }
+    assert resumed.progress["A"].settling[13]["gen"] == "g13", (
+        "the row before the checkpoint still settles its attempt"
+    )
 
 
 def test_a_torn_checkpoint_is_passed_over_for_the_one_before(tmp_path: Path) -> None:
@@ -82,7 +94,9 @@ def test_files_that_no_longer_hold_what_a_checkpoint_read_are_read_whole(tmp_pat
     checkpoints.write()
     # The results replaced by another run's (same length, other lines): the checkpoint's rows are not these.
     rows = run.dataset.results_path.read_bytes()
-    run.dataset.results_path.write_bytes(rows.replace(b'"line":5', b'"line":7').replace(run.shas[5].encode(), run.shas[7].encode()))
+    run.dataset.results_path.write_bytes(
+        rows.replace(b'"line":5', b'"line":7').replace(run.shas[5].encode(), run.shas[7].encode())
+    )
     resumed = run.checkpointer().resume(run.prompts())
     assert not resumed.from_checkpoint
     assert 7 in resumed.progress["A"].done and 5 not in resumed.progress["A"].done

@@ -26,7 +26,9 @@ def test_sigkill_at_random_moments_then_resume_loses_and_duplicates_nothing(
     data = [write_dataset(tmp_path, "A", 1500), write_dataset(tmp_path, "B", 500)]
     # A checkpoint every second: kills land between checkpoints, and each start reads on from the
     # last one (docs/faults.md, "Checkpoints").
-    settings = settings_file(tmp_path, sim_process, data, concurrency=32, max_attempts=20, checkpoint_interval_s=1)
+    settings = settings_file(
+        tmp_path, sim_process, data, concurrency=32, max_attempts=20, checkpoint_interval_s=1
+    )
     env = {**ENV, "OPENROUTER_API_KEY": "sk-sim-test"}
     kills = kill_at_random_moments(settings, env, random.Random(11), 4, 0.8, 2.5)
     assert kills >= 2, "the job finished too fast to be killed"
@@ -55,7 +57,9 @@ def test_sigkill_at_random_moments_then_resume_loses_and_duplicates_nothing(
     assert any(r.get("outcome") == "lost_at_crash" for r in journal)
     # The clean stop's checkpoint holds everything: a start from it rebuilds what a full read does.
     run = tmp_path / "run"
-    full = read_journals(run / "attempts.jsonl", run / "events.jsonl", backend="openrouter", default="openrouter")
+    full = read_journals(
+        run / "attempts.jsonl", run / "events.jsonl", backend="openrouter", default="openrouter"
+    )
     datasets = [Dataset(folder.name, folder) for folder in data]
     resumed = Checkpointer(
         run, run / "attempts.jsonl", run / "events.jsonl", [Lane("openrouter", "openrouter", "openrouter", True)],
@@ -242,7 +246,9 @@ def test_demo_rehearses_the_sglang_path(tmp_path: Path) -> None:
         prompts = (folder / "datasets" / name / "prompts.jsonl").read_bytes().count(b"\n")
         rows = read_rows(folder / "datasets" / name)
         assert len(rows) == prompts
-        assert {r["backend"] for r in rows} == {"sglang"} and {r["output_ids_source"] for r in rows} == {"server"}
+        assert {r["backend"] for r in rows} == {"sglang"} and {r["output_ids_source"] for r in rows} == {
+            "server"
+        }
         assert all(r["output_ids"] and r["prompt_ids"] for r in rows)
     # The tokenizer the job rendered with is the built-in one, written into the demo folder.
     assert (folder / "tokenizer" / "tokenizer.json").is_file()

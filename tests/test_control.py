@@ -101,7 +101,9 @@ async def test_another_protocol_version_is_told_so(
     sim.config.time_scale = 0.05
     a = write_dataset(tmp_path, "A", 200)
     job, task = await start_job(make_settings(sim.base_url, [a], concurrency=4))
-    with pytest.raises(ControlError, match=f"this job speaks control protocol {PROTOCOL_VERSION}, the console speaks 99"):
+    with pytest.raises(
+        ControlError, match=f"this job speaks control protocol {PROTOCOL_VERSION}, the console speaks 99"
+    ):
         await SocketSource(job.run_dir / SOCKET_NAME, protocol=99).connect()
     job.stop(cancel=True)
     await task

@@ -380,8 +380,14 @@ async def test_no_hello_is_dropped_after_the_timeout(
         (b"\xff\xfe\x00\x01\n", "expected a hello (not JSON)"),
         (b"[1, 2]\n", "expected a hello"),
         (b'{"hello": 5}\n', "expected a hello"),
-        (b'{"hello": {"protocol": "2"}}\n', f"this job speaks control protocol {PROTOCOL_VERSION}, the console speaks 2"),
-        (b'{"hello": {"protocol": %d, "readonly": "no"}}\n' % PROTOCOL_VERSION, "hello: readonly must be true or false"),
+        (
+            b'{"hello": {"protocol": "2"}}\n',
+            f"this job speaks control protocol {PROTOCOL_VERSION}, the console speaks 2",
+        ),
+        (
+            b'{"hello": {"protocol": %d, "readonly": "no"}}\n' % PROTOCOL_VERSION,
+            "hello: readonly must be true or false",
+        ),
         (b"{" * (MAX_LINE + 5) + b"\n", f"expected a hello (message longer than {MAX_LINE} bytes)"),
     ],
 )

@@ -47,14 +47,32 @@ def test_the_first_start_and_the_last_deadline_are_read_back(tmp_path: Path) -> 
         events,
         [
             {"ts": 100.0, "event": "start"},
-            {"ts": 100.5, "event": "deadline", "text": "2h", "at": 7300.0, "setting": "2h", "source": "settings"},
+            {
+                "ts": 100.5,
+                "event": "deadline",
+                "text": "2h",
+                "at": 7300.0,
+                "setting": "2h",
+                "source": "settings",
+            },
             {"ts": 200.0, "event": "start"},
-            {"ts": 250.0, "event": "deadline", "text": "30m", "at": 2050.0, "setting": "2h", "source": "console"},
+            {
+                "ts": 250.0,
+                "event": "deadline",
+                "text": "30m",
+                "at": 2050.0,
+                "setting": "2h",
+                "source": "console",
+            },
         ],
     )
     state = read_journals(tmp_path / "attempts.jsonl", events)
     assert state.first_start_ts == 100.0
-    assert state.deadline is not None and state.deadline["at"] == 2050.0 and state.deadline["source"] == "console"
+    assert (
+        state.deadline is not None
+        and state.deadline["at"] == 2050.0
+        and state.deadline["source"] == "console"
+    )
 
 
 def test_a_deadline_record_without_an_instant_is_named(tmp_path: Path) -> None:
@@ -100,11 +118,18 @@ def test_deadline_events_are_said_as_they_happen() -> None:
     lines = event_lines(
         [
             {"event": "steer", "ceiling": 3},
-            {"event": "deadline_unreachable", "reason": "plan", "detail": "deadline cannot be met within the budget"},
+            {
+                "event": "deadline_unreachable",
+                "reason": "plan",
+                "detail": "deadline cannot be met within the budget",
+            },
             {"event": "deadline", "at": None, "source": "console"},
         ]
     )
-    assert lines == ["deadline: cannot be met now: deadline cannot be met within the budget", "deadline cleared"]
+    assert lines == [
+        "deadline: cannot be met now: deadline cannot be met within the budget",
+        "deadline cleared",
+    ]
 
 
 def planned(**over: Any) -> FleetView:
@@ -119,7 +144,9 @@ def test_the_plan_said_before_the_start_is_the_plan_whether_or_not_paced() -> No
     plan = "OpenRouter must carry 4.9k tokens for $0.13, budget left $0.16: fits"
     paced = plan_line(planned())
     assert "the GPUs make 4.2k tokens of 9.1k tokens by the deadline" in paced and plan in paced, paced
-    assert paced.endswith(f"{plan}; on track: OpenRouter 12 in flight, 400 tokens/s for 1.4M tokens by the deadline in 1h00m")
+    assert paced.endswith(
+        f"{plan}; on track: OpenRouter 12 in flight, 400 tokens/s for 1.4M tokens by the deadline in 1h00m"
+    )
     unpaced = planned(steered=False)
     unpaced["reason"] = unpaced["plan"]["reason"]
     assert plan_line(unpaced).endswith(plan) and plan_line(unpaced).count(plan) == 1
@@ -133,5 +160,9 @@ def test_the_status_line_carries_the_plan_and_its_verdict() -> None:
     waiting = planned(fits=False)  # the live plan fits, the verdict waits for evidence
     assert plan_part(waiting).endswith(": not yet within reach")
     alone = planned()
-    alone["plan"]["gpu_tokens"], alone["plan"]["gpu_tokens_per_s"], alone["plan"]["openrouter_tokens"] = 0, 0.0, 9100
+    alone["plan"]["gpu_tokens"], alone["plan"]["gpu_tokens_per_s"], alone["plan"]["openrouter_tokens"] = (
+        0,
+        0.0,
+        9100,
+    )
     assert plan_part(alone).startswith("plan OpenRouter 9100 tok $0.13"), "no GPUs in the job: none named"

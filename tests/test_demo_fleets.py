@@ -38,7 +38,9 @@ def test_the_fleets_demo_runs_both_backends_to_the_end_headless(tmp_path: Path) 
     # The plan before the start: the GPUs' share, what OpenRouter must carry, for how much, the verdict.
     plan = out[1]
     assert plan.startswith("deadline ") and "the GPUs make " in plan, plan
-    assert re.search(r"OpenRouter must carry [\d.]+k tokens for \$0\.\d\d, budget left \$0\.50: fits; ", plan), plan
+    assert re.search(
+        r"OpenRouter must carry [\d.]+k tokens for \$0\.\d\d, budget left \$0\.50: fits; ", plan
+    ), plan
     status = [line for line in out if line.startswith("[")]
     assert status and all("| plan GPUs " in line and "| deadline " in line for line in status), status[:2]
     # The job's in-flight total has no limit of its own with two backends: each one's is in the split.
@@ -64,8 +66,17 @@ def test_the_fleets_demo_in_the_console_shows_both_and_takes_p_and_d(tmp_path: P
         if k in ("PATH", "PYTHONPATH", "HOME", "TERM", "PYTHONUNBUFFERED", "TZ")
     )
     command = " ".join(regen_argv("demo", "--fleets", "--dir", str(folder)))
-    tmux("new-session", "-d", "-s", "regen", "-x", "140", "-y", "42",
-         f"cd {tmp_path} && env -u COLUMNS -u LINES {env} {command}; sleep 600")
+    tmux(
+        "new-session",
+        "-d",
+        "-s",
+        "regen",
+        "-x",
+        "140",
+        "-y",
+        "42",
+        f"cd {tmp_path} && env -u COLUMNS -u LINES {env} {command}; sleep 600",
+    )
     lock = folder / "run" / "job.lock"
     try:
         screen = tmux.wait_for(
@@ -73,7 +84,11 @@ def test_the_fleets_demo_in_the_console_shows_both_and_takes_p_and_d(tmp_path: P
             "the fleets pane",
             timeout=90,
         )
-        assert screen.index("sglang RUNNING") < screen.index("openrouter RUNNING") < screen.index("Plan deadline")
+        assert (
+            screen.index("sglang RUNNING")
+            < screen.index("openrouter RUNNING")
+            < screen.index("Plan deadline")
+        )
         assert "P Backend" in screen and "d Deadline" in screen
         # P: the chooser lists both backends; enter pauses the first (sglang), OpenRouter runs on.
         tmux.keys("P")

@@ -16,7 +16,7 @@ from regen.engine.control.headless import status_line, summary_lines
 from regen.engine.control.wire import encode
 from regen.engine.data.tokenizer import TargetTokenizer
 from regen.engine.job.job import StopReason
-from regen.engine.run.recovery import read_journals
+from regen.engine.run.recovery import read_journals, read_lanes
 from regen.engine.schema import Snapshot
 from regen.sim.openrouter.server import OpenRouterSim
 from tests.support.datasets import one_row_per_prompt, read_rows, write_dataset
@@ -34,10 +34,15 @@ async def test_an_impostor_provider_is_flagged_and_excluded_and_honest_ones_are_
     sim.config.min_completion_tokens, sim.config.max_completion_tokens = 20, 60
     a = write_dataset(tmp_path, "A", 1200)
     only = {"only": ["together", "fireworks", "parasail", "baseten"], "sort": None}  # balanced by price
-    job = await run_job(make_settings(sim.base_url, [a], concurrency=32, openrouter={"provider": only, "fidelity": "exclude"}))
+    job = await run_job(
+        make_settings(sim.base_url, [a], concurrency=32, openrouter={"provider": only, "fidelity": "exclude"})
+    )
     assert job.outcome is not None and job.outcome.reason is StopReason.DONE
     rows = one_row_per_prompt(a, 1200)
-    served = {name: sum(1 for row in rows if row["provider"] == name) for name in ("Together", "Fireworks", "Parasail", "BaseTen")}
+    served = {
+        name: sum(1 for row in rows if row["provider"] == name)
+        for name in ("Together", "Fireworks", "Parasail", "BaseTen")
+    }
     assert served["Together"] <= 330, served  # flagged within 300 of its answers (and those in flight)
     events = [orjson.loads(x) for x in (job.run_dir / "events.jsonl").read_bytes().splitlines()]
     drifts = [e for e in events if e["event"] == "drift"]
@@ -89,14 +94,18 @@ async def test_requeued_rows_end_as_one_row_per_prompt_with_spend_equal_to_the_b
     sim.config.min_completion_tokens, sim.config.max_completion_tokens = 20, 60
     a = write_dataset(tmp_path, "A", 600)
     only = {"only": ["together", "fireworks", "parasail"], "sort": None}
-    settings = make_settings(sim.base_url, [a], concurrency=32, openrouter={"provider": only, "fidelity": "requeue"})
+    settings = make_settings(
+        sim.base_url, [a], concurrency=32, openrouter={"provider": only, "fidelity": "requeue"}
+    )
     job = await run_job(settings)
     assert job.outcome is not None and job.outcome.reason is StopReason.DONE
     rows = one_row_per_prompt(a, 600)  # compacted at the end: the rows taken back are gone
     assert all(row["provider"] != "Together" for row in rows)
     quarantined = [orjson.loads(x) for x in (job.run_dir / "quarantine.jsonl").read_bytes().splitlines()]
     taken = [q for q in quarantined if q.get("requeued")]
-    assert taken and all(q["provider"] == "Together" and q["quarantine_reason"].startswith("fidelity: ") for q in taken)
+    assert taken and all(
+        q["provider"] == "Together" and q["quarantine_reason"].startswith("fidelity: ") for q in taken
+    )
     # Nothing deleted: every answer Together gave is in quarantine.jsonl, as a row taken back or as
     # one that landed after the flag.
     assert all(q["provider"] == "Together" for q in quarantined)
@@ -109,6 +118,15 @@ async def test_requeued_rows_end_as_one_row_per_prompt_with_spend_equal_to_the_b
     assert journal.spent == sim.billing.billed_total
     assert journal.breakdown.waste["fidelity"] == job.lanes[0].settler.breakdown.waste["fidelity"]
     assert sum(len(lines) for lines in journal.requeued.values()) == len(taken)
+    # `regen report`'s one pass over both journals books the rows taken back as recovery does.
+    [lane] = read_lanes(
+        job.run_dir / "attempts.jsonl", job.run_dir / "events.jsonl", ["openrouter"], "openrouter"
+    ).values()
+    assert (lane.spent, lane.breakdown.waste, lane.requeued) == (
+        journal.spent,
+        journal.breakdown.waste,
+        journal.requeued,
+    )
 
 
 async def test_regen_quarantine_takes_a_routes_rows_back_after_the_fact_and_the_next_run_redoes_them(
@@ -116,12 +134,16 @@ async def test_regen_quarantine_takes_a_routes_rows_back_after_the_fact_and_the_
 ) -> None:
     a = write_dataset(tmp_path, "A", 200)
     only = {"only": ["together", "fireworks"], "sort": None}
-    job = await run_job(make_settings(sim.base_url, [a], concurrency=16, openrouter={"provider": only, "fidelity": "off"}))
+    job = await run_job(
+        make_settings(sim.base_url, [a], concurrency=16, openrouter={"provider": only, "fidelity": "off"})
+    )
     assert job.outcome is not None and job.outcome.reason is StopReason.DONE
     served = sum(1 for row in one_row_per_prompt(a, 200) if row["provider"] == "Together")
     assert served > 0
     settings = settings_file(tmp_path, sim.base_url, [a])
-    later = run_regen("quarantine", "--settings", str(settings), "--route", "together", "--since", "2999-01-01T00:00Z")
+    later = run_regen(
+        "quarantine", "--settings", str(settings), "--route", "together", "--since", "2999-01-01T00:00Z"
+    )
     assert later.returncode == 0 and "no rows of together" in later.stdout
     bad = run_regen("quarantine", "--settings", str(settings), "--route", "together", "--since", "yesterday")
     assert bad.returncode == 2 and "not a time: 'yesterday'" in bad.stderr
@@ -131,11 +153,15 @@ async def test_regen_quarantine_takes_a_routes_rows_back_after_the_fact_and_the_
     left = read_rows(a)
     assert len(left) == 200 - served and all(row["provider"] != "Together" for row in left)
     quarantined = [orjson.loads(x) for x in (job.run_dir / "quarantine.jsonl").read_bytes().splitlines()]
-    assert len(quarantined) == served and all(q["requeued"] and q["provider"] == "Together" for q in quarantined)
+    assert len(quarantined) == served and all(
+        q["requeued"] and q["provider"] == "Together" for q in quarantined
+    )
     again = run_regen("quarantine", "--settings", str(settings), "--route", "together")
     assert again.returncode == 0 and "no rows of together" in again.stdout  # nothing is taken twice
     # The next run sends those prompts again, elsewhere; the money stays the bill, split.
-    job = await run_job(make_settings(sim.base_url, [a], concurrency=16, openrouter={"provider": {"only": ["fireworks"]}}))
+    job = await run_job(
+        make_settings(sim.base_url, [a], concurrency=16, openrouter={"provider": {"only": ["fireworks"]}})
+    )
     assert job.outcome is not None and job.outcome.reason is StopReason.DONE
     rows = one_row_per_prompt(a, 200)
     assert all(row["provider"] == "Fireworks" for row in rows)
@@ -154,7 +180,9 @@ async def test_the_audit_plans_its_cost_then_finds_the_impostor_in_token_ids(
     settings = make_settings(sim.base_url, [a], budget_usd=1.0)
     settings.tokenizer.path = model_folder(tmp_path / "model")
     plan = await plan_audit(settings, 4, 7, 256)
-    assert len(plan.prompts) == 4 and plan.prompts == (await plan_audit(settings, 4, 7, 256)).prompts  # seeded
+    assert (
+        len(plan.prompts) == 4 and plan.prompts == (await plan_audit(settings, 4, 7, 256)).prompts
+    )  # seeded
     names = {e.provider_name for e in plan.providers}
     assert "Together" in names and "DeepInfra" not in names  # allowed providers only (fp4 is kept out)
     assert plan.fits and 0 < plan.worst_usd < 1
@@ -166,11 +194,18 @@ async def test_the_audit_plans_its_cost_then_finds_the_impostor_in_token_ids(
     rows = {row["provider"]: row for row in report["providers"]}
     assert rows["Together"]["verdict"] == "differs"
     assert 0 < rows["Together"]["prefix_median"] < 100  # the reference's first words, then another text
-    assert all(row["verdict"] == "same" and row["similarity_mean"] == 1.0 for name, row in rows.items() if name != "Together")
+    assert all(
+        row["verdict"] == "same" and row["similarity_mean"] == 1.0
+        for name, row in rows.items()
+        if name != "Together"
+    )
     assert Decimal(str(report["spent_usd"])) == sim.billing.billed_total - before <= plan.worst_usd
     # Its money is in the run's journal, so the next run's ledger counts it against the budget.
     journal = read_journals(settings.job.run_dir / "attempts.jsonl", settings.job.run_dir / "events.jsonl")
-    assert journal.spent == sim.billing.billed_total - before and journal.breakdown.waste["audit"] == journal.spent
+    assert (
+        journal.spent == sim.billing.billed_total - before
+        and journal.breakdown.waste["audit"] == journal.spent
+    )
 
 
 def test_regen_audit_refuses_without_the_target_tokenizer(sim_process: str, tmp_path: Path) -> None:

@@ -45,7 +45,18 @@ def test_finish_similarity_is_one_minus_the_total_variation() -> None:
 
 
 def test_lengths_fall_in_quarter_octave_bins_and_leaks_are_looked_for_at_the_ends() -> None:
-    assert [length_bin(n) for n in (0, 7, 8, 9, 10, 12, 15, 16, 31, 32)] == [0, 7, 8, 8, 9, 10, 11, 12, 15, 16]
+    assert [length_bin(n) for n in (0, 7, 8, 9, 10, 12, 15, 16, 31, 32)] == [
+        0,
+        7,
+        8,
+        8,
+        9,
+        10,
+        11,
+        12,
+        15,
+        16,
+    ]
     assert length_bin(1 << 40) == 95
     assert leaks("text<|im_end|>") and leaks("</think>the answer") and not leaks("a plain answer")
     assert leaks("x" * 1000 + "<|im_end|>") and not leaks("x" * 300 + "<|" + "x" * 300)
@@ -97,8 +108,17 @@ def test_a_route_whose_lengths_drift_is_flagged_with_its_evidence() -> None:
 def test_the_gpu_fleet_is_the_reference_when_it_has_answered_enough() -> None:
     monitor = FidelityMonitor(min_reference=10)
     for _ in range(10):
-        monitor.observe("sglang", "http://gpu:30000", finish_reason="stop", output_tokens=40, reasoning_tokens=None,
-                        content="x", reasoning="", truncated=False, degenerate=False)
+        monitor.observe(
+            "sglang",
+            "http://gpu:30000",
+            finish_reason="stop",
+            output_tokens=40,
+            reasoning_tokens=None,
+            content="x",
+            reasoning="",
+            truncated=False,
+            degenerate=False,
+        )
     against, reference = monitor.reference("openrouter", "Together")
     assert against == "sglang" and reference.n == 10
     against, reference = monitor.reference("sglang", "http://gpu:30000")

@@ -16,8 +16,16 @@ PLUS2 = dt.timezone(dt.timedelta(hours=2))
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("12h", 43_200), ("90m", 5_400), ("1h30m", 5_400), ("45s", 45), ("2d", 172_800), (" 12H ", 43_200),
-     ("1d2h3m4s", 93_784), ("0h5m", 300)],
+    [
+        ("12h", 43_200),
+        ("90m", 5_400),
+        ("1h30m", 5_400),
+        ("45s", 45),
+        ("2d", 172_800),
+        (" 12H ", 43_200),
+        ("1d2h3m4s", 93_784),
+        ("0h5m", 300),
+    ],
 )
 def test_durations(text: str, seconds: int) -> None:
     assert parse_deadline(text) == Duration(seconds)
@@ -25,8 +33,13 @@ def test_durations(text: str, seconds: int) -> None:
 
 @pytest.mark.parametrize(
     ("text", "clock"),
-    [("06:30", dt.time(6, 30)), ("06:30:00", dt.time(6, 30)), ("6:05", dt.time(6, 5)),
-     ("23:59:59", dt.time(23, 59, 59)), ("00:00", dt.time(0, 0))],
+    [
+        ("06:30", dt.time(6, 30)),
+        ("06:30:00", dt.time(6, 30)),
+        ("6:05", dt.time(6, 5)),
+        ("23:59:59", dt.time(23, 59, 59)),
+        ("00:00", dt.time(0, 0)),
+    ],
 )
 def test_times_of_day(text: str, clock: dt.time) -> None:
     assert parse_deadline(text) == TimeOfDay(clock)
@@ -34,8 +47,26 @@ def test_times_of_day(text: str, clock: dt.time) -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["", "  ", "12", "12x", "h", "1h30", "25:00", "06:60", "06:30:61", "6:30pm", "12h 30m", "-1h", "0h",
-     "0s", "1.5h", "30m1h", "06:3", "tomorrow"],
+    [
+        "",
+        "  ",
+        "12",
+        "12x",
+        "h",
+        "1h30",
+        "25:00",
+        "06:60",
+        "06:30:61",
+        "6:30pm",
+        "12h 30m",
+        "-1h",
+        "0h",
+        "0s",
+        "1.5h",
+        "30m1h",
+        "06:3",
+        "tomorrow",
+    ],
 )
 def test_anything_else_is_one_line_naming_the_setting(text: str) -> None:
     with pytest.raises(DeadlineError) as caught:
@@ -56,9 +87,13 @@ def test_a_time_of_day_is_its_next_occurrence_across_midnight() -> None:
     morning = resolve_deadline(TimeOfDay(dt.time(6, 30)), evening, PLUS2)
     assert morning == dt.datetime(2026, 12, 2, 6, 30, tzinfo=PLUS2)
     early = dt.datetime(2026, 12, 1, 5, 0, tzinfo=PLUS2)
-    assert resolve_deadline(TimeOfDay(dt.time(6, 30)), early, PLUS2) == dt.datetime(2026, 12, 1, 6, 30, tzinfo=PLUS2)
+    assert resolve_deadline(TimeOfDay(dt.time(6, 30)), early, PLUS2) == dt.datetime(
+        2026, 12, 1, 6, 30, tzinfo=PLUS2
+    )
     exactly = dt.datetime(2026, 12, 1, 6, 30, tzinfo=PLUS2)  # now is not "by 06:30": tomorrow's
-    assert resolve_deadline(TimeOfDay(dt.time(6, 30)), exactly, PLUS2) == dt.datetime(2026, 12, 2, 6, 30, tzinfo=PLUS2)
+    assert resolve_deadline(TimeOfDay(dt.time(6, 30)), exactly, PLUS2) == dt.datetime(
+        2026, 12, 2, 6, 30, tzinfo=PLUS2
+    )
 
 
 def test_the_time_of_day_is_read_in_the_given_zone_whatever_the_start_is_written_in() -> None:
@@ -81,7 +116,9 @@ def test_a_naive_start_is_refused() -> None:
 
 
 @given(
-    st.integers(0, 23), st.integers(0, 59), st.integers(0, 59),
+    st.integers(0, 23),
+    st.integers(0, 59),
+    st.integers(0, 59),
     st.datetimes(min_value=dt.datetime(2000, 1, 1), max_value=dt.datetime(2100, 1, 1)),
     st.integers(-12, 14),
 )

@@ -20,8 +20,16 @@ from tests.support.fleet_sim import Sim, SimProvider
 CHEAP = RouteOffer(RoutePrice("cheap", Decimal(0), Decimal("2.20") / PER_MILLION), None)
 
 
-def facts(now: float, left: int, gpu: float | None, *, per_request: float | None = 10.0, in_flight: int = 10,
-          budget: Decimal | None = Decimal(1000), deadline: float | None = 1000.0) -> Facts:
+def facts(
+    now: float,
+    left: int,
+    gpu: float | None,
+    *,
+    per_request: float | None = 10.0,
+    in_flight: int = 10,
+    budget: Decimal | None = Decimal(1000),
+    deadline: float | None = 1000.0,
+) -> Facts:
     return Facts(now, Work(left), gpu, per_request, in_flight, budget, deadline, (CHEAP,))
 
 
@@ -36,10 +44,14 @@ def test_the_ceiling_is_the_rate_openrouter_must_carry_over_the_per_request_rate
     target = 1000.0 * 0.95  # the finish aimed at, 5% of the time left before the deadline
     need = 1_000_000 - math.floor(500.0 * target)
     assert decision.aim.openrouter_tokens == need and decision.aim.time_left_s == target
-    assert decision.plan.time_left_s == 1000.0 and decision.plan.openrouter_tokens == 500_000  # to the deadline
+    assert (
+        decision.plan.time_left_s == 1000.0 and decision.plan.openrouter_tokens == 500_000
+    )  # to the deadline
     assert decision.openrouter_tokens_per_s == need / target
     assert decision.ceiling == math.ceil(need / target / 10.0) == 56
-    assert decision.reason.startswith("on track: OpenRouter 56 in flight, 553 tokens/s for 525.0k tokens by the deadline in 16m40s")
+    assert decision.reason.startswith(
+        "on track: OpenRouter 56 in flight, 553 tokens/s for 525.0k tokens by the deadline in 16m40s"
+    )
 
 
 def test_gpus_alone_enough_openrouter_idle() -> None:
@@ -106,7 +118,9 @@ def test_over_the_budget_it_spends_what_is_left_by_the_deadline_and_no_more() ->
     assert decision.openrouter_tokens_per_s is not None
     assert decision.openrouter_tokens_per_s * 950.0 == pytest.approx(affordable, abs=1)
     assert decision.ceiling == math.ceil(affordable / 950.0 / 10.0)
-    assert decision.reason.startswith("deadline cannot be met within the budget: OpenRouter spends the $0.50 left")
+    assert decision.reason.startswith(
+        "deadline cannot be met within the budget: OpenRouter spends the $0.50 left"
+    )
 
 
 def test_the_deadline_passed_openrouter_flat_out() -> None:
@@ -118,7 +132,9 @@ def test_rates_too_slow_flat_out() -> None:
     slow = RouteOffer(CHEAP.price, 100.0)
     f = Facts(0.0, Work(1_000_000), 100.0, 10.0, 10, Decimal(1000), 1000.0, (slow,))
     decision = Pacer(40).update(f)
-    assert decision.ceiling == 40 and decision.reason.startswith("deadline cannot be met at OpenRouter's rates")
+    assert decision.ceiling == 40 and decision.reason.startswith(
+        "deadline cannot be met at OpenRouter's rates"
+    )
 
 
 def test_settings_stand_in_until_there_are_samples() -> None:
@@ -187,7 +203,9 @@ def mean_ceiling(ceilings: list[tuple[float, int | None]], start: float, end: fl
 
 
 def test_a_simulated_run_follows_the_gpus_and_lands_on_the_deadline() -> None:
-    sim = Sim(10_000_000, DEADLINE, Decimal(100), PROVIDERS, changing_gpus, pacer=Pacer(200, smoothing_s=30.0))
+    sim = Sim(
+        10_000_000, DEADLINE, Decimal(100), PROVIDERS, changing_gpus, pacer=Pacer(200, smoothing_s=30.0)
+    )
     result = sim.run()
     assert result.finished_s is not None
     assert abs(result.finished_s - DEADLINE) <= 0.10 * DEADLINE, result.finished_s / DEADLINE
@@ -214,9 +232,15 @@ def test_a_short_budget_is_never_overshot_and_is_spent_by_the_deadline() -> None
     result = Sim(10_000_000, DEADLINE, budget, PROVIDERS, changing_gpus, pacer=pacer).run()
     assert result.max_spent_over_budget <= 0 and result.spent <= budget
     assert result.spent >= budget * Decimal("0.95")  # what it could buy, it bought
-    assert result.reasons[0].startswith("deadline cannot be met within the budget: OpenRouter spends the $2.00")
+    assert result.reasons[0].startswith(
+        "deadline cannot be met within the budget: OpenRouter spends the $2.00"
+    )
     assert "81% of the work by the deadline, all of it in 2h32m" in result.reasons[0]  # (7.2M + 0.91M) / 10M
-    assert result.by_provider == {"cheap": result.openrouter_tokens, "mid": 0, "dear": 0}  # paced: the cheap one
+    assert result.by_provider == {
+        "cheap": result.openrouter_tokens,
+        "mid": 0,
+        "dear": 0,
+    }  # paced: the cheap one
 
 
 def test_a_run_that_fits_keeps_its_verdict_through_noise_and_a_real_slowdown_changes_it_once() -> None:
@@ -229,7 +253,11 @@ def test_a_run_that_fits_keeps_its_verdict_through_noise_and_a_real_slowdown_cha
 
     def run(gpus: Callable[[float], float], seed: int) -> list[tuple[float, bool, bool]]:
         pacer = Pacer(200, smoothing_s=30.0, gpu_tokens_per_s=1000.0)
-        return Sim(10_000_000, DEADLINE, Decimal("7.8"), PROVIDERS, gpus, noise=0.3, pacer=pacer, seed=seed).run().verdicts
+        return (
+            Sim(10_000_000, DEADLINE, Decimal("7.8"), PROVIDERS, gpus, noise=0.3, pacer=pacer, seed=seed)
+            .run()
+            .verdicts
+        )
 
     steady = run(lambda t: 1000.0, 3)
     assert flips([(t, live) for t, live, _ in steady]), "the live plan follows the noise"
@@ -242,17 +270,27 @@ def test_a_run_that_fits_keeps_its_verdict_through_noise_and_a_real_slowdown_cha
 
 @settings(max_examples=200, deadline=None)
 @given(
-    st.integers(0, 5_000_000), st.floats(1.0, 50_000.0), st.floats(0.0, 2_000.0), st.floats(1.0, 100.0),
-    st.integers(0, 10_000), st.integers(1, 500), st.one_of(st.none(), st.floats(1.0, 5_000.0)),
+    st.integers(0, 5_000_000),
+    st.floats(1.0, 50_000.0),
+    st.floats(0.0, 2_000.0),
+    st.floats(1.0, 100.0),
+    st.integers(0, 10_000),
+    st.integers(1, 500),
+    st.one_of(st.none(), st.floats(1.0, 5_000.0)),
 )
 def test_the_ceiling_stays_within_the_concurrency_and_the_money(
     left: int, time_left: float, gpu: float, per_request: float, cents: int, most: int, rate: float | None
 ) -> None:
     budget = Decimal(cents) / 100
-    providers = (RouteOffer(CHEAP.price, rate), RouteOffer(RoutePrice("dear", Decimal(0), Decimal(4) / PER_MILLION), None))
+    providers = (
+        RouteOffer(CHEAP.price, rate),
+        RouteOffer(RoutePrice("dear", Decimal(0), Decimal(4) / PER_MILLION), None),
+    )
     f = Facts(0.0, Work(left), gpu, per_request, 10, budget, time_left, providers)
     decision = Pacer(most).update(f)
     assert decision.ceiling is not None and 0 <= decision.ceiling <= most
     if decision.openrouter_tokens_per_s is not None and decision.aim.time_left_s is not None:
         asked = math.floor(decision.openrouter_tokens_per_s * decision.aim.time_left_s + 1e-6)
-        assert fill(Work(left), asked, providers, decision.aim.time_left_s).usd <= budget  # never more than it can pay
+        assert (
+            fill(Work(left), asked, providers, decision.aim.time_left_s).usd <= budget
+        )  # never more than it can pay

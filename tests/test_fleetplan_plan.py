@@ -118,13 +118,19 @@ def test_no_deadline_both_flat_out_gpus_first() -> None:
     st.floats(1.0, 5_000.0),
     st.lists(st.floats(1.0, 5_000.0), min_size=1, max_size=4),
 )
-def test_without_a_deadline_flat_out_always_carries_the_work(work: int, gpu: float, rates: list[float]) -> None:
+def test_without_a_deadline_flat_out_always_carries_the_work(
+    work: int, gpu: float, rates: list[float]
+) -> None:
     # Each fleet's share is floored to whole tokens: at the exact flat-out finish they can fall a few
     # tokens short, which once read as "does not fit" with no deadline to miss.
     providers = [provider(f"p{i}", str(2 + i / 10), rate) for i, rate in enumerate(rates)]
     p = plan_fleets(Work(work, work // 100, work // 3), None, gpu, providers, None)
     assert p.reachable and p.fits and p.gpu_tokens + sum(s.tokens for s in p.shares) == work
-    assert p.horizon_s is not None and p.horizon_s == int(p.horizon_s) and p.horizon_s >= work / (gpu + sum(rates))
+    assert (
+        p.horizon_s is not None
+        and p.horizon_s == int(p.horizon_s)
+        and p.horizon_s >= work / (gpu + sum(rates))
+    )
 
 
 def test_the_floors_at_the_flat_out_finish_found_by_the_console() -> None:
@@ -227,7 +233,11 @@ def test_cheapest_first_is_the_cheapest_split(instance: tuple[Work, list[RouteOf
 @given(instances(), st.integers(0, 2000))
 # Found by hypothesis: 9 tokens cost exactly the money, but the rounded unit price divides to 8.99...
 @example(
-    (Work(output_tokens=30, prompts=1, prompt_tokens=35), [RouteOffer(RoutePrice("p0", Decimal("0.000004"), Decimal("0.000019")), None)], 9),
+    (
+        Work(output_tokens=30, prompts=1, prompt_tokens=35),
+        [RouteOffer(RoutePrice("p0", Decimal("0.000004"), Decimal("0.000019")), None)],
+        9,
+    ),
     213,
 )
 def test_cheapest_first_buys_the_most_tokens_the_money_allows(
@@ -251,7 +261,8 @@ def test_the_earliest_deadline_is_the_first_second_that_fits(
     def meets(seconds: int) -> bool:
         need = work.output_tokens - min(work.output_tokens, gpu * seconds)
         caps = [
-            RouteOffer(p.price, None if p.tokens_per_s is None else p.tokens_per_s * seconds) for p in providers
+            RouteOffer(p.price, None if p.tokens_per_s is None else p.tokens_per_s * seconds)
+            for p in providers
         ]
         best = brute_cheapest(work, caps, need)
         return best is not None and best <= Fraction(budget)

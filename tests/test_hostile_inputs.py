@@ -378,7 +378,9 @@ def test_a_refusal_is_the_processs_exit_code_and_one_line(tmp_path: Path) -> Non
     path.write_bytes(HOSTILE_SETTINGS[0][1])
     proc = run_cli("run", "--headless", "--settings", str(path), timeout=60)
     assert_clean_failure(proc, 2, *HOSTILE_SETTINGS[0][2])
-    assert proc.stdout == "" and all(line.startswith(f"regen: {path}: ") for line in proc.stderr.strip().splitlines())
+    assert proc.stdout == "" and all(
+        line.startswith(f"regen: {path}: ") for line in proc.stderr.strip().splitlines()
+    )
     data = write_dataset(tmp_path, "A", 0, raw=[U, HOSTILE_INVALID[0][1], U])
     settings = settings_file(tmp_path, "http://127.0.0.1:9/api/v1", [data])
     proc = run_cli("run", "--headless", "--settings", str(settings))

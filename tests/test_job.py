@@ -186,7 +186,9 @@ async def test_rows_for_lines_that_are_not_valid_prompts_stop_the_resume(
     lines = (a / "prompts.jsonl").read_bytes().splitlines()
     lines[2] = b'{"messages": "not a list"}'  # the row for line 2 now names an invalid line
     (a / "prompts.jsonl").write_bytes(b"\n".join(lines[:4]) + b"\n")  # and line 4 is gone
-    with pytest.raises(JobError, match=r"raw_responses.jsonl: 2 rows name lines that are not valid prompts .*first: line 3"):
+    with pytest.raises(
+        JobError, match=r"raw_responses.jsonl: 2 rows name lines that are not valid prompts .*first: line 3"
+    ):
         await Job(settings, skip_invalid=True).prepare()
 
 
@@ -479,7 +481,10 @@ async def test_cancel_reaches_requests_that_had_not_started_yet(
 
 
 async def test_a_job_stopped_and_resumed_over_compactions_writes_each_row_once_and_loses_no_money(
-    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
+    sim: OpenRouterSim,
+    tmp_path: Path,
+    make_settings: Callable[..., Settings],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(segments, "COMPACT_FROM", 1)
     sim.config.time_scale = 0.05
@@ -497,7 +502,9 @@ async def test_a_job_stopped_and_resumed_over_compactions_writes_each_row_once_a
     assert last.outcome is not None and last.outcome.reason is StopReason.DONE
     one_row_per_prompt(a, 60)
     run_dir = settings.job.run_dir
-    assert len(list((run_dir / SEGMENTS_DIR).iterdir())) == 2, "the second and third starts rotated the journal"
+    assert len(list((run_dir / SEGMENTS_DIR).iterdir())) == 2, (
+        "the second and third starts rotated the journal"
+    )
     # The ledger the last start rebuilt from its checkpoint is what the whole history says.
     full = read_journals(run_dir / "attempts.jsonl", run_dir / "events.jsonl")
     ledger = last.lanes[0].ledger

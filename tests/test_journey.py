@@ -99,7 +99,9 @@ def hosts(tmp_path: Path) -> Iterator[tuple[GpuHost, GpuHost]]:
 @pytest.fixture
 def openrouter(tmp_path: Path, regen_bin: Path) -> Iterator[str]:
     """`regen sim openrouter` from the installed wheel, in a process of its own; yields its API URL."""
-    with openrouter_process(tmp_path, OPENROUTER_SIM, regen=[str(regen_bin / "regen")], env=clean_env()) as url:
+    with openrouter_process(
+        tmp_path, OPENROUTER_SIM, regen=[str(regen_bin / "regen")], env=clean_env()
+    ) as url:
         yield url
 
 
@@ -126,7 +128,9 @@ class Operator:
         )
         self.stderrs[" ".join(args)] = done.stderr
         self.keep(f"$ regen {' '.join(args)}  (exit {done.returncode})", done.stdout + done.stderr)
-        assert done.returncode == code, f"regen {' '.join(args)} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        assert done.returncode == code, (
+            f"regen {' '.join(args)} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        )
         return done
 
     def keep(self, title: str, text: str) -> None:
@@ -166,7 +170,9 @@ def write_settings(home: Path, one: GpuHost, two: GpuHost, openrouter: str) -> P
         ]
     )
     path = home / "settings.toml"
-    path.write_text(one.settings_text(top=top, extra_sglang={"metrics_interval_s": 0.5}, others=(("gpu2", two),)))
+    path.write_text(
+        one.settings_text(top=top, extra_sglang={"metrics_interval_s": 0.5}, others=(("gpu2", two),))
+    )
     return path
 
 
@@ -334,7 +340,9 @@ def test_the_operators_night_from_settings_to_export_on_two_hosts_and_openrouter
 
     # verify and export.
     verified = regen("verify")
-    assert verified.stdout.splitlines()[-1] == f"verify: {len(DATASETS)} dataset(s), no violations", verified.stdout
+    assert verified.stdout.splitlines()[-1] == f"verify: {len(DATASETS)} dataset(s), no violations", (
+        verified.stdout
+    )
     regen("export")
     for name, count in DATASETS.items():
         exported = workspace / "datasets" / name / "export.specforge.jsonl"

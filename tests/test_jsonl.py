@@ -162,7 +162,13 @@ async def test_a_superseding_line_takes_the_place_of_a_queued_one_and_follows_a_
     await app.supersede(second, {"k": "end", "n": 2})
     third = app.append_nowait({"k": "gen", "n": 3})
     await app.close()
-    assert [o["k"] + str(o.get("n", "")) for _, o in iter_jsonl(p)] == ["end1", "other", "gen2", "end2", "gen3"]
+    assert [o["k"] + str(o.get("n", "")) for _, o in iter_jsonl(p)] == [
+        "end1",
+        "other",
+        "gen2",
+        "end2",
+        "gen3",
+    ]
     assert app.lines_written == 5
     with pytest.raises(JsonlError, match="closed"):
         app.supersede(third, {"k": "end", "n": 3})

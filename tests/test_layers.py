@@ -25,4 +25,3 @@ def test_a_headless_openrouter_job_loads_no_console_textual_or_ssh() -> None:
     assert "regen.engine.backends.openrouter.backend" in modules
     for forbidden in ("textual", "regen.console", "regen.sim", "asyncssh", "sglang"):
         assert not any(m == forbidden or m.startswith(forbidden + ".") for m in modules), forbidden
-

@@ -62,7 +62,11 @@ def test_a_bad_listen_address_is_one_line_naming_the_setting(
         assert problem.startswith(f"{path}: metrics.listen: {bad!r}") and said in problem, problem
         assert main(["run", "--headless", "--settings", str(path)]) == EXIT_USAGE
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and err.startswith(f"regen: {path}: metrics.listen: ") and "Traceback" not in err
+        assert (
+            err.count("\n") == 1
+            and err.startswith(f"regen: {path}: metrics.listen: ")
+            and "Traceback" not in err
+        )
 
 
 def test_a_port_alone_listens_on_loopback_and_an_address_is_kept_as_given() -> None:
@@ -120,7 +124,9 @@ def test_docs_list_every_family_with_its_type_and_labels() -> None:
     table = families_table(ROOT / "docs" / "metrics.md")
     assert table == {f.name: (f.kind, ", ".join(f.labels) or "-") for f in FAMILIES}
     for f in FAMILIES:
-        assert f.name.startswith("regen_") and (f.kind != "counter") == (not f.name.endswith("_total")), f.name
+        assert f.name.startswith("regen_") and (f.kind != "counter") == (not f.name.endswith("_total")), (
+            f.name
+        )
         assert "usd" not in f.name and ("dollar" not in f.name or f.name.endswith("_dollars")), f.name
 
 
@@ -139,8 +145,12 @@ def test_the_dashboard_queries_only_families_the_page_has() -> None:
     for panel in board["panels"]:
         assert panel["datasource"] == {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}, panel["title"]
         pos = panel["gridPos"]
-        assert pos["x"] + pos["w"] <= 24 and pos["y"] + pos["h"] <= 28, f"{panel['title']} is off the one screen"
-        here = {(x, y) for x in range(pos["x"], pos["x"] + pos["w"]) for y in range(pos["y"], pos["y"] + pos["h"])}
+        assert pos["x"] + pos["w"] <= 24 and pos["y"] + pos["h"] <= 28, (
+            f"{panel['title']} is off the one screen"
+        )
+        here = {
+            (x, y) for x in range(pos["x"], pos["x"] + pos["w"]) for y in range(pos["y"], pos["y"] + pos["h"])
+        }
         assert not cells & here, f"{panel['title']} overlaps another panel"
         cells |= here
     titles = " ".join(p["title"].lower() for p in board["panels"])

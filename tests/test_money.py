@@ -84,7 +84,9 @@ def test_filters_and_reasons() -> None:
 
 def test_reservation_uses_the_most_expensive_allowed_provider() -> None:
     endpoints = parse_endpoints(BODY)
-    ceiling = PriceCeiling.of(e.price for e in allowed_endpoints(endpoints, ProviderSettings(), ("together",)))
+    ceiling = PriceCeiling.of(
+        e.price for e in allowed_endpoints(endpoints, ProviderSettings(), ("together",))
+    )
     assert ceiling.completion == Decimal("0.0000025") and ceiling.prompt == Decimal("0.0000006")
     assert ceiling.reservation(1000, 16384) == Decimal("0.0006") + Decimal("0.04096")
 
@@ -166,5 +168,9 @@ def test_the_summary_says_what_an_estimate_is() -> None:
     assert line.startswith("spent $0.8402 of $5.00: $0.7905 confirmed")
     assert "$0.0097 estimated for 2 requests until their bill is looked up" in line
     assert "$0.0400 is the worst case of 3 requests cut before their generation id arrived" in line
-    quiet: MoneyView = {**money, "pending": {"amount": 0, "requests": 0}, "unknowable": {"amount": 0, "requests": 0}}
+    quiet: MoneyView = {
+        **money,
+        "pending": {"amount": 0, "requests": 0},
+        "unknowable": {"amount": 0, "requests": 0},
+    }
     assert money_line(quiet) == "spent $0.8402 of $5.00"

@@ -51,7 +51,9 @@ async def test_the_simulator_stopped_and_started_again_holds_then_finishes(
         await sim.stop()
         await wait_for(lambda: job.lanes[0].outage is not None)
         snap = job.snapshot()
-        assert snap["lanes"][0]["outage_s"] is not None and "OpenRouter unreachable" in str(snap["lanes"][0]["held_reason"])
+        assert snap["lanes"][0]["outage_s"] is not None and "OpenRouter unreachable" in str(
+            snap["lanes"][0]["held_reason"]
+        )
         assert "HELD: OpenRouter unreachable" in status_line(snap)
         # What was launched before the hold began lands (refused) first; each of those journaled
         # its start before it left, so from here on the journal counts every launch.
@@ -131,10 +133,25 @@ async def test_an_older_journal_that_charged_refused_connections_is_repaired(
         rid = f"A-{n % 5:08d}#{n // 5}"
         old.append({"k": "start", "rid": rid, "ds": "A", "line": n % 5, "reserved": "0.025", "ts": 1.0})
         old.append(
-            {"k": "end", "rid": rid, "ds": "A", "line": n % 5, "gen": None, "provider": None, "model": None,
-             "outcome": "network", "http": None, "cost": "0.025", "est": True, "ptok": None, "ctok": None,
-             "e2e": 0.001, "ttft": None, "ts": 1.0,
-             "msg": "ClientConnectorError: Cannot connect to host 127.0.0.1:9 ssl:default [Connect call failed ('127.0.0.1', 9)]"}
+            {
+                "k": "end",
+                "rid": rid,
+                "ds": "A",
+                "line": n % 5,
+                "gen": None,
+                "provider": None,
+                "model": None,
+                "outcome": "network",
+                "http": None,
+                "cost": "0.025",
+                "est": True,
+                "ptok": None,
+                "ctok": None,
+                "e2e": 0.001,
+                "ttft": None,
+                "ts": 1.0,
+                "msg": "ClientConnectorError: Cannot connect to host 127.0.0.1:9 ssl:default [Connect call failed ('127.0.0.1', 9)]",
+            }
         )
     (run_dir / "attempts.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in old))
     before = read_journals(run_dir / "attempts.jsonl", run_dir / "events.jsonl")
@@ -150,4 +167,3 @@ async def test_an_older_journal_that_charged_refused_connections_is_repaired(
     await again.prepare()
     assert again.lanes[0].ledger.spent == sim.billing.billed_total
     await again.run()
-

@@ -31,7 +31,9 @@ def figure(view: ProviderView, key: str) -> float:
 
 def test_catalog_marks_every_endpoint_and_plans_the_budget(sim_process: str, tmp_path: Path) -> None:
     data = [write_dataset(tmp_path, "A", 500), write_dataset(tmp_path, "B", 300)]
-    settings = settings_file(tmp_path, sim_process, data, budget_usd=0.05)  # 800 prompts x 64 tokens cost more
+    settings = settings_file(
+        tmp_path, sim_process, data, budget_usd=0.05
+    )  # 800 prompts x 64 tokens cost more
     text = settings.read_text().replace(
         "max_tokens = 64\n", 'max_tokens = 64\n[openrouter.provider]\nignore = ["together"]\n'
     )

@@ -44,8 +44,21 @@ TODAY: list[tuple[str, Any, bytes]] = [
     (  # an answer from OpenRouter
         "openrouter answer",
         end_record(
-            "A-00000000#0", "A", 0, "gen-1", "openrouter", "ok", Decimal("0.0000715"), False, TS,
-            provider="Parasail", fields={"model": "m/x", "http": 200}, ptok=11, ctok=30, e2e=1.234567, ttft=0.123456,
+            "A-00000000#0",
+            "A",
+            0,
+            "gen-1",
+            "openrouter",
+            "ok",
+            Decimal("0.0000715"),
+            False,
+            TS,
+            provider="Parasail",
+            fields={"model": "m/x", "http": 200},
+            ptok=11,
+            ctok=30,
+            e2e=1.234567,
+            ttft=0.123456,
         ),
         b'{"k":"end","rid":"A-00000000#0","ds":"A","line":0,"gen":"gen-1","provider":"Parasail","be":"openrouter",'
         b'"model":"m/x","http":200,"outcome":"ok","cost":"0.0000715","est":false,"ptok":11,"ctok":30,"e2e":1.2346,'
@@ -54,8 +67,21 @@ TODAY: list[tuple[str, Any, bytes]] = [
     (  # an answer from SGLang: its only backend field is the status, no first token timed
         "sglang answer",
         end_record(
-            "A-00000008#0", "A", 8, None, "sglang", "ok", Decimal("2.513000"), False, TS,
-            provider="gpu0", fields={"http": 200}, ptok=11, ctok=30, e2e=1.234567, ttft=None,
+            "A-00000008#0",
+            "A",
+            8,
+            None,
+            "sglang",
+            "ok",
+            Decimal("2.513000"),
+            False,
+            TS,
+            provider="gpu0",
+            fields={"http": 200},
+            ptok=11,
+            ctok=30,
+            e2e=1.234567,
+            ttft=None,
         ),
         b'{"k":"end","rid":"A-00000008#0","ds":"A","line":8,"gen":null,"provider":"gpu0","be":"sglang",'
         b'"http":200,"outcome":"ok","cost":"2.513000","est":false,"ptok":11,"ctok":30,"e2e":1.2346,"ttft":null,'
@@ -64,8 +90,21 @@ TODAY: list[tuple[str, Any, bytes]] = [
     (  # quarantined by the precision guard
         "quarantined",
         end_record(
-            "A-00000004#0", "A", 4, "gen-1", "openrouter", "quarantined", Decimal("0.0000715"), False, TS,
-            provider="Rogue", fields={"model": "m/x", "http": 200}, ptok=11, ctok=30, e2e=1.234567, ttft=0.123456,
+            "A-00000004#0",
+            "A",
+            4,
+            "gen-1",
+            "openrouter",
+            "quarantined",
+            Decimal("0.0000715"),
+            False,
+            TS,
+            provider="Rogue",
+            fields={"model": "m/x", "http": 200},
+            ptok=11,
+            ctok=30,
+            e2e=1.234567,
+            ttft=0.123456,
             msg="bad precision",
         ),
         b'{"k":"end","rid":"A-00000004#0","ds":"A","line":4,"gen":"gen-1","provider":"Rogue","be":"openrouter",'
@@ -75,8 +114,21 @@ TODAY: list[tuple[str, Any, bytes]] = [
     (  # a failure the backend answered
         "failed",
         end_record(
-            "A-00000005#0", "A", 5, None, "openrouter", "server", Decimal(0), False, TS,
-            provider=None, fields={"model": None, "http": 500}, ptok=None, ctok=None, e2e=0.01, ttft=None,
+            "A-00000005#0",
+            "A",
+            5,
+            None,
+            "openrouter",
+            "server",
+            Decimal(0),
+            False,
+            TS,
+            provider=None,
+            fields={"model": None, "http": 500},
+            ptok=None,
+            ctok=None,
+            e2e=0.01,
+            ttft=None,
             msg="Internal Server Error",
         ),
         b'{"k":"end","rid":"A-00000005#0","ds":"A","line":5,"gen":null,"provider":null,"be":"openrouter",'
@@ -86,8 +138,23 @@ TODAY: list[tuple[str, Any, bytes]] = [
     (  # a request that never left
         "never sent",
         end_record(
-            "A-00000006#0", "A", 6, None, "openrouter", "network", Decimal(0), False, TS,
-            provider=None, fields={}, ptok=None, ctok=None, e2e=0.01, ttft=None, msg="refused", sent=False,
+            "A-00000006#0",
+            "A",
+            6,
+            None,
+            "openrouter",
+            "network",
+            Decimal(0),
+            False,
+            TS,
+            provider=None,
+            fields={},
+            ptok=None,
+            ctok=None,
+            e2e=0.01,
+            ttft=None,
+            msg="refused",
+            sent=False,
         ),
         b'{"k":"end","rid":"A-00000006#0","ds":"A","line":6,"gen":null,"provider":null,"be":"openrouter",'
         b'"outcome":"network","cost":"0","est":false,"ptok":null,"ctok":null,"e2e":0.01,"ttft":null,'
@@ -96,7 +163,15 @@ TODAY: list[tuple[str, Any, bytes]] = [
     (  # cancelled by a stop
         "cancelled",
         end_record(
-            "A-00000001#1", "A", 1, "gen-9", "openrouter", "cancelled", Decimal("0.0003240"), True, TS,
+            "A-00000001#1",
+            "A",
+            1,
+            "gen-9",
+            "openrouter",
+            "cancelled",
+            Decimal("0.0003240"),
+            True,
+            TS,
             provider="Parasail",
         ),
         b'{"k":"end","rid":"A-00000001#1","ds":"A","line":1,"gen":"gen-9","provider":"Parasail","be":"openrouter",'
@@ -104,19 +179,25 @@ TODAY: list[tuple[str, Any, bytes]] = [
     ),
     (  # settled at the next start after a crash
         "crashed",
-        end_record("A-00000004#5", "A", 4, None, "openrouter", "lost_at_crash", Decimal("0.03"), True, TS, ctok=0),
+        end_record(
+            "A-00000004#5", "A", 4, None, "openrouter", "lost_at_crash", Decimal("0.03"), True, TS, ctok=0
+        ),
         b'{"k":"end","rid":"A-00000004#5","ds":"A","line":4,"gen":null,"be":"openrouter","outcome":"lost_at_crash",'
         b'"cost":"0.03","est":true,"ctok":0,"ts":1700000000.5}',
     ),
     (
         "reconciled",
-        reconciled_record("A-00000002#0", "openrouter", "gen-1", "ok", Decimal("0.0001"), Decimal("-0.0002240"), TS),
+        reconciled_record(
+            "A-00000002#0", "openrouter", "gen-1", "ok", Decimal("0.0001"), Decimal("-0.0002240"), TS
+        ),
         b'{"k":"reconciled","rid":"A-00000002#0","be":"openrouter","gen":"gen-1","outcome":"ok","cost":"0.0001",'
         b'"delta":"-0.0002240","ts":1700000000.5}',
     ),
     (
         "reconciled unsent",
-        reconciled_record("A-00000006#5", "openrouter", None, "network", Decimal(0), Decimal("-0.025"), TS, unsent=True),
+        reconciled_record(
+            "A-00000006#5", "openrouter", None, "network", Decimal(0), Decimal("-0.025"), TS, unsent=True
+        ),
         b'{"k":"reconciled","rid":"A-00000006#5","be":"openrouter","gen":null,"outcome":"network","cost":"0",'
         b'"delta":"-0.025","unsent":true,"ts":1700000000.5}',
     ),
@@ -127,7 +208,9 @@ TODAY: list[tuple[str, Any, bytes]] = [
     ),
     (
         "requeued",
-        requeued_record("A", 3, "gen-a3", "openrouter", "Together", "ok", Decimal("0.0012"), 40, "fidelity", "drift", TS),
+        requeued_record(
+            "A", 3, "gen-a3", "openrouter", "Together", "ok", Decimal("0.0012"), 40, "fidelity", "drift", TS
+        ),
         b'{"k":"requeued","ds":"A","line":3,"gen":"gen-a3","be":"openrouter","provider":"Together","outcome":"ok",'
         b'"cost":"0.0012","ctok":40,"cause":"fidelity","why":"drift","ts":1700000000.5}',
     ),
@@ -137,27 +220,63 @@ TODAY: list[tuple[str, Any, bytes]] = [
 TODAY_EVENTS: list[tuple[Any, dict[str, Any]]] = [
     (
         deadline_event("2h", 7300.0, "1970-01-01T03:01:40+01:00", None, "console", TS),
-        {"ts": TS, "event": "deadline", "text": "2h", "at": 7300.0, "local": "1970-01-01T03:01:40+01:00",
-         "setting": None, "source": "console"},
+        {
+            "ts": TS,
+            "event": "deadline",
+            "text": "2h",
+            "at": 7300.0,
+            "local": "1970-01-01T03:01:40+01:00",
+            "setting": None,
+            "source": "console",
+        },
     ),
     (
         key_usage_base_event("openrouter", Decimal("10.5"), "sk-or-v1-abc", TS),
-        {"ts": TS, "event": "key_usage_base", "backend": "openrouter", "usage": "10.5", "account": "sk-or-v1-abc"},
+        {
+            "ts": TS,
+            "event": "key_usage_base",
+            "backend": "openrouter",
+            "usage": "10.5",
+            "account": "sk-or-v1-abc",
+        },
     ),
     (
         key_usage_void_event("openrouter", "the run was resumed with another API key", TS),
-        {"ts": TS, "event": "key_usage_void", "backend": "openrouter",
-         "reason": "the run was resumed with another API key"},
+        {
+            "ts": TS,
+            "event": "key_usage_void",
+            "backend": "openrouter",
+            "reason": "the run was resumed with another API key",
+        },
     ),
     (
         usage_bound_event(
-            "openrouter", base=Decimal(10), usage=Decimal("10.01"), confirmed=Decimal("0.001"), pending=Decimal(0),
-            unknowable_before=Decimal("0.025"), unknowable_after=Decimal("0.009"), count=1,
-            cuts={"cancelled": Decimal("0.016")}, waited_s=3.5, ts=TS,
+            "openrouter",
+            base=Decimal(10),
+            usage=Decimal("10.01"),
+            confirmed=Decimal("0.001"),
+            pending=Decimal(0),
+            unknowable_before=Decimal("0.025"),
+            unknowable_after=Decimal("0.009"),
+            count=1,
+            cuts={"cancelled": Decimal("0.016")},
+            waited_s=3.5,
+            ts=TS,
         ),
-        {"ts": TS, "event": "usage_bound", "backend": "openrouter", "base": "10", "usage": "10.01",
-         "confirmed": "0.001", "pending": "0", "unknowable_before": "0.025", "unknowable_after": "0.009",
-         "count": 1, "cuts": {"cancelled": "0.016"}, "waited_s": 3.5},
+        {
+            "ts": TS,
+            "event": "usage_bound",
+            "backend": "openrouter",
+            "base": "10",
+            "usage": "10.01",
+            "confirmed": "0.001",
+            "pending": "0",
+            "unknowable_before": "0.025",
+            "unknowable_after": "0.009",
+            "count": 1,
+            "cuts": {"cancelled": "0.016"},
+            "waited_s": 3.5,
+        },
     ),
 ]
 
@@ -181,7 +300,9 @@ def test_each_writer_makes_the_line_regen_has_always_written(record: Any, line: 
 
 
 @pytest.mark.parametrize(("record", "event"), [pytest.param(r, e, id=e["event"]) for r, e in TODAY_EVENTS])
-def test_each_event_writer_makes_the_event_regen_has_always_written(record: Any, event: dict[str, Any]) -> None:
+def test_each_event_writer_makes_the_event_regen_has_always_written(
+    record: Any, event: dict[str, Any]
+) -> None:
     assert orjson.dumps(record) == orjson.dumps(event)
 
 
@@ -206,7 +327,9 @@ def test_a_kind_without_a_handler_is_passed_over_and_a_record_without_a_kind_is_
     path = tmp_path / "attempts.jsonl"
     path.write_bytes(b'{"k":"hold","s":3}\n{"k":"gen","rid":"A-00000000#0","gen":"g"}\n{"rid":"x"}\n')
     seen: list[Any] = []
-    with pytest.raises(RecoveryError, match=r"attempts\.jsonl:3: not an attempt record \(no kind 'k'\); regen did not"):
+    with pytest.raises(
+        RecoveryError, match=r"attempts\.jsonl:3: not an attempt record \(no kind 'k'\); regen did not"
+    ):
         replay(path, ATTEMPTS, {"gen": on(records.read_gen, seen.append)})
     assert seen == [{"k": "gen", "rid": "A-00000000#0", "gen": "g"}]
 
@@ -214,13 +337,20 @@ def test_a_kind_without_a_handler_is_passed_over_and_a_record_without_a_kind_is_
 @pytest.mark.parametrize(
     ("line", "journal", "problem"),
     [
-        (b'{"k":"start","rid":"r","ds":"A","line":0,"reserved":"1","be":7}', ATTEMPTS, "start record with a malformed backend"),
+        (
+            b'{"k":"start","rid":"r","ds":"A","line":0,"reserved":"1","be":7}',
+            ATTEMPTS,
+            "start record with a malformed backend",
+        ),
         (b'{"k":"end","rid":"r","be":["x"]}', ATTEMPTS, "end record with a malformed backend"),
         (b'{"k":"end","rid":"r","msg":{"a":1}}', ATTEMPTS, "end record with a malformed message"),
         (b'{"k":"reconciled","rid":"r","outcome":3}', ATTEMPTS, "reconciled record with a malformed outcome"),
         (b'{"k":"gave_up","ds":"A"}', ATTEMPTS, "gave_up record without its dataset or line"),
-        (b'{"k":"requeued","ds":"A","line":1,"outcome":"ok","cause":"fidelity","cost":"x"}', ATTEMPTS,
-         "requeued record whose cost is not a number"),
+        (
+            b'{"k":"requeued","ds":"A","line":1,"outcome":"ok","cause":"fidelity","cost":"x"}',
+            ATTEMPTS,
+            "requeued record whose cost is not a number",
+        ),
         (b'{"event":"deadline","at":1.0,"text":5}', EVENTS, "deadline event with a malformed text"),
         (b'{"event":"exclude","provider":null}', EVENTS, "exclude event without a provider"),
     ],
@@ -306,7 +436,10 @@ def test_a_journal_an_older_regen_wrote_reads_as_it_always_did(old_run: Path) ->
     # 0.0004 + (0.025 - 0.0244) + 0.025 + (0.025 - 0.025 unsent) + 0.025 + 0.025 + 0 + 0 + 0.0005 + 0.025,
     # less the key's usage bound of 0.016.
     assert paid.spent == Decimal("0.0855")
-    assert paid.attempts == {"A": {0: 1, 1: 1, 2: 1, 3: 1, 4: 2, 5: 1, 6: 1, 7: 2}, "B": {0: 1, 1: 1, 2: 1, 3: 1}}
+    assert paid.attempts == {
+        "A": {0: 1, 1: 1, 2: 1, 3: 1, 4: 2, 5: 1, 6: 1, 7: 2},
+        "B": {0: 1, 1: 1, 2: 1, 3: 1},
+    }
     assert paid.crashed == [
         Unsettled("A-00000002#0", "A", 2, "gen-a2", Decimal("0.025")),
         Unsettled("A-00000003#0", "A", 3, None, Decimal("0.025")),

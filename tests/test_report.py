@@ -76,7 +76,10 @@ def test_the_reports_totals_are_the_summarys_figures(fleets: Finished) -> None:
         assert float(breakdown.useful) == money["useful"] and breakdown.useful_per_m == money["useful_per_m"]
         assert breakdown.useful_tokens == money["useful_output_tokens"]
         for cause, waste in money["waste"].items():
-            assert (float(breakdown.waste[cause]), breakdown.waste_tokens[cause]) == (waste["amount"], waste["tokens"])
+            assert (float(breakdown.waste[cause]), breakdown.waste_tokens[cause]) == (
+                waste["amount"],
+                waste["tokens"],
+            )
         assert float(breakdown.waste_total) == money["waste_total"]
     assert sum(t.rows for t in data.lanes.values()) == sum(d["done"] for d in fleets.snapshot["datasets"])
     # The page words each figure as the summary does: the summary's own lines hold the table's cells.
@@ -93,9 +96,17 @@ def test_one_pass_gives_each_lane_what_recovery_gives_it(fleets: Finished) -> No
     together = read_lanes(attempts, events, ["sglang", "openrouter"], "openrouter")
     for lane, state in together.items():
         alone = read_journals(attempts, events, backend=lane, default="openrouter", count_attempts=False)
-        assert (state.spent, state.estimates, state.excluded) == (alone.spent, alone.estimates, alone.excluded)
+        assert (state.spent, state.estimates, state.excluded) == (
+            alone.spent,
+            alone.estimates,
+            alone.excluded,
+        )
         assert vars_of(state.breakdown) == vars_of(alone.breakdown)
-        assert (state.crashed, state.to_reconcile, state.deadline) == (alone.crashed, alone.to_reconcile, alone.deadline)
+        assert (state.crashed, state.to_reconcile, state.deadline) == (
+            alone.crashed,
+            alone.to_reconcile,
+            alone.deadline,
+        )
         assert state.first_start_ts == alone.first_start_ts is not None
 
 
@@ -134,7 +145,9 @@ def test_regen_report_writes_one_self_contained_page_and_a_png_per_chart(
     for lane in fleets.snapshot["lanes"]:
         assert amount(lane["money"]["spent"], lane["money"]["unit"], 4) in page
     if CHROMIUM is None:
-        pytest.skip("chromium is not installed here (.ci/run installs it): the page was not loaded in a browser")
+        pytest.skip(
+            "chromium is not installed here (.ci/run installs it): the page was not loaded in a browser"
+        )
     drawn, console = browse(out)
     assert console == [f"regen report: {len(charts)} of {len(charts)} charts drawn"]
     assert drawn == len(charts)
@@ -143,7 +156,9 @@ def test_regen_report_writes_one_self_contained_page_and_a_png_per_chart(
 def external_references(page: str) -> list[str]:
     """Everything the page would fetch: src and href values other than in-page anchors and data:,
     CSS url(...) and @import. The SVG namespace names (xmlns) are names, never fetched."""
-    found = [m for m in re.findall(r'\b(?:src|href)\s*=\s*"([^"]*)"', page) if not m.startswith(("#", "data:"))]
+    found = [
+        m for m in re.findall(r'\b(?:src|href)\s*=\s*"([^"]*)"', page) if not m.startswith(("#", "data:"))
+    ]
     found += re.findall(r"url\(([^)#][^)]*)\)", page) + re.findall(r"@import[^;]*", page)
     return found
 
@@ -179,7 +194,9 @@ def browse(page: Path) -> tuple[int | None, list[str]]:
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed here (.ci/run installs it)")
 def test_the_browser_check_sees_a_script_error(tmp_path: Path) -> None:
     page = tmp_path / "broken.html"
-    page.write_text('<html><body><figure><svg width="10" height="10"></svg></figure><script>nope();</script></body></html>')
+    page.write_text(
+        '<html><body><figure><svg width="10" height="10"></svg></figure><script>nope();</script></body></html>'
+    )
     drawn, console = browse(page)
     assert drawn is None and console == ["Uncaught ReferenceError: nope is not defined"]
 
@@ -235,7 +252,9 @@ def killed(tmp_path_factory: pytest.TempPathFactory) -> Killed:
         f.write(torn)
     before = {name: sha(run_dir / name) for name in JOURNALS}
     after = read_report(run_dir, "openrouter")
-    return Killed(run_dir, proc.pid, running, (root / "live" / "report.html").read_text(), after, before, torn)
+    return Killed(
+        run_dir, proc.pid, running, (root / "live" / "report.html").read_text(), after, before, torn
+    )
 
 
 def wait_for_ends(journal: Path, ends: int, proc: subprocess.Popen[bytes], log: Path) -> None:
@@ -273,9 +292,15 @@ def test_a_run_cut_by_sigkill_is_reported_from_what_its_journals_hold(killed: Ki
     # Its money is what the next start rebuilds (on a copy: recovery cuts the torn line).
     copy = tmp_path / "copy"
     shutil.copytree(killed.run_dir, copy, ignore=shutil.ignore_patterns("*.sock", "job.lock"))
-    state = read_journals(copy / "attempts.jsonl", copy / "events.jsonl", backend="openrouter", default="openrouter")
+    state = read_journals(
+        copy / "attempts.jsonl", copy / "events.jsonl", backend="openrouter", default="openrouter"
+    )
     lane = after.lanes["openrouter"]
-    assert (lane.spent, lane.estimates, lane.open_attempts) == (state.spent, state.estimates, len(state.crashed))
+    assert (lane.spent, lane.estimates, lane.open_attempts) == (
+        state.spent,
+        state.estimates,
+        len(state.crashed),
+    )
     assert lane.breakdown.useful == state.breakdown.useful and lane.breakdown.waste == state.breakdown.waste
     assert lane.open_attempts > 0, "the kill cut attempts in flight"
 
@@ -285,10 +310,16 @@ def test_regen_report_says_in_one_line_what_is_not_a_run_folder(
 ) -> None:
     assert regen_in_process("report", str(tmp_path / "nowhere")) == 2
     said = capsys.readouterr().err
-    assert said == f"regen: {tmp_path / 'nowhere'}: no such run folder (give RUN_DIR, or set job.run_dir in settings)\n"
+    assert (
+        said
+        == f"regen: {tmp_path / 'nowhere'}: no such run folder (give RUN_DIR, or set job.run_dir in settings)\n"
+    )
     assert regen_in_process("report", str(tmp_path)) == 1
     assert "no journals" in capsys.readouterr().err
     (tmp_path / "attempts.jsonl").write_text('{"k": "end"}\n')
     assert regen_in_process("report", str(tmp_path)) == 1
     said = capsys.readouterr().err
-    assert said.startswith(f"regen: {tmp_path / 'attempts.jsonl'}:1: end record without a request id") and said.count("\n") == 1
+    assert (
+        said.startswith(f"regen: {tmp_path / 'attempts.jsonl'}:1: end record without a request id")
+        and said.count("\n") == 1
+    )

@@ -40,7 +40,13 @@ def test_an_instant_lands_in_the_bin_that_spans_it() -> None:
     for ts in (100.0, 100.5, 101.0, 99.0, 103.9):
         bins.add(ts, 0, 1)
     starts, values = bins.series(0)
-    assert list(zip(starts, values, strict=True)) == [(99.0, 1), (100.0, 2), (101.0, 1), (102.0, 0), (103.0, 1)]
+    assert list(zip(starts, values, strict=True)) == [
+        (99.0, 1),
+        (100.0, 2),
+        (101.0, 1),
+        (102.0, 0),
+        (103.0, 1),
+    ]
 
 
 def test_latency_percentiles_read_from_the_histogram_are_within_six_percent() -> None:

@@ -77,7 +77,15 @@ def raw(row: dict[str, Any]) -> bytes:
         {"usage": None, "cost": None, "status": "truncated", "backend": "sglang"},
         {"cost": 1.5e-05},
     ],
-    ids=["plain", "meta-with-the-keys", "escaped-source", "text-with-the-keys", "nested-usage", "nulls", "exp"],
+    ids=[
+        "plain",
+        "meta-with-the-keys",
+        "escaped-source",
+        "text-with-the-keys",
+        "nested-usage",
+        "nulls",
+        "exp",
+    ],
 )
 def test_a_sliced_row_gives_what_the_whole_parse_gives(changes: dict[str, Any]) -> None:
     line = raw(a_row(7, **changes))
@@ -104,7 +112,9 @@ def test_a_row_not_in_regens_shape_is_left_to_the_whole_parse(line: bytes) -> No
 def test_a_results_file_reads_the_same_sliced_or_whole(tmp_path: Path) -> None:
     rows = [a_row(line, status="truncated" if line % 3 == 0 else "ok") for line in range(50)]
     rows.append(a_row(4))  # a duplicate
-    rows.append(a_row(60, backend="sglang", meta={"k": [1, {"status": "no"}]}, usage={"completion_tokens": 5}))
+    rows.append(
+        a_row(60, backend="sglang", meta={"k": [1, {"status": "no"}]}, usage={"completion_tokens": 5})
+    )
     long_path, short_path = tmp_path / "long.jsonl", tmp_path / "short.jsonl"
     long_path.write_bytes(b"".join(raw(row) for row in rows))
     # The same facts in rows short enough to be parsed whole.

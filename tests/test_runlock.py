@@ -16,9 +16,13 @@ from regen.engine.run.runlock import LOCK_NAME, RunLock, RunLocked, held_by, hol
 def test_a_reader_sees_the_holder_and_never_takes_the_lock(tmp_path: Path) -> None:
     assert holder(tmp_path) is None, "no lock file: nobody"
     child = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from regen.engine.run.runlock "
-         "import RunLock; RunLock(Path(sys.argv[1])).take(); print('held', flush=True); time.sleep(60)",
-         str(tmp_path)],
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from regen.engine.run.runlock "
+            "import RunLock; RunLock(Path(sys.argv[1])).take(); print('held', flush=True); time.sleep(60)",
+            str(tmp_path),
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -52,4 +56,6 @@ def test_the_lock_table_is_read_for_that_file_only_and_not_its_waiters(tmp_path:
         f"3: -> FLOCK  ADVISORY  WRITE 44 {mine} 0 EOF\n"
     )
     assert held_by(table, st.st_dev, st.st_ino) == 33
-    assert held_by(table.replace(" 33 ", " 55 ").replace("3: FLOCK", "3: POSIX"), st.st_dev, st.st_ino) is None
+    assert (
+        held_by(table.replace(" 33 ", " 55 ").replace("3: FLOCK", "3: POSIX"), st.st_dev, st.st_ino) is None
+    )

@@ -25,7 +25,12 @@ def dataset(root: Path, lines: list[bytes]) -> Dataset:
 
 
 def same(a: ScanReport, b: ScanReport) -> bool:
-    return (a.to_dict(), a.digests, a.content_chars, a.invalid) == (b.to_dict(), b.digests, b.content_chars, b.invalid)
+    return (a.to_dict(), a.digests, a.content_chars, a.invalid) == (
+        b.to_dict(),
+        b.digests,
+        b.content_chars,
+        b.invalid,
+    )
 
 
 def kept_scan(ds: Dataset, run_dir: Path) -> tuple[ScanReport, bool]:
@@ -40,7 +45,12 @@ def kept_scan(ds: Dataset, run_dir: Path) -> tuple[ScanReport, bool]:
 def test_an_unchanged_file_is_read_from_the_cache_as_the_scan_found_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    lines = [*PROMPTS, b'{"messages": "not a list"}', PROMPTS[0], b'{"messages":[{"role":"user","content":"x"}],"k":1}']
+    lines = [
+        *PROMPTS,
+        b'{"messages": "not a list"}',
+        PROMPTS[0],
+        b'{"messages":[{"role":"user","content":"x"}],"k":1}',
+    ]
     ds = dataset(tmp_path, lines)
     first, keep = cached_scan(ds, tmp_path / "run")
     assert keep is not None and not (tmp_path / "run").exists(), "kept only once the job holds the run folder"
@@ -67,7 +77,9 @@ def test_an_edit_that_keeps_size_and_mtime_is_scanned_again(tmp_path: Path) -> N
     os.utime(ds.prompts_path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert ds.prompts_path.stat().st_size == st.st_size
     after, cached = kept_scan(ds, tmp_path / "run")
-    assert not cached and after.digest_of(5) != before.digest_of(5) and after.digest_of(4) == before.digest_of(4)
+    assert (
+        not cached and after.digest_of(5) != before.digest_of(5) and after.digest_of(4) == before.digest_of(4)
+    )
     assert same(after, scan(ds, keep_digests=True))
 
 

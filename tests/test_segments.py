@@ -53,7 +53,11 @@ def test_a_compacted_journal_gives_the_same_money_as_the_whole_one(
     full = read_journals(whole, run.events, backend="openrouter", default="openrouter")
     compacted = read_journals(run.attempts, run.events, backend="openrouter", default="openrouter")
     assert compacted.spent == full.spent and compacted.spent > Decimal("0.02")
-    assert (compacted.estimates, compacted.crashed, compacted.attempts) == (full.estimates, full.crashed, full.attempts)
+    assert (compacted.estimates, compacted.crashed, compacted.attempts) == (
+        full.estimates,
+        full.crashed,
+        full.attempts,
+    )
     assert journal_spend(run.attempts) == journal_spend(whole)
     # No checkpoint (another regen, all damaged): the whole history is read, segments first.
     shutil.rmtree(run.run_dir / CHECKPOINTS_DIR)
@@ -62,7 +66,9 @@ def test_a_compacted_journal_gives_the_same_money_as_the_whole_one(
     assert_same(resumed, run.full())
 
 
-def test_a_crash_while_compressing_leaves_the_history_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_crash_while_compressing_leaves_the_history_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(segments, "COMPACT_FROM", 1)
     run = Run(tmp_path)
     for line in range(6):
@@ -80,6 +86,10 @@ def test_a_crash_while_compressing_leaves_the_history_whole(tmp_path: Path, monk
     import gzip
 
     plain.write_bytes(gzip.decompress((folder / "attempts.000001.jsonl.gz").read_bytes()))
-    assert read_journals(run.attempts, run.events).spent == want, "a segment both plain and compressed counts once"
-    assert compress(run.attempts) == 1 and sorted(p.name for p in folder.iterdir()) == ["attempts.000001.jsonl.gz"]
+    assert read_journals(run.attempts, run.events).spent == want, (
+        "a segment both plain and compressed counts once"
+    )
+    assert compress(run.attempts) == 1 and sorted(p.name for p in folder.iterdir()) == [
+        "attempts.000001.jsonl.gz"
+    ]
     assert read_journals(run.attempts, run.events).spent == want

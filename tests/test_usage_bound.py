@@ -102,7 +102,11 @@ async def bill_outside(sim: OpenRouterSim, key: str, count: int) -> Decimal:
 
 
 def resume_settings(
-    make_settings: Callable[..., Settings], sim: OpenRouterSim, dataset: Path, settle_s: float, **openrouter: Any
+    make_settings: Callable[..., Settings],
+    sim: OpenRouterSim,
+    dataset: Path,
+    settle_s: float,
+    **openrouter: Any,
 ) -> Settings:
     return make_settings(
         sim.base_url,
@@ -135,7 +139,9 @@ async def crashed_run(tmp_path: Path, sim: OpenRouterSim, settle_s: float, pre_b
         await asyncio.sleep(sim.config.account_staleness_s + 0.1)  # the base sees them
     dataset = write_dataset(tmp_path, "A", PROMPTS)
     run_dir = tmp_path / "run"
-    await start_and_kill(settings_toml(tmp_path / "s.toml", sim.base_url, dataset, run_dir, settle_s), run_dir)
+    await start_and_kill(
+        settings_toml(tmp_path / "s.toml", sim.base_url, dataset, run_dir, settle_s), run_dir
+    )
     return dataset
 
 
@@ -235,7 +241,10 @@ async def test_without_a_base_the_worst_case_stays(
         await sim.stop()
     assert not events_named(tmp_path / "run", "usage_bound")
     assert not events_named(tmp_path / "run", "key_usage_base"), "no base is taken after the first start"
-    assert job.lanes[0].ledger.estimates.unknowable_count > 0 and job.lanes[0].ledger.estimates.bounded_by is None
+    assert (
+        job.lanes[0].ledger.estimates.unknowable_count > 0
+        and job.lanes[0].ledger.estimates.bounded_by is None
+    )
     assert job.lanes[0].ledger.confirmed <= billed - base_before < job.lanes[0].ledger.spent
     assert "unknowable_bound" not in job.snapshot()["lanes"][0]["money"]
 
@@ -250,7 +259,9 @@ async def test_a_first_start_that_cannot_read_the_key_takes_no_base(
     try:
         dataset = write_dataset(tmp_path, "A", PROMPTS)
         run_dir = tmp_path / "run"
-        await start_and_kill(settings_toml(tmp_path / "s.toml", front.base_url, dataset, run_dir, 0.3), run_dir)
+        await start_and_kill(
+            settings_toml(tmp_path / "s.toml", front.base_url, dataset, run_dir, 0.3), run_dir
+        )
         assert not events_named(run_dir, "key_usage_base")
         job = await resume(resume_settings(make_settings, sim, dataset, 0.3))
         billed = sim.billing.billed_total
@@ -317,10 +328,15 @@ async def key_failing_front(sim: OpenRouterSim) -> Front:
             return web.json_response({"error": {"code": 503, "message": "unavailable"}}, status=503)
         headers = {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type")}
         async with session.request(
-            request.method, f"http://127.0.0.1:{sim.port}{request.path_qs}", data=await request.read(), headers=headers
+            request.method,
+            f"http://127.0.0.1:{sim.port}{request.path_qs}",
+            data=await request.read(),
+            headers=headers,
         ) as upstream:
             body = await upstream.read()
-            keep = {k: v for k, v in upstream.headers.items() if k.lower() in ("content-type", "x-generation-id")}
+            keep = {
+                k: v for k, v in upstream.headers.items() if k.lower() in ("content-type", "x-generation-id")
+            }
             return web.Response(status=upstream.status, body=body, headers=keep)
 
     async def close_session(_: web.Application) -> None:

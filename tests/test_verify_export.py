@@ -389,7 +389,10 @@ def test_export_refuses_mixed_tokenizers_and_leaves_nothing(
 
     _rewrite(clean, mix)
     target = tmp_path / "out" / "train.jsonl"
-    assert regen_in_process("export", str(clean.folder), "--status", "ok,truncated", "--output", str(target)) == 1
+    assert (
+        regen_in_process("export", str(clean.folder), "--status", "ok,truncated", "--output", str(target))
+        == 1
+    )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "tokenizer files differ" in err
     assert not target.exists()

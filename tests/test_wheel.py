@@ -21,7 +21,9 @@ def installed() -> Path:
     return installed_regen()
 
 
-def test_the_wheel_holds_every_module_and_imports_outside_the_checkout(installed: Path, tmp_path: Path) -> None:
+def test_the_wheel_holds_every_module_and_imports_outside_the_checkout(
+    installed: Path, tmp_path: Path
+) -> None:
     names = zipfile.ZipFile(built_wheel()).namelist()
     assert "regen/console/app.tcss" in names and "regen/console/themes/regen-dark.toml" in names
     assert "regen/demo/datasets/chat/prompts.jsonl" in names

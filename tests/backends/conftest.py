@@ -61,7 +61,9 @@ async def gpu_sim(fleet_tok: SimTokenizer) -> AsyncIterator[SGLangSim]:
 @pytest.fixture
 async def paid_sim() -> AsyncIterator[OpenRouterSim]:
     """The OpenRouter simulator in this loop, slower than the fast GPUs: about a second an answer."""
-    server = OpenRouterSim(fast_sim_config(time_scale=0.6, min_completion_tokens=10, max_completion_tokens=40))
+    server = OpenRouterSim(
+        fast_sim_config(time_scale=0.6, min_completion_tokens=10, max_completion_tokens=40)
+    )
     await server.start()
     try:
         yield server

@@ -44,7 +44,10 @@ def paced(settings: Settings, **tuning: Any) -> Settings:
 @pytest.fixture
 async def gpus(fleet_tok: SimTokenizer) -> Any:
     """The SGLang simulator at about 3,000 tokens/s: 4 running, short decode steps."""
-    sim = SGLangSim(fast_config(served_model_name="kimi-k2.5", max_running_requests=4, time_scale=0.05, **TOKENS), fleet_tok)
+    sim = SGLangSim(
+        fast_config(served_model_name="kimi-k2.5", max_running_requests=4, time_scale=0.05, **TOKENS),
+        fleet_tok,
+    )
     await sim.start()
     try:
         await sim.wait_ready(30)
@@ -201,21 +204,37 @@ async def test_the_deadline_is_kept_across_restarts_and_changed_live(
     again = await session("2h")
     assert again.deadline_control.deadline_ts == at, "a restart keeps the instant: 2h from the first start"
     changed = await session("3h")
-    assert changed.deadline_control.deadline_ts == pytest.approx(at + 3600, abs=1), "a new setting counts from the first start too"
+    assert changed.deadline_control.deadline_ts == pytest.approx(at + 3600, abs=1), (
+        "a new setting counts from the first start too"
+    )
 
     typed = time.time()
     operator = await session("3h", lambda job: job.deadline_control.set_deadline("30m", "console"))
     moved = operator.deadline_control.deadline_ts
-    assert moved is not None and typed + 1800 <= moved <= time.time() + 1800, "typed live, a duration counts from now"
+    assert moved is not None and typed + 1800 <= moved <= time.time() + 1800, (
+        "typed live, a duration counts from now"
+    )
     kept = await session("3h")
-    assert kept.deadline_control.deadline_ts == moved, "the operator's deadline outlives a restart with the same settings"
+    assert kept.deadline_control.deadline_ts == moved, (
+        "the operator's deadline outlives a restart with the same settings"
+    )
     cleared = await session("3h", lambda job: job.deadline_control.set_deadline(None, "console"))
     assert cleared.deadline_control.deadline_ts is None and "fleet" in cleared.snapshot()
     assert (await session("3h")).deadline_control.deadline_ts is None, "cleared stays cleared"
     dropped = await session(None)
     assert dropped.deadline_control.deadline_ts is None
-    sources = [(e["text"], e["source"]) for e in journal(data.parent / "run" / "events.jsonl") if e["event"] == "deadline"]
-    assert sources == [("2h", "settings"), ("3h", "settings"), ("30m", "console"), (None, "console"), (None, "settings")]
+    sources = [
+        (e["text"], e["source"])
+        for e in journal(data.parent / "run" / "events.jsonl")
+        if e["event"] == "deadline"
+    ]
+    assert sources == [
+        ("2h", "settings"),
+        ("3h", "settings"),
+        ("30m", "console"),
+        (None, "console"),
+        (None, "settings"),
+    ]
 
 
 async def test_the_deadline_command_answers_and_refuses_bad_text(
@@ -243,7 +262,9 @@ async def test_a_job_without_a_gpu_lane_plans_no_gpus_whatever_the_gpu_rate_sett
 ) -> None:
     data = write_dataset(tmp_path, "A", 300)
     settings = paced(
-        fleet_settings("http://127.0.0.1:9", openrouter.base_url, [data], backends=["openrouter"], deadline="90s"),
+        fleet_settings(
+            "http://127.0.0.1:9", openrouter.base_url, [data], backends=["openrouter"], deadline="90s"
+        ),
         gpu_tokens_per_s=3000.0,
     )
     job = Job(settings)
@@ -252,7 +273,9 @@ async def test_a_job_without_a_gpu_lane_plans_no_gpus_whatever_the_gpu_rate_sett
         plan = job.snapshot()["fleet"]["plan"]
         assert plan["gpu_tokens_per_s"] == 0 and plan["gpu_tokens"] == 0 and not plan["gpus_alone_meet"]
         assert plan["openrouter_tokens"] == plan["output_tokens"] > 0
-        assert "OpenRouter must carry" in plan["reason"] and "GPUs alone" not in plan["reason"], plan["reason"]
+        assert "OpenRouter must carry" in plan["reason"] and "GPUs alone" not in plan["reason"], plan[
+            "reason"
+        ]
     finally:
         job.stop()
         await job.run()
@@ -265,7 +288,9 @@ async def test_the_plan_before_any_row_expects_no_answer_longer_than_max_tokens(
     # said before the start counted 30 times the work there can be, called the deadline unreachable and
     # sent OpenRouter flat out until the first rows corrected it (found by tests/test_journey.py).
     data = write_dataset(tmp_path, "A", 300)
-    settings = fleet_settings("http://127.0.0.1:9", openrouter.base_url, [data], backends=["openrouter"], deadline="90s")
+    settings = fleet_settings(
+        "http://127.0.0.1:9", openrouter.base_url, [data], backends=["openrouter"], deadline="90s"
+    )
     assert settings.openrouter.max_tokens == 64 and settings.stats.expected_output_tokens == 2000
     job = Job(settings)
     await job.prepare()
@@ -277,7 +302,10 @@ async def test_the_plan_before_any_row_expects_no_answer_longer_than_max_tokens(
 
 
 async def test_work_is_not_held_in_the_gpus_queue_past_the_deadline_while_openrouter_could_take_it(
-    fleet_tok: SimTokenizer, openrouter: OpenRouterSim, fleet_settings: Callable[..., Settings], tmp_path: Path
+    fleet_tok: SimTokenizer,
+    openrouter: OpenRouterSim,
+    fleet_settings: Callable[..., Settings],
+    tmp_path: Path,
 ) -> None:
     # The operator's night in small (docs/fleets.md, "The GPU lane's queue"): GPUs that run two
     # at once (about 0.4 s an answer) and 64 in flight allowed on each lane. Were the GPUs' lane
@@ -290,7 +318,9 @@ async def test_work_is_not_held_in_the_gpus_queue_past_the_deadline_while_openro
         await gpu_sim.wait_ready(30)
         data = write_dataset(tmp_path, "A", 200)
         settings = paced(
-            fleet_settings(gpu_sim.base_url, openrouter.base_url, [data], deadline="20s", budget_usd=5.0, concurrency=64),
+            fleet_settings(
+                gpu_sim.base_url, openrouter.base_url, [data], deadline="20s", budget_usd=5.0, concurrency=64
+            ),
             gpu_tokens_per_s=160.0,
             margin=0.1,
         )

@@ -90,7 +90,9 @@ async def test_pause_resume_drain_and_cancel(backend_case: BackendCase, tmp_path
     outcome = await runner
     assert outcome.reason is StopReason.OPERATOR
     ends = journal(attempts)
-    assert not [r for r in ends if r["k"] == "end" and r["outcome"] == "cancelled" and r["ts"] > cancelled[-1]["ts"]]
+    assert not [
+        r for r in ends if r["k"] == "end" and r["outcome"] == "cancelled" and r["ts"] > cancelled[-1]["ts"]
+    ]
     # A last run finishes the rest: every prompt once, cancelled ones re-sent.
     last = Job(settings)
     await last.prepare()

@@ -60,7 +60,9 @@ async def test_one_row_per_prompt_and_the_share_follows_the_gpus(
         await asyncio.sleep(0.01)
     fast = lane_rows(job)
     # The GPUs slow to a crawl mid-run (as if another tenant took them): OpenRouter takes up the slack.
-    gpu_sim.apply_config(gpu_sim.config.model_copy(update={"time_scale": 1.0, "output_len_min": 100, "output_len_max": 150}))
+    gpu_sim.apply_config(
+        gpu_sim.config.model_copy(update={"time_scale": 1.0, "output_len_min": 100, "output_len_max": 150})
+    )
     outcome = await runner
     assert outcome.reason is StopReason.DONE, outcome.message
     end = lane_rows(job)
@@ -71,21 +73,33 @@ async def test_one_row_per_prompt_and_the_share_follows_the_gpus(
     slow_total = sum(end.values()) - sum(fast.values())
     share_slow = (end["openrouter"] - fast["openrouter"]) / slow_total
     assert share_fast < 0.25, f"with fast GPUs OpenRouter made {share_fast:.0%} of the rows"
-    assert share_slow > share_fast + 0.3, f"slowed GPUs: OpenRouter's share went {share_fast:.0%} -> {share_slow:.0%}"
+    assert share_slow > share_fast + 0.3, (
+        f"slowed GPUs: OpenRouter's share went {share_fast:.0%} -> {share_slow:.0%}"
+    )
     # Money, per lane in its own unit: OpenRouter's rows cost what its ledger spent, which is what
     # the simulator billed; the GPU lane's rows carry GPU-seconds and no dollars.
     paid, gpus = job.dispatcher.lane("openrouter"), job.dispatcher.lane("sglang")
     paid_rows = [row for row in rows if row["backend"] == "openrouter"]
     gpu_rows = [row for row in rows if row["backend"] == "sglang"]
-    assert sum(Decimal(str(row["cost"])) for row in paid_rows) == paid.ledger.spent == paid_sim.billing.billed_total
+    assert (
+        sum(Decimal(str(row["cost"])) for row in paid_rows)
+        == paid.ledger.spent
+        == paid_sim.billing.billed_total
+    )
     assert all(row["cost"] is None and row["gpu_s"] > 0 for row in gpu_rows)
-    assert gpus.ledger.budget is None and gpus.ledger.spent > 0 and paid.ledger.reserved == gpus.ledger.reserved == 0
+    assert (
+        gpus.ledger.budget is None
+        and gpus.ledger.spent > 0
+        and paid.ledger.reserved == gpus.ledger.reserved == 0
+    )
     assert spend_by_backend(settings.job.run_dir / "attempts.jsonl") == {
         "sglang": gpus.ledger.spent,
         "openrouter": paid.ledger.spent,
     }
     # `regen verify` reads the mixed rows and compares their dollars with the journal's dollars only.
-    report = verify_dataset(Dataset("A", data), journal=journal_spend(settings.job.run_dir / "attempts.jsonl"))
+    report = verify_dataset(
+        Dataset("A", data), journal=journal_spend(settings.job.run_dir / "attempts.jsonl")
+    )
     assert not report.violations, dict(report.violations)
     assert report.journal_spend == pytest.approx(float(paid.ledger.spent))
     snap = job.snapshot()
@@ -114,7 +128,9 @@ async def test_the_budget_holds_and_the_gpus_finish_the_rest(
         blocked_seen = blocked_seen or paid.budget_blocked
         await asyncio.sleep(0.005)
     outcome = runner.result()
-    assert outcome.reason is StopReason.DONE, "the GPUs, which have no budget, finish what OpenRouter could not"
+    assert outcome.reason is StopReason.DONE, (
+        "the GPUs, which have no budget, finish what OpenRouter could not"
+    )
     assert blocked_seen, "OpenRouter's lane met its budget"
     rows = one_row_per_prompt(data, 400)
     made = Counter(row["backend"] for row in rows)
@@ -136,7 +152,15 @@ async def test_a_prompt_goes_to_the_first_lane_with_room(
     assert paid.stats.counters.attempts == 0 and paid.ledger.spent == 0
     # Listed the other way round, OpenRouter is the first lane and takes them all.
     again = write_dataset(tmp_path / "again", "A", 12)
-    job = Job(fleet_settings(gpu_sim.base_url, paid_sim.base_url, [again], backends=["openrouter", "sglang"], run_dir=tmp_path / "run2"))
+    job = Job(
+        fleet_settings(
+            gpu_sim.base_url,
+            paid_sim.base_url,
+            [again],
+            backends=["openrouter", "sglang"],
+            run_dir=tmp_path / "run2",
+        )
+    )
     await job.prepare()
     assert (await job.run()).reason is StopReason.DONE
     assert Counter(row["backend"] for row in one_row_per_prompt(again, 12)) == {"openrouter": 12}
@@ -175,14 +199,20 @@ async def test_the_gpus_lane_follows_their_healthy_queue_and_openrouter_takes_th
     # queued than a quarter of their slots (docs/sglang.md §11.6), the GPUs' lane should hold about
     # 4 + 1 in flight, not the 48 allowed, and OpenRouter's lane its own 48.
     config = fast_config(
-        served_model_name="kimi-k2.5", max_running_requests=4, output_len_min=30, output_len_max=40, time_scale=0.2
+        served_model_name="kimi-k2.5",
+        max_running_requests=4,
+        output_len_min=30,
+        output_len_max=40,
+        time_scale=0.2,
     )
     gpu_sim = SGLangSim(config, fleet_tok)
     await gpu_sim.start()
     try:
         await gpu_sim.wait_ready(30)
         data = write_dataset(tmp_path, "A", 400)
-        settings = fleet_settings(gpu_sim.base_url, paid_sim.base_url, [data], concurrency=48, min_concurrency=2)
+        settings = fleet_settings(
+            gpu_sim.base_url, paid_sim.base_url, [data], concurrency=48, min_concurrency=2
+        )
         settings.sglang.healthy_queue_min, settings.sglang.healthy_queue_max = 2, 6
         job = Job(settings)
         await job.prepare()
@@ -203,7 +233,9 @@ async def test_the_gpus_lane_follows_their_healthy_queue_and_openrouter_takes_th
             seen_limit, seen_in_flight = limit, gpus.in_flight
             paid_peak = max(paid_peak, paid.in_flight)
             await asyncio.sleep(0.02)
-        assert paid.limit.suggested is None and paid_peak > 20, "OpenRouter's lane is not bound by the GPUs' ceiling"
+        assert paid.limit.suggested is None and paid_peak > 20, (
+            "OpenRouter's lane is not bound by the GPUs' ceiling"
+        )
         assert (await runner).reason is StopReason.DONE
     finally:
         await gpu_sim.stop()
@@ -276,9 +308,15 @@ def test_backends_settings_are_checked_with_the_key_named(tmp_path: Path) -> Non
         ("[job]\nbackends = []\n", "job.backends: names no backend"),
         ('[job]\nbackends = ["sglang", "sglang"]\n', "job.backends: names a backend twice"),
         ('[job]\nbackends = ["vllm"]\n', "job.backends.0: Input should be 'openrouter' or 'sglang'"),
-        ('[job]\ndeadline = "1.5h"\n', "job.deadline: not a time of day or a duration; expected a time of day"),
+        (
+            '[job]\ndeadline = "1.5h"\n',
+            "job.deadline: not a time of day or a duration; expected a time of day",
+        ),
         ('[job]\ndeadline = "0m"\n', "job.deadline: a duration must be longer than 0 seconds"),
-        ('[job]\nbackends = ["openrouter", "sglang"]\n', 'sglang.urls: empty and no [[hosts]], but job.backends includes "sglang"'),
+        (
+            '[job]\nbackends = ["openrouter", "sglang"]\n',
+            'sglang.urls: empty and no [[hosts]], but job.backends includes "sglang"',
+        ),
     ]:
         with pytest.raises(SettingsError) as caught:
             load(body)
@@ -308,9 +346,26 @@ def test_recovery_puts_each_attempt_on_its_backends_ledger(tmp_path: Path) -> No
         {"k": "end", "rid": "A-0#1", "ds": "A", "line": 0, "cost": "7.5", "outcome": "ok", "be": "sglang"},
         {"k": "start", "rid": "A-1#0", "ds": "A", "line": 1, "reserved": "0.5", "be": "openrouter"},
         {"k": "gen", "rid": "A-1#0", "gen": "gen-1"},
-        {"k": "end", "rid": "A-1#0", "ds": "A", "line": 1, "gen": "gen-1", "cost": "0.5", "est": True, "outcome": "ok", "be": "openrouter"},
+        {
+            "k": "end",
+            "rid": "A-1#0",
+            "ds": "A",
+            "line": 1,
+            "gen": "gen-1",
+            "cost": "0.5",
+            "est": True,
+            "outcome": "ok",
+            "be": "openrouter",
+        },
         {"k": "reconciled", "rid": "A-1#0", "gen": "gen-1", "outcome": "ok", "cost": "0.1", "delta": "-0.4"},
-        {"k": "start", "rid": "A-2#0", "ds": "A", "line": 2, "reserved": "0", "be": "sglang"},  # cut by a crash
+        {
+            "k": "start",
+            "rid": "A-2#0",
+            "ds": "A",
+            "line": 2,
+            "reserved": "0",
+            "be": "sglang",
+        },  # cut by a crash
     ]
     attempts.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
     events.write_bytes(orjson.dumps({"event": "exclude", "provider": "novita", "source": "operator"}) + b"\n")
@@ -333,11 +388,16 @@ def both_sims(tmp_path: Path, sglang_model: Path) -> Iterator[tuple[Any, Any]]:
         yield paid_case, gpu_case
 
 
-def test_sigkill_then_resume_keeps_each_backends_accounting(both_sims: tuple[Any, Any], tmp_path: Path) -> None:
+def test_sigkill_then_resume_keeps_each_backends_accounting(
+    both_sims: tuple[Any, Any], tmp_path: Path
+) -> None:
     paid, gpus = both_sims
     a = write_dataset(tmp_path, "A", 1200)
     settings = paid.settings_file([a], concurrency=16, max_attempts=20, backends=BOTH, budget_usd=20.0)
-    extra = [f"[{section}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items()) for section, values in gpus.sections.items()]
+    extra = [
+        f"[{section}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items())
+        for section, values in gpus.sections.items()
+    ]
     settings.write_text(settings.read_text() + "".join(extra))
     env = {**ENV, "OPENROUTER_API_KEY": SIM_KEY}
     attempts = tmp_path / "run" / "attempts.jsonl"
@@ -363,7 +423,11 @@ def test_sigkill_then_resume_keeps_each_backends_accounting(both_sims: tuple[Any
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     final = subprocess.run(
-        regen_argv("run", "--headless", "--settings", str(settings)), env=env, capture_output=True, text=True, timeout=300
+        regen_argv("run", "--headless", "--settings", str(settings)),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert final.returncode == 0, final.stdout[-2000:] + final.stderr[-2000:]
     rows = one_row_per_prompt(a, 1200)
@@ -380,7 +444,9 @@ def test_sigkill_then_resume_keeps_each_backends_accounting(both_sims: tuple[Any
         journaled["openrouter"] -= sum((Decimal(cut) for cut in bound["cuts"].values()), Decimal(0))
     for name in BOTH:
         assert Decimal(end["split"][name]["spent"]) == journaled.get(name, Decimal(0)), name
-        state = read_journals(run_dir / "attempts.jsonl", run_dir / "events.jsonl", backend=name, default="openrouter")
+        state = read_journals(
+            run_dir / "attempts.jsonl", run_dir / "events.jsonl", backend=name, default="openrouter"
+        )
         assert state.spent == journaled.get(name, Decimal(0))
     paid_state = read_journals(run_dir / "attempts.jsonl", run_dir / "events.jsonl", backend="openrouter")
     billed = paid.billed()
@@ -402,8 +468,13 @@ def test_a_paced_job_killed_and_resumed_counts_each_backends_share_over_the_whol
     rows of the run before the SIGKILL among them, as the money already does (docs/fleets.md)."""
     paid, gpus = both_sims
     a = write_dataset(tmp_path, "A", 1200)
-    settings = paid.settings_file([a], concurrency=16, max_attempts=20, backends=BOTH, budget_usd=20.0, deadline="2h")
-    extra = [f"[{section}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items()) for section, values in gpus.sections.items()]
+    settings = paid.settings_file(
+        [a], concurrency=16, max_attempts=20, backends=BOTH, budget_usd=20.0, deadline="2h"
+    )
+    extra = [
+        f"[{section}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items())
+        for section, values in gpus.sections.items()
+    ]
     settings.write_text(settings.read_text() + "".join(extra) + "[steering]\ninterval_s = 0.25\n")
     env = {**ENV, "OPENROUTER_API_KEY": SIM_KEY}
     attempts = tmp_path / "run" / "attempts.jsonl"
@@ -421,10 +492,16 @@ def test_a_paced_job_killed_and_resumed_counts_each_backends_share_over_the_whol
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    before = Counter(json.loads(line)["backend"] for line in (a / "raw_responses.jsonl").read_text().splitlines())
+    before = Counter(
+        json.loads(line)["backend"] for line in (a / "raw_responses.jsonl").read_text().splitlines()
+    )
     assert sum(before.values()) >= 200 and set(before) == set(BOTH), before
     final = subprocess.run(
-        regen_argv("run", "--headless", "--settings", str(settings)), env=env, capture_output=True, text=True, timeout=300
+        regen_argv("run", "--headless", "--settings", str(settings)),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert final.returncode == 0, final.stdout[-2000:] + final.stderr[-2000:]
     rows = one_row_per_prompt(a, 1200)
@@ -439,7 +516,9 @@ def test_a_paced_job_killed_and_resumed_counts_each_backends_share_over_the_whol
         assert end["split"][name]["output_tokens"] == tokens[name], name
         line = next(x for x in final.stdout.splitlines() if x.startswith(f"  {name}: ") and " rows (" in x)
         share = made[name] / 1200 * 100
-        assert line.startswith(f"  {name}: {made[name]} rows ({share:.1f}%), {tokens[name]} output tokens"), line
+        assert line.startswith(f"  {name}: {made[name]} rows ({share:.1f}%), {tokens[name]} output tokens"), (
+            line
+        )
 
 
 def test_a_single_backend_job_keeps_its_files(tmp_path: Path) -> None:
@@ -497,8 +576,16 @@ async def test_the_console_shows_each_backends_share(
     assert "| split sglang" in out.getvalue()
 
 
-def test_each_backend_may_have_its_own_in_flight_limit(fleet_settings: Callable[..., Settings], tmp_path: Path) -> None:
-    settings = fleet_settings("http://127.0.0.1:9", "http://127.0.0.1:9/api/v1", [], concurrency=40, backend_concurrency={"sglang": 6})
+def test_each_backend_may_have_its_own_in_flight_limit(
+    fleet_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    settings = fleet_settings(
+        "http://127.0.0.1:9",
+        "http://127.0.0.1:9/api/v1",
+        [],
+        concurrency=40,
+        backend_concurrency={"sglang": 6},
+    )
     job = Job(settings)
     limits = {lane.name: lane.limit.configured for lane in job.lanes}
     assert limits == {"sglang": 6, "openrouter": 40}, "a backend not named has job.concurrency"
@@ -507,5 +594,7 @@ def test_each_backend_may_have_its_own_in_flight_limit(fleet_settings: Callable[
     with pytest.raises(SettingsError, match=r"job.backend_concurrency.vllm"):
         load_settings(path)
     path.write_text("[job]\nbackend_concurrency = { sglang = 0 }\n")
-    with pytest.raises(SettingsError, match=r"job.backend_concurrency.sglang: Input should be greater than or equal to 1"):
+    with pytest.raises(
+        SettingsError, match=r"job.backend_concurrency.sglang: Input should be greater than or equal to 1"
+    ):
         load_settings(path)

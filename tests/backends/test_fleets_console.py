@@ -107,14 +107,18 @@ async def test_the_fleets_pane_and_p_on_a_real_two_fleet_job(
             await pilot.press("enter")
             await wait_until(
                 pilot,
-                lambda: app.displayed is not None
-                and "fleet" in app.displayed
-                and app.displayed["fleet"]["deadline"] == "2h",
+                lambda: (
+                    app.displayed is not None
+                    and "fleet" in app.displayed
+                    and app.displayed["fleet"]["deadline"] == "2h"
+                ),
                 "the deadline shown",
             )
             fleet = job.snapshot()["fleet"]
             assert fleet["steered"] and fleet["deadline_ts"] is not None
-            assert abs(fleet["deadline_ts"] - (time.time() + 7200)) < 30, "a duration typed live counts from now"
+            assert abs(fleet["deadline_ts"] - (time.time() + 7200)) < 30, (
+                "a duration typed live counts from now"
+            )
             assert "deadline" in str(app.query_one("#fleets-pane", FleetsPane).render())
             set_live = [e for e in job.events_since(0)[1] if e["event"] == "deadline"]
             assert set_live and set_live[-1]["source"] == "console" and set_live[-1]["text"] == "2h"

@@ -78,7 +78,12 @@ async def test_the_metrics_page_counts_what_the_snapshot_and_the_journal_count(
         # Counters only grow: what the page said lies between the snapshots taken either side of it.
         low, seen, high = lane_figures(before), page_figures(live), lane_figures(after)
         for b in BACKENDS:
-            assert all(lo <= s <= hi for lo, s, hi in zip(low[b], seen[b], high[b], strict=True)), (b, low, seen, high)
+            assert all(lo <= s <= hi for lo, s, hi in zip(low[b], seen[b], high[b], strict=True)), (
+                b,
+                low,
+                seen,
+                high,
+            )
         assert live.total("regen_job_state", state="RUNNING") == 1 and live.total("regen_job_state") == 1
         fleet = after.get("fleet")
         assert fleet is not None and fleet["deadline_ts"] is not None
@@ -86,7 +91,9 @@ async def test_the_metrics_page_counts_what_the_snapshot_and_the_journal_count(
         assert live.values("regen_deadline_fits") in ([0.0], [1.0])
         assert live.values("regen_budget_dollars", backend="openrouter") == [settings.job.budget_usd]
         assert live.values("regen_budget_gpu_seconds") == [], "GPU time has no budget"
-        assert live.values("regen_sglang_server_up", backend="sglang", route=f"127.0.0.1:{gpu_sim.port}") == [1.0]
+        assert live.values("regen_sglang_server_up", backend="sglang", route=f"127.0.0.1:{gpu_sim.port}") == [
+            1.0
+        ]
         assert 0 < live.total("regen_in_flight") <= live.total("regen_concurrency_configured")
         # Every name the dashboard queries is on the page.
         assert dashboard_names() <= live.names, sorted(dashboard_names() - live.names)
@@ -123,35 +130,54 @@ async def test_the_metrics_page_counts_what_the_snapshot_and_the_journal_count(
         finished = [rec for rec in ends if rec["be"] == b and rec["outcome"] in ("ok", "truncated")]
         statuses = Counter(row["status"] for row in made)
         for status in ("ok", "truncated"):
-            assert page.values("regen_rows_total", backend=b, status=status) == [statuses[status]], (b, status)
+            assert page.values("regen_rows_total", backend=b, status=status) == [statuses[status]], (
+                b,
+                status,
+            )
         assert page.total("regen_attempts_total", backend=b) == len([rec for rec in ends if rec["be"] == b])
         assert page.total("regen_errors_total", backend=b) == sum(lane["errors"].values())
         # Tokens: the rows' usage, the journal's, the snapshot's.
-        assert page.total("regen_output_tokens_total", backend=b) == sum(
-            row["usage"]["completion_tokens"] for row in made
-        ) == lane["output_tokens"]
+        assert (
+            page.total("regen_output_tokens_total", backend=b)
+            == sum(row["usage"]["completion_tokens"] for row in made)
+            == lane["output_tokens"]
+        )
         assert page.total("regen_prompt_tokens_total", backend=b) == sum(rec["ptok"] for rec in finished) > 0
         # Per route: requests as the journal names them; latency histograms hold every success.
         routes = Counter(rec["provider"] for rec in ends if rec["be"] == b and rec.get("provider"))
-        assert {r: int(page.total("regen_requests_total", backend=b, route=r)) for r in routes} == dict(routes)
+        assert {r: int(page.total("regen_requests_total", backend=b, route=r)) for r in routes} == dict(
+            routes
+        )
         for p in lane["providers"]:
             if p["requests"]:
                 count = page.values("regen_request_duration_seconds_count", backend=b, route=p["name"])
-                assert count == [p["ok"]] == page.values("regen_time_to_first_token_seconds_count", backend=b, route=p["name"])
-                assert page.values("regen_request_duration_seconds_bucket", backend=b, route=p["name"], le="+Inf") == [p["ok"]]
+                assert (
+                    count
+                    == [p["ok"]]
+                    == page.values("regen_time_to_first_token_seconds_count", backend=b, route=p["name"])
+                )
+                assert page.values(
+                    "regen_request_duration_seconds_bucket", backend=b, route=p["name"], le="+Inf"
+                ) == [p["ok"]]
             # Fidelity (on by default, warn): the route's fingerprint as the providers pane has it.
             fidelity = p.get("fidelity")
             if fidelity is not None:
                 state = fidelity["state"]
                 assert page.values("regen_fidelity_state", backend=b, route=p["name"], state=state) == [1.0]
                 assert page.total("regen_fidelity_state", backend=b, route=p["name"]) == 1
-                assert page.values("regen_fidelity_responses_total", backend=b, route=p["name"]) == [fidelity["responses"]]
+                assert page.values("regen_fidelity_responses_total", backend=b, route=p["name"]) == [
+                    fidelity["responses"]
+                ]
     # Money, each ledger in its unit: what it spent is what the journal sums to.
     paid, gpus = job.dispatcher.lane("openrouter").ledger, job.dispatcher.lane("sglang").ledger
     assert page.values("regen_spent_dollars", backend="openrouter") == [float(paid.spent)]
     assert spent["openrouter"] == paid.spent > 0
     assert page.values("regen_spent_gpu_seconds", backend="sglang") == [float(gpus.spent)]
     assert spent["sglang"] == gpus.spent > 0
-    assert page.values("regen_spent_dollars", backend="sglang") == [] == page.values("regen_spent_gpu_seconds", backend="openrouter")
+    assert (
+        page.values("regen_spent_dollars", backend="sglang")
+        == []
+        == page.values("regen_spent_gpu_seconds", backend="openrouter")
+    )
     assert page.total("regen_reserved_dollars") == 0 == page.total("regen_reserved_gpu_seconds")
     assert page.total("regen_in_flight") == 0

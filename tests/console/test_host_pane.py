@@ -69,8 +69,23 @@ def sglang(**fields: Any) -> HostSGLangView:
     """The monitor's view of a host's SGLang (engine/host/monitor.py, _sglang_view): every key, None
     where the status said nothing."""
     keys = (
-        "ok", "error", "state", "pid", "alive", "phase", "failure", "ready", "version", "launched_version",
-        "served_model_name", "running", "queued", "gen_throughput", "kv_usage", "retractions", "port",
+        "ok",
+        "error",
+        "state",
+        "pid",
+        "alive",
+        "phase",
+        "failure",
+        "ready",
+        "version",
+        "launched_version",
+        "served_model_name",
+        "running",
+        "queued",
+        "gen_throughput",
+        "kv_usage",
+        "retractions",
+        "port",
     )
     return partial(HostSGLangView, **{**dict.fromkeys(keys), **fields})
 
@@ -141,17 +156,48 @@ async def test_without_hosts_the_pane_says_so() -> None:
 # A host whose SGLang is starting (the monitor's view: engine/host/monitor.py, _sglang_view).
 STARTING: HostView = {
     **HOST,
-    "sglang": sglang(ok=True, state="starting", phase="kv pool", launched_version="0.5.23", pid=4242,
-                     alive=True, ready=False),
-    "sglang_action": {"what": "start", "state": "running", "started_at": FROZEN_NOW - 20, "message": None,
-                      "progress": ["gpu1: [3/8] kv pool: KV Cache is allocated. #tokens: 1000000"]},
+    "sglang": sglang(
+        ok=True,
+        state="starting",
+        phase="kv pool",
+        launched_version="0.5.23",
+        pid=4242,
+        alive=True,
+        ready=False,
+    ),
+    "sglang_action": {
+        "what": "start",
+        "state": "running",
+        "started_at": FROZEN_NOW - 20,
+        "message": None,
+        "progress": ["gpu1: [3/8] kv pool: KV Cache is allocated. #tokens: 1000000"],
+    },
 }
 READY: HostView = {
     **HOST,
-    "sglang": sglang(ok=True, state="ready", phase="ready", version="0.5.23", pid=4242, alive=True,
-                     ready=True, running=120.0, queued=450.0, kv_usage=0.62, gen_throughput=5432.0),
-    "tunnel": {"host": "gpu1", "url": "http://127.0.0.1:40123", "remote_port": 30000, "state": "open",
-               "error": None, "drops": 1, "reopens": 1, "connections": 12},
+    "sglang": sglang(
+        ok=True,
+        state="ready",
+        phase="ready",
+        version="0.5.23",
+        pid=4242,
+        alive=True,
+        ready=True,
+        running=120.0,
+        queued=450.0,
+        kv_usage=0.62,
+        gen_throughput=5432.0,
+    ),
+    "tunnel": {
+        "host": "gpu1",
+        "url": "http://127.0.0.1:40123",
+        "remote_port": 30000,
+        "state": "open",
+        "error": None,
+        "drops": 1,
+        "reopens": 1,
+        "connections": 12,
+    },
 }
 
 

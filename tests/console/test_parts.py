@@ -57,7 +57,9 @@ def test_formatting() -> None:
 
 def test_provider_status_is_the_jobs_word() -> None:
     provider = frame()["lanes"][0]["providers"][0]
-    said: list[ProviderView] = [{**provider, "status": word} for word in ("slow", "FAIL", "EXCL", "bogus", "")]
+    said: list[ProviderView] = [
+        {**provider, "status": word} for word in ("slow", "FAIL", "EXCL", "bogus", "")
+    ]
     assert [provider_status(p) for p in said] == ["SLOW", "FAIL", "EXCL", "OK", "OK"]
 
 
@@ -226,7 +228,6 @@ def test_python_m_launch_points_to_a_real_job(capsys: pytest.CaptureFixture[str]
     assert main() == 2
     said = capsys.readouterr().err
     assert "`regen demo` runs a real one" in said and "`regen attach`" in said
-
 
 
 async def test_the_cost_pane_names_no_cause_when_nothing_was_wasted() -> None:

@@ -212,7 +212,7 @@ async def test_a_restarted_sshd_is_reconnected_with_backoff(
         await asyncio.sleep(0.5)
         # A host that was up reads "reconnecting" between tries and during them.
         assert not run.done() and conn.state == "reconnecting"
-        assert "connecting" not in states[states.index("disconnected"):]
+        assert "connecting" not in states[states.index("disconnected") :]
         server.start()
         result = await asyncio.wait_for(run, 30)
         assert result.one("status")["gpus"]

@@ -149,7 +149,9 @@ async def test_the_consoles_start_refuses_different_models_before_launching_on_a
         for view in monitor.view():
             action = view["sglang_action"]
             assert action is not None and action["state"] == "failed"
-            assert "gpu1 and gpu2 hold different models: tokenizer_config.json differs" in str(action["message"])
+            assert "gpu1 and gpu2 hold different models: tokenizer_config.json differs" in str(
+                action["message"]
+            )
             assert "nothing was launched" in str(action["message"])
     finally:
         await monitor.close()

@@ -51,14 +51,18 @@ def test_inspect_pull_and_sglang_need_no_tokenizer_on_an_sglang_job(host: GpuHos
     assert pulled.returncode == 0, pulled.stderr
     assert (tmp_path / "regen-data" / "tokenizer" / "tokenizer_config.json").is_file()
     stopped = run_regen("sglang", "stop", "--settings", str(conf), timeout=120)
-    assert stopped.returncode == 0 and "nothing of its process group is left" in stopped.stdout, stopped.stderr
+    assert stopped.returncode == 0 and "nothing of its process group is left" in stopped.stdout, (
+        stopped.stderr
+    )
 
 
 def test_a_run_with_hosts_and_no_tokenizer_fetches_it_from_the_host_and_says_so(
     host: GpuHost, tmp_path: Path
 ) -> None:
     data = write_dataset(tmp_path, "A", PROMPTS)
-    conf = no_tokenizer_settings(host, tmp_path, ['backend = "sglang"', f"datasets = [{json.dumps(str(data))}]"])
+    conf = no_tokenizer_settings(
+        host, tmp_path, ['backend = "sglang"', f"datasets = [{json.dumps(str(data))}]"]
+    )
     started = run_regen("sglang", "start", "--settings", str(conf), timeout=180)
     assert started.returncode == 0, started.stderr + started.stdout
     run = run_regen("run", "--headless", "--settings", str(conf), timeout=180)

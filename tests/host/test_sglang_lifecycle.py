@@ -62,7 +62,9 @@ def test_start_status_stop(host: GpuHost, tmp_path: Path) -> None:
     (entry,) = json.loads(status.stdout)["hosts"]
     assert entry["state"] == "ready" and entry["alive"] and entry["ready"]
     assert entry["phase"] == "ready" and entry["pid"] == pid
-    assert entry["version"] == "0.5.23" and entry["served_model_name"] == "Kimi-K2.5"  # the model folder's name
+    assert (
+        entry["version"] == "0.5.23" and entry["served_model_name"] == "Kimi-K2.5"
+    )  # the model folder's name
     assert entry["model_path"] == str(host.model)
     assert entry["running"] == 0 and entry["queued"] == 0 and entry["kv_usage"] == 0
     busy = [g for g in entry["gpus"] if g["processes"]]
@@ -126,11 +128,14 @@ def test_unknown_flag_is_refused_before_launch(host: GpuHost, tmp_path: Path) ->
     # --tp is argparse's unique prefix of --tp-size: accepted (the launches above never named it).
 
 
-def test_preflight_refuses_busy_gpus_busy_port_and_a_model_without_config(host: GpuHost, tmp_path: Path) -> None:
+def test_preflight_refuses_busy_gpus_busy_port_and_a_model_without_config(
+    host: GpuHost, tmp_path: Path
+) -> None:
     conf = settings(host, tmp_path)
     # A server regen did not start, on this host's GPUs (its own port).
-    other = start_standin(host.model, free_port(), env=standin_env(host.root, {"time_scale": 0.01}),
-                          log=tmp_path / "other.log")
+    other = start_standin(
+        host.model, free_port(), env=standin_env(host.root, {"time_scale": 0.01}), log=tmp_path / "other.log"
+    )
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and "Load weight begin" not in (tmp_path / "other.log").read_text():

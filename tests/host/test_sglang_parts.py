@@ -48,14 +48,26 @@ def test_the_failure_named_is_the_error_under_the_schedulers_headline() -> None:
     assert state.failure_where == "cuda graphs"
     assert scan("launch_server.py: error: unrecognized arguments: --nope 1\n").failure_where == "command line"
     # A watchdog line in a running server's log, timestamp and all.
-    assert scan("[2026-02-26 17:00:00 TP0] Scheduler watchdog timeout (self.watchdog_timeout=300)\n").failure_where == "running"
+    assert (
+        scan(
+            "[2026-02-26 17:00:00 TP0] Scheduler watchdog timeout (self.watchdog_timeout=300)\n"
+        ).failure_where
+        == "running"
+    )
     assert strip_prefix("[2026-02-26 16:41:06 TP3] Load weight begin.") == "Load weight begin."
     assert strip_prefix("INFO:     Uvicorn running") == "INFO:     Uvicorn running"
 
 
 def test_flags_are_checked_as_argparse_would_take_them() -> None:
-    listed = {"--tp-size", "--tensor-parallel-size", "--port", "--cuda-graph-max-bs-decode",
-              "--cuda-graph-max-bs-prefill", "--enable-metrics", "--mem-fraction-static"}
+    listed = {
+        "--tp-size",
+        "--tensor-parallel-size",
+        "--port",
+        "--cuda-graph-max-bs-decode",
+        "--cuda-graph-max-bs-prefill",
+        "--enable-metrics",
+        "--mem-fraction-static",
+    }
     assert flag_problems(["--port", "--tp", "--mem-frac", "--enable-metrics"], listed) == []
     problems = flag_problems(["--cuda-graph-max-bs", "--no-such-flag"], listed)
     assert problems == [

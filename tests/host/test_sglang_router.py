@@ -67,11 +67,15 @@ def settings(one: GpuHost, two: GpuHost, tmp_path: Path, data: Path) -> Path:
         ]
     )
     path = tmp_path / "settings.toml"
-    path.write_text(one.settings_text(top=top, others=(("gpu2", two),), extra_sglang={"metrics_interval_s": 0.3}))
+    path.write_text(
+        one.settings_text(top=top, others=(("gpu2", two),), extra_sglang={"metrics_interval_s": 0.3})
+    )
     return path
 
 
-def test_two_workers_behind_the_router_one_killed_mid_run(pair: tuple[GpuHost, GpuHost], tmp_path: Path) -> None:
+def test_two_workers_behind_the_router_one_killed_mid_run(
+    pair: tuple[GpuHost, GpuHost], tmp_path: Path
+) -> None:
     one, two = pair
     one.set_sim(**SLOW)
     data = write_dataset(tmp_path, "A", PROMPTS)
@@ -115,7 +119,11 @@ def test_two_workers_behind_the_router_one_killed_mid_run(pair: tuple[GpuHost, G
     out = [json.loads(e) for e in events.splitlines() if '"worker_out"' in e]
     assert [e["host"] for e in out] == ["gpu2"]
     # The router was the job's child, on loopback only: gone with it.
-    (line,) = [x for x in (tmp_path / "run" / "router.log").read_text().splitlines() if x.startswith("regen: router pid")]
+    (line,) = [
+        x
+        for x in (tmp_path / "run" / "router.log").read_text().splitlines()
+        if x.startswith("regen: router pid")
+    ]
     pid = int(line.split()[3].rstrip(":"))
     assert "--host 127.0.0.1" in line and "--prometheus-host 127.0.0.1" in line and "round_robin" in line
     assert not Path(f"/proc/{pid}").exists()

@@ -101,8 +101,16 @@ def test_a_run_through_the_tunnel_carries_the_servers_ids(host: GpuHost, tmp_pat
 
 def test_sigkill_of_the_job_then_resume(host: GpuHost, tmp_path: Path) -> None:
     # Slow enough that requests are in flight when the job dies.
-    host.set_sim(record_ids=True, decode_tokens_per_s=40.0, time_scale=1.0, startup_weights_s=0.2,
-                 startup_kv_pool_s=0.1, startup_cuda_graph_s=0.1, startup_http_s=0.05, startup_warmup_s=0.05)
+    host.set_sim(
+        record_ids=True,
+        decode_tokens_per_s=40.0,
+        time_scale=1.0,
+        startup_weights_s=0.2,
+        startup_kv_pool_s=0.1,
+        startup_cuda_graph_s=0.1,
+        startup_http_s=0.05,
+        startup_warmup_s=0.05,
+    )
     data = write_dataset(tmp_path, "A", PROMPTS)
     conf = run_settings(host, tmp_path, [data])
     started(host, conf)
@@ -121,8 +129,16 @@ def test_sigkill_of_the_job_then_resume(host: GpuHost, tmp_path: Path) -> None:
 
 
 def test_the_tunnel_dropped_mid_run(host: GpuHost, tmp_path: Path) -> None:
-    host.set_sim(record_ids=True, decode_tokens_per_s=40.0, time_scale=1.0, startup_weights_s=0.2,
-                 startup_kv_pool_s=0.1, startup_cuda_graph_s=0.1, startup_http_s=0.05, startup_warmup_s=0.05)
+    host.set_sim(
+        record_ids=True,
+        decode_tokens_per_s=40.0,
+        time_scale=1.0,
+        startup_weights_s=0.2,
+        startup_kv_pool_s=0.1,
+        startup_cuda_graph_s=0.1,
+        startup_http_s=0.05,
+        startup_warmup_s=0.05,
+    )
     data = write_dataset(tmp_path, "A", PROMPTS)
     conf = run_settings(host, tmp_path, [data], max_attempts=8)
     started(host, conf)

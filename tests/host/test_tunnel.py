@@ -54,7 +54,10 @@ async def server() -> AsyncIterator[Server]:
 
 
 async def get(url: str) -> str:
-    async with aiohttp.ClientSession() as session, session.get(url + "/hello", timeout=aiohttp.ClientTimeout(total=5)) as r:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(url + "/hello", timeout=aiohttp.ClientTimeout(total=5)) as r,
+    ):
         return await r.text()
 
 

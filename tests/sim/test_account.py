@@ -26,10 +26,15 @@ async def test_auth_401_bodies(api: Api, osim: OpenRouterSim) -> None:
 
 @pytest.mark.parametrize(
     "data",
-    [b"{not json", b"[]", b'{"model": "moonshotai/kimi-k2.5"}', b'{"messages": []}',
-     b'{"messages": [{"content": "no role"}]}',
-     b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}',
-     b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": "10"}'],
+    [
+        b"{not json",
+        b"[]",
+        b'{"model": "moonshotai/kimi-k2.5"}',
+        b'{"messages": []}',
+        b'{"messages": [{"content": "no role"}]}',
+        b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}',
+        b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": "10"}',
+    ],
 )
 async def test_malformed_requests_400(api: Api, data: bytes) -> None:
     r = await api.post_raw(data)
@@ -96,7 +101,8 @@ async def test_models_paging(api: Api) -> None:
     assert k25["context_length"] == 262144
     assert k25["pricing"]["completion"] == "0.0000022" and k25["pricing"]["prompt"] == "0.00000045"
     assert k25["top_provider"]["max_completion_tokens"] is None or isinstance(
-        k25["top_provider"]["max_completion_tokens"], int)
+        k25["top_provider"]["max_completion_tokens"], int
+    )
     page = await api.get("/models", params={"offset": "0", "limit": "1"})
     assert len(page.json["data"]) == 1
     assert page.json["links"]["next"] == "/api/v1/models?offset=1&limit=1"
@@ -119,10 +125,22 @@ async def test_endpoints_listing(api: Api) -> None:
         assert Decimal("0.45") <= Decimal(e["pricing"]["prompt"]) * per_m <= Decimal("1.20")
         assert Decimal("2.20") <= Decimal(e["pricing"]["completion"]) * per_m <= Decimal("3.00")
         assert e["latency_last_30m"] is None and e["throughput_last_30m"] is None
-        for field in ("name", "model_id", "model_name", "context_length", "provider_name", "tag",
-                      "max_completion_tokens", "max_prompt_tokens", "supported_parameters",
-                      "uptime_last_30m", "uptime_last_5m", "uptime_last_1d",
-                      "supports_implicit_caching", "status"):
+        for field in (
+            "name",
+            "model_id",
+            "model_name",
+            "context_length",
+            "provider_name",
+            "tag",
+            "max_completion_tokens",
+            "max_prompt_tokens",
+            "supported_parameters",
+            "uptime_last_30m",
+            "uptime_last_5m",
+            "uptime_last_1d",
+            "supports_implicit_caching",
+            "status",
+        ):
             assert field in e
     assert sum(1 for e in eps if e["status"] == -2) == 2
     moonshot = next(e for e in eps if e["tag"].startswith("moonshotai"))
@@ -139,8 +157,7 @@ async def test_billed_total_equals_sum_of_reported_costs(api: Api, osim: OpenRou
         *(api.stream(messages=[{"role": "user", "content": f"s {i}"}]) for i in range(25)),
     ]
     replies = await asyncio.gather(*calls)
-    costs = [r.json["usage"]["cost"] if isinstance(r, Reply) else r.required_usage()["cost"]
-             for r in replies]
+    costs = [r.json["usage"]["cost"] if isinstance(r, Reply) else r.required_usage()["cost"] for r in replies]
     assert len(osim.billing.records) == 50
     assert osim.billing.billed_total == sum(Decimal(repr(c)) for c in costs)
     assert str(osim.billing.billed_total) == osim.state()["ledger"]["billed_total"]

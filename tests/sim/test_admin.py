@@ -104,19 +104,30 @@ async def test_module_entry_point_serves_until_sigterm(tmp_path: Path) -> None:
     cfg.write_text('{"time_scale": 0.001}')
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "regen.sim", "openrouter", "--port", "0", "--config", str(cfg),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env, cwd=ROOT,
+        sys.executable,
+        "-m",
+        "regen.sim",
+        "openrouter",
+        "--port",
+        "0",
+        "--config",
+        str(cfg),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+        cwd=ROOT,
     )
     try:
         assert proc.stdout is not None
         line = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode().strip()
         prefix = "regen sim openrouter listening on "
         assert line.startswith(prefix) and line.endswith("/api/v1")
-        base = line[len(prefix):]
+        base = line[len(prefix) :]
         async with aiohttp.ClientSession() as s:
             body = orjson.dumps({"messages": [{"role": "user", "content": "hi"}]})
-            async with s.post(base + "/chat/completions", data=body,
-                              headers={"Authorization": f"Bearer {KEY}"}) as r:
+            async with s.post(
+                base + "/chat/completions", data=body, headers={"Authorization": f"Bearer {KEY}"}
+            ) as r:
                 assert r.status == 200
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 10) == 0
@@ -130,8 +141,14 @@ async def test_module_entry_point_bad_config_exits_2(tmp_path: Path) -> None:
     cfg = tmp_path / "bad.toml"
     cfg.write_text("credits = 'lots'\n")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "regen.sim", "--config", str(cfg),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=ROOT,
+        sys.executable,
+        "-m",
+        "regen.sim",
+        "--config",
+        str(cfg),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=ROOT,
     )
     _, err = await asyncio.wait_for(proc.communicate(), 20)
     assert proc.returncode == 2
@@ -141,6 +158,8 @@ async def test_module_entry_point_bad_config_exits_2(tmp_path: Path) -> None:
 def test_engine_sim_never_imports_textual() -> None:
     import subprocess
 
-    code = ("import sys, regen.sim, regen.sim.runner, regen.sim.openrouter.server; "
-            "assert not any(m.startswith('textual') for m in sys.modules)")
+    code = (
+        "import sys, regen.sim, regen.sim.runner, regen.sim.openrouter.server; "
+        "assert not any(m.startswith('textual') for m in sys.modules)"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

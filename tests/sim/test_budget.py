@@ -23,7 +23,9 @@ def approx(x: float) -> object:
 
 def estimate(sim: OpenRouterSim, max_tokens: int) -> float:
     ep = endpoint(sim, "Fireworks")
-    return float(ep.pricing.prompt) * estimate_prompt_tokens(PROMPT) + max_tokens * float(ep.pricing.completion)
+    return float(ep.pricing.prompt) * estimate_prompt_tokens(PROMPT) + max_tokens * float(
+        ep.pricing.completion
+    )
 
 
 def slow_fireworks(sim: OpenRouterSim, ttft_s: float = 0.4) -> None:
@@ -170,7 +172,9 @@ async def test_aborted_stream_settles_what_was_billed(api: Api, osim: OpenRouter
     task = asyncio.create_task(api.stream(max_tokens=MAX_TOKENS, provider={"only": ["parasail"]}))
     await wait_running(osim, 1)
     parasail = endpoint(osim, "Parasail").pricing  # the hold is the pre-flight estimate
-    held = Decimal(parasail.prompt) * estimate_prompt_tokens(PROMPT) + Decimal(parasail.completion) * MAX_TOKENS
+    held = (
+        Decimal(parasail.prompt) * estimate_prompt_tokens(PROMPT) + Decimal(parasail.completion) * MAX_TOKENS
+    )
     assert osim.limits.budget.held == approx(float(held))
     task.cancel()
     for _ in range(300):

@@ -23,15 +23,15 @@ def slow(sim: OpenRouterSim) -> None:
     cfg.min_completion_tokens = cfg.max_completion_tokens = TOKENS
     cfg.reasoning_share = 0.0
     cfg.endpoint_overrides = {
-        name: {"ttft_s": 0.0, "ttft_jitter": 0.0, "tokens_per_s": 400.0}
-        for name in ("fireworks", "parasail")
+        name: {"ttft_s": 0.0, "ttft_jitter": 0.0, "tokens_per_s": 400.0} for name in ("fireworks", "parasail")
     }
 
 
 async def abort_after_content(api: Api, provider: str) -> str:
     body = orjson.dumps(api.body(stream=True, provider={"only": [provider]}))
-    async with api.session.post(api.url("/chat/completions"), data=body,
-                                headers={"Authorization": f"Bearer {KEY}"}) as r:
+    async with api.session.post(
+        api.url("/chat/completions"), data=body, headers={"Authorization": f"Bearer {KEY}"}
+    ) as r:
         gen_id = r.headers["X-Generation-Id"]
         seen = 0
         async for line in r.content:
@@ -52,10 +52,12 @@ async def wait_record(sim: OpenRouterSim, gen_id: str, timeout: float = 2.0) -> 
     raise AssertionError(f"{gen_id} never billed")
 
 
-@pytest.mark.parametrize(("provider", "name", "supports"), [("fireworks", "Fireworks", True),
-                                                            ("parasail", "Parasail", False)])
-async def test_stream_abort_billing(api: Api, osim: OpenRouterSim, provider: str, name: str,
-                                    supports: bool) -> None:
+@pytest.mark.parametrize(
+    ("provider", "name", "supports"), [("fireworks", "Fireworks", True), ("parasail", "Parasail", False)]
+)
+async def test_stream_abort_billing(
+    api: Api, osim: OpenRouterSim, provider: str, name: str, supports: bool
+) -> None:
     slow(osim)
     assert endpoint(osim, name).supports_cancellation is supports
     gen_id = await abort_after_content(api, provider)
@@ -66,8 +68,10 @@ async def test_stream_abort_billing(api: Api, osim: OpenRouterSim, provider: str
     else:
         assert rec.completion_tokens == TOKENS
     ep = endpoint(osim, name)
-    exact = Decimal(ep.pricing.prompt) * rec.prompt_tokens + Decimal(
-        ep.pricing.completion) * rec.completion_tokens
+    exact = (
+        Decimal(ep.pricing.prompt) * rec.prompt_tokens
+        + Decimal(ep.pricing.completion) * rec.completion_tokens
+    )
     assert rec.cost == float(exact)
     assert osim.requests[-1].get("cancelled") is True
     await asyncio.sleep(osim.config.generation_lookup_delay_s + 0.05)
@@ -80,9 +84,12 @@ async def test_non_stream_abort_billed_in_full(api: Api, osim: OpenRouterSim) ->
     slow(osim)
     body = orjson.dumps(api.body(provider={"only": ["fireworks"]}))
     with pytest.raises(asyncio.TimeoutError):
-        await api.session.post(api.url("/chat/completions"), data=body,
-                               headers={"Authorization": f"Bearer {KEY}"},
-                               timeout=aiohttp.ClientTimeout(total=0.1))
+        await api.session.post(
+            api.url("/chat/completions"),
+            data=body,
+            headers={"Authorization": f"Bearer {KEY}"},
+            timeout=aiohttp.ClientTimeout(total=0.1),
+        )
     for _ in range(200):
         if osim.billing.records:
             break

@@ -38,8 +38,7 @@ async def test_non_stream_success_shape_and_headers(api: Api, osim: OpenRouterSi
     u = body["usage"]
     assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
     assert u["is_byok"] is False
-    assert u["cost"] == expected_cost(osim, body["provider"], u["prompt_tokens"],
-                                      u["completion_tokens"])
+    assert u["cost"] == expected_cost(osim, body["provider"], u["prompt_tokens"], u["completion_tokens"])
     assert u["cost_details"]["upstream_inference_cost"] == u["cost"]
     assert 0 < u["completion_tokens_details"]["reasoning_tokens"] < u["completion_tokens"]
     assert isinstance(u["cost"], float)
@@ -90,8 +89,9 @@ async def test_stream_and_non_stream_agree(api: Api) -> None:
 async def test_deterministic_per_prompt_and_seed(api: Api, osim: OpenRouterSim) -> None:
     a = await api.chat(provider=ONLY_FIREWORKS)
     b = await api.chat(provider=ONLY_FIREWORKS)
-    other = await api.chat(provider=ONLY_FIREWORKS,
-                           messages=[{"role": "user", "content": "Something else entirely"}])
+    other = await api.chat(
+        provider=ONLY_FIREWORKS, messages=[{"role": "user", "content": "Something else entirely"}]
+    )
     assert a.json["choices"][0]["message"] == b.json["choices"][0]["message"]
     assert a.json["choices"][0]["message"] != other.json["choices"][0]["message"]
     osim.config.seed = 99
@@ -101,9 +101,7 @@ async def test_deterministic_per_prompt_and_seed(api: Api, osim: OpenRouterSim) 
 
 async def test_keepalive_comments_before_first_token(api: Api, osim: OpenRouterSim) -> None:
     osim.config.time_scale = 1.0
-    osim.config.endpoint_overrides = {
-        "fireworks": {"ttft_s": 0.15, "ttft_jitter": 0.0, "tokens_per_s": 5000}
-    }
+    osim.config.endpoint_overrides = {"fireworks": {"ttft_s": 0.15, "ttft_jitter": 0.0, "tokens_per_s": 5000}}
     s = await api.stream(provider=ONLY_FIREWORKS)
     first_data = next(i for i, (kind, _) in enumerate(s.events) if kind == "data")
     assert first_data >= 4  # one at once, then every 20 ms until 150 ms
@@ -155,14 +153,15 @@ async def test_reasoning_switches(api: Api) -> None:
 
 
 async def test_unknown_top_level_keys_ignored_and_metadata_opt_in(api: Api) -> None:
-    r = await api.chat(usage={"include": True}, transforms=["middle-out"],
-                       stream_options={"include_usage": True}, whatever=1)
+    r = await api.chat(
+        usage={"include": True}, transforms=["middle-out"], stream_options={"include_usage": True}, whatever=1
+    )
     assert r.status == 200 and "openrouter_metadata" not in r.json
     r = await api.chat(headers={"X-OpenRouter-Metadata": "enabled"})
     meta = r.json["openrouter_metadata"]
     assert meta["requested"] == "moonshotai/kimi-k2.5"
-    assert next(e for e in meta["endpoints"]["available"] if e["selected"])["provider"] == (
-        r.json["provider"]
+    assert (
+        next(e for e in meta["endpoints"]["available"] if e["selected"])["provider"] == (r.json["provider"])
     )
     s = await api.stream(headers={"X-OpenRouter-Metadata": "enabled"})
     assert "openrouter_metadata" in s.chunks[-1]

@@ -38,8 +38,9 @@ async def raw_post(api: Api, stream: bool) -> tuple[int, Any, bytes, BaseExcepti
     body = orjson.dumps(api.body(stream=stream, provider=FIREWORKS))
     got = bytearray()
     try:
-        async with api.session.post(api.url("/chat/completions"), data=body,
-                                    headers={"Authorization": f"Bearer {KEY}"}) as r:
+        async with api.session.post(
+            api.url("/chat/completions"), data=body, headers={"Authorization": f"Bearer {KEY}"}
+        ) as r:
             try:
                 async for piece in r.content.iter_any():
                     got.extend(piece)
@@ -52,9 +53,20 @@ async def raw_post(api: Api, stream: bool) -> tuple[int, Any, bytes, BaseExcepti
 
 def test_fault_class_names_are_the_documented_set() -> None:
     assert set(FAULT_CLASSES) == {
-        *HTTP_EXPECT, "error_body_200", "error_choice_200", "mid_stream_error", "silent_failure",
-        "reset_before_headers", "cut_mid_stream", "cut_nonstream_body", "reasoning_exhaustion",
-        "degenerate", "empty_stop", "missing_usage", "missing_cost", "slow_first_token",
+        *HTTP_EXPECT,
+        "error_body_200",
+        "error_choice_200",
+        "mid_stream_error",
+        "silent_failure",
+        "reset_before_headers",
+        "cut_mid_stream",
+        "cut_nonstream_body",
+        "reasoning_exhaustion",
+        "degenerate",
+        "empty_stop",
+        "missing_usage",
+        "missing_cost",
+        "slow_first_token",
     }
 
 
@@ -79,8 +91,12 @@ async def test_http_faults(api: Api, osim: OpenRouterSim, fault: str, stream: bo
         assert r.headers["X-RateLimit-Remaining"] == "0"
         assert err["metadata"]["headers"]["X-RateLimit-Reset"] == str(reset)
     if fault == "http_429_retry_after":
-        assert err["availability"] == {**err["availability"], "code": "capacity_exhausted",
-                                       "retryable": True, "retry_after": 3}
+        assert err["availability"] == {
+            **err["availability"],
+            "code": "capacity_exhausted",
+            "retryable": True,
+            "retry_after": 3,
+        }
     if fault == "http_502":
         assert err["message"] == "Provider returned error"
         assert err["metadata"]["provider_name"] == "Fireworks"

@@ -33,7 +33,9 @@ async def test_an_impostor_follows_the_reference_for_its_prefix_then_leaves_it(
     assert stream.content() == impostor.json["choices"][0]["message"]["content"]
 
 
-async def test_an_impostors_lengths_and_finish_reasons_drift_by_the_setting(api: Api, osim: OpenRouterSim) -> None:
+async def test_an_impostors_lengths_and_finish_reasons_drift_by_the_setting(
+    api: Api, osim: OpenRouterSim
+) -> None:
     osim.config.impostor_providers = {"Together": 0.25}
     honest_lengths, drifted_lengths, cut = [], [], 0
     for i in range(40):
@@ -41,7 +43,10 @@ async def test_an_impostors_lengths_and_finish_reasons_drift_by_the_setting(api:
         b = await api.chat(provider=TOGETHER, max_tokens=400, messages=prompt(i))
         honest_lengths.append(a.json["usage"]["completion_tokens"])
         assert a.json["choices"][0]["finish_reason"] in ("stop", "length")
-        if b.json["choices"][0]["finish_reason"] == "length" and a.json["choices"][0]["finish_reason"] == "stop":
+        if (
+            b.json["choices"][0]["finish_reason"] == "length"
+            and a.json["choices"][0]["finish_reason"] == "stop"
+        ):
             cut += 1
         drifted_lengths.append(b.json["usage"]["completion_tokens"])
     assert sum(drifted_lengths) > 1.15 * sum(honest_lengths)

@@ -19,8 +19,19 @@ TOKENS = 20
 # 20 tokens at 5 tokens/s keep each stream open ~4 s: long enough for all 2000 to be connected
 # at once, so the peak proves real concurrency rather than fast turnover.
 TOKENS_PER_S = 5.0
-PROVIDERS = ("moonshotai", "fireworks", "together", "parasail", "baseten", "chutes", "deepinfra",
-             "gmicloud", "novita", "atlas-cloud", "siliconflow")
+PROVIDERS = (
+    "moonshotai",
+    "fireworks",
+    "together",
+    "parasail",
+    "baseten",
+    "chutes",
+    "deepinfra",
+    "gmicloud",
+    "novita",
+    "atlas-cloud",
+    "siliconflow",
+)
 
 
 def _raise_fd_limit(needed: int) -> None:
@@ -43,15 +54,18 @@ async def test_2000_concurrent_streams_all_complete() -> None:
             chunk_interval_s=0.05,
             keepalive_interval_s=1.0,
             endpoint_overrides={
-                p: {"ttft_s": 0.0, "ttft_jitter": 0.0, "tokens_per_s": TOKENS_PER_S}
-                for p in PROVIDERS
+                p: {"ttft_s": 0.0, "ttft_jitter": 0.0, "tokens_per_s": TOKENS_PER_S} for p in PROVIDERS
             },
         )
     )
     await sim.start()
     body = orjson.dumps(
-        {"model": "moonshotai/kimi-k2.5", "stream": True, "max_tokens": 100,
-         "messages": [{"role": "user", "content": "load"}]}
+        {
+            "model": "moonshotai/kimi-k2.5",
+            "stream": True,
+            "max_tokens": 100,
+            "messages": [{"role": "user", "content": "load"}],
+        }
     )
     headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
     url = sim.base_url + "/chat/completions"
@@ -61,8 +75,11 @@ async def test_2000_concurrent_streams_all_complete() -> None:
             assert r.status == 200
             raw = await r.read()
         assert raw.endswith(b"data: [DONE]\n\n")
-        usage = [orjson.loads(line[6:])["usage"] for line in raw.split(b"\n")
-                 if line.startswith(b"data: {") and b'"usage"' in line]
+        usage = [
+            orjson.loads(line[6:])["usage"]
+            for line in raw.split(b"\n")
+            if line.startswith(b"data: {") and b'"usage"' in line
+        ]
         assert usage[0]["completion_tokens"] == TOKENS
         return usage[0]["cost"]
 

@@ -73,8 +73,10 @@ async def test_free_per_minute_window_slides(api: Api, osim: OpenRouterSim) -> N
     assert set(await free_burst(api, 20)) == {200}
 
 
-@pytest.mark.parametrize(("credits", "bought", "limit"), [(5.0, None, 50), (10.0, None, 1000),
-                                                         (5.0, True, 1000), (1000.0, False, 50)])
+@pytest.mark.parametrize(
+    ("credits", "bought", "limit"),
+    [(5.0, None, 50), (10.0, None, 1000), (5.0, True, 1000), (1000.0, False, 50)],
+)
 async def test_free_per_day_limit_depends_on_credits_bought(
     api: Api, osim: OpenRouterSim, credits: float, bought: bool | None, limit: int
 ) -> None:

@@ -32,8 +32,7 @@ async def test_display_name_with_space(api: Api) -> None:
 async def test_ignore_never_serves_ignored(api: Api) -> None:
     ignore = ["deepinfra", "gmicloud", "parasail", "fireworks", "baseten", "together"]
     got = set(await served(api, 40, provider={"ignore": ignore}))
-    assert got and got.isdisjoint({"DeepInfra", "GMICloud", "Parasail", "Fireworks", "BaseTen",
-                                   "Together"})
+    assert got and got.isdisjoint({"DeepInfra", "GMICloud", "Parasail", "Fireworks", "BaseTen", "Together"})
 
 
 async def test_order_without_fallbacks(api: Api) -> None:
@@ -49,9 +48,7 @@ async def test_sort_price_with_quantization_filter(api: Api) -> None:
     assert set(got) == {"Parasail"}
     got = await served(api, 1, provider={"sort": "price"})
     assert got == ["DeepInfra"]  # same $2.20/M completion, cheaper prompt
-    assert await served(api, 1, provider={"sort": {"by": "price", "partition": "none"}}) == [
-        "DeepInfra"
-    ]
+    assert await served(api, 1, provider={"sort": {"by": "price", "partition": "none"}}) == ["DeepInfra"]
 
 
 async def test_sort_throughput_and_latency(api: Api) -> None:
@@ -107,8 +104,7 @@ async def test_only_unknown_provider_404_body(api: Api, osim: OpenRouterSim) -> 
 
 
 async def test_order_no_fallback_filtered_out(api: Api) -> None:
-    r = await api.chat(provider={"order": ["deepinfra"], "allow_fallbacks": False,
-                                 "quantizations": ["int4"]})
+    r = await api.chat(provider={"order": ["deepinfra"], "allow_fallbacks": False, "quantizations": ["int4"]})
     assert r.status == 404
     assert r.json["error"]["message"].startswith("No endpoints found")
 
@@ -163,8 +159,7 @@ async def test_fallback_on_provider_fault_shows_in_generation(api: Api, osim: Op
 
 
 async def test_every_provider_failing_returns_last_error(api: Api, osim: OpenRouterSim) -> None:
-    osim.config.provider_faults = {name: {"http_503": 1.0} for name in
-                                   ("parasail", "fireworks")}
+    osim.config.provider_faults = {name: {"http_503": 1.0} for name in ("parasail", "fireworks")}
     r = await api.chat(provider={"only": ["parasail", "fireworks"]})
     assert r.status == 503 and r.headers["Retry-After"] == "3"
 
@@ -177,8 +172,9 @@ async def test_rogue_provider_ignores_quantization_filter(api: Api, osim: OpenRo
 
 
 async def test_model_fallback_list(api: Api) -> None:
-    r = await api.chat(model="moonshotai/kimi-k2-thinking", models=["moonshotai/kimi-k2.5"],
-                       provider={"only": ["parasail"]})
+    r = await api.chat(
+        model="moonshotai/kimi-k2-thinking", models=["moonshotai/kimi-k2.5"], provider={"only": ["parasail"]}
+    )
     assert r.status == 200
     assert r.json["model"] == "moonshotai/kimi-k2.5-0127" and r.json["provider"] == "Parasail"
     r = await api.chat(model="moonshotai/kimi-k2-thinking")

@@ -131,8 +131,8 @@ async def test_preamble_then_calls(api: Api, osim: OpenRouterSim) -> None:
         kinds = [
             "tool" if c["choices"][0]["delta"].get("tool_calls") else "text"
             for c in s.chunks
-            if c.get("choices") and (c["choices"][0]["delta"].get("content") or c["choices"][0]["delta"].get(
-                "tool_calls"))
+            if c.get("choices")
+            and (c["choices"][0]["delta"].get("content") or c["choices"][0]["delta"].get("tool_calls"))
         ]
         assert "tool" in kinds and kinds == sorted(kinds, key=lambda k: k == "tool")  # text first
         seen_preamble |= "text" in kinds
@@ -142,8 +142,13 @@ async def test_preamble_then_calls(api: Api, osim: OpenRouterSim) -> None:
 
 @pytest.mark.parametrize(
     ("share", "choice", "calls"),
-    [(0.0, None, False), (1.0, "none", False), (0.0, "required", True), (0.0, "auto", False),
-     (0.0, {"type": "function", "function": {"name": "add"}}, True)],
+    [
+        (0.0, None, False),
+        (1.0, "none", False),
+        (0.0, "required", True),
+        (0.0, "auto", False),
+        (0.0, {"type": "function", "function": {"name": "add"}}, True),
+    ],
 )
 async def test_share_and_tool_choice(
     api: Api, osim: OpenRouterSim, share: float, choice: Any, calls: bool

@@ -51,8 +51,11 @@ def test_port_zero_prints_the_url_and_serves(tmp_path: Path, entry: str) -> None
     proc, url = start(argv)
     try:
         ready(url)
-        req = urllib.request.Request(url + "/generate", method="POST",
-                                     data=json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 3}}).encode())
+        req = urllib.request.Request(
+            url + "/generate",
+            method="POST",
+            data=json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 3}}).encode(),
+        )
         with urllib.request.urlopen(req, timeout=10) as r:
             body = json.loads(r.read())
         assert body["meta_info"]["finish_reason"] == {"type": "length", "length": 3}
@@ -68,7 +71,9 @@ def test_served_tokenizer_comes_from_tokenizer_flag(tmp_path: Path) -> None:
     folder = model_folder(tmp_path / "tok", "chatml")
     config = tmp_path / "sim.json"
     config.write_text(json.dumps({**QUICK, "served_model_name": "chatml-test"}))
-    proc, url = start(regen_argv("sim", "sglang", "--port", "0", "--config", str(config), "--tokenizer", str(folder)))
+    proc, url = start(
+        regen_argv("sim", "sglang", "--port", "0", "--config", str(config), "--tokenizer", str(folder))
+    )
     try:
         ready(url)
         with urllib.request.urlopen(url + "/_sim/state", timeout=10) as r:
@@ -86,19 +91,32 @@ def test_served_tokenizer_comes_from_tokenizer_flag(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("content", "suffix", "needle"),
     [
-        ('{"max_running_requests": 0}', ".json", "max_running_requests: Input should be greater than or equal to 1"),
+        (
+            '{"max_running_requests": 0}',
+            ".json",
+            "max_running_requests: Input should be greater than or equal to 1",
+        ),
         ('{"faults": {"startup_fail_at": "later"}}', ".json", "faults.startup_fail_at"),
         ("speed = [", ".toml", "not valid TOML"),
         ('{"nope": 1}', ".json", "nope: Extra inputs are not permitted"),
         ("x", ".yaml", "unsupported config type '.yaml'"),
-        ('{"output_len_min": 9, "output_len_max": 3}', ".json", "output_len_min (9) is above output_len_max (3)"),
+        (
+            '{"output_len_min": 9, "output_len_max": 3}',
+            ".json",
+            "output_len_min (9) is above output_len_max (3)",
+        ),
     ],
 )
 def test_bad_config_is_one_line_and_exit_2(tmp_path: Path, content: str, suffix: str, needle: str) -> None:
     config = tmp_path / f"sim{suffix}"
     config.write_text(content)
-    done = subprocess.run(regen_argv("sim", "sglang", "--port", "0", "--config", str(config)),
-                          env=ENV, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        regen_argv("sim", "sglang", "--port", "0", "--config", str(config)),
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
@@ -108,13 +126,23 @@ def test_bad_config_is_one_line_and_exit_2(tmp_path: Path, content: str, suffix:
 
 
 def test_missing_config_and_bad_tokenizer_exit_2(tmp_path: Path) -> None:
-    done = subprocess.run(regen_argv("sim", "sglang", "--config", str(tmp_path / "none.json")),
-                          env=ENV, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        regen_argv("sim", "sglang", "--config", str(tmp_path / "none.json")),
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and "cannot read" in done.stderr and "Traceback" not in done.stderr
     empty = tmp_path / "empty"
     empty.mkdir()
-    done = subprocess.run(regen_argv("sim", "sglang", "--tokenizer", str(empty)),
-                          env=ENV, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        regen_argv("sim", "sglang", "--tokenizer", str(empty)),
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith(f"regen: {empty}: cannot load the tokenizer")
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
@@ -127,8 +155,13 @@ def test_port_in_use_exits_1(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        done = subprocess.run(regen_argv("sim", "sglang", "--port", str(port)),
-                              env=ENV, capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            regen_argv("sim", "sglang", "--port", str(port)),
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert done.returncode == 1
     assert f"regen: cannot listen on 127.0.0.1:{port}" in done.stderr and "Traceback" not in done.stderr
 
@@ -136,8 +169,13 @@ def test_port_in_use_exits_1(tmp_path: Path) -> None:
 def test_a_crash_exits_1_with_the_reason(tmp_path: Path) -> None:
     config = tmp_path / "sim.json"
     config.write_text(json.dumps({**QUICK, "faults": {"startup_fail_at": "cuda_graph"}}))
-    done = subprocess.run(regen_argv("sim", "sglang", "--port", "0", "--config", str(config)),
-                          env=ENV, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        regen_argv("sim", "sglang", "--port", "0", "--config", str(config)),
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 1
     assert "Capture cuda graph failed" in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("regen: the simulated SGLang server died")

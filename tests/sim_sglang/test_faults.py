@@ -25,7 +25,10 @@ async def test_server_abort_fault(api: SGApi) -> None:
     await api.config({"faults": {"abort_rate": 1.0, "abort_message": "Aborted by the scheduler"}})
     r = (await api.generate(sampling={"max_new_tokens": 300})).json
     assert r["meta_info"]["finish_reason"] == {
-        "type": "abort", "message": "Aborted by the scheduler", "status_code": None, "err_type": None
+        "type": "abort",
+        "message": "Aborted by the scheduler",
+        "status_code": None,
+        "err_type": None,
     }
     assert 0 < len(r["output_ids"]) < 300
     s = await api.stream(sampling={"max_new_tokens": 300})
@@ -37,8 +40,13 @@ async def test_http_503_fault(api: SGApi) -> None:
     await api.config({"faults": {"http_503_rate": 1.0}})
     r = await api.generate()
     assert r.status == 503
-    assert r.json == {"object": "error", "message": "Service Unavailable", "type": "503", "param": None,
-                      "code": 503}
+    assert r.json == {
+        "object": "error",
+        "message": "Service Unavailable",
+        "type": "503",
+        "param": None,
+        "code": 503,
+    }
     await api.config({"faults": {"http_503_rate": 0.0}})
     assert (await api.generate()).status == 200
 
@@ -92,7 +100,9 @@ async def test_watchdog_crash_after_requests(kimi_tok: SimTokenizer, http: aioht
     assert "TP0] Scheduler watchdog timeout" in lines[watchdog[0]]
 
 
-async def test_watchdog_crash_after_seconds_when_busy(kimi_tok: SimTokenizer, http: aiohttp.ClientSession) -> None:
+async def test_watchdog_crash_after_seconds_when_busy(
+    kimi_tok: SimTokenizer, http: aiohttp.ClientSession
+) -> None:
     cfg = fast_config(watchdog_timeout=20.0, faults={"watchdog_after_s": 10.0})
     async with running_sim(cfg, kimi_tok) as sim:
         api = SGApi(http, sim, kimi_tok)
@@ -121,11 +131,17 @@ async def test_a_short_stall_does_not_trip_the_watchdog(api: SGApi) -> None:
     ("phase", "signature", "reached"),
     [
         ("weights", "torch.OutOfMemoryError: CUDA out of memory.", "Load weight begin."),
-        ("kv_pool", "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.",
-         "Load weight end."),
+        (
+            "kv_pool",
+            "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.",
+            "Load weight end.",
+        ),
         ("cuda_graph", "Exception: Capture cuda graph failed: CUDA out of memory.", "Memory pool end."),
-        ("warmup", "Initialization failed. warmup error: Traceback (most recent call last):",
-         "Uvicorn running on"),
+        (
+            "warmup",
+            "Initialization failed. warmup error: Traceback (most recent call last):",
+            "Uvicorn running on",
+        ),
     ],
 )
 async def test_startup_failure_signatures(
@@ -146,7 +162,9 @@ async def test_startup_failure_signatures(
     assert "The server is fired up and ready to roll!" not in text
     if phase != "warmup":
         assert "Scheduler hit an exception: Traceback (most recent call last):" in text
-        assert text.rstrip().endswith("Received sigquit from a child process. It usually means the child failed.")
+        assert text.rstrip().endswith(
+            "Received sigquit from a child process. It usually means the child failed."
+        )
     if phase == "cuda_graph":
         assert "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)" in text
         assert "2. set --cuda-graph-max-bs-decode to a smaller value (e.g., 16)" in text
@@ -155,7 +173,9 @@ async def test_startup_failure_signatures(
 
 async def test_http_phase_failure_is_uvicorns_bind_error(kimi_tok: SimTokenizer) -> None:
     log = SimLog()
-    async with running_sim(fast_config(faults={"startup_fail_at": "http"}), kimi_tok, ready=False, log=log) as sim:
+    async with running_sim(
+        fast_config(faults={"startup_fail_at": "http"}), kimi_tok, ready=False, log=log
+    ) as sim:
         assert sim.crashed is not None
         assert await asyncio.wait_for(asyncio.shield(sim.crashed), 10) == 1
     assert log.contains("ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', ")

@@ -167,14 +167,23 @@ async def test_radix_cache_reports_cached_prompt_tokens_and_flush_clears_it(api:
         ({"input_ids": [1], "rid": ["a", "b"]}, 400, "one prompt per /generate request"),
         ({"input_ids": [1], "sampling_params": [{}, {}]}, 400, "one prompt per /generate request"),
         # 0.5.23's JSON contract: {"error": "<serde's text>"} (api/v1/api_types.py).
-        ({"input_ids": [1], "sampling_params": {"max_tokens": 5}}, 400,
-         '{"error":"unknown field `max_tokens`, expected one of `max_new_tokens`, `stop`,'),
+        (
+            {"input_ids": [1], "sampling_params": {"max_tokens": 5}},
+            400,
+            '{"error":"unknown field `max_tokens`, expected one of `max_new_tokens`, `stop`,',
+        ),
         ({"input_ids": [1], "sampling_params": {"top_p": 0}}, 400, "top_p must be in (0, 1]"),
-        ({"input_ids": [1], "sampling_params": {"temperature": -1}}, 400,
-         "temperature must be a non-negative finite number, got -1.0."),
+        (
+            {"input_ids": [1], "sampling_params": {"temperature": -1}},
+            400,
+            "temperature must be a non-negative finite number, got -1.0.",
+        ),
         ({"input_ids": [1], "sampling_params": {"top_k": 0}}, 400, "top_k must be -1"),
-        ({"input_ids": [1], "sampling_params": {"max_new_tokens": "9"}}, 400,
-         '{"error":"invalid type: string \\"9\\", expected i64"}'),
+        (
+            {"input_ids": [1], "sampling_params": {"max_new_tokens": "9"}},
+            400,
+            '{"error":"invalid type: string \\"9\\", expected i64"}',
+        ),
         ({"input_ids": [1], "sampling_params": {"regex": "a+"}}, 400, "not simulated"),
         ({"input_ids": [1], "return_logprob": True}, 400, "return_logprob is not simulated"),
         ({"input_ids": [1], "return_hidden_states": True}, 400, "not configured to return hidden states"),
@@ -192,8 +201,15 @@ async def test_refusals(api: SGApi, body: object, status: int, needle: str) -> N
 
 async def test_router_added_keys_are_accepted(api: SGApi) -> None:
     # smg re-serialises bodies and adds these (shared reference: router); a server must not refuse.
-    body = api.body(model="unknown", log_metrics=True, background=False, no_logs=False,
-                    return_bytes=False, return_entropy=False, return_text_in_logprobs=False)
+    body = api.body(
+        model="unknown",
+        log_metrics=True,
+        background=False,
+        no_logs=False,
+        return_bytes=False,
+        return_entropy=False,
+        return_text_in_logprobs=False,
+    )
     r = await api.post("/generate", body)
     assert r.status == 200
 
@@ -202,7 +218,9 @@ async def test_duplicate_live_rid_is_refused(api: SGApi) -> None:
     import asyncio
 
     await api.config({"decode_tokens_per_s": 5.0})
-    first = asyncio.create_task(api.generate(rid="dup#0", sampling={"max_new_tokens": 50, "ignore_eos": True}))
+    first = asyncio.create_task(
+        api.generate(rid="dup#0", sampling={"max_new_tokens": 50, "ignore_eos": True})
+    )
     for _ in range(200):
         if "dup#0" in (await api.state())["live_rids"]:
             break
@@ -223,7 +241,9 @@ async def test_input_longer_than_context_is_refused(kimi_tok: SimTokenizer, http
     ):
         assert r.status == 400
         body = await r.json()
-    assert body == {"error": {"message": "The input (40 tokens) is longer than the model's context length (32 tokens)."}}
+    assert body == {
+        "error": {"message": "The input (40 tokens) is longer than the model's context length (32 tokens)."}
+    }
 
 
 async def test_a_drifting_worker_follows_the_reference_ids_for_a_prefix_then_leaves_them(
@@ -231,10 +251,16 @@ async def test_a_drifting_worker_follows_the_reference_ids_for_a_prefix_then_lea
 ) -> None:
     sglang_sim.config.output_len_min, sglang_sim.config.output_len_max = 100, 300
     messages = [[{"role": "user", "content": f"Question {i}"}] for i in range(30)]
-    honest = [(await api.generate(input_ids=api.prompt(m), sampling={"max_new_tokens": 2000})).json for m in messages]
+    honest = [
+        (await api.generate(input_ids=api.prompt(m), sampling={"max_new_tokens": 2000})).json
+        for m in messages
+    ]
     sglang_sim.config.drift = 0.3
     sglang_sim.config.drift_after_tokens = 20
-    drifted = [(await api.generate(input_ids=api.prompt(m), sampling={"max_new_tokens": 2000})).json for m in messages]
+    drifted = [
+        (await api.generate(input_ids=api.prompt(m), sampling={"max_new_tokens": 2000})).json
+        for m in messages
+    ]
     for a, b in zip(honest, drifted, strict=True):
         assert a["output_ids"][:20] == b["output_ids"][:20]
         assert a["output_ids"][20:40] != b["output_ids"][20:40]

@@ -24,8 +24,14 @@ async def _status(session: aiohttp.ClientSession, url: str) -> int | None:
 async def test_connection_refused_then_503_until_ready_then_200(
     kimi_tok: SimTokenizer, http: aiohttp.ClientSession
 ) -> None:
-    cfg = fast_config(time_scale=1.0, startup_weights_s=0.6, startup_kv_pool_s=0.0, startup_cuda_graph_s=0.0,
-                      startup_http_s=0.0, startup_warmup_s=0.6)
+    cfg = fast_config(
+        time_scale=1.0,
+        startup_weights_s=0.6,
+        startup_kv_pool_s=0.0,
+        startup_cuda_graph_s=0.0,
+        startup_http_s=0.0,
+        startup_warmup_s=0.6,
+    )
     log = SimLog()
     async with running_sim(cfg, kimi_tok, ready=False, log=log) as sim:
         url = sim.base_url
@@ -63,13 +69,17 @@ async def test_health_probe_runs_through_the_scheduler(api: SGApi) -> None:
     assert after["live_rids"] == []
 
 
-async def test_stalled_scheduler_fails_the_health_check(kimi_tok: SimTokenizer, http: aiohttp.ClientSession) -> None:
+async def test_stalled_scheduler_fails_the_health_check(
+    kimi_tok: SimTokenizer, http: aiohttp.ClientSession
+) -> None:
     log = SimLog()
     async with running_sim(fast_config(health_check_timeout_s=20.0), kimi_tok, log=log) as sim:
         async with http.post(sim.base_url + "/_sim/config", json={"faults": {"stall": True}}) as r:
             assert r.status == 200
         assert await _status(http, sim.base_url + "/health") == 503
-        assert log.contains("Health check failed. Server couldn't get a response from detokenizer for last 20 seconds")
+        assert log.contains(
+            "Health check failed. Server couldn't get a response from detokenizer for last 20 seconds"
+        )
         async with http.post(sim.base_url + "/_sim/config", json={"faults": {"stall": False}}) as r:
             assert r.status == 200
         assert await _status(http, sim.base_url + "/health") == 200
@@ -78,9 +88,20 @@ async def test_stalled_scheduler_fails_the_health_check(kimi_tok: SimTokenizer, 
 async def test_model_info_new_and_old_paths(api: SGApi) -> None:
     new = (await api.get("/model_info")).json
     assert list(new) == [
-        "model_path", "served_model_name", "tokenizer_path", "is_generation", "preferred_sampling_params",
-        "weight_version", "load_format", "reasoning_parser", "tool_call_parser", "disaggregation_mode",
-        "has_image_understanding", "has_audio_understanding", "model_type", "architectures",
+        "model_path",
+        "served_model_name",
+        "tokenizer_path",
+        "is_generation",
+        "preferred_sampling_params",
+        "weight_version",
+        "load_format",
+        "reasoning_parser",
+        "tool_call_parser",
+        "disaggregation_mode",
+        "has_image_understanding",
+        "has_audio_understanding",
+        "model_type",
+        "architectures",
     ]
     assert new["is_generation"] is True
     old = (await api.get("/get_model_info")).json
@@ -93,8 +114,15 @@ async def test_legacy_server_has_only_the_get_paths(api: SGApi) -> None:
     assert (await api.get("/model_info")).status == 404
     assert (await api.get("/server_info")).status == 404
     old = (await api.get("/get_model_info")).json
-    assert set(old) == {"model_path", "is_generation", "tokenizer_path", "preferred_sampling_params",
-                        "weight_version", "has_image_understanding", "has_audio_understanding"}
+    assert set(old) == {
+        "model_path",
+        "is_generation",
+        "tokenizer_path",
+        "preferred_sampling_params",
+        "weight_version",
+        "has_image_understanding",
+        "has_audio_understanding",
+    }
     info = (await api.get("/get_server_info")).json
     assert info["version"] == "0.5.23"
 
@@ -129,7 +157,9 @@ async def test_unknown_path_is_fastapis_404(api: SGApi) -> None:
     assert r.status == 404 and r.json == {"detail": "Not Found"}
 
 
-async def test_api_key_guards_all_but_health_and_metrics(kimi_tok: SimTokenizer, http: aiohttp.ClientSession) -> None:
+async def test_api_key_guards_all_but_health_and_metrics(
+    kimi_tok: SimTokenizer, http: aiohttp.ClientSession
+) -> None:
     async with running_sim(fast_config(api_key="sk-gpu-secret"), kimi_tok) as sim:
         url = sim.base_url
         async with http.post(url + "/generate", json={"input_ids": [1, 2]}) as r:
@@ -169,7 +199,8 @@ async def test_admin_config_patch_and_errors(api: SGApi) -> None:
 
 
 @pytest.mark.parametrize("path", ["/metrics"])
-async def test_metrics_absent_without_enable_metrics(kimi_tok: SimTokenizer, http: aiohttp.ClientSession,
-                                                     path: str) -> None:
+async def test_metrics_absent_without_enable_metrics(
+    kimi_tok: SimTokenizer, http: aiohttp.ClientSession, path: str
+) -> None:
     async with running_sim(fast_config(enable_metrics=False), kimi_tok) as sim:
         assert await _status(http, sim.base_url + path) == 404

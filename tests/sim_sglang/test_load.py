@@ -34,16 +34,32 @@ async def test_512_concurrent_streams_share_one_batch(kimi_tok: SimTokenizer) ->
     # 40 tokens at 10 tokens/s keep every stream open ~4 s: long enough for all 512 to be running
     # at once, so the peak proves one batch rather than fast turnover.
     cfg = fast_config(
-        time_scale=1.0, startup_weights_s=0, startup_kv_pool_s=0, startup_cuda_graph_s=0, startup_http_s=0,
-        startup_warmup_s=0, max_running_requests=STREAMS, decode_tokens_per_s=10.0,
-        max_gen_throughput=100_000.0, min_step_s=0.1,
+        time_scale=1.0,
+        startup_weights_s=0,
+        startup_kv_pool_s=0,
+        startup_cuda_graph_s=0,
+        startup_http_s=0,
+        startup_warmup_s=0,
+        max_running_requests=STREAMS,
+        decode_tokens_per_s=10.0,
+        max_gen_throughput=100_000.0,
+        min_step_s=0.1,
     )
     prompt = [1, 2, 3, 4, 5]
 
     async def one(session: aiohttp.ClientSession, url: str, i: int) -> tuple[list[int], str, int]:
-        body = orjson.dumps({"input_ids": prompt, "rid": f"load#{i}", "stream": True,
-                             "sampling_params": {"max_new_tokens": TOKENS, "ignore_eos": True,
-                                                 "skip_special_tokens": False}})
+        body = orjson.dumps(
+            {
+                "input_ids": prompt,
+                "rid": f"load#{i}",
+                "stream": True,
+                "sampling_params": {
+                    "max_new_tokens": TOKENS,
+                    "ignore_eos": True,
+                    "skip_special_tokens": False,
+                },
+            }
+        )
         chunks = 0
         last = b""
         async with session.post(url, data=body) as r:

@@ -35,10 +35,23 @@ def value(families: dict[str, Any], name: str, sample: str | None = None) -> flo
 async def test_metric_names_types_and_labels(api: SGApi) -> None:
     await api.generate()
     fams = await scrape(api)
-    gauges = ["num_running_reqs", "num_queue_reqs", "gen_throughput", "token_usage", "cache_hit_rate",
-              "num_used_tokens", "kv_available_tokens", "kv_used_tokens", "num_retracted_reqs",
-              "num_paused_reqs", "max_total_num_tokens", "context_len", "utilization",
-              "spec_accept_length", "spec_accept_rate"]
+    gauges = [
+        "num_running_reqs",
+        "num_queue_reqs",
+        "gen_throughput",
+        "token_usage",
+        "cache_hit_rate",
+        "num_used_tokens",
+        "kv_available_tokens",
+        "kv_used_tokens",
+        "num_retracted_reqs",
+        "num_paused_reqs",
+        "max_total_num_tokens",
+        "context_len",
+        "utilization",
+        "spec_accept_length",
+        "spec_accept_rate",
+    ]
     for g in gauges:
         fam = fams[f"sglang:{g}"]
         assert fam.type == "gauge", g
@@ -51,8 +64,13 @@ async def test_metric_names_types_and_labels(api: SGApi) -> None:
         assert [s.name for s in fam.samples] == [f"sglang:{c}_total"]
         assert set(fam.samples[0].labels) == TOK_LABELS
     assert fams["sglang:num_retracted_requests"].type == "counter"
-    for h in ["time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
-              "request_time_per_output_token_seconds", "queue_time_seconds"]:
+    for h in [
+        "time_to_first_token_seconds",
+        "inter_token_latency_seconds",
+        "e2e_request_latency_seconds",
+        "request_time_per_output_token_seconds",
+        "queue_time_seconds",
+    ]:
         fam = fams[f"sglang:{h}"]
         assert fam.type == "histogram", h
         assert any(s.name.endswith("_bucket") and s.labels["le"] == "+Inf" for s in fam.samples)
@@ -67,19 +85,25 @@ async def test_counters_add_up_to_the_responses(api: SGApi) -> None:
     fams = await scrape(api)
     assert value(fams, "sglang:num_requests", "sglang:num_requests_total") == 4
     assert value(fams, "sglang:prompt_tokens", "sglang:prompt_tokens_total") == sum(
-        r["meta_info"]["prompt_tokens"] for r in replies)
+        r["meta_info"]["prompt_tokens"] for r in replies
+    )
     assert value(fams, "sglang:generation_tokens", "sglang:generation_tokens_total") == sum(
-        r["meta_info"]["completion_tokens"] for r in replies)
+        r["meta_info"]["completion_tokens"] for r in replies
+    )
     assert value(fams, "sglang:cached_tokens", "sglang:cached_tokens_total") == sum(
-        r["meta_info"]["cached_tokens"] for r in replies)
+        r["meta_info"]["cached_tokens"] for r in replies
+    )
     assert value(fams, "sglang:e2e_request_latency_seconds", "sglang:e2e_request_latency_seconds_count") == 4
     assert value(fams, "sglang:cache_hit_rate") > 0  # the same prompt four times
 
 
 async def _flood(api: SGApi, n: int, max_new: int, prefix: str = "r") -> list[asyncio.Task[Any]]:
     async def one(i: int) -> dict[str, Any]:
-        body = api.body(rid=f"{prefix}#{i}", input_ids=api.prompt([{"role": "user", "content": f"q {i}"}]),
-                        sampling={"max_new_tokens": max_new, "ignore_eos": True})
+        body = api.body(
+            rid=f"{prefix}#{i}",
+            input_ids=api.prompt([{"role": "user", "content": f"q {i}"}]),
+            sampling={"max_new_tokens": max_new, "ignore_eos": True},
+        )
         async with api.session.post(api.url("/generate"), data=orjson.dumps(body)) as r:
             assert r.status == 200
             out: dict[str, Any] = await r.json()
@@ -116,8 +140,14 @@ async def test_small_kv_pool_retracts_and_still_finishes_everything(api: SGApi) 
     prompt_len = len(api.prompt([{"role": "user", "content": "q 0"}]))
     # Room for the prompts and a little output: decoding 6 requests of 120 tokens must run out.
     # A bold scheduler (low conservativeness) admits them all, then runs out while decoding.
-    await api.config({"max_total_tokens": 6 * prompt_len + 200, "decode_tokens_per_s": 20.0,
-                      "radix_cache": False, "schedule_conservativeness": 0.1})
+    await api.config(
+        {
+            "max_total_tokens": 6 * prompt_len + 200,
+            "decode_tokens_per_s": 20.0,
+            "radix_cache": False,
+            "schedule_conservativeness": 0.1,
+        }
+    )
     tasks = await _flood(api, 6, 120)
     results = await asyncio.gather(*tasks)
     assert all(len(r["output_ids"]) == 120 for r in results)
@@ -134,8 +164,14 @@ async def test_small_kv_pool_retracts_and_still_finishes_everything(api: SGApi) 
 async def test_token_usage_stays_within_the_pool_under_load(api: SGApi) -> None:
     prompt_len = len(api.prompt([{"role": "user", "content": "q 0"}]))
     total = 10 * prompt_len + 300
-    await api.config({"max_total_tokens": total, "decode_tokens_per_s": 20.0, "radix_cache": False,
-                      "schedule_conservativeness": 0.1})
+    await api.config(
+        {
+            "max_total_tokens": total,
+            "decode_tokens_per_s": 20.0,
+            "radix_cache": False,
+            "schedule_conservativeness": 0.1,
+        }
+    )
     tasks = await _flood(api, 10, 100)
     peak = 0.0
     while not all(t.done() for t in tasks):
@@ -187,9 +223,17 @@ async def test_slow_down_endpoint_adds_forward_sleep(api: SGApi) -> None:
 
 async def test_aggregate_cap_shares_throughput(kimi_tok: SimTokenizer, http: aiohttp.ClientSession) -> None:
     # One request alone decodes at its own rate; 20 at once share the aggregate cap.
-    cfg = fast_config(time_scale=1.0, decode_tokens_per_s=500.0, max_gen_throughput=1000.0, min_step_s=0.01,
-                      startup_weights_s=0, startup_kv_pool_s=0, startup_cuda_graph_s=0, startup_http_s=0,
-                      startup_warmup_s=0)
+    cfg = fast_config(
+        time_scale=1.0,
+        decode_tokens_per_s=500.0,
+        max_gen_throughput=1000.0,
+        min_step_s=0.01,
+        startup_weights_s=0,
+        startup_kv_pool_s=0,
+        startup_cuda_graph_s=0,
+        startup_http_s=0,
+        startup_warmup_s=0,
+    )
     async with running_sim(cfg, kimi_tok) as sim:
         api = SGApi(http, sim, kimi_tok)
         loop = asyncio.get_running_loop()

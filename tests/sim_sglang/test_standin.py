@@ -46,7 +46,11 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def launcher(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "sglang.launch_server", *args],
-        env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
     )
 
 
@@ -59,16 +63,22 @@ def get(url: str) -> tuple[int, bytes]:
 
 
 def post(url: str, body: object) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=30) as r:
         return r.status, r.read()
 
 
 def test_import_sglang_reports_the_version(tmp_path: Path) -> None:
     env = standin_env(tmp_path)
-    out = subprocess.run([sys.executable, "-c", "import sglang; print(sglang.__version__)"],
-                         env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", "import sglang; print(sglang.__version__)"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.strip() == "0.5.23"
 
 
@@ -77,11 +87,28 @@ def test_help_lists_the_flags_regen_passes(tmp_path: Path) -> None:
     assert done.returncode == 0
     assert done.stdout.startswith("usage: sglang serve [-h] --model-path MODEL_PATH")  # 0.5.23's prog
     flags = set(re.findall(r"--[a-z0-9-]+", done.stdout))
-    for flag in ("--model-path", "--host", "--port", "--tp-size", "--tensor-parallel-size",
-                 "--served-model-name", "--enable-metrics", "--trust-remote-code", "--mem-fraction-static",
-                 "--context-length", "--reasoning-parser", "--tool-call-parser", "--enable-cache-report",
-                 "--model-loader-extra-config", "--log-level", "--watchdog-timeout", "--api-key",
-                 "--max-running-requests", "--cuda-graph-max-bs-decode", "--speculative-algorithm"):
+    for flag in (
+        "--model-path",
+        "--host",
+        "--port",
+        "--tp-size",
+        "--tensor-parallel-size",
+        "--served-model-name",
+        "--enable-metrics",
+        "--trust-remote-code",
+        "--mem-fraction-static",
+        "--context-length",
+        "--reasoning-parser",
+        "--tool-call-parser",
+        "--enable-cache-report",
+        "--model-loader-extra-config",
+        "--log-level",
+        "--watchdog-timeout",
+        "--api-key",
+        "--max-running-requests",
+        "--cuda-graph-max-bs-decode",
+        "--speculative-algorithm",
+    ):
         assert flag in flags, flag
     # `--tp` is not a flag of its own: argparse takes it as the unique prefix of --tp-size.
     assert "--tp" not in flags and "--cuda-graph-max-bs" not in flags
@@ -96,8 +123,10 @@ def test_unknown_flag_is_refused_like_argparse(tmp_path: Path, model: Path) -> N
 def test_old_cuda_graph_flag_is_ambiguous_on_0_5_23(tmp_path: Path, model: Path) -> None:
     done = launcher(standin_env(tmp_path), "--model-path", str(model), "--cuda-graph-max-bs", "16")
     assert done.returncode == 2
-    assert ("error: ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode, "
-            "--cuda-graph-max-bs-prefill") in done.stderr
+    assert (
+        "error: ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode, "
+        "--cuda-graph-max-bs-prefill"
+    ) in done.stderr
 
 
 def test_model_path_is_required(tmp_path: Path) -> None:
@@ -125,8 +154,15 @@ def test_launch_serve_and_stop_by_process_group(tmp_path: Path, model: Path) -> 
     try:
         assert os.getpgid(proc.pid) == proc.pid  # its own group, as setsid makes it
         text = wait_for_line(log, READY, proc=proc)
-        phases = ["Load weight begin.", "Load weight end.", "Memory pool end.", "CUDA graph end.",
-                  "max_total_num_tokens=", "Uvicorn running on", READY]
+        phases = [
+            "Load weight begin.",
+            "Load weight end.",
+            "Memory pool end.",
+            "CUDA graph end.",
+            "max_total_num_tokens=",
+            "Uvicorn running on",
+            READY,
+        ]
         at = [text.index(p) for p in phases]
         assert at == sorted(at)
         assert "type=KimiK25ForConditionalGeneration" in text
@@ -137,8 +173,10 @@ def test_launch_serve_and_stop_by_process_group(tmp_path: Path, model: Path) -> 
         assert info["model_path"] == str(model) and info["version"] == "0.5.23"
         models = json.loads(get(f"http://127.0.0.1:{port}/v1/models")[1])
         assert models["data"][0]["id"] == "kimi-k2.5"
-        status, body = post(f"http://127.0.0.1:{port}/generate",
-                            {"text": "hello", "sampling_params": {"max_new_tokens": 4}, "rid": "t#0"})
+        status, body = post(
+            f"http://127.0.0.1:{port}/generate",
+            {"text": "hello", "sampling_params": {"max_new_tokens": 4}, "rid": "t#0"},
+        )
         assert status == 200 and json.loads(body)["meta_info"]["id"] == "t#0"
         assert get(f"http://127.0.0.1:{port}/metrics")[0] == 200
         members = subprocess.run(["ps", "-o", "pid=", "-g", str(proc.pid)], capture_output=True, text=True)
@@ -188,13 +226,17 @@ def test_cuda_graph_oom_fails_within_seconds_with_its_signature(tmp_path: Path, 
 def test_watchdog_crash_ends_the_process(tmp_path: Path, model: Path) -> None:
     port = free_port()
     log = tmp_path / "sglang.log"
-    env = standin_env(tmp_path, {**FAST, "child_processes": 1, "watchdog_timeout": 50.0,
-                                 "faults": {"watchdog_after_requests": 0}})
+    env = standin_env(
+        tmp_path,
+        {**FAST, "child_processes": 1, "watchdog_timeout": 50.0, "faults": {"watchdog_after_requests": 0}},
+    )
     proc = start_standin(model, port, env=env, log=log)
     try:
         wait_for_line(log, READY, proc=proc)
         with pytest.raises(OSError):  # the request never finishes: the server dies under it
-            post(f"http://127.0.0.1:{port}/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4}})
+            post(
+                f"http://127.0.0.1:{port}/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4}}
+            )
         code = proc.wait(timeout=30)
     finally:
         stop_group(proc)
@@ -240,8 +282,14 @@ def test_the_references_launch_script_detaches_it(tmp_path: Path, model: Path) -
         """
     )
     wd = tmp_path / "wd"
-    done = subprocess.run(["bash", "-s", "--", str(wd), str(model), str(port), sys.executable],
-                          input=script, env=env, capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        ["bash", "-s", "--", str(wd), str(model), str(port), sys.executable],
+        input=script,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert done.returncode == 0, done.stderr
     pid = int((wd / "run" / "sglang.pid").read_text())
     try:
@@ -262,14 +310,19 @@ def test_the_references_launch_script_detaches_it(tmp_path: Path, model: Path) -
 
 
 def nvidia_smi(env: dict[str, str], *query: str) -> list[str]:
-    done = subprocess.run(["nvidia-smi", *query], env=env, capture_output=True, text=True, timeout=30, check=True)
+    done = subprocess.run(
+        ["nvidia-smi", *query], env=env, capture_output=True, text=True, timeout=30, check=True
+    )
     return done.stdout.splitlines()
 
 
 def test_stand_in_nvidia_smi_sees_the_server_while_it_runs(tmp_path: Path, model: Path) -> None:
     env = standin_env(tmp_path, {**FAST, "child_processes": 0})
     apps = ("--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader")
-    gpus = ("--query-gpu=index,name,memory.total,memory.used,utilization.gpu", "--format=csv,noheader,nounits")
+    gpus = (
+        "--query-gpu=index,name,memory.total,memory.used,utilization.gpu",
+        "--format=csv,noheader,nounits",
+    )
     assert nvidia_smi(env, *apps) == []  # free GPUs: what a preflight wants
     rows = nvidia_smi(env, *gpus)
     assert len(rows) == 8 and rows[0] == "0, NVIDIA H200, 143771, 0, 0"
@@ -285,7 +338,11 @@ def test_stand_in_nvidia_smi_sees_the_server_while_it_runs(tmp_path: Path, model
     finally:
         stop_group(proc)
     assert nvidia_smi(env, *apps) == []  # nothing left after stop
-    bad = subprocess.run(["nvidia-smi", "--query-gpu=bogus", "--format=csv"], env=env, capture_output=True,
-                         text=True, timeout=30)
+    bad = subprocess.run(
+        ["nvidia-smi", "--query-gpu=bogus", "--format=csv"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert bad.returncode == 2 and 'Field "bogus" is not a valid field to query.' in bad.stderr
-

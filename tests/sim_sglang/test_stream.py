@@ -38,8 +38,9 @@ async def test_chunks_are_cumulative_and_end_with_done(api: SGApi) -> None:
 
 async def test_stream_interval_sends_the_first_id_at_once_then_a_chunk_every_n_ids(api: SGApi) -> None:
     # 0.5.23's output streamer: the first id at once, then whenever at least the interval is unsent.
-    await api.config({"decode_tokens_per_s": 2.0, "stream_interval": 4, "output_len_min": 30,
-                      "output_len_max": 30})
+    await api.config(
+        {"decode_tokens_per_s": 2.0, "stream_interval": 4, "output_len_min": 30, "output_len_max": 30}
+    )
     s = await api.stream(sampling={"max_new_tokens": 100})
     counts = [c["meta_info"]["completion_tokens"] for c in s.chunks[:-1]]
     assert counts[0] == 1
@@ -72,7 +73,10 @@ async def test_abort_while_streaming_ends_with_finish_reason_abort(api: SGApi) -
     assert events[-1] == "[DONE]"
     last = events[-2]
     assert last["meta_info"]["finish_reason"] == {
-        "type": "abort", "message": "Aborted", "status_code": None, "err_type": None
+        "type": "abort",
+        "message": "Aborted",
+        "status_code": None,
+        "err_type": None,
     }
     assert last["meta_info"]["completion_tokens"] == len(last["output_ids"]) > 0
     state = await api.state()

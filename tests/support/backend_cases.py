@@ -23,7 +23,10 @@ from tests.support.openrouter_sim import SIM_KEY, openrouter_process
 from tests.support.processes import ENV, regen_argv
 
 BACKENDS = ["openrouter", "sglang"]
-BOTH = ["sglang", "openrouter"]  # both fleets in one job (tests/backends/test_fleets.py, test_deadline_control.py)
+BOTH = [
+    "sglang",
+    "openrouter",
+]  # both fleets in one job (tests/backends/test_fleets.py, test_deadline_control.py)
 
 
 @dataclass

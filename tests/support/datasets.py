@@ -37,6 +37,8 @@ def one_row_per_prompt(folder: Path, expected: int) -> list[dict[str, Any]]:
     """The rows, asserting exactly one for each of the dataset's `expected` prompt lines."""
     rows = read_rows(folder)
     lines = Counter(row["line"] for row in rows)
-    assert len(rows) == expected and set(lines) == set(range(expected)), f"{len(rows)} rows for {expected} prompts"
+    assert len(rows) == expected and set(lines) == set(range(expected)), (
+        f"{len(rows)} rows for {expected} prompts"
+    )
     assert max(lines.values()) == 1
     return rows

@@ -115,8 +115,20 @@ class Sim:
             if t >= next_tick:
                 next_tick += self.tick_s
                 if self.pacer is not None:
-                    decision = self.pacer.update(self._facts(t, gpu_made, or_made, gpu_window, or_window,
-                                                             len(flying), spent, flying, dearest, offers))
+                    decision = self.pacer.update(
+                        self._facts(
+                            t,
+                            gpu_made,
+                            or_made,
+                            gpu_window,
+                            or_window,
+                            len(flying),
+                            spent,
+                            flying,
+                            dearest,
+                            offers,
+                        )
+                    )
                     ceiling = decision.ceiling
                     reasons.append(decision.reason)
                     verdicts.append((t, decision.plan.fits, decision.fits))
@@ -167,8 +179,12 @@ class Sim:
             if undispatched == 0 and not flying:
                 if self.record_at is not None and made_at is None:
                     made_at = gpu_made + or_made
-                return SimResult(t, spent, gpu_made, or_made, by_provider, ceilings, worst_over, reasons, made_at, verdicts)
-        return SimResult(None, spent, gpu_made, or_made, by_provider, ceilings, worst_over, reasons, made_at, verdicts)
+                return SimResult(
+                    t, spent, gpu_made, or_made, by_provider, ceilings, worst_over, reasons, made_at, verdicts
+                )
+        return SimResult(
+            None, spent, gpu_made, or_made, by_provider, ceilings, worst_over, reasons, made_at, verdicts
+        )
 
     @staticmethod
     def _reserved(flying: list[_Request], dearest: Decimal) -> Decimal:

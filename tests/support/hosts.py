@@ -130,7 +130,9 @@ def build_tree(root: Path) -> dict[str, Path]:
 HostFactory = Callable[..., HostSettings]
 
 
-def host_settings(server: SshServer, tree: dict[str, Path], known_dir: Path, **overrides: Any) -> HostSettings:
+def host_settings(
+    server: SshServer, tree: dict[str, Path], known_dir: Path, **overrides: Any
+) -> HostSettings:
     """A [[hosts]] entry for `server` serving `tree`; its known_hosts file is written in `known_dir`
     unless `known_hosts` is given."""
     known = overrides.pop("known_hosts", None)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from decimal import Decimal
-
 from regen.engine.backends.openrouter.backend import OpenRouterBackend
 from regen.engine.config.settings import Settings
 from regen.engine.job.job import Job
@@ -22,18 +20,3 @@ def openrouter(job: Job, lane: int = 0) -> OpenRouterBackend:
     backend = job.lanes[lane].backend
     assert isinstance(backend, OpenRouterBackend), backend
     return backend
-
-
-class QuietContext:
-    """What a backend opened on its own (no job) reports to: nothing is listened to."""
-
-    live = True
-
-    def event(self, name: str, /, **fields: object) -> None: ...
-    def fatal(self, reason: str, message: str) -> None: ...
-    def budget_left(self) -> Decimal:
-        return Decimal(0)  # the SGLang backend never asks
-
-    def suggest_concurrency(self, ceiling: int | None, reason: str) -> None: ...
-    def answered(self, generation: bool) -> None: ...
-    async def reachable(self) -> None: ...

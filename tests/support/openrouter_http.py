@@ -59,16 +59,12 @@ class StreamReply:
 
     def content(self) -> str:
         return "".join(
-            (c["choices"][0]["delta"].get("content") or "")
-            for c in self.chunks
-            if c.get("choices")
+            (c["choices"][0]["delta"].get("content") or "") for c in self.chunks if c.get("choices")
         )
 
     def reasoning(self) -> str:
         return "".join(
-            (c["choices"][0]["delta"].get("reasoning") or "")
-            for c in self.chunks
-            if c.get("choices")
+            (c["choices"][0]["delta"].get("reasoning") or "") for c in self.chunks if c.get("choices")
         )
 
     def usage(self) -> dict[str, Any] | None:
@@ -127,7 +123,8 @@ class Api:
     ) -> Reply:
         body = self.body(**fields)
         async with self.session.post(
-            self.url("/chat/completions"), data=orjson.dumps(body),
+            self.url("/chat/completions"),
+            data=orjson.dumps(body),
             headers={"Content-Type": "application/json", **self._headers(key, headers)},
         ) as r:
             raw = await r.read()
@@ -138,7 +135,8 @@ class Api:
     ) -> StreamReply:
         body = self.body(stream=True, **fields)
         async with self.session.post(
-            self.url("/chat/completions"), data=orjson.dumps(body),
+            self.url("/chat/completions"),
+            data=orjson.dumps(body),
             headers={"Content-Type": "application/json", **self._headers(key, headers)},
         ) as r:
             raw = await r.read()
@@ -148,15 +146,14 @@ class Api:
 
     async def post_raw(self, data: bytes, key: str | None = KEY) -> Reply:
         async with self.session.post(
-            self.url("/chat/completions"), data=data,
+            self.url("/chat/completions"),
+            data=data,
             headers={"Content-Type": "application/json", **self._headers(key, None)},
         ) as r:
             raw = await r.read()
             return Reply(r.status, r.headers, raw, _maybe_json(raw))
 
-    async def get(
-        self, path: str, key: str | None = KEY, params: dict[str, str] | None = None
-    ) -> Reply:
+    async def get(self, path: str, key: str | None = KEY, params: dict[str, str] | None = None) -> Reply:
         url = self.url(path) if not path.startswith("/_sim") else self.root(path)
         async with self.session.get(url, headers=self._headers(key, None), params=params) as r:
             raw = await r.read()

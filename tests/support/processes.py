@@ -71,7 +71,9 @@ def regen_captured(*args: str, env: dict[str, str] | None = None) -> subprocess.
     return subprocess.CompletedProcess(regen_argv(*args), code, out.getvalue(), err.getvalue())
 
 
-def start_headless_run(settings: Path, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def start_headless_run(
+    settings: Path, log: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     """`regen run --headless --settings SETTINGS` in the background, its output to `log`."""
     out = open(log, "wb")  # noqa: SIM115 - the job's output for its life
     try:
@@ -154,7 +156,9 @@ def wait_for_attempts(journal: Path, ends: int, timeout_s: float = 60.0) -> None
     raise AssertionError(f"{journal}: fewer than {ends} attempts after {timeout_s} s")
 
 
-def wait_rows(data: Path, at_least: int, proc: subprocess.Popen[bytes], log: Path, timeout: float = 120) -> None:
+def wait_rows(
+    data: Path, at_least: int, proc: subprocess.Popen[bytes], log: Path, timeout: float = 120
+) -> None:
     """Wait until the dataset folder `data` holds `at_least` rows, while the job `proc` (output in
     `log`) still runs."""
     deadline = time.monotonic() + timeout

@@ -89,5 +89,7 @@ def sim_config(**overrides: Any) -> SimSGLangConfig:
 
 def slow_config(**overrides: Any) -> SimSGLangConfig:
     """Real time at 40 tokens/s per request: a 64-token answer stays in flight for 1.6 s."""
-    quick_start = {f"startup_{phase}_s": 0.01 for phase in ("weights", "kv_pool", "cuda_graph", "http", "warmup")}
+    quick_start = {
+        f"startup_{phase}_s": 0.01 for phase in ("weights", "kv_pool", "cuda_graph", "http", "warmup")
+    }
     return sim_config(time_scale=1.0, output_len_min=200, output_len_max=300, **quick_start, **overrides)

@@ -68,7 +68,18 @@ class Run:
         rid = self.rid(line)
         self.journal(
             start_record(rid, "A", line, Decimal("0.01"), "openrouter", TS),
-            end_record(rid, "A", line, None, "openrouter", "http_5xx", Decimal("0.0001"), False, TS, fields={"http": 502}),
+            end_record(
+                rid,
+                "A",
+                line,
+                None,
+                "openrouter",
+                "http_5xx",
+                Decimal("0.0001"),
+                False,
+                TS,
+                fields={"http": 502},
+            ),
         )
 
     def open(self, line: int, *, gen: bool = True) -> str:
@@ -96,7 +107,11 @@ def assert_same(resumed: Resumed, full: tuple[JournalState, DatasetProgress]) ->
     assert got.spent == want.spent and isinstance(got.spent, Decimal)
     assert got.estimates == want.estimates
     assert vars(got.breakdown) == vars(want.breakdown)
-    assert (got.crashed, got.to_reconcile, got.never_sent) == (want.crashed, want.to_reconcile, want.never_sent)
+    assert (got.crashed, got.to_reconcile, got.never_sent) == (
+        want.crashed,
+        want.to_reconcile,
+        want.never_sent,
+    )
     assert (got.excluded, got.first_start_ts, got.deadline, got.usage_base, got.begun) == (
         want.excluded, want.first_start_ts, want.deadline, want.usage_base, want.begun,
     )  # fmt: skip

@@ -141,15 +141,30 @@ def start_standin(
     """`python -m sglang.launch_server` with regen's launch flags, in its own session and process
     group (as `setsid` gives it on a host), output to `log` (or a pipe)."""
     argv = [
-        sys.executable, "-m", "sglang.launch_server",
-        "--model-path", str(model), "--host", "127.0.0.1", "--port", str(port),
-        "--tp", "8", "--served-model-name", served_model_name, "--enable-metrics",
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--tp",
+        "8",
+        "--served-model-name",
+        served_model_name,
+        "--enable-metrics",
         *(extra or []),
     ]
     out = open(log, "wb") if log is not None else subprocess.PIPE  # noqa: SIM115 - owned by the child
     try:
         return subprocess.Popen(
-            argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
     finally:
@@ -157,7 +172,9 @@ def start_standin(
             out.close()
 
 
-def wait_for_line(path: Path, text: str, timeout_s: float = 30.0, proc: subprocess.Popen[bytes] | None = None) -> str:
+def wait_for_line(
+    path: Path, text: str, timeout_s: float = 30.0, proc: subprocess.Popen[bytes] | None = None
+) -> str:
     """Poll a log file until a line contains `text`; returns the log so far."""
     deadline = time.monotonic() + timeout_s
     content = ""

@@ -245,7 +245,9 @@ class RealSGLang:
                     names = [
                         a.value
                         for a in node.args
-                        if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("--")
+                        if isinstance(a, ast.Constant)
+                        and isinstance(a.value, str)
+                        and a.value.startswith("--")
                     ]
                     if names:
                         found.append(tuple(names) + _negations(names, node.keywords))

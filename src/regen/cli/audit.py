@@ -25,7 +25,9 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
         "and compare the answers in token ids (docs/fidelity.md)",
     )
     add_settings_argument(parser)
-    parser.add_argument("--prompts", type=int, default=8, metavar="N", help="prompts in the sample (default 8)")
+    parser.add_argument(
+        "--prompts", type=int, default=8, metavar="N", help="prompts in the sample (default 8)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="picks the sample, and is sent as `seed`")
     parser.add_argument("--max-tokens", type=int, default=256, metavar="N", help="output cap per answer")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
@@ -66,7 +68,9 @@ def run(args: argparse.Namespace) -> int | None:
         return _fail(str(exc), EXIT_FAILURE)
     print(plan.describe(), file=sys.stderr if args.json else sys.stdout, flush=True)
     if not plan.fits:
-        return _fail(f"the audit could cost ${plan.worst_usd:.4f}, more than job.budget_usd has left", EXIT_FAILURE)
+        return _fail(
+            f"the audit could cost ${plan.worst_usd:.4f}, more than job.budget_usd has left", EXIT_FAILURE
+        )
     lock = RunLock(settings.job.run_dir)
     try:
         lock.take()  # its money goes into the run's journal: not while a job writes it

@@ -134,7 +134,9 @@ FLEET_DEADLINE_S = 140
 FLEET_BUDGET_USD = 0.5
 
 
-def demo_fleets_settings(folder: Path, gpu_url: str, paid_url: str, api_key: str, speed: float = 1.0) -> Settings:
+def demo_fleets_settings(
+    folder: Path, gpu_url: str, paid_url: str, api_key: str, speed: float = 1.0
+) -> Settings:
     """Both fleets: the SGLang simulator first, OpenRouter's simulator for what the GPUs cannot make
     by the deadline, its share paced (docs/fleets.md, "Pacing")."""
     return Settings(
@@ -211,7 +213,9 @@ def _demo_sglang_headless(folder: Path, speed: float) -> int:
         await sim.start()
         try:
             await sim.wait_ready(30)
-            print(f"regen demo: SGLang simulator at {sim.base_url}, results under {folder}/datasets", flush=True)
+            print(
+                f"regen demo: SGLang simulator at {sim.base_url}, results under {folder}/datasets", flush=True
+            )
             return await _run_job(demo_sglang_settings(folder, sim.base_url))
         finally:
             await sim.stop()

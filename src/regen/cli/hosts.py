@@ -122,7 +122,9 @@ async def _inspect(args: argparse.Namespace, settings: Settings, hosts: list[Hos
 
     from regen.engine.host.inspect import format_report, inspect_hosts
 
-    records = await inspect_hosts(hosts, on_change=_say_notices(), weight_version=settings.sglang.weight_version)
+    records = await inspect_hosts(
+        hosts, on_change=_say_notices(), weight_version=settings.sglang.weight_version
+    )
     if args.json:
         sys.stdout.buffer.write(orjson.dumps({"hosts": records}, option=orjson.OPT_INDENT_2) + b"\n")
         sys.stdout.flush()
@@ -192,6 +194,7 @@ def fetch_tokenizer_for_run(settings: Settings) -> int | None:
     from regen.engine.host.errors import HostError
     from regen.engine.host.transfer import fetch_tokenizer
     from regen.engine.runtime import run as run_loop
+
     try:
         report = run_loop(fetch_tokenizer(settings.hosts, settings.workspace, on_change=_say_notices()))
     except HostError as exc:
@@ -202,7 +205,9 @@ def fetch_tokenizer_for_run(settings: Settings) -> int | None:
     for o in refused:
         print(f"regen: {report.host}: {o.what}: {o.detail}", file=sys.stderr)
     if refused or not report.outcomes:
-        return _fail(f"{report.host}: no usable tokenizer files fetched; tokenizer.path is empty", EXIT_FAILURE)
+        return _fail(
+            f"{report.host}: no usable tokenizer files fetched; tokenizer.path is empty", EXIT_FAILURE
+        )
     came = [o for o in report.outcomes if o.action != "up to date"]
     if came:
         print(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from regen.cli.arguments import add_settings_argument
@@ -118,29 +118,25 @@ def _fail(message: str, code: int = EXIT_FAILURE) -> int:
     return code
 
 
+COMMANDS: tuple[Callable[[argparse.Namespace], int | None], ...] = (
+    run_data_command,
+    run_quarantine_command,
+    run_audit_command,
+    run_report_command,
+    run_host_command,
+    run_sglang_command,
+)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "sim":
             return _sim(args)
-        data_code = run_data_command(args)
-        if data_code is not None:
-            return data_code
-        quarantine_code = run_quarantine_command(args)
-        if quarantine_code is not None:
-            return quarantine_code
-        audit_code = run_audit_command(args)
-        if audit_code is not None:
-            return audit_code
-        report_code = run_report_command(args)
-        if report_code is not None:
-            return report_code
-        host_code = run_host_command(args)
-        if host_code is not None:
-            return host_code
-        sglang_code = run_sglang_command(args)
-        if sglang_code is not None:
-            return sglang_code
+        for command in COMMANDS:  # each answers None when the command is not its own
+            code = command(args)
+            if code is not None:
+                return code
         if args.command == "demo":
             from regen.cli.demo import run_demo
 

@@ -26,7 +26,9 @@ def _instant(text: str) -> float:
     try:
         return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a time: {text!r} (e.g. 2026-12-02T09:30 or 2026-12-02T09:30Z)") from None
+        raise argparse.ArgumentTypeError(
+            f"not a time: {text!r} (e.g. 2026-12-02T09:30 or 2026-12-02T09:30Z)"
+        ) from None
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -37,8 +39,12 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
         "book its money as waste (fidelity) and leave its prompt to the next regen run. Needs no job running.",
     )
     add_settings_argument(parser)
-    parser.add_argument("--route", required=True, metavar="NAME", help="the provider as rows name it, e.g. Together")
-    parser.add_argument("--since", type=_instant, default=None, metavar="TIME", help="only rows made at or after TIME")
+    parser.add_argument(
+        "--route", required=True, metavar="NAME", help="the provider as rows name it, e.g. Together"
+    )
+    parser.add_argument(
+        "--since", type=_instant, default=None, metavar="TIME", help="only rows made at or after TIME"
+    )
     parser.add_argument("--why", default=None, help="what the journal says (default: the command)")
 
 
@@ -67,7 +73,9 @@ def run(args: argparse.Namespace) -> int | None:
         lock.take()
     except RunLocked as exc:
         return _fail(str(exc), EXIT_FAILURE)
-    why = args.why or f"regen quarantine --route {args.route}" + ("" if args.since is None else f" --since {args.since}")
+    why = args.why or f"regen quarantine --route {args.route}" + (
+        "" if args.since is None else f" --since {args.since}"
+    )
     try:
         rows, amount = requeue_route(run_dir, datasets, args.route, args.since, why)
     except JsonlError as exc:

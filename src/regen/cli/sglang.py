@@ -43,7 +43,9 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
         "/health_generate through an SSH tunnel. A server regen started that is up with the same flags is "
         "reported, not started again.",
     )
-    status = actions.add_parser("status", help="process, phase, readiness, version, model, load and GPUs per host")
+    status = actions.add_parser(
+        "status", help="process, phase, readiness, version, model, load and GPUs per host"
+    )
     status.add_argument("--json", action="store_true", help="machine-readable output")
     stop = actions.add_parser(
         "stop", help="TERM to the server's process group, a grace period, then KILL; nothing left after"
@@ -70,7 +72,9 @@ def _hosts(settings: Settings, name: str | None) -> list[HostSettings]:
             raise _Usage(f"--host {name}: no such host (hosts: {', '.join(h.name for h in settings.hosts)})")
     missing = [h.name for h in hosts if not h.model_path]
     if missing:
-        raise _Usage(f"{', '.join(missing)}: model_path is not set in the [[hosts]] table: SGLang needs the model folder")
+        raise _Usage(
+            f"{', '.join(missing)}: model_path is not set in the [[hosts]] table: SGLang needs the model folder"
+        )
     return hosts
 
 
@@ -145,11 +149,15 @@ async def _start(args: argparse.Namespace, settings: Settings, hosts: list[HostS
         if model is not None:
             say(f"model {model.digest} on {', '.join(h.name for h in hosts)}")
         specs = [ServerSpec.of(settings.sglang, h, settings.hosts) for h in hosts]
-        results = list(await asyncio.gather(*(start_server(c, s, say) for c, s in zip(conns, specs, strict=True))))
+        results = list(
+            await asyncio.gather(*(start_server(c, s, say) for c, s in zip(conns, specs, strict=True)))
+        )
     finally:
         await asyncio.gather(*(c.close() for c in conns))
     if args.json:
-        sys.stdout.buffer.write(orjson.dumps({"hosts": [r.to_dict() for r in results]}, option=orjson.OPT_INDENT_2) + b"\n")
+        sys.stdout.buffer.write(
+            orjson.dumps({"hosts": [r.to_dict() for r in results]}, option=orjson.OPT_INDENT_2) + b"\n"
+        )
         sys.stdout.flush()
     failed = [r for r in results if not r.ok]
     for r in results:

@@ -63,7 +63,16 @@ ACTIONS: tuple[Action, ...] = (
         palette="Pause job",
         help_line="Pause the job, or resume it when paused",
     ),
-    Action("pause", "resume_job", "p", "Resume", "Resume dispatching requests", STEER, steering=True, palette="Resume job"),
+    Action(
+        "pause",
+        "resume_job",
+        "p",
+        "Resume",
+        "Resume dispatching requests",
+        STEER,
+        steering=True,
+        palette="Resume job",
+    ),
     Action(
         "toggle-provider",
         "toggle_provider",
@@ -75,7 +84,13 @@ ACTIONS: tuple[Action, ...] = (
         show=False,
     ),
     Action(
-        "exclude", "exclude_provider", "x", "Exclude", "Exclude the highlighted provider (asks first)", STEER, steering=True
+        "exclude",
+        "exclude_provider",
+        "x",
+        "Exclude",
+        "Exclude the highlighted provider (asks first)",
+        STEER,
+        steering=True,
     ),
     Action(
         "concurrency-up",
@@ -195,9 +210,24 @@ ACTIONS: tuple[Action, ...] = (
         show=False,
         palette="Stop SGLang on the GPU hosts…",
     ),
-    Action("help", "help", "question_mark", "Help", "Every key and what it does", CONSOLE, key_display="?", palette="Keys"),
     Action(
-        "detach", "detach", "q", "Detach", "Quit the console; the job keeps running", CONSOLE, palette="Detach"
+        "help",
+        "help",
+        "question_mark",
+        "Help",
+        "Every key and what it does",
+        CONSOLE,
+        key_display="?",
+        palette="Keys",
+    ),
+    Action(
+        "detach",
+        "detach",
+        "q",
+        "Detach",
+        "Quit the console; the job keeps running",
+        CONSOLE,
+        palette="Detach",
     ),
 )
 

@@ -564,4 +564,3 @@ class RegenApp(SteeringKeys):
 
     async def on_unmount(self) -> None:
         await self.source.close()
-

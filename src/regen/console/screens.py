@@ -276,7 +276,9 @@ class DeadlineScreen(ModalScreen[str | None]):
                 "occurrence), or none. OpenRouter is paced to carry what the GPUs cannot make by then.",
                 markup=False,
             )
-            yield Input(value=str(self.current or ""), placeholder="12h, 90m, 06:30 or none", id="deadline-value")
+            yield Input(
+                value=str(self.current or ""), placeholder="12h, 90m, 06:30 or none", id="deadline-value"
+            )
             yield Label("", classes="error", id="deadline-error", markup=False)
             with Horizontal():
                 yield Button(Content("Cancel [esc]"), id="cancel")
@@ -421,7 +423,9 @@ def fidelity_lines(provider: ProviderView) -> str:
     against = view["against"] or "nothing yet"
     similarity = view["finish_similarity"]
     mix = "" if similarity is None else f", finish-mix similarity {similarity:.1%}"
-    lines = [f"\nfidelity      {state}: {view['responses']} answers against {against} ({view['reference_responses']}){mix}"]
+    lines = [
+        f"\nfidelity      {state}: {view['responses']} answers against {against} ({view['reference_responses']}){mix}"
+    ]
     if view["evidence"]:
         lines.append(f"  evidence    {view['evidence']}" + (f" [{view['action']}]" if view["action"] else ""))
     for stat in view["stats"]:
@@ -498,7 +502,9 @@ class ProviderDetailScreen(ModalScreen[None]):
         reason = provider["reason"]
         note = f"\n{'kept out' if not provider['allowed'] else 'note':<13} {reason}" if reason else ""
         fidelity = fidelity_lines(provider)
-        self.query_one("#detail-numbers", Static).update(Content(f"{grid}\nerrors        {by_class}{note}{fidelity}"))
+        self.query_one("#detail-numbers", Static).update(
+            Content(f"{grid}\nerrors        {by_class}{note}{fidelity}")
+        )
         window = history.providers.get(self.slug)
         if window is not None:
             self.query_one("#detail-latency", ZeroSparkline).data = list(window.latency_p50_s)

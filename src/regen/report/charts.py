@@ -137,16 +137,12 @@ def _marks(ax: Axes, data: ReportData, *, legend: bool = True) -> None:
             label=label,
         )
     for i, ts in enumerate(data.starts[1:]):
-        ax.axvline(
-            _day(ts), color="#555555", ls=":", lw=1, label="restarts" if i == 0 else None
-        )
+        ax.axvline(_day(ts), color="#555555", ls=":", lw=1, label="restarts" if i == 0 else None)
     if data.deadline is not None and data.first_ts is not None and data.last_ts is not None:
         # Only when the deadline is near enough to the run to be worth the axis it stretches.
         stretch = max(data.last_ts - data.first_ts, 60.0)
         if data.deadline <= data.last_ts + stretch:
-            ax.axvline(
-                _day(data.deadline), color="#d62728", ls="--", lw=1.2, label="deadline"
-            )
+            ax.axvline(_day(data.deadline), color="#d62728", ls="--", lw=1.2, label="deadline")
     if legend:
         _legend(ax)
 

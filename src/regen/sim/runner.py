@@ -20,7 +20,11 @@ DEFAULT_PORTS = {"openrouter": 8080, "sglang": 30000}
 
 
 def run_sim(
-    kind: str, port: int, host: str = "127.0.0.1", config_path: Path | None = None, tokenizer: Path | None = None
+    kind: str,
+    port: int,
+    host: str = "127.0.0.1",
+    config_path: Path | None = None,
+    tokenizer: Path | None = None,
 ) -> int:
     """Serve the `kind` simulator until a signal; returns the exit code (messages on stderr)."""
     if kind == "sglang":
@@ -49,7 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--config", type=Path, default=None, help="simulator config (TOML or JSON)")
     if kind == "sglang":
-        parser.add_argument("--tokenizer", type=Path, default=None, help="tokenizer folder (default: built-in)")
+        parser.add_argument(
+            "--tokenizer", type=Path, default=None, help="tokenizer folder (default: built-in)"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

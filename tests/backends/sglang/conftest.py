@@ -36,7 +36,9 @@ def sim_tok(model_dir: Path) -> SimTokenizer:
 def sglang_settings(tmp_path: Path, model_dir: Path) -> Callable[..., Settings]:
     """Settings for a job on the SGLang backend against `urls`."""
 
-    def build(urls: list[str], datasets: list[Path], sglang: dict[str, Any] | None = None, **job: Any) -> Settings:
+    def build(
+        urls: list[str], datasets: list[Path], sglang: dict[str, Any] | None = None, **job: Any
+    ) -> Settings:
         params: dict[str, Any] = {
             "backend": "sglang",
             "datasets": datasets,

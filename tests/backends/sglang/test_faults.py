@@ -8,11 +8,11 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+from regen.engine.backends.base import Standalone
 from regen.engine.config.settings import Settings
 from regen.engine.job.job import Job, StopReason
 from regen.sim.sglang.tokens import SimTokenizer
 from tests.support.datasets import one_row_per_prompt, read_rows, write_dataset
-from tests.support.jobs import QuietContext
 from tests.support.journals import journal
 from tests.support.recording_sim import RecordingSim, recording_sim, sim_config, slow_config
 
@@ -38,7 +38,11 @@ async def test_stop_cancel_aborts_every_rid_in_flight(
         await job.handle_command("stop", {"cancel": True}, "test")
         outcome = await runner
         assert outcome.reason is StopReason.OPERATOR
-        cancelled = {r["rid"] for r in journal(settings.job.run_dir / "attempts.jsonl") if r["k"] == "end" and r["outcome"] == "cancelled"}
+        cancelled = {
+            r["rid"]
+            for r in journal(settings.job.run_dir / "attempts.jsonl")
+            if r["k"] == "end" and r["outcome"] == "cancelled"
+        }
         assert len(cancelled) == 16
         assert cancelled <= set(server.abort_calls), "an /abort_request for every cancelled rid"
         await wait_for(lambda: cancelled <= set(server.served))
@@ -52,7 +56,9 @@ async def test_a_503_storm_lowers_the_concurrency_and_every_prompt_still_gets_it
 ) -> None:
     async with recording_sim(sim_config(faults={"http_503_rate": 0.5}), sim_tok) as server:
         data = write_dataset(tmp_path, "S", 300)
-        settings = sglang_settings([server.base_url], [data], concurrency=64, min_concurrency=4, max_attempts=60)
+        settings = sglang_settings(
+            [server.base_url], [data], concurrency=64, min_concurrency=4, max_attempts=60
+        )
         job = Job(settings)
         await job.prepare()
         runner = asyncio.create_task(job.run())
@@ -64,7 +70,11 @@ async def test_a_503_storm_lowers_the_concurrency_and_every_prompt_still_gets_it
         assert lowest < 64 and job.lanes[0].limit.backoffs > 0
         assert job.snapshot()["errors"]["overloaded"] > 0
     one_row_per_prompt(data, 300)
-    ends = [r for r in journal(settings.job.run_dir / "attempts.jsonl") if r["k"] == "end" and r["outcome"] == "overloaded"]
+    ends = [
+        r
+        for r in journal(settings.job.run_dir / "attempts.jsonl")
+        if r["k"] == "end" and r["outcome"] == "overloaded"
+    ]
     assert ends and all(r["http"] == 503 for r in ends)
 
 
@@ -80,9 +90,15 @@ async def test_dropped_streams_and_server_aborts_are_retried_into_one_row(
         assert (await job.run()).reason is StopReason.DONE
         injected = server.faults_injected
         assert injected.get("drop", 0) > 5 and injected.get("abort", 0) > 5
-        outcomes = Counter(r["outcome"] for r in journal(settings.job.run_dir / "attempts.jsonl") if r["k"] == "end")
+        outcomes = Counter(
+            r["outcome"] for r in journal(settings.job.run_dir / "attempts.jsonl") if r["k"] == "end"
+        )
         assert outcomes["network"] >= 1 and outcomes["abort"] >= 1
-        cut = {r["rid"] for r in journal(settings.job.run_dir / "attempts.jsonl") if r["k"] == "end" and r["outcome"] == "network"}
+        cut = {
+            r["rid"]
+            for r in journal(settings.job.run_dir / "attempts.jsonl")
+            if r["k"] == "end" and r["outcome"] == "network"
+        }
         # A stream cut mid-way may still be generating on the server: its rid is aborted there.
         assert cut & set(server.abort_calls)
     rows = one_row_per_prompt(data, 120)
@@ -128,7 +144,11 @@ async def test_the_server_gone_holds_dispatch_and_its_return_ends_the_outage(
         assert (await runner).reason is StopReason.DONE, "no prompt ran out of attempts in the outage"
         assert second.served
     one_row_per_prompt(data, 200)
-    unsent = [r for r in journal(settings.job.run_dir / "attempts.jsonl") if r["k"] == "end" and r.get("sent") is False]
+    unsent = [
+        r
+        for r in journal(settings.job.run_dir / "attempts.jsonl")
+        if r["k"] == "end" and r.get("sent") is False
+    ]
     assert unsent and all(r["cost"] == "0" and r["outcome"] == "unreachable" for r in unsent)
     events = [e["event"] for e in journal(settings.job.run_dir / "events.jsonl")]
     assert "outage" in events and "outage_end" in events
@@ -142,12 +162,16 @@ async def test_cancel_of_an_attempt_sends_its_abort_without_holding_up_the_close
     from regen.engine.data.datasets import Prompt
 
     backend = SGLangBackend(sglang_settings([sim.base_url], []))
-    await backend.open(QuietContext())
-    sim.apply_config(sim.config.model_copy(update={"time_scale": 1.0, "output_len_min": 200, "output_len_max": 300}))
+    await backend.open(Standalone())
+    sim.apply_config(
+        sim.config.model_copy(update={"time_scale": 1.0, "output_len_min": 200, "output_len_max": 300})
+    )
     prompt = Prompt("A", 0, "0" * 64, [{"role": "user", "content": "hello"}])
     handles: list[str | None] = []
     task = asyncio.create_task(backend.attempt(prompt, "A-00000000#0", handles.append, lambda _: None))
-    await wait_for(lambda: "A-00000000#0" in sim.scheduler.live and bool(sim.scheduler.live["A-00000000#0"].output_ids))
+    await wait_for(
+        lambda: "A-00000000#0" in sim.scheduler.live and bool(sim.scheduler.live["A-00000000#0"].output_ids)
+    )
     assert handles == ["A-00000000#0"], "the rid is journaled before the request leaves"
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)

@@ -92,7 +92,9 @@ async def test_a_deep_queue_lowers_the_ceiling_and_a_short_one_lifts_it(
     assert 0 < len(lines) < 5000 and len(set(lines)) == len(lines), "what finished, once each"
     hints = [
         e
-        for e in (orjson.loads(line) for line in (settings.job.run_dir / "events.jsonl").read_bytes().splitlines())
+        for e in (
+            orjson.loads(line) for line in (settings.job.run_dir / "events.jsonl").read_bytes().splitlines()
+        )
         if e["event"] == "concurrency_hint"
     ]
     assert hints[0]["ceiling"] == lowered == 5 and "the servers run 4 at once" in hints[0]["reason"]

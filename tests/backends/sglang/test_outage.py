@@ -83,6 +83,8 @@ async def test_a_dropped_tunnel_holds_and_its_return_ends_the_hold_within_a_prob
     assert refused and all(r["cost"] == "0" for r in refused)
     cut = [r for r in ends if r["outcome"] == "network"]
     # Most streams are mid-answer when the tunnel drops (a busy machine may have a few between requests).
-    assert len(cut) >= CONCURRENCY // 2 and all(Decimal(r["cost"]) > 0 for r in cut), "the streams cut were charged"
+    assert len(cut) >= CONCURRENCY // 2 and all(Decimal(r["cost"]) > 0 for r in cut), (
+        "the streams cut were charged"
+    )
     [worker] = job.lanes[0].backend.workers  # type: ignore[attr-defined]
     assert job.lanes[0].ledger.spent <= Decimal(str(worker.meter.busy_gpu_s()))

@@ -218,15 +218,24 @@ def test_the_servers_running_slots_and_a_short_queue_bound_the_ceiling() -> None
     assert next_ceiling([(deep, 0)], 5048, None, 6000, HEALTH, large)[0] == 2560
     healthy = ServerLoad(running=2048, queued=300)
     assert next_ceiling([(healthy, 0)], 2348, 2348, 6000, HEALTH, large)[0] == 2348, "in the band: unchanged"
-    assert next_ceiling([(healthy, 0)], 2348, None, 2400, HEALTH, large)[0] is None, "above the operator's limit"
+    assert next_ceiling([(healthy, 0)], 2348, None, 2400, HEALTH, large)[0] is None, (
+        "above the operator's limit"
+    )
 
 
 def test_a_servers_slots_are_what_it_says_or_what_it_was_seen_running() -> None:
-    said = {"max_running_requests": None, "dp_size": 1, "internal_states": [{"effective_max_running_requests_per_dp": 48}]}
+    said = {
+        "max_running_requests": None,
+        "dp_size": 1,
+        "internal_states": [{"effective_max_running_requests_per_dp": 48}],
+    }
     assert running_slots(said) == 48, "the scheduler's effective limit, the command line's flag unset"
     ranks = {"dp_size": 4, "internal_states": [{"effective_max_running_requests_per_dp": 32}] * 4}
     assert running_slots(ranks) == 128, "one entry per data-parallel rank"
-    assert running_slots({"dp_size": 4, "internal_states": [{"effective_max_running_requests_per_dp": 32}]}) == 128
+    assert (
+        running_slots({"dp_size": 4, "internal_states": [{"effective_max_running_requests_per_dp": 32}]})
+        == 128
+    )
     assert running_slots({"max_running_requests": 64}) == 64, "an older release: the flag"
     assert running_slots({}) is None
     worker = Worker("http://127.0.0.1:30000", ServerFacts(), gpus=8)
@@ -252,7 +261,9 @@ def test_the_limit_obeys_the_lower_of_the_storm_and_the_backend() -> None:
 
 def test_failures_say_what_to_do() -> None:
     url = "http://127.0.0.1:30000"
-    busy = errors.for_status(503, {"object": "error", "message": "Service Unavailable", "code": 503}, b"", url)
+    busy = errors.for_status(
+        503, {"object": "error", "message": "Service Unavailable", "code": 503}, b"", url
+    )
     assert busy.throttle and busy.disposition is Disposition.RETRY and busy.sent and not busy.outage
     bad = errors.for_status(400, {"error": {"message": "The input (9 tokens) is longer"}}, b"", url)
     assert bad.disposition is Disposition.GIVE_UP and bad.refused and "longer" in bad.message
@@ -265,7 +276,9 @@ def test_failures_say_what_to_do() -> None:
     assert aborted.disposition is Disposition.RETRY and aborted.error_class == "abort"
     refused = errors.for_abort({"type": "abort", "message": "too long", "status_code": 400}, url)
     assert refused.disposition is Disposition.GIVE_UP
-    connect = errors.for_exception(aiohttp.ClientConnectorError(cast(ConnectionKey, _Key()), OSError(111, "refused")), url)
+    connect = errors.for_exception(
+        aiohttp.ClientConnectorError(cast(ConnectionKey, _Key()), OSError(111, "refused")), url
+    )
     assert connect.outage and not connect.sent
     cut = errors.for_exception(aiohttp.ServerDisconnectedError(), url)
     assert cut.sent and not cut.outage and cut.disposition is Disposition.RETRY

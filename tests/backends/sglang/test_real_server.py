@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from regen.engine.backends.base import Standalone
 from regen.engine.backends.sglang.backend import SGLangBackend
 from regen.engine.config.settings import Settings
 from regen.engine.data.datasets import Prompt
@@ -22,7 +23,6 @@ from regen.engine.net.sglang_metrics import parse_metrics
 from regen.engine.net.sglang_server import KEEPALIVE_S
 from regen.sim.sglang.tokens import SimTokenizer
 from tests.support.datasets import one_row_per_prompt, read_rows, write_dataset
-from tests.support.jobs import QuietContext
 from tests.support.journals import journal
 from tests.support.recording_sim import RecordingSim, recording_sim, sim_config, slow_config
 
@@ -59,7 +59,9 @@ async def test_a_nan_happened_answer_is_a_failed_attempt_never_a_row(
         await job.prepare()
         assert (await job.run()).reason is StopReason.DONE
         assert server.faults_injected.get("nan", 0) > 3
-    outcomes = Counter(r["outcome"] for r in journal(settings.job.run_dir / "attempts.jsonl") if r["k"] == "end")
+    outcomes = Counter(
+        r["outcome"] for r in journal(settings.job.run_dir / "attempts.jsonl") if r["k"] == "end"
+    )
     assert outcomes["nan"] == server.faults_injected["nan"]
     for row in one_row_per_prompt(data, 40):
         assert server.served[row["generation_id"]]["finish"]["matched"] != "NaN happened"
@@ -126,7 +128,7 @@ async def test_the_backends_idle_connections_close_before_the_servers_do(
     sim: RecordingSim, sglang_settings: Callable[..., Settings]
 ) -> None:
     backend = SGLangBackend(sglang_settings([sim.base_url], []))
-    await backend.open(QuietContext())
+    await backend.open(Standalone())
     try:
         prompt = Prompt("A", 0, "0" * 64, [{"role": "user", "content": "hello"}])
 

@@ -87,7 +87,9 @@ async def test_rows_carry_exactly_the_servers_ids(
         assert row["request"]["max_tokens"] == 64 and row["request"]["thinking"] is True
         assert row["cost"] is None and row["gpu_s"] > 0
         assert row["tokenizer"] == local.info()
-        text = local.decode(row["output_ids"][:-1]) if row["status"] == "ok" else local.decode(row["output_ids"])
+        text = (
+            local.decode(row["output_ids"][:-1]) if row["status"] == "ok" else local.decode(row["output_ids"])
+        )
         assert text.startswith(row["reasoning"]) and text.endswith(row["content"])
     assert {row["status"] for row in rows} <= {"ok", "truncated"}
     report = verify_dataset(Dataset(data.name, data), local, check_prompts=True)
@@ -188,7 +190,9 @@ async def test_settings_that_cannot_work_are_refused(
 ) -> None:
     data = write_dataset(tmp_path, "A", 3)
     wrong_name = sglang_settings([sim.base_url], [data], sglang={"served_model_name": "other-model"})
-    with pytest.raises(JobError, match=re.escape("serves 'kimi-k2.5', not sglang.served_model_name = 'other-model'")):
+    with pytest.raises(
+        JobError, match=re.escape("serves 'kimi-k2.5', not sglang.served_model_name = 'other-model'")
+    ):
         await Job(wrong_name).prepare()
     nobody = sglang_settings(["http://127.0.0.1:9"], [data])
     with pytest.raises(JobError, match=re.escape("cannot reach http://127.0.0.1:9")):

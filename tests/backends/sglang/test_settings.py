@@ -27,7 +27,11 @@ def test_the_defaults_and_the_example_file() -> None:
     assert settings.job.backend == "openrouter"
     sglang = settings.sglang
     assert (sglang.port, sglang.tp, sglang.ready_timeout_s, sglang.urls) == (30000, 8, 2700.0, [])
-    assert (sglang.healthy_queue_min, sglang.healthy_queue_max, sglang.healthy_kv_usage_max) == (100, 2000, 0.95)
+    assert (sglang.healthy_queue_min, sglang.healthy_queue_max, sglang.healthy_kv_usage_max) == (
+        100,
+        2000,
+        0.95,
+    )
     example = tomllib.loads(example_toml())
     assert "served_model_name" not in example["sglang"] and example["job"]["backend"] == "openrouter"
     # Empty: the first host's model folder's name, whatever the other hosts' paths (one name for the job).
@@ -82,7 +86,11 @@ def test_bad_values_name_their_key(tmp_path: Path, body: str, key: str) -> None:
 def test_regen_run_refuses_the_settings_with_exit_code_2(tmp_path: Path) -> None:
     path = write(tmp_path, '[job]\nbackend = "sglang"\n[tokenizer]\npath = "tok"\n')
     done = subprocess.run(
-        regen_argv("run", "--headless", "--settings", str(path)), env=ENV, capture_output=True, text=True, timeout=60
+        regen_argv("run", "--headless", "--settings", str(path)),
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 2
     assert "sglang.urls" in done.stderr and "Traceback" not in done.stderr
@@ -93,7 +101,11 @@ def test_regen_run_with_neither_a_host_nor_a_tokenizer_says_which_setting_and_co
 ) -> None:
     path = write(tmp_path, '[job]\nbackend = "sglang"\n[sglang]\nurls = ["http://127.0.0.1:1"]\n')
     done = subprocess.run(
-        regen_argv("run", "--headless", "--settings", str(path)), env=ENV, capture_output=True, text=True, timeout=60
+        regen_argv("run", "--headless", "--settings", str(path)),
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 2
     [line] = done.stderr.splitlines()

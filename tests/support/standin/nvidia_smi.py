@@ -22,8 +22,17 @@ __all__ = ["main"]
 _SCOPE_ENV = "REGEN_SIM_GPU_SCOPE"
 _TOTAL_MIB = 143771
 _SERVER_MIB = 131072
-_GPU_FIELDS = ("index", "name", "memory.total", "memory.used", "memory.free", "utilization.gpu",
-               "temperature.gpu", "power.draw", "uuid")
+_GPU_FIELDS = (
+    "index",
+    "name",
+    "memory.total",
+    "memory.used",
+    "memory.free",
+    "utilization.gpu",
+    "temperature.gpu",
+    "power.draw",
+    "uuid",
+)
 _APP_FIELDS = ("pid", "process_name", "used_memory", "gpu_uuid")
 
 
@@ -73,17 +82,19 @@ def _gpu_rows(count: int, servers: list[_Server]) -> list[dict[str, str]]:
     rows = []
     for i in range(count):
         used = _SERVER_MIB if i < busy else 0
-        rows.append({
-            "index": str(i),
-            "name": "NVIDIA H200",
-            "memory.total": str(_TOTAL_MIB),
-            "memory.used": str(used),
-            "memory.free": str(_TOTAL_MIB - used),
-            "utilization.gpu": "95" if used else "0",
-            "temperature.gpu": "61" if used else "32",
-            "power.draw": "612.45" if used else "74.12",
-            "uuid": f"GPU-5a1e0000-0000-4000-8000-{i:012d}",
-        })
+        rows.append(
+            {
+                "index": str(i),
+                "name": "NVIDIA H200",
+                "memory.total": str(_TOTAL_MIB),
+                "memory.used": str(used),
+                "memory.free": str(_TOTAL_MIB - used),
+                "utilization.gpu": "95" if used else "0",
+                "temperature.gpu": "61" if used else "32",
+                "power.draw": "612.45" if used else "74.12",
+                "uuid": f"GPU-5a1e0000-0000-4000-8000-{i:012d}",
+            }
+        )
     return rows
 
 
@@ -91,12 +102,14 @@ def _app_rows(servers: list[_Server], count: int) -> list[dict[str, str]]:
     rows = []
     for s in servers:
         for i in range(min(count, s.tp)):
-            rows.append({
-                "pid": str(s.pid),
-                "process_name": "python3",
-                "used_memory": str(_SERVER_MIB),
-                "gpu_uuid": f"GPU-5a1e0000-0000-4000-8000-{i:012d}",
-            })
+            rows.append(
+                {
+                    "pid": str(s.pid),
+                    "process_name": "python3",
+                    "used_memory": str(_SERVER_MIB),
+                    "gpu_uuid": f"GPU-5a1e0000-0000-4000-8000-{i:012d}",
+                }
+            )
     return rows
 
 
@@ -133,13 +146,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif name == "--format":
             fmt = {f.strip() for f in value.split(",")}
         else:
-            print(f'Invalid combination of input arguments. Please run "nvidia-smi -h" for help.\n({arg})',
-                  file=sys.stderr)
+            print(
+                f'Invalid combination of input arguments. Please run "nvidia-smi -h" for help.\n({arg})',
+                file=sys.stderr,
+            )
             return 2
     if query is None:
         for row in _gpu_rows(count, servers):
-            print(f"GPU {row['index']}: {row['name']} ({row['uuid']}), {row['memory.used']}MiB / "
-                  f"{row['memory.total']}MiB")
+            print(
+                f"GPU {row['index']}: {row['name']} ({row['uuid']}), {row['memory.used']}MiB / "
+                f"{row['memory.total']}MiB"
+            )
         return 0
     if "csv" not in fmt:
         print('Format "csv" is required for queries in this stand-in.', file=sys.stderr)

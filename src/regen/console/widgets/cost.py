@@ -58,7 +58,12 @@ class CostPane(TextPane):
         def amount(value: float | None) -> str:
             return fmt.amount(value, unit)
 
-        spent, reserved, estimated, budget = money["spent"], money["reserved"], money["estimated"], money["budget"]
+        spent, reserved, estimated, budget = (
+            money["spent"],
+            money["reserved"],
+            money["estimated"],
+            money["budget"],
+        )
         headroom = None if budget is None else budget - spent - reserved
         used = (spent + reserved) / budget if budget else None
         if budget is None and unit != "usd":
@@ -82,14 +87,16 @@ class CostPane(TextPane):
         projection = f"{amount(projected):>10}"
         if projected is not None and budget is not None:
             projection += (
-                f" [b $budget-warn]over by {amount(projected - budget)}[/]"
-                if projected > budget
-                else " fits"
+                f" [b $budget-warn]over by {amount(projected - budget)}[/]" if projected > budget else " fits"
             )
         waste = money["waste"]
         waste_total = sum(w["amount"] for w in waste.values())
         # Every cause is always listed in the snapshot: name only those that wasted something.
-        causes = [f"{escape(cause)} {amount(w['amount'])}" for cause, w in waste.items() if w["amount"] or w["tokens"]]
+        causes = [
+            f"{escape(cause)} {amount(w['amount'])}"
+            for cause, w in waste.items()
+            if w["amount"] or w["tokens"]
+        ]
         waste_causes = f" ({', '.join(causes)})" if causes else ""
         estimate = f" (~{amount(estimated)} est.)" if estimated > 0.005 else ""
         estimates = estimate_words(money)

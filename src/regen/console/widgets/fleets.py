@@ -55,7 +55,9 @@ def lane_lines(lane: LaneView, top: int = TOP_ROUTES, *, compact: bool = False) 
     lines, no routes)."""
     money = lane["money"]
     name = escape(lane["name"])
-    heading = f"[b]{name}[/] {state_word(lane)} {fmt.count(lane['rows'])} rows {fmt.percent(lane['rows_share'])}"
+    heading = (
+        f"[b]{name}[/] {state_word(lane)} {fmt.count(lane['rows'])} rows {fmt.percent(lane['rows_share'])}"
+    )
     reason = lane["reason"]
     lines = [heading]
     if reason and lane["state"] != "running":
@@ -105,7 +107,9 @@ def deadline_line(fleet: FleetView) -> str:
     return f"[b]Plan[/] deadline {escape(deadline)}{at} · {duration(left, 'coarse')} left"
 
 
-def plan_lines(fleet: FleetView, money: MoneyView, width: int = 40, reason_lines: int = REASON_LINES) -> list[str]:
+def plan_lines(
+    fleet: FleetView, money: MoneyView, width: int = 40, reason_lines: int = REASON_LINES
+) -> list[str]:
     """The plan: deadline, ETA against it, fit, projected dollars against `money`'s budget (the budget
     lane's), both rates, the ceiling, the reason; the parts share lines as the width allows."""
     left = fleet["time_left_s"] if fleet["deadline"] else None
@@ -220,5 +224,7 @@ class FleetsPane(TextPane):
     def _paint(self) -> None:
         width = self.content_size.width or 40
         self.show_lines(
-            fleet_lines(self.snap, width, compact=self.compact) if self.snap is not None else ["waiting for data"]
+            fleet_lines(self.snap, width, compact=self.compact)
+            if self.snap is not None
+            else ["waiting for data"]
         )

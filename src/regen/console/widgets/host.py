@@ -15,7 +15,16 @@ from regen.engine.schema import DiskView, HostView, Snapshot
 
 NO_HOST = "no GPU host configured"
 # SGLang's startup phases, in order (engine/host/scripts/sglanglog.py), for the progress bar.
-PHASES = ("weights", "weights loaded", "kv pool", "cuda graphs", "cuda graphs captured", "scheduler", "http", "ready")
+PHASES = (
+    "weights",
+    "weights loaded",
+    "kv pool",
+    "cuda graphs",
+    "cuda graphs captured",
+    "scheduler",
+    "http",
+    "ready",
+)
 
 
 def _gib(mib: float | None) -> str:

@@ -23,7 +23,13 @@ from regen.console.widgets.colors import theme_style
 from regen.engine.schema import LaneView, ProviderView
 
 STATUS_GLYPH = {"OK": "✓", "SLOW": "~", "FAIL": "✗", "EXCL": "-", "DRIFT": "≠"}
-STATUS_VARIABLE = {"OK": "success", "SLOW": "warning", "FAIL": "error", "EXCL": "provider-excluded", "DRIFT": "error"}
+STATUS_VARIABLE = {
+    "OK": "success",
+    "SLOW": "warning",
+    "FAIL": "error",
+    "EXCL": "provider-excluded",
+    "DRIFT": "error",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +171,9 @@ class ProvidersTable(DataTable[Any]):
         self.clear(columns=True)
         self._cells.clear()
         for column in self._columns:
-            label = Text(self.labels.get(column.key, column.label), justify="right" if column.numeric else "left")
+            label = Text(
+                self.labels.get(column.key, column.label), justify="right" if column.numeric else "left"
+            )
             self.add_column(label, width=column.width, key=column.key)
         if self._last_show is not None:
             providers, filter_text, sort = self._last_show
@@ -239,9 +247,7 @@ class ProvidersTable(DataTable[Any]):
         self.providers = {slug_of(p): p for p in providers}
         needle = filter_text.strip().lower()
         wanted = [
-            p
-            for p in providers
-            if not needle or needle in slug_of(p).lower() or needle in p["name"].lower()
+            p for p in providers if not needle or needle in slug_of(p).lower() or needle in p["name"].lower()
         ]
         wanted.sort(key=lambda p: self._sort_key(p, sort), reverse=sort[2])
         wanted_slugs = [slug_of(p) for p in wanted]

@@ -68,10 +68,14 @@ class ZeroSparkline(Sparkline):
     def render(self) -> WidgetRender:
         _, base = self.background_colors
         low = base + (
-            self.get_component_styles("sparkline--min-color").color if self.min_color is None else self.min_color
+            self.get_component_styles("sparkline--min-color").color
+            if self.min_color is None
+            else self.min_color
         )
         high = base + (
-            self.get_component_styles("sparkline--max-color").color if self.max_color is None else self.max_color
+            self.get_component_styles("sparkline--max-color").color
+            if self.max_color is None
+            else self.max_color
         )
         return ZeroBasedBars(
             list(self.data or []),

@@ -138,6 +138,22 @@ class JobContext(Protocol):
         when that outage ends. What waits here (a bill's lookup) does not count the wait."""
 
 
+class Standalone:
+    """The JobContext of a backend opened without a job (`regen audit`, a probe): nothing listens,
+    nothing steers, and no budget of its own (the caller bounds what it spends)."""
+
+    live = True
+
+    def event(self, name: str, /, **fields: Any) -> None: ...
+    def fatal(self, reason: str, message: str) -> None: ...
+    def budget_left(self) -> Decimal:
+        return Decimal("Infinity")
+
+    def suggest_concurrency(self, ceiling: int | None, reason: str) -> None: ...
+    def answered(self, generation: bool) -> None: ...
+    async def reachable(self) -> None: ...
+
+
 OnHandle = Callable[[str | None], None]
 OnRoute = Callable[[str], None]
 
@@ -239,7 +255,9 @@ class Backend(Protocol):
     def reservation(self, prompt: Prompt) -> Decimal:
         """The most this prompt's attempt can cost, in the ledger's unit."""
 
-    async def attempt(self, prompt: Prompt, rid: str, on_handle: OnHandle, on_route: OnRoute) -> AttemptOutcome:
+    async def attempt(
+        self, prompt: Prompt, rid: str, on_handle: OnHandle, on_route: OnRoute
+    ) -> AttemptOutcome:
         """Run one attempt, without retries; never raises for server or network trouble.
 
         `on_handle` is called as soon as the handle is known (the job journals it at once), and

@@ -171,7 +171,15 @@ class SGLangSettings(_Section):
     @classmethod
     def _launch_args(cls, args: list[str]) -> list[str]:
         # regen passes these itself (docs/sglang.md §12); argparse takes a unique prefix as the flag.
-        own = ("--model-path", "--model", "--host", "--port", "--tp-size", "--tensor-parallel-size", "--served-model-name")
+        own = (
+            "--model-path",
+            "--model",
+            "--host",
+            "--port",
+            "--tp-size",
+            "--tensor-parallel-size",
+            "--served-model-name",
+        )
         for word in args:
             name = word.split("=", 1)[0]
             if name.startswith("--") and len(name) > 2 and any(flag.startswith(name) for flag in own):
@@ -371,12 +379,14 @@ class HeadlessSettings(_Section):
     """Seconds between status lines."""
 
 
-_HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+_HOSTNAME = re.compile(
+    r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+)
 LOOPBACK = "127.0.0.1"
 
 
 def listen_address(text: str) -> tuple[str, int]:
-    """"HOST:PORT", "[IPv6]:PORT", or a bare "PORT" (or ":PORT") on loopback: the host and port to
+    """ "HOST:PORT", "[IPv6]:PORT", or a bare "PORT" (or ":PORT") on loopback: the host and port to
     listen on. Raises ValueError, in the operator's words, for anything else."""
     text = text.strip()
     shape = f"{text!r} is not an address to listen on like 127.0.0.1:9464 (or a port alone, on loopback)"

@@ -56,7 +56,11 @@ def money_line(money: MoneyView) -> str:
         parts.append(
             f"{amount(unknowable['amount'], unit, 4)} for {unknowable['requests']} requests cut before their "
             "generation id arrived, bounded by what the key's usage grew by"
-            + (f" (read once it had settled, after {waited:.1f} s)" if isinstance(waited, int | float) else "")
+            + (
+                f" (read once it had settled, after {waited:.1f} s)"
+                if isinstance(waited, int | float)
+                else ""
+            )
         )
     elif unknowable["requests"]:
         parts.append(
@@ -185,14 +189,20 @@ def plan_line(fleet: FleetView) -> str:
     left = fleet["time_left_s"]
     said = f"deadline {_at(at)} (in {duration(max(0.0, left or 0.0), 'clock')}): {fleet['plan']['reason']}"
     # Paced, the pacer's line follows: what OpenRouter's ceiling is and why.
-    return f"{said}; {fleet['reason']}" if fleet["steered"] and fleet["reason"] != fleet["plan"]["reason"] else said
+    return (
+        f"{said}; {fleet['reason']}"
+        if fleet["steered"] and fleet["reason"] != fleet["plan"]["reason"]
+        else said
+    )
 
 
 # Events the status lines do not show and an operator reading the log should see when they happen.
 _SAID = {
     "deadline_unreachable": lambda e: f"deadline: cannot be met now: {e.get('detail') or e.get('reason')}",
     "deadline_reachable": lambda e: f"deadline: within reach again: {e.get('reason')}",
-    "deadline": lambda e: "deadline cleared" if e.get("at") is None else f"deadline set to {_at(e['at'])} ({e.get('source')})",
+    "deadline": lambda e: (
+        "deadline cleared" if e.get("at") is None else f"deadline set to {_at(e['at'])} ({e.get('source')})"
+    ),
     "lane_closed": lambda e: f"{e.get('backend')}: closed: {e.get('reason')}",
     "drift": lambda e: f"DRIFT {e.get('provider')} ({e.get('action')}): {e.get('evidence')}",
 }
@@ -274,7 +284,9 @@ def summary_lines(snap: Snapshot, outcome: Outcome) -> list[str]:
         for lane in lanes:
             lines.append(f"providers ({lane['name']}):")
             lane_unit = lane["money"]["unit"]
-            lines.extend(provider_line(p, lane_unit) for p in lane["providers"] if p["requests"] or p["allowed"])
+            lines.extend(
+                provider_line(p, lane_unit) for p in lane["providers"] if p["requests"] or p["allowed"]
+            )
     else:
         lines.append("providers:")
         # Routes that never served and are kept out are listed by the console, not here.
@@ -295,14 +307,20 @@ def summary_lines(snap: Snapshot, outcome: Outcome) -> list[str]:
     at = None if fleet is None else fleet["deadline_ts"]
     if at is not None:
         early = at - time.time()
-        verdict = f"{duration(early, 'clock')} before it" if early >= 0 else f"missed by {duration(-early, 'clock')}"
+        verdict = (
+            f"{duration(early, 'clock')} before it"
+            if early >= 0
+            else f"missed by {duration(-early, 'clock')}"
+        )
         lines.append(f"deadline {_at(at)}: ended {verdict}")
     if snap["quarantined"]:
         lines.append(f"  quarantined responses: {snap['quarantined']} (see quarantine.jsonl)")
     for _, p in drifted(snap):
         view = p.get("fidelity")
         assert view is not None
-        lines.append(f"  DRIFT {p['name']} ({view['action'] or 'warn'}): {view['evidence']} (docs/fidelity.md)")
+        lines.append(
+            f"  DRIFT {p['name']} ({view['action'] or 'warn'}): {view['evidence']} (docs/fidelity.md)"
+        )
     lines.append(f"{'done' if outcome.reason is StopReason.DONE else 'stopped'}: {outcome.message}")
     return lines
 
@@ -358,7 +376,10 @@ def _install_signals(loop: asyncio.AbstractEventLoop, job: Job, out: TextIO) -> 
         reason = StopReason.SIGINT if signum == signal.SIGINT else StopReason.SIGTERM
         name = signal.Signals(signum).name
         if len(seen) == 1:
-            _say(out, f"{name}: draining {job.snapshot()['in_flight']} requests in flight (again to cancel them)")
+            _say(
+                out,
+                f"{name}: draining {job.snapshot()['in_flight']} requests in flight (again to cancel them)",
+            )
             job.stop(reason=reason, message=f"interrupted by {name}; in-flight requests drained")
         else:
             _say(out, f"{name}: cancelling requests in flight; they are re-sent on the next run")
@@ -403,13 +424,18 @@ async def open_metrics(job: Job, out: TextIO) -> MetricsServer | None:
         await server.start()
     except OSError as exc:
         reason = exc.strerror or str(exc)
-        _say(out, f"regen: warning: metrics.listen: cannot listen on {server.address} ({reason}); no /metrics this run")
+        _say(
+            out,
+            f"regen: warning: metrics.listen: cannot listen on {server.address} ({reason}); no /metrics this run",
+        )
         return None
     _say(out, f"metrics: http://{server.address}/metrics")
     return server
 
 
-async def _follow(job: Job, runner: asyncio.Future[Outcome], cursor: int, interval: float, out: TextIO) -> Outcome:
+async def _follow(
+    job: Job, runner: asyncio.Future[Outcome], cursor: int, interval: float, out: TextIO
+) -> Outcome:
     """The job's events as they happen and a status line every `interval`, until it ends."""
     while not runner.done():
         done, _ = await asyncio.wait({runner}, timeout=interval)

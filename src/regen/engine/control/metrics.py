@@ -60,56 +60,214 @@ def _money(what: str, labels: tuple[str, ...], meaning: str) -> list[Family]:
 
 FAMILIES: tuple[Family, ...] = (
     # ---- the job
-    Family("regen_job_state", "gauge", ("state",), "", "1 for the job's state now (STARTING, RUNNING, PAUSED, DRAINING, STOPPED, DONE), 0 for the others."),
-    Family("regen_job_start_time_seconds", "gauge", (), "seconds", "When this job process started, Unix time."),
-    Family("regen_queue_depth", "gauge", (), "prompts", "Prompts waiting to be sent: not written, not given up, not in flight (fresh and retries)."),
-    Family("regen_eta_seconds", "gauge", (), "seconds", "The work left at the rows per second measured now; absent until a rate is measured."),
-    Family("regen_deadline_timestamp_seconds", "gauge", (), "seconds", "The job's deadline (job.deadline), Unix time; absent without one."),
-    Family("regen_deadline_fits", "gauge", (), "", "1 when the deadline is met within the budget (the verdict, docs/fleets.md), else 0; absent without a deadline."),
+    Family(
+        "regen_job_state",
+        "gauge",
+        ("state",),
+        "",
+        "1 for the job's state now (STARTING, RUNNING, PAUSED, DRAINING, STOPPED, DONE), 0 for the others.",
+    ),
+    Family(
+        "regen_job_start_time_seconds", "gauge", (), "seconds", "When this job process started, Unix time."
+    ),
+    Family(
+        "regen_queue_depth",
+        "gauge",
+        (),
+        "prompts",
+        "Prompts waiting to be sent: not written, not given up, not in flight (fresh and retries).",
+    ),
+    Family(
+        "regen_eta_seconds",
+        "gauge",
+        (),
+        "seconds",
+        "The work left at the rows per second measured now; absent until a rate is measured.",
+    ),
+    Family(
+        "regen_deadline_timestamp_seconds",
+        "gauge",
+        (),
+        "seconds",
+        "The job's deadline (job.deadline), Unix time; absent without one.",
+    ),
+    Family(
+        "regen_deadline_fits",
+        "gauge",
+        (),
+        "",
+        "1 when the deadline is met within the budget (the verdict, docs/fleets.md), else 0; absent without a deadline.",
+    ),
     # ---- datasets (the whole job: earlier runs included)
     Family("regen_dataset_prompts", "gauge", ("dataset",), "prompts", "The dataset's valid prompts."),
-    Family("regen_dataset_done", "gauge", ("dataset", "status"), "prompts", "The dataset's prompts done, by status: ok and truncated rows, and failed (given up) prompts."),
+    Family(
+        "regen_dataset_done",
+        "gauge",
+        ("dataset", "status"),
+        "prompts",
+        "The dataset's prompts done, by status: ok and truncated rows, and failed (given up) prompts.",
+    ),
     # ---- each backend (lane)
-    Family("regen_lane_state", "gauge", ("backend", "state"), "", "1 for the backend's state now (running, paused, held, out, closed, budget), 0 for the others."),
-    Family("regen_rows_total", "counter", ("backend", "status"), "rows", "Rows written by this process, by status (ok, truncated)."),
-    Family("regen_attempts_total", "counter", B, "requests", "Attempts settled by this process, whatever their end (those that never named a route included)."),
-    Family("regen_errors_total", "counter", ("backend", "class"), "requests", "Failed attempts by error class."),
+    Family(
+        "regen_lane_state",
+        "gauge",
+        ("backend", "state"),
+        "",
+        "1 for the backend's state now (running, paused, held, out, closed, budget), 0 for the others.",
+    ),
+    Family(
+        "regen_rows_total",
+        "counter",
+        ("backend", "status"),
+        "rows",
+        "Rows written by this process, by status (ok, truncated).",
+    ),
+    Family(
+        "regen_attempts_total",
+        "counter",
+        B,
+        "requests",
+        "Attempts settled by this process, whatever their end (those that never named a route included).",
+    ),
+    Family(
+        "regen_errors_total", "counter", ("backend", "class"), "requests", "Failed attempts by error class."
+    ),
     Family("regen_quarantined_total", "counter", B, "rows", "Answers the precision guard quarantined."),
     Family("regen_in_flight", "gauge", B, "requests", "Attempts in flight now."),
-    Family("regen_concurrency_limit", "gauge", B, "requests", "The in-flight limit obeyed now: the adaptive limit, under the deadline control's ceiling when it sets one."),
-    Family("regen_concurrency_configured", "gauge", B, "requests", "The in-flight limit the settings allow (job.concurrency, job.backend_concurrency)."),
-    Family("regen_concurrency_ceiling", "gauge", B, "requests", "The deadline control's ceiling on the backend's in-flight attempts; absent while it runs flat out."),
-    Family("regen_holds_total", "counter", B, "holds", "Holds on every route of the backend (a platform limit, docs/openrouter.md §7.3) this run."),
-    Family("regen_outages_total", "counter", B, "outages", "Times the backend became unreachable this run (docs/faults.md, outages)."),
-    Family("regen_held_seconds", "gauge", B, "seconds", "Seconds left of a hold on every route of the backend (a platform limit); 0 when not held."),
-    Family("regen_outage_current_seconds", "gauge", B, "seconds", "How long the backend has been unreachable, this outage; 0 while it answers."),
-    Family("regen_outage_seconds_total", "counter", B, "seconds", "The backend's outages of this run, in all."),
-    *_money("spent", B, "Spent: confirmed by the bill plus the estimates still standing (pending and unknowable)."),
+    Family(
+        "regen_concurrency_limit",
+        "gauge",
+        B,
+        "requests",
+        "The in-flight limit obeyed now: the adaptive limit, under the deadline control's ceiling when it sets one.",
+    ),
+    Family(
+        "regen_concurrency_configured",
+        "gauge",
+        B,
+        "requests",
+        "The in-flight limit the settings allow (job.concurrency, job.backend_concurrency).",
+    ),
+    Family(
+        "regen_concurrency_ceiling",
+        "gauge",
+        B,
+        "requests",
+        "The deadline control's ceiling on the backend's in-flight attempts; absent while it runs flat out.",
+    ),
+    Family(
+        "regen_holds_total",
+        "counter",
+        B,
+        "holds",
+        "Holds on every route of the backend (a platform limit, docs/openrouter.md §7.3) this run.",
+    ),
+    Family(
+        "regen_outages_total",
+        "counter",
+        B,
+        "outages",
+        "Times the backend became unreachable this run (docs/faults.md, outages).",
+    ),
+    Family(
+        "regen_held_seconds",
+        "gauge",
+        B,
+        "seconds",
+        "Seconds left of a hold on every route of the backend (a platform limit); 0 when not held.",
+    ),
+    Family(
+        "regen_outage_current_seconds",
+        "gauge",
+        B,
+        "seconds",
+        "How long the backend has been unreachable, this outage; 0 while it answers.",
+    ),
+    Family(
+        "regen_outage_seconds_total", "counter", B, "seconds", "The backend's outages of this run, in all."
+    ),
+    *_money(
+        "spent", B, "Spent: confirmed by the bill plus the estimates still standing (pending and unknowable)."
+    ),
     *_money("reserved", B, "Reserved for the worst case of the attempts in flight."),
     *_money("pending", B, "Estimated for attempts whose bill is still to be looked up."),
-    *_money("unknowable", B, "The worst case of attempts cut before any bill could name them (docs/money.md)."),
+    *_money(
+        "unknowable", B, "The worst case of attempts cut before any bill could name them (docs/money.md)."
+    ),
     *_money("budget", B, "The budget (job.budget_usd); absent for a ledger without one (GPU time)."),
     *_money("waste", ("backend", "cause"), "Spent on attempts that made no row, by cause."),
     Family("regen_pending_requests", "gauge", B, "requests", "Attempts whose bill is still to be looked up."),
-    Family("regen_unknowable_requests", "gauge", B, "requests", "Attempts cut before any bill could name them."),
+    Family(
+        "regen_unknowable_requests", "gauge", B, "requests", "Attempts cut before any bill could name them."
+    ),
     # ---- each route (OpenRouter's providers, SGLang's servers)
     Family("regen_requests_total", "counter", R, "requests", "Attempts settled that named this route."),
-    Family("regen_request_errors_total", "counter", ("backend", "route", "class"), "requests", "Those that failed, by error class (a quarantined answer counts as unknown)."),
+    Family(
+        "regen_request_errors_total",
+        "counter",
+        ("backend", "route", "class"),
+        "requests",
+        "Those that failed, by error class (a quarantined answer counts as unknown).",
+    ),
     Family("regen_output_tokens_total", "counter", R, "tokens", "Output tokens of the successful attempts."),
     Family("regen_prompt_tokens_total", "counter", R, "tokens", "Prompt tokens of the successful attempts."),
     Family("regen_route_in_flight", "gauge", R, "requests", "Attempts in flight that have named this route."),
     *_money("route_spent", R, "Spent on this route's attempts."),
-    Family("regen_request_duration_seconds", "histogram", R, "seconds", "Time to the last byte of the successful attempts."),
-    Family("regen_time_to_first_token_seconds", "histogram", R, "seconds", "Time to the first content or reasoning token of the successful attempts."),
+    Family(
+        "regen_request_duration_seconds",
+        "histogram",
+        R,
+        "seconds",
+        "Time to the last byte of the successful attempts.",
+    ),
+    Family(
+        "regen_time_to_first_token_seconds",
+        "histogram",
+        R,
+        "seconds",
+        "Time to the first content or reasoning token of the successful attempts.",
+    ),
     # ---- SGLang's servers, as the backend scrapes them
     Family("regen_sglang_server_up", "gauge", R, "", "1 while the server answers, 0 while it is down."),
-    Family("regen_sglang_server_running", "gauge", R, "requests", "Requests the server is running, from its own /metrics."),
-    Family("regen_sglang_server_queued", "gauge", R, "requests", "Requests waiting in the server's queue, from its own /metrics."),
+    Family(
+        "regen_sglang_server_running",
+        "gauge",
+        R,
+        "requests",
+        "Requests the server is running, from its own /metrics.",
+    ),
+    Family(
+        "regen_sglang_server_queued",
+        "gauge",
+        R,
+        "requests",
+        "Requests waiting in the server's queue, from its own /metrics.",
+    ),
     # ---- each route's fingerprint against the others (engine/job/fidelity.py, docs/fidelity.md)
-    Family("regen_fidelity_state", "gauge", ("backend", "route", "state"), "", "1 for the route's fidelity now (learning, ok, drift: its answers are not the others'), 0 for the others; absent with openrouter.fidelity = off."),
-    Family("regen_fidelity_responses_total", "counter", R, "responses", "Answers fingerprinted on this route."),
-    Family("regen_fidelity_looks_total", "counter", R, "looks", "Tests run on this route so far (each spends its share of the error rate)."),
-    Family("regen_fidelity_finish_similarity", "gauge", R, "", "1 minus the total variation distance of the route's finish-reason mix and its reference's; absent until tested."),
+    Family(
+        "regen_fidelity_state",
+        "gauge",
+        ("backend", "route", "state"),
+        "",
+        "1 for the route's fidelity now (learning, ok, drift: its answers are not the others'), 0 for the others; absent with openrouter.fidelity = off.",
+    ),
+    Family(
+        "regen_fidelity_responses_total", "counter", R, "responses", "Answers fingerprinted on this route."
+    ),
+    Family(
+        "regen_fidelity_looks_total",
+        "counter",
+        R,
+        "looks",
+        "Tests run on this route so far (each spends its share of the error rate).",
+    ),
+    Family(
+        "regen_fidelity_finish_similarity",
+        "gauge",
+        R,
+        "",
+        "1 minus the total variation distance of the route's finish-reason mix and its reference's; absent until tested.",
+    ),
 )
 
 

@@ -292,7 +292,9 @@ class TokenizePool:
         if server:
             job = RowWork(SERVER, msgs, finish, _ids(row.get("output_ids") or []), "", "")
         else:
-            job = RowWork(RETOKENIZED, msgs, finish, b"", row.get("reasoning") or "", row.get("content") or "")
+            job = RowWork(
+                RETOKENIZED, msgs, finish, b"", row.get("reasoning") or "", row.get("content") or ""
+            )
         fut: asyncio.Future[RowIds] = self._loop.create_future()
         self._pending.append((job, fut))
         if len(self._pending) >= self.max_batch:

@@ -329,7 +329,9 @@ class _Checker:
         self.first_row[line] = n
         report.covered += 1
         if _hash_key(row["prompt_sha256"]) != hashes[line]:
-            report.add(n, line, "prompt_changed", "prompt_sha256 does not match the line now in prompts.jsonl")
+            report.add(
+                n, line, "prompt_changed", "prompt_sha256 does not match the line now in prompts.jsonl"
+            )
         return True
 
     def _status(self, n: int, line: int, status: str, finish: str) -> None:
@@ -452,7 +454,9 @@ class _Checker:
         last = output_ids[-1] if output_ids else None
         # §4.5
         if status == "ok" and last != eot:
-            report.add(n, line, "no_terminator", f"ok row ends with {last} instead of the end-of-turn id {eot}")
+            report.add(
+                n, line, "no_terminator", f"ok row ends with {last} instead of the end-of-turn id {eot}"
+            )
         if status == "truncated" and last == eot:
             report.add(n, line, "truncated_terminated", f"truncated row ends with the end-of-turn id {eot}")
         # §4.6
@@ -570,4 +574,3 @@ def _rows(path: Path, report: DatasetReport) -> Iterator[tuple[int, dict[str, An
         # A corrupt complete line is a violation at that line; the rest of the file is unreadable.
         match = re.search(r"line (\d+)", str(exc))
         report.add(int(match.group(1)) if match else -1, None, "schema", str(exc))
-

@@ -246,7 +246,9 @@ def format_report(records: Sequence[dict[str, Any]]) -> list[str]:
                 )
                 out.append(f"  tokenizer files: {', '.join(model.get('tokenizer_files') or []) or 'none'}")
                 if r.get("model_digest"):
-                    out.append(f"  model digest {r['model_digest']} (by content: docs/gpu-host.md, \"One model\")")
+                    out.append(
+                        f'  model digest {r["model_digest"]} (by content: docs/gpu-host.md, "One model")'
+                    )
                 if model.get("missing_auto_map_files"):
                     out.append(f"  missing (named in auto_map): {', '.join(model['missing_auto_map_files'])}")
                 if model.get("error"):

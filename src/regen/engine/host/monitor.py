@@ -166,7 +166,13 @@ class HostMonitor:
         # One model on every host of the job, by content, before a start launches anything anywhere.
         model = loop.create_task(self._one_model(), name="host-sglang-model") if what == "start" else None
         for host in chosen:
-            host.action = {"what": what, "state": "running", "started_at": time.time(), "progress": [], "message": None}
+            host.action = {
+                "what": what,
+                "state": "running",
+                "started_at": time.time(),
+                "progress": [],
+                "message": None,
+            }
             host.action_task = loop.create_task(
                 self._sglang_action(host, what, model), name=f"host-sglang-{what}-{host.settings.name}"
             )

@@ -41,17 +41,34 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def router_argv(worker_urls: Sequence[str], port: int, metrics_port: int, request_timeout_s: float) -> list[str]:
+def router_argv(
+    worker_urls: Sequence[str], port: int, metrics_port: int, request_timeout_s: float
+) -> list[str]:
     return [
-        sys.executable, "-m", "smg", "launch",
-        "--host", "127.0.0.1", "--port", str(port),
-        "--worker-urls", *worker_urls,
-        "--policy", "round_robin",
-        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
-        "--worker-startup-check-interval", "1",
-        "--health-check-interval-secs", str(HEALTH_INTERVAL_S),
-        "--request-timeout-secs", str(int(request_timeout_s)),
-        "--log-level", "warn",
+        sys.executable,
+        "-m",
+        "smg",
+        "launch",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--worker-urls",
+        *worker_urls,
+        "--policy",
+        "round_robin",
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        str(metrics_port),
+        "--worker-startup-check-interval",
+        "1",
+        "--health-check-interval-secs",
+        str(HEALTH_INTERVAL_S),
+        "--request-timeout-secs",
+        str(int(request_timeout_s)),
+        "--log-level",
+        "warn",
     ]
 
 
@@ -88,7 +105,11 @@ class Router:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, preexec_fn=die_with_parent  # SIGTERM when the job ends, even by SIGKILL
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                preexec_fn=die_with_parent,  # SIGTERM when the job ends, even by SIGKILL
             )
             out.write(f"regen: router pid {self.proc.pid}: {' '.join(argv)}\n".encode())
         self.state = "starting"
@@ -98,7 +119,9 @@ class Router:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
                     self.state = "failed"
-                    raise RouterError(f"the router exited at once (status {self.proc.returncode}); see {self.log}")
+                    raise RouterError(
+                        f"the router exited at once (status {self.proc.returncode}); see {self.log}"
+                    )
                 try:
                     async with session.get(self.url + "/readiness", timeout=_TIMEOUT) as resp:
                         body = await resp.read()
@@ -112,11 +135,16 @@ class Router:
                     said = f"{type(exc).__name__}: {exc}"
                 await asyncio.sleep(0.2)
         await self.stop()
-        raise RouterError(f"the router did not register every worker in {READY_TIMEOUT_S:.0f} s ({said}); see {self.log}")
+        raise RouterError(
+            f"the router did not register every worker in {READY_TIMEOUT_S:.0f} s ({said}); see {self.log}"
+        )
 
     async def workers(self) -> list[dict[str, Any]]:
         """The router's own list: per worker its URL, id, health and load."""
-        async with aiohttp.ClientSession() as session, session.get(self.url + "/workers", timeout=_TIMEOUT) as resp:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(self.url + "/workers", timeout=_TIMEOUT) as resp,
+        ):
             body = await resp.json(content_type=None)
         listed = body.get("workers") if isinstance(body, dict) else body
         return [w for w in listed or [] if isinstance(w, dict)]
@@ -125,9 +153,10 @@ class Router:
         """Take worker ``url`` out of the rotation; True when the router accepted it."""
         for worker in await self.workers():
             if worker.get("url") == url and worker.get("id"):
-                async with aiohttp.ClientSession() as session, session.delete(
-                    f"{self.url}/workers/{worker['id']}", timeout=_TIMEOUT
-                ) as resp:
+                async with (
+                    aiohttp.ClientSession() as session,
+                    session.delete(f"{self.url}/workers/{worker['id']}", timeout=_TIMEOUT) as resp,
+                ):
                     await resp.read()
                     if resp.status < 300:
                         self.removed.add(url)
@@ -135,9 +164,10 @@ class Router:
         return False
 
     async def add(self, url: str) -> bool:
-        async with aiohttp.ClientSession() as session, session.post(
-            self.url + "/workers", json={"url": url}, timeout=_TIMEOUT
-        ) as resp:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(self.url + "/workers", json={"url": url}, timeout=_TIMEOUT) as resp,
+        ):
             await resp.read()
             if resp.status < 300:
                 self.removed.discard(url)

@@ -73,7 +73,9 @@ class ServerSpec:
         """``host``'s server; ``fleet`` is every host of the job (``host`` alone when empty), whose
         servers all get one --served-model-name (engine/config/settings.py `served_model_name`)."""
         if not host.model_path:
-            raise HostSetupError(f"{host.name}: model_path is not set in its [[hosts]] table: SGLang needs the model folder")
+            raise HostSetupError(
+                f"{host.name}: model_path is not set in its [[hosts]] table: SGLang needs the model folder"
+            )
         return cls(
             host=host.name,
             port=host.sglang_port or sglang.port,
@@ -134,10 +136,20 @@ class StartResult:
 
 
 async def _ctl(
-    conn: HostConnection, command: str, spec: ServerSpec, *extra: str, timeout: float = 60.0, gpus: bool = True
+    conn: HostConnection,
+    command: str,
+    spec: ServerSpec,
+    *extra: str,
+    timeout: float = 60.0,
+    gpus: bool = True,
 ) -> dict[str, Any]:
     result = await conn.script(ENTRY, MODULES, [command, spec.arg(gpus=gpus), *extra], timeout=timeout)
-    kinds = {"start": ("running", "refused", "launched", "exited"), "watch": ("watch",), "status": ("state",), "stop": ("stopped",)}
+    kinds = {
+        "start": ("running", "refused", "launched", "exited"),
+        "watch": ("watch",),
+        "status": ("state",),
+        "stop": ("stopped",),
+    }
     for record in reversed(result.records):
         if record.get("type") in kinds[command]:
             if command == "start":
@@ -197,7 +209,9 @@ class HealthPoll:
                 self._nudged.clear()
 
 
-async def wait_healthy(url: str, timeout_s: float, alive: Callable[[], bool] | None = None) -> tuple[bool, str]:
+async def wait_healthy(
+    url: str, timeout_s: float, alive: Callable[[], bool] | None = None
+) -> tuple[bool, str]:
     """Until ``/health_generate`` answers 200 (a token went through the scheduler), or the time is up."""
     poll = HealthPoll(url)
     ok = await poll.run(timeout_s, alive)
@@ -239,9 +253,14 @@ async def _start(conn: HostConnection, spec: ServerSpec, say: Say) -> StartResul
         for line in tail:
             state.feed(line)
         return StartResult(
-            name, False, f"{name}: the launcher exited at once (status {answer['status']})"
+            name,
+            False,
+            f"{name}: the launcher exited at once (status {answer['status']})"
             + (f": {state.failure}" if state.failure else ""),
-            pid=record.get("pid"), log=answer.get("log"), tail=tail, failure=state.failure,
+            pid=record.get("pid"),
+            log=answer.get("log"),
+            tail=tail,
+            failure=state.failure,
         )
     version = record.get("version")
     if kind == "running":
@@ -254,19 +273,32 @@ async def _start(conn: HostConnection, spec: ServerSpec, say: Say) -> StartResul
         finally:
             await tunnel.close()
         message = (
-            f"{name}: already running (pid {record.get('pid')}) but /health_generate answers {said}" if not ok
-            else f"{name}: already running (pid {record.get('pid')}), ready, but {problem}" if problem
+            f"{name}: already running (pid {record.get('pid')}) but /health_generate answers {said}"
+            if not ok
+            else f"{name}: already running (pid {record.get('pid')}), ready, but {problem}"
+            if problem
             else f"{name}: already running (pid {record.get('pid')}), ready"
         )
         return StartResult(
-            name, ok and problem is None, message,
-            already=True, pid=record.get("pid"), version=version, log=answer.get("log"),
+            name,
+            ok and problem is None,
+            message,
+            already=True,
+            pid=record.get("pid"),
+            version=version,
+            log=answer.get("log"),
         )
-    say(f"{name}: launched sglang {version or ''} (pid {record.get('pid')}, log {answer.get('log')})".replace("  ", " "))
+    say(
+        f"{name}: launched sglang {version or ''} (pid {record.get('pid')}, log {answer.get('log')})".replace(
+            "  ", " "
+        )
+    )
     return await _follow(conn, spec, record, answer.get("log"), say)
 
 
-async def _follow(conn: HostConnection, spec: ServerSpec, record: dict[str, Any], log: str | None, say: Say) -> StartResult:
+async def _follow(
+    conn: HostConnection, spec: ServerSpec, record: dict[str, Any], log: str | None, say: Say
+) -> StartResult:
     """Follow the log through its phases, and ask /health_generate through a tunnel all along, until
     it answers 200, a failure, the process's end or the timeout. The ready line is a cue, not the
     proof: a quieter --log-level (or a --config file) hides it, and its 200 must come anyway."""
@@ -274,7 +306,9 @@ async def _follow(conn: HostConnection, spec: ServerSpec, record: dict[str, Any]
     url = await tunnel.open()
     poll = HealthPoll(url, HEALTH_POLL_S)
     began = time.monotonic()
-    polling = asyncio.get_running_loop().create_task(poll.run(spec.ready_timeout_s), name=f"health-{spec.host}")
+    polling = asyncio.get_running_loop().create_task(
+        poll.run(spec.ready_timeout_s), name=f"health-{spec.host}"
+    )
     try:
         result = await _watch_start(conn, spec, record, log, say, poll, polling, began)
         if result.ok:
@@ -309,8 +343,15 @@ async def _watch_start(
 
     def result(ok: bool, message: str, tail: list[str] | None = None) -> StartResult:
         return StartResult(
-            name, ok, message, pid=pid, version=record.get("version"), log=log, phases=phases,
-            tail=tail if tail is not None else recent[-TAIL_LINES:], failure=state.failure,
+            name,
+            ok,
+            message,
+            pid=pid,
+            version=record.get("version"),
+            log=log,
+            phases=phases,
+            tail=tail if tail is not None else recent[-TAIL_LINES:],
+            failure=state.failure,
         )
 
     failed_at: float | None = None
@@ -335,16 +376,22 @@ async def _watch_start(
             if not alive or (failed_at is not None and time.monotonic() - failed_at > DYING_GRACE_S):
                 if alive:
                     stopped = await _ctl(conn, "stop", spec, timeout=spec.grace_s + 30)
-                    say(f"{name}: stopped the failed server's process group ({', '.join(stopped.get('signals') or [])})")
+                    say(
+                        f"{name}: stopped the failed server's process group ({', '.join(stopped.get('signals') or [])})"
+                    )
                 tail = list(watch.get("tail") or []) or recent[-TAIL_LINES:]
                 where = state.phase or "startup"
                 return result(False, f"{name}: launch failed after {where}: {state.failure}", tail)
             failed_at = failed_at or time.monotonic()
         elif not alive:
             tail = list(watch.get("tail") or []) or recent[-TAIL_LINES:]
-            return result(False, f"{name}: the server exited during {state.phase or 'startup'} without saying why", tail)
+            return result(
+                False, f"{name}: the server exited during {state.phase or 'startup'} without saying why", tail
+            )
         elif healthy:
-            quiet = "" if state.ready else "; its log did not say so (a --log-level above info hides the phases)"
+            quiet = (
+                "" if state.ready else "; its log did not say so (a --log-level above info hides the phases)"
+            )
             return result(
                 True,
                 f"{name}: ready in {time.monotonic() - began:.1f} s, /health_generate answers 200 "
@@ -353,7 +400,9 @@ async def _watch_start(
         if state.ready and ready_line_at is None:
             ready_line_at = time.monotonic()
             poll.nudge()
-            say(f"{name}: ready line seen after {ready_line_at - began:.1f} s; waiting for /health_generate through the tunnel")
+            say(
+                f"{name}: ready line seen after {ready_line_at - began:.1f} s; waiting for /health_generate through the tunnel"
+            )
         given_up = polling.done() and not poll.ok
         if ready_line_at is not None and (time.monotonic() - ready_line_at > HEALTH_TIMEOUT_S or given_up):
             return result(False, f"{name}: the log says ready but /health_generate answers {poll.said}")
@@ -425,9 +474,17 @@ async def server_status(
 
 def _no_http() -> dict[str, Any]:
     return {
-        "ready": False, "version": None, "model_path": None, "served_model_name": None,
-        "running": None, "queued": None, "gen_throughput": None, "kv_usage": None, "retractions": None,
-        "generation_tokens_total": None, "metrics_error": None,
+        "ready": False,
+        "version": None,
+        "model_path": None,
+        "served_model_name": None,
+        "running": None,
+        "queued": None,
+        "gen_throughput": None,
+        "kv_usage": None,
+        "retractions": None,
+        "generation_tokens_total": None,
+        "metrics_error": None,
     }
 
 
@@ -457,8 +514,11 @@ async def http_status(url: str) -> dict[str, Any]:
                 out["metrics_error"] = f"unreadable /metrics: {exc}"[:200]
             else:
                 out.update(
-                    running=load.running, queued=load.queued, gen_throughput=load.gen_throughput,
-                    kv_usage=load.kv_usage, retractions=load.retracted_total,
+                    running=load.running,
+                    queued=load.queued,
+                    gen_throughput=load.gen_throughput,
+                    kv_usage=load.kv_usage,
+                    retractions=load.retracted_total,
                     generation_tokens_total=load.generation_tokens_total,
                 )
         else:
@@ -497,4 +557,12 @@ async def stop_server(conn: HostConnection, spec: ServerSpec) -> dict[str, Any]:
     }
 
 
-__all__ = ["ServerSpec", "StartResult", "http_status", "server_status", "start_server", "stop_server", "wait_healthy"]
+__all__ = [
+    "ServerSpec",
+    "StartResult",
+    "http_status",
+    "server_status",
+    "start_server",
+    "stop_server",
+    "wait_healthy",
+]

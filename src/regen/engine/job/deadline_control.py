@@ -42,7 +42,9 @@ def remaining_needs(datasets: Mapping[str, DatasetState], expected_output_tokens
         done = state.done
         per_prompt = state.progress.output_tokens / done if done else float(expected_output_tokens)
         remaining = max(0, state.remaining)
-        output = remaining_output_tokens(remaining, per_prompt, state.progress.output_tokens, state.token_budget)
+        output = remaining_output_tokens(
+            remaining, per_prompt, state.progress.output_tokens, state.token_budget
+        )
         needs.append(DatasetNeed(name, remaining, output, int(remaining * state.prompt_tokens_mean)))
     return needs
 
@@ -114,8 +116,12 @@ class DeadlineControl:
             return
         if setting is None and journaled is None:
             return
-        start = dt.datetime.fromtimestamp(first_start if first_start is not None else time.time()).astimezone()
-        self._set(setting, None if setting is None else resolve_deadline(parse_deadline(setting), start), "settings")
+        start = dt.datetime.fromtimestamp(
+            first_start if first_start is not None else time.time()
+        ).astimezone()
+        self._set(
+            setting, None if setting is None else resolve_deadline(parse_deadline(setting), start), "settings"
+        )
 
     def set_deadline(self, text: str | None, origin: str) -> str:
         """A deadline typed by the operator: a duration from now, or a time of day's next occurrence."""
@@ -203,7 +209,9 @@ class DeadlineControl:
             cheapest = by_price(work, [RouteOffer(price) for price in prices])[0].price.route
             counts = [1 if price.route == cheapest else 0 for price in prices]
             total = 1
-        return tuple(RouteOffer(price, flat_out * count / total) for price, count in zip(prices, counts, strict=True))
+        return tuple(
+            RouteOffer(price, flat_out * count / total) for price, count in zip(prices, counts, strict=True)
+        )
 
     def facts(self, now_mono: float | None = None) -> Facts:
         now_mono = time.monotonic() if now_mono is None else now_mono
@@ -301,4 +309,3 @@ class DeadlineControl:
             "aim_tokens_per_s": decision.openrouter_tokens_per_s,
             "projected_usd": projected,
         }
-

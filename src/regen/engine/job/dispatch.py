@@ -94,12 +94,17 @@ class Dispatcher:
         named = [limit for name, limit in settings.backend_concurrency.items() if name == backend.name]
         concurrency = named[0] if named else settings.concurrency
         limit = AdaptiveLimit(
-            concurrency, minimum=settings.min_concurrency, adaptive=settings.adaptive_concurrency, ceiling=concurrency
+            concurrency,
+            minimum=settings.min_concurrency,
+            adaptive=settings.adaptive_concurrency,
+            ceiling=concurrency,
         )
         caps = [c for c in (settings.requests_per_minute, backend.requests_per_minute) if c is not None]
         lane = Lane(backend, ledger, stats, limit, min(caps) if caps else None)
         hooks = LaneHooks(self, job, lane)
-        lane.settler = Settler(settings, backend, ledger, stats, self.datasets, self.results, self.events, hooks)
+        lane.settler = Settler(
+            settings, backend, ledger, stats, self.datasets, self.results, self.events, hooks
+        )
         self.lanes.append(lane)
         return lane
 
@@ -112,7 +117,9 @@ class Dispatcher:
         for lane in self.lanes:
             if lane.name == name:
                 return lane
-        raise JobError(f"no backend {name!r} in this job (it uses {', '.join(lane.name for lane in self.lanes)})")
+        raise JobError(
+            f"no backend {name!r} in this job (it uses {', '.join(lane.name for lane in self.lanes)})"
+        )
 
     def lane_fields(self, lane: Lane) -> dict[str, Any]:
         """Events of a job with several lanes name the lane; a single backend's stay as they were."""
@@ -127,7 +134,9 @@ class Dispatcher:
             while self._flights:
                 await asyncio.wait(list(self._flights))
         finally:
-            probers = [p for lane in self.lanes if lane.outage is not None and (p := lane.outage.prober) is not None]
+            probers = [
+                p for lane in self.lanes if lane.outage is not None and (p := lane.outage.prober) is not None
+            ]
             for prober in probers:
                 prober.cancel()
             await asyncio.gather(*probers, return_exceptions=True)
@@ -286,7 +295,9 @@ class Dispatcher:
             # on the ledger of the backend named here.
             # Awaited, so its failure is seen here (not through journal()'s done callback).
             await results.attempts.append(
-                start_record(flight.rid, prompt.dataset, prompt.line, flight.reservation, lane.name, time.time())
+                start_record(
+                    flight.rid, prompt.dataset, prompt.line, flight.reservation, lane.name, time.time()
+                )
             )
 
             def on_handle(handle: str | None) -> None:
@@ -355,7 +366,11 @@ class Dispatcher:
             return
         lane.limit.suggest(ceiling)
         self.events.event(
-            "concurrency_hint", ceiling=ceiling, applied=lane.limit.current, reason=reason, **self.lane_fields(lane)
+            "concurrency_hint",
+            ceiling=ceiling,
+            applied=lane.limit.current,
+            reason=reason,
+            **self.lane_fields(lane),
         )
         self._changed.set()
 

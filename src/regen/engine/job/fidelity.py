@@ -282,9 +282,7 @@ class FidelityMonitor:
         state.drift = Drift(backend, route, stat["name"], p, threshold, evidence, fp.n)
         return state.drift
 
-    def _tests(
-        self, fp: Fingerprint, ref: Fingerprint
-    ) -> list[tuple[str, Result | None, str, str, float]]:
+    def _tests(self, fp: Fingerprint, ref: Fingerprint) -> list[tuple[str, Result | None, str, str, float]]:
         tv, rate = self.floors.histogram_tv, self.floors.rate
         rows: list[tuple[str, Result | None, str, str, float]] = [
             ("finish", histograms(fp.finish, ref.finish), _mix(fp.finish), _mix(ref.finish), tv),

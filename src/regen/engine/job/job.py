@@ -86,7 +86,9 @@ class Job:
         # dollar budget on OpenRouter's, none on GPU time), statistics, settling and in-flight limit.
         for chosen in backends:
             budget = to_dollars(settings.job.budget_usd) if chosen.unit == "usd" else None
-            self.dispatcher.add_lane(chosen, Ledger(budget, unit=chosen.unit), JobStats(settings.stats.window_s), self)
+            self.dispatcher.add_lane(
+                chosen, Ledger(budget, unit=chosen.unit), JobStats(settings.stats.window_s), self
+            )
         self.lanes = self.dispatcher.lanes
         # Every route's fingerprint, for every lane (engine/job/fidelity.py, docs/fidelity.md).
         fidelity = settings.openrouter.fidelity
@@ -112,7 +114,9 @@ class Job:
         )
         self._stop_mode: str | None = None
         self._background: set[asyncio.Task[None]] = set()
-        self._usage_bounds: list[UsageBound] = []  # the key's usage bound, per lane (engine/job/usage_bound.py)
+        self._usage_bounds: list[
+            UsageBound
+        ] = []  # the key's usage bound, per lane (engine/job/usage_bound.py)
 
     # ----------------------------------------------------------------------------- preparation
 
@@ -141,7 +145,9 @@ class Job:
                 self.checkpoints.resume, {item.dataset.name: item.report for item in scanned}, drop_taken_back
             )
             journals = resumed.journals
-            self.datasets.update(load_progress(scanned, resumed.progress, self.settings.job.dataset_token_budget))
+            self.datasets.update(
+                load_progress(scanned, resumed.progress, self.settings.job.dataset_token_budget)
+            )
             # The next start reads from here (docs/faults.md, "Checkpoints").
             await asyncio.to_thread(self.checkpoints.write)
             for lane in self.lanes:
@@ -171,7 +177,9 @@ class Job:
             lane.settler.restore(journals[lane.name])
             lane.spent_at_start = journals[lane.name].spent
             lane.rows_before = sum(s.progress.backend_rows.get(lane.name, 0) for s in self.datasets.values())
-            lane.tokens_before = sum(s.progress.backend_tokens.get(lane.name, 0) for s in self.datasets.values())
+            lane.tokens_before = sum(
+                s.progress.backend_tokens.get(lane.name, 0) for s in self.datasets.values()
+            )
         # Before the start event and any attempt: the first start's base must predate every bill.
         self._usage_bounds = [
             UsageBound(account, lane.settler, self.events, journals[lane.name])
@@ -422,7 +430,9 @@ class Job:
         lane = self._route_lane(backend)
         routes = lane.backend.routes
         if routes is None:
-            raise JobError(f"{lane.backend.title} has no routes to exclude: it decides where every request goes")
+            raise JobError(
+                f"{lane.backend.title} has no routes to exclude: it decides where every request goes"
+            )
         route = routes.route_id(name)
         if route in routes.excluded:
             return f"{route} is already excluded"
@@ -456,7 +466,11 @@ class Job:
         for lane in lanes:
             applied = lane.limit.set_configured(value)
             self.events.event(
-                "concurrency", value=applied, requested=value, source=origin, **self.dispatcher.lane_fields(lane)
+                "concurrency",
+                value=applied,
+                requested=value,
+                source=origin,
+                **self.dispatcher.lane_fields(lane),
             )
         self.dispatcher.wake()
         return applied
@@ -508,7 +522,9 @@ class Job:
     def request_stop(self, *, cancel: bool, origin: str) -> str:
         self._check_live()
         self.stop(cancel=cancel, reason=StopReason.OPERATOR, message=f"stopped by the operator ({origin})")
-        return "stopping: cancelling requests in flight" if cancel else "stopping: draining requests in flight"
+        return (
+            "stopping: cancelling requests in flight" if cancel else "stopping: draining requests in flight"
+        )
 
     async def handle_command(self, name: str, args: Mapping[str, Any], origin: str = "console") -> str:
         """Run an operator command by name; the returned text is shown to the operator."""
@@ -536,7 +552,9 @@ class Job:
             "and run the same command again to resume"
         )
         if self._stop_mode is None:
-            self.events.remember({"ts": time.time(), "event": "fatal", "reason": "write_failed", "message": message})
+            self.events.remember(
+                {"ts": time.time(), "event": "fatal", "reason": "write_failed", "message": message}
+            )
         self.stop(cancel=True, reason=StopReason.WRITE_FAILED, message=message)
 
     def _stop_for(self, reason: StopReason, message: str) -> None:

@@ -140,7 +140,9 @@ class Settler:
         # the row was still being tokenized would journal its `reconciled` record before the `end`
         # it corrects, and a replay (a resume, `regen report`) would find the estimate still pending.
         lookup = (
-            Unsettled(flight.rid, item.prompt.dataset, item.prompt.line, outcome.handle, cost, result, outcome.route)
+            Unsettled(
+                flight.rid, item.prompt.dataset, item.prompt.line, outcome.handle, cost, result, outcome.route
+            )
             if estimated and outcome.handle
             else None
         )
@@ -297,7 +299,9 @@ class Settler:
     def cancelled(self, flight: Flight) -> None:
         """An attempt cancelled by a stop: its worst case counts until the backend says otherwise."""
         prompt = flight.item.prompt
-        self.ledger.charge(flight.reservation, estimated=True, knowable=flight.handle is not None, outcome="cancelled")
+        self.ledger.charge(
+            flight.reservation, estimated=True, knowable=flight.handle is not None, outcome="cancelled"
+        )
         self.breakdown.add("cancelled", flight.reservation)
         self.ledger.release(flight.reservation)
         flight.released = True
@@ -386,9 +390,14 @@ class Settler:
             cost = Decimal(record["cost"])
             self.breakdown.add(record["outcome"], -cost, -(record.get("ctok") or 0))
             self.breakdown.add(record["cause"], cost, record.get("ctok") or 0)
-        attempts = {(row["dataset"], row["line"]): int((row.get("timing") or {}).get("attempts") or 1) for row in found}
+        attempts = {
+            (row["dataset"], row["line"]): int((row.get("timing") or {}).get("attempts") or 1)
+            for row in found
+        }
         for prompt in await asyncio.to_thread(self._prompts, attempts):
-            self.hooks.retry(WorkItem(prompt, attempts=attempts[(prompt.dataset, prompt.line)]), time.monotonic())
+            self.hooks.retry(
+                WorkItem(prompt, attempts=attempts[(prompt.dataset, prompt.line)]), time.monotonic()
+            )
         self.events.event("requeued", backend=self.backend.name, provider=route, rows=len(found), cause=CAUSE)
 
     def _prompts(self, wanted: dict[tuple[str, int], int]) -> list[Prompt]:
@@ -453,7 +462,9 @@ class Settler:
     def _give_up(self, item: WorkItem, failure: Failure) -> None:
         self.datasets[item.prompt.dataset].failed += 1
         self.results.journal(
-            gave_up_record(item.prompt.dataset, item.prompt.line, item.run_attempts, failure.message, time.time())
+            gave_up_record(
+                item.prompt.dataset, item.prompt.line, item.run_attempts, failure.message, time.time()
+            )
         )
 
     # ---------------------------------------------------------------------- earlier runs' money
@@ -480,7 +491,14 @@ class Settler:
         self.breakdown.add(unsent.outcome, delta)
         self.results.journal(
             reconciled_record(
-                unsent.rid, self.backend.name, None, unsent.outcome, Decimal(0), delta, time.time(), unsent=True
+                unsent.rid,
+                self.backend.name,
+                None,
+                unsent.outcome,
+                Decimal(0),
+                delta,
+                time.time(),
+                unsent=True,
             )
         )
 
@@ -545,7 +563,13 @@ class Settler:
             route.adjust_cost(delta)
         self.results.journal(
             reconciled_record(
-                pending.rid, self.backend.name, pending.generation_id, pending.outcome, billed, delta, time.time()
+                pending.rid,
+                self.backend.name,
+                pending.generation_id,
+                pending.outcome,
+                billed,
+                delta,
+                time.time(),
             )
         )
         self.hooks.wake()

@@ -106,7 +106,9 @@ class SnapshotBuilder:
             view["unknowable_bound_wait_s"] = estimates.bound_waited_s
         return view
 
-    def _providers(self, lane: Lane, view_routes: list[RouteView], now: float, elapsed: float) -> list[ProviderView]:
+    def _providers(
+        self, lane: Lane, view_routes: list[RouteView], now: float, elapsed: float
+    ) -> list[ProviderView]:
         routes = lane.backend.routes
         return route_views(
             lane.stats.routes,
@@ -135,7 +137,9 @@ class SnapshotBuilder:
 
     def eta_s(self, now: float, remaining: int) -> float | None:
         """The work left at the rows per second measured now, every lane's together; None before a rate."""
-        return eta(remaining, math.fsum(self._rates(lane, now)["rows_per_s"] for lane in self.dispatcher.lanes))
+        return eta(
+            remaining, math.fsum(self._rates(lane, now)["rows_per_s"] for lane in self.dispatcher.lanes)
+        )
 
     def _lane_view(self, lane: Lane, now: float, elapsed: float, remaining: int, job_rows: int) -> LaneView:
         counters = lane.stats.counters
@@ -190,7 +194,10 @@ class SnapshotBuilder:
         for lane in lanes:
             errors.update(lane.stats.counters.errors)
         # Each backend's share is of the whole job's rows, as its money is (earlier runs included).
-        views = [self._lane_view(lane, now, elapsed, remaining, sum(other.rows for other in lanes)) for lane in lanes]
+        views = [
+            self._lane_view(lane, now, elapsed, remaining, sum(other.rows for other in lanes))
+            for lane in lanes
+        ]
         each = [view["rates"] for view in views]
         rates: RatesView = {
             "output_tokens_per_s": math.fsum(r["output_tokens_per_s"] for r in each),
@@ -200,7 +207,9 @@ class SnapshotBuilder:
         rows_per_s = rates["rows_per_s"]
         snapshot: Snapshot = {
             "state": state.value,
-            "outcome": None if outcome is None else {"reason": outcome.reason.value, "message": outcome.message},
+            "outcome": None
+            if outcome is None
+            else {"reason": outcome.reason.value, "message": outcome.message},
             "elapsed_s": elapsed,
             "model": views[lanes.index(dispatcher.budget_lane)]["model"],
             "in_flight": dispatcher.in_flight,

@@ -61,9 +61,7 @@ class UsageBound:
         reading = await self.account.account_usage(settle=True)
         why = self._refusal(reading, ledger)
         if why is not None:
-            self.events.event(
-                "usage_unbounded", backend=self.backend, reason=why, waited_s=reading.waited_s
-            )
+            self.events.event("usage_unbounded", backend=self.backend, reason=why, waited_s=reading.waited_s)
             return
         assert reading.usage is not None and self.base is not None
         since_base = reading.usage - self.base

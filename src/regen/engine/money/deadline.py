@@ -25,7 +25,9 @@ class DeadlineError(ValueError):
         self.text = text
         self.why = why
         # Without the setting's name, for the settings layer that prefixes its own.
-        self.detail = f"{why}; expected a time of day (06:30, 06:30:00) or a duration (12h, 90m, 1h30m, 45s, 2d)"
+        self.detail = (
+            f"{why}; expected a time of day (06:30, 06:30:00) or a duration (12h, 90m, 1h30m, 45s, 2d)"
+        )
         super().__init__(f"{SETTING} = {text!r}: {self.detail}")
 
 

@@ -118,7 +118,9 @@ def _tail_sha(path: Path, offset: int) -> str:
 class Checkpointer:
     """The run's readers, kept between checkpoints: `resume` at a start, `advance` after."""
 
-    def __init__(self, run_dir: Path, attempts: Path, events: Path, lanes: Sequence[Lane], results: Mapping[str, Path]) -> None:
+    def __init__(
+        self, run_dir: Path, attempts: Path, events: Path, lanes: Sequence[Lane], results: Mapping[str, Path]
+    ) -> None:
         self.dir = run_dir / CHECKPOINTS_DIR
         self.attempts_path, self.events_path = attempts, events
         self.lanes = list(lanes)
@@ -153,7 +155,10 @@ class Checkpointer:
                 stale.unlink()
         loaded = self._load()
         if loaded is None:
-            self.replays = {lane.name: JournalReplay.begin(lane.backend, lane.default, lane.count_attempts) for lane in self.lanes}
+            self.replays = {
+                lane.name: JournalReplay.begin(lane.backend, lane.default, lane.count_attempts)
+                for lane in self.lanes
+            }
             self.progress = {}
             self.prompts_sha = {}
         for replay in self.replays.values():
@@ -168,7 +173,11 @@ class Checkpointer:
         for name, path in self.results.items():
             report = prompts[name]
             progress = self.progress.get(name)
-            if progress is None or self.prompts_sha.get(name) != report.sha256 or not self._holds(name, progress):
+            if (
+                progress is None
+                or self.prompts_sha.get(name) != report.sha256
+                or not self._holds(name, progress)
+            ):
                 # Another prompts file (every row is checked again), or rows rewritten since: read whole.
                 progress = DatasetProgress()
             progress.torn_bytes = 0
@@ -181,7 +190,9 @@ class Checkpointer:
         if rotate(self.attempts_path) is not None:
             for replay in self.replays.values():
                 replay.attempts_at = (0, 0)
-        copies: tuple[dict[str, JournalReplay], dict[str, DatasetProgress]] = _copy((self.replays, self.progress))
+        copies: tuple[dict[str, JournalReplay], dict[str, DatasetProgress]] = _copy(
+            (self.replays, self.progress)
+        )
         journals = {name: replay.finish() for name, replay in copies[0].items()}
         return Resumed(journals, copies[1], loaded is not None)
 
@@ -205,7 +216,9 @@ class Checkpointer:
             if progress is not None and (progress.offset > sizes[name] or not self._holds(name, progress)):
                 # Rewritten under the reader (rows taken back and the file compacted): read it again.
                 progress = DatasetProgress()
-            self.progress[name] = read_rows(path, open_lines.get(name, set()), progress=progress, end=sizes[name])
+            self.progress[name] = read_rows(
+                path, open_lines.get(name, set()), progress=progress, end=sizes[name]
+            )
             self.tails[name] = _tail_sha(path, self.progress[name].offset)
         self._forget_settled(open_lines)
         self._write()
@@ -297,13 +310,17 @@ class Checkpointer:
         """Checkpoint files, newest first."""
         if not self.dir.is_dir():
             return []
-        return sorted((p for p in self.dir.glob("*.ckpt") if p.stem.isdigit()), key=lambda p: int(p.stem), reverse=True)
+        return sorted(
+            (p for p in self.dir.glob("*.ckpt") if p.stem.isdigit()), key=lambda p: int(p.stem), reverse=True
+        )
 
     def _load(self) -> Path | None:
         """The newest checkpoint that reads whole and matches the files, into the readers; its path."""
         code = _code()
         for path in self._existing():
-            with contextlib.suppress(OSError, ValueError, KeyError, TypeError, pickle.UnpicklingError, EOFError, AttributeError):
+            with contextlib.suppress(
+                OSError, ValueError, KeyError, TypeError, pickle.UnpicklingError, EOFError, AttributeError
+            ):
                 if self._take(path, code):
                     return path
         return None

@@ -85,10 +85,14 @@ class StartRecord(TypedDict, total=False):
     """Written durably before the request leaves (engine/job/dispatch.py)."""
 
     k: Required[Literal["start"]]
-    rid: Required[str]  # the attempt's request id: f"{dataset}-{line:08d}#{attempt}" (docs/data-contract.md §2)
+    rid: Required[
+        str
+    ]  # the attempt's request id: f"{dataset}-{line:08d}#{attempt}" (docs/data-contract.md §2)
     ds: Required[str]  # the dataset's name
     line: Required[int]  # the prompt's line in the dataset's prompts.jsonl, 0-based
-    reserved: Required[str]  # the reservation held for it: a decimal string in its ledger's unit (docs/money.md)
+    reserved: Required[
+        str
+    ]  # the reservation held for it: a decimal string in its ledger's unit (docs/money.md)
     # The backend that sends it (engine/backends/base.py `Backend.name`); absent in journals of
     # single-backend runs before lanes: those attempts belong to `job.backend`.
     be: str
@@ -254,7 +258,15 @@ def end_record(
 
 
 def reconciled_record(
-    rid: str, be: str, gen: str | None, outcome: str, cost: Decimal, delta: Decimal, ts: float, *, unsent: bool = False
+    rid: str,
+    be: str,
+    gen: str | None,
+    outcome: str,
+    cost: Decimal,
+    delta: Decimal,
+    ts: float,
+    *,
+    unsent: bool = False,
 ) -> ReconciledRecord:
     if unsent:
         return {
@@ -323,7 +335,11 @@ def requeued_record(
 def read_start(raw: Raw) -> StartRecord:
     if type(raw.get("rid")) is not str:
         raise BadRecord("start record without a request id")
-    if type(raw.get("ds")) is not str or type(raw.get("line")) is not int or not is_money(raw.get("reserved")):
+    if (
+        type(raw.get("ds")) is not str
+        or type(raw.get("line")) is not int
+        or not is_money(raw.get("reserved"))
+    ):
         raise BadRecord("start record without its dataset, line or reservation")
     be = raw.get("be")
     if be is not None and type(be) is not str:

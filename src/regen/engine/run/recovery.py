@@ -18,6 +18,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from decimal import Decimal
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,7 @@ __all__ = [
     "read_rows",
 ]
 
+
 @dataclass(slots=True)
 class DatasetProgress:
     """Rows already written for one dataset."""
@@ -100,6 +102,7 @@ class DatasetProgress:
     # How far the file was read: its complete lines and their bytes (a checkpoint resumes there).
     lines: int = 0
     offset: int = 0
+
 
 @dataclass(slots=True)
 class Unsettled:
@@ -256,7 +259,9 @@ _NEVER_LEFT = (
 
 def never_left(message: str) -> bool:
     """Whether a journaled error message says the request never left this machine."""
-    return message.startswith(_NEVER_LEFT) or message == "connect timed out" or "Connect call failed" in message
+    return (
+        message.startswith(_NEVER_LEFT) or message == "connect timed out" or "Connect call failed" in message
+    )
 
 
 def read_journals(
@@ -296,7 +301,11 @@ class JournalReplay:
     @classmethod
     def begin(cls, backend: str | None, default: str | None, count_attempts: bool) -> JournalReplay:
         state = JournalState()
-        return cls(state, _AttemptReplay(state, backend, default, count_attempts), _EventReplay(state, backend, default))
+        return cls(
+            state,
+            _AttemptReplay(state, backend, default, count_attempts),
+            _EventReplay(state, backend, default),
+        )
 
     def repair(self, attempts_path: Path, events_path: Path) -> None:
         """A torn last line cut off (at a start: nothing is writing the journals then)."""
@@ -314,12 +323,20 @@ class JournalReplay:
         if attempts_path.exists():
             with _named(attempts_path):
                 self.attempts_at = replay(
-                    attempts_path, ATTEMPTS, self.attempts.handlers(), start=self.attempts_at[0], first=self.attempts_at[1]
+                    attempts_path,
+                    ATTEMPTS,
+                    self.attempts.handlers(),
+                    start=self.attempts_at[0],
+                    first=self.attempts_at[1],
                 )
         if events_path.exists():
             with _named(events_path):
                 self.events_at = replay(
-                    events_path, EVENTS, self.events.handlers(), start=self.events_at[0], first=self.events_at[1]
+                    events_path,
+                    EVENTS,
+                    self.events.handlers(),
+                    start=self.events_at[0],
+                    first=self.events_at[1],
                 )
 
     def open_lines(self) -> dict[str, set[int]]:
@@ -412,49 +429,41 @@ def _fan(groups: list[tuple[Callable[[Raw], object], list[Callable[[Any], None]]
 class _ByLane:
     """Each attempt record to its own lane's replay only: what every lane's replay would make of
     all the records (another lane's are passed over), at one replay's cost. A record's lane is its
-    `be`, else its start's, else `default`, as `_AttemptReplay._owner` has it."""
+    `be`, else its start's, else `default`, as `_AttemptReplay._owner` has it. The kinds are the
+    replays' own table (`_AttemptReplay.handlers`), so a kind added there is routed here too."""
 
     def __init__(self, replays: Mapping[str, _AttemptReplay], default: str) -> None:
-        self.replays = replays
         self.default = default
+        self.tables = {lane: replay.handlers() for lane, replay in replays.items()}
         self.open: dict[str, str] = {}  # rid -> the lane of an attempt started and not ended
 
     def handlers(self) -> dict[str, Handler]:
-        return {
-            "start": on(read_start, self.start),
-            "gen": on(read_gen, self.gen),
-            "end": on(read_end, self.end),
-            "reconciled": on(read_reconciled, self.reconciled),
-        }
+        reads = {kind: handler.read for table in self.tables.values() for kind, handler in table.items()}
+        return {kind: Handler(read, partial(self._route, kind)) for kind, read in reads.items()}
 
-    def start(self, rec: StartRecord) -> None:
-        lane = rec.get("be") or self.default
-        self.open[rec["rid"]] = lane
-        replay = self.replays.get(lane)
-        if replay is not None:
-            replay.start(rec)
+    def _lane(self, kind: str, rec: Mapping[str, Any]) -> str:
+        rid = rec.get("rid")
+        be = rec.get("be")
+        if not isinstance(rid, str):  # a requeued record names a row, not an attempt
+            return be or self.default
+        if kind == "start":
+            lane = self.open[rid] = be or self.default
+            return lane
+        started = self.open.pop(rid, None) if kind == "end" else self.open.get(rid)
+        return be or started or self.default
 
-    def gen(self, rec: GenRecord) -> None:
-        replay = self.replays.get(self.open.get(rec["rid"], self.default))
-        if replay is not None:
-            replay.gen(rec)
-
-    def end(self, rec: EndRecord) -> None:
-        started = self.open.pop(rec["rid"], None)
-        replay = self.replays.get(rec.get("be") or started or self.default)
-        if replay is not None:
-            replay.end(rec)
-
-    def reconciled(self, rec: ReconciledRecord) -> None:
-        replay = self.replays.get(rec.get("be") or self.open.get(rec["rid"]) or self.default)
-        if replay is not None:
-            replay.reconciled(rec)
+    def _route(self, kind: str, rec: Mapping[str, Any]) -> None:
+        handler = self.tables.get(self._lane(kind, rec), {}).get(kind)
+        if handler is not None:
+            handler.handle(rec)
 
 
 class _AttemptReplay:
     """The attempt journal, record by record, into a JournalState (money, attempts, open attempts)."""
 
-    def __init__(self, state: JournalState, backend: str | None, default: str | None, count_attempts: bool) -> None:
+    def __init__(
+        self, state: JournalState, backend: str | None, default: str | None, count_attempts: bool
+    ) -> None:
         self.state = state
         self.backend = backend
         self.default = default
@@ -562,7 +571,9 @@ class _AttemptReplay:
     def finish(self) -> None:
         state = self.state
         state.crashed = [
-            Unsettled(rid, start["ds"], start["line"], self.generation.get(rid), Decimal(str(start["reserved"])))
+            Unsettled(
+                rid, start["ds"], start["line"], self.generation.get(rid), Decimal(str(start["reserved"]))
+            )
             for rid, start in self.starts.items()
         ]
         state.to_reconcile = list(self.estimated.values())
@@ -677,7 +688,11 @@ def journal_spend(attempts_path: Path) -> dict[str, float]:
     def reconciled(rec: ReconciledRecord) -> None:
         add(rec["rid"], None, rec.get("be"), rec.get("delta"))
 
-    handlers = {"start": on(read_start, start), "end": on(read_end, end), "reconciled": on(read_reconciled, reconciled)}
+    handlers = {
+        "start": on(read_start, start),
+        "end": on(read_end, end),
+        "reconciled": on(read_reconciled, reconciled),
+    }
     for part in history(attempts_path):  # the rotated segments first (engine/run/segments.py)
         replay(part, ATTEMPTS, handlers)
     return spend

@@ -150,7 +150,9 @@ def _append_durably(path: Path, records: list[Any]) -> None:
         os.fsync(f.fileno())
 
 
-def compact_all(datasets: Iterable[Dataset], requeued: Iterable[Mapping[str, set[tuple[int, str | None]]]]) -> int:
+def compact_all(
+    datasets: Iterable[Dataset], requeued: Iterable[Mapping[str, set[tuple[int, str | None]]]]
+) -> int:
     """Every dataset's raw_responses.jsonl without the rows taken back, whichever lane took them."""
     taken = list(requeued)
     dropped = 0

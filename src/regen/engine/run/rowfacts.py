@@ -37,7 +37,9 @@ _STATUS = b',"status":"'
 _STATUS_BACKEND = re.compile(rb'([^"\\]*)","backend":"([^"\\]*)"')
 _USAGE = b',"usage":'
 # `usage` as the backends write it (flat: a nested object is read by _value_until), then `cost`.
-_USAGE_COST = re.compile(rb',"usage":(\{[^{}]*\}|null),"cost":(null|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?),"cost_estimated":')
+_USAGE_COST = re.compile(
+    rb',"usage":(\{[^{}]*\}|null),"cost":(null|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?),"cost_estimated":'
+)
 _COST = b',"cost":'
 _AFTER_COST = b',"cost_estimated":'
 

@@ -164,7 +164,9 @@ class SimConfig(BaseModel):
     retry_after_s: int = 2  # Retry-After seconds on 429/503/402-in-flight faults
     done_after_error: bool = True  # send [DONE] after a mid-stream error chunk
     # The edge faults (EDGE_FAULTS); only read when one is drawn.
-    runaway_tokens: int = Field(default=200_000, ge=1)  # `runaway_length`: tokens sent whatever max_tokens says
+    runaway_tokens: int = Field(
+        default=200_000, ge=1
+    )  # `runaway_length`: tokens sent whatever max_tokens says
     trickle_bytes_per_s: float = Field(default=1.0, gt=0)  # `trickle`: real time, not scaled by time_scale
     endless_chunk_bytes: int = Field(default=65536, ge=1)  # `endless_body`: written every chunk_interval_s
     huge_header_bytes: int = Field(default=1 << 20, ge=1)  # `huge_headers`: header bytes in all

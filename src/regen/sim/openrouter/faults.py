@@ -158,7 +158,9 @@ def _cloudflare_timeout(c: _Context) -> _Answer:
 
 
 def _overloaded(c: _Context) -> _Answer:
-    raw = orjson.dumps({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}).decode()
+    raw = orjson.dumps(
+        {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    ).decode()
     body = {
         "error": {
             "code": 529,

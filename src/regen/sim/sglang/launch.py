@@ -43,9 +43,15 @@ _CHILD = (
 # (flags, argparse keyword arguments, SimSGLangConfig field or None). Field None: accepted and
 # ignored, as the simulator has nothing it changes.
 _FLAGS: list[tuple[tuple[str, ...], dict[str, Any], str | None]] = [
-    (("--model-path", "--model"), {"type": str, "required": True,
-     "help": "The path of the model weights. This can be a local folder or a Hugging Face repo ID."},
-     "model_path"),
+    (
+        ("--model-path", "--model"),
+        {
+            "type": str,
+            "required": True,
+            "help": "The path of the model weights. This can be a local folder or a Hugging Face repo ID.",
+        },
+        "model_path",
+    ),
     (("--tokenizer-path",), {"type": str, "help": "The path of the tokenizer."}, "tokenizer_path"),
     (("--tokenizer-mode",), {"type": str, "default": "auto", "choices": ["auto", "slow"]}, None),
     (("--skip-tokenizer-init",), {"action": "store_true"}, None),
@@ -81,8 +87,11 @@ _FLAGS: list[tuple[tuple[str, ...], dict[str, Any], str | None]] = [
     (("--schedule-policy",), {"type": str, "default": "fcfs"}, None),
     (("--schedule-conservativeness",), {"type": float}, "schedule_conservativeness"),
     (("--stream-interval",), {"type": int}, "stream_interval"),
-    (("--incremental-streaming-output",), {"action": "store_true", "default": None},
-     "incremental_streaming_output"),
+    (
+        ("--incremental-streaming-output",),
+        {"action": "store_true", "default": None},
+        "incremental_streaming_output",
+    ),
     (("--random-seed",), {"type": int}, "seed"),
     (("--watchdog-timeout",), {"type": float}, "watchdog_timeout"),
     (("--soft-watchdog-timeout",), {"type": float}, "soft_watchdog_timeout"),
@@ -163,7 +172,9 @@ def _model_config(model: str) -> dict[str, Any] | int:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        return _fail("OSError", f"It looks like the config file at '{path}' is not a valid JSON file. ({exc})")
+        return _fail(
+            "OSError", f"It looks like the config file at '{path}' is not a valid JSON file. ({exc})"
+        )
     if not isinstance(data, dict):
         return _fail("OSError", f"It looks like the config file at '{path}' is not a valid JSON file.")
     return data
@@ -260,4 +271,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 - status
     _end_children(children, signal.SIGTERM)
     return status
-

@@ -53,7 +53,9 @@ def _ranks(sim: SGLangState) -> list[_Rank]:
     name = cfg.served_name
     if cfg.dp_size <= 1:
         labels = [name, "unified", "0", "0", "0"]
-        return [_Rank(labels, len(sched.running), len(sched.waiting), sched.kv_used, cfg.max_total_tokens, True)]
+        return [
+            _Rank(labels, len(sched.running), len(sched.waiting), sched.kv_used, cfg.max_total_tokens, True)
+        ]
     n = cfg.dp_size
     running, queued, kv = [0] * n, [0] * n, [0] * n
     for req in sched.running:
@@ -92,15 +94,21 @@ class _Collector:
             return g
 
         yield gauge("sglang:num_running_reqs", "The number of running requests.", lambda r: r.running)
-        yield gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", lambda r: r.queued)
+        yield gauge(
+            "sglang:num_queue_reqs", "The number of requests in the waiting queue.", lambda r: r.queued
+        )
         yield gauge("sglang:num_used_tokens", "The number of used tokens.", lambda r: r.kv_used)
         yield gauge("sglang:token_usage", "The token usage.", lambda r: r.kv_used / r.pool)
         yield gauge("sglang:kv_used_tokens", "The number of KV cache tokens in use.", lambda r: r.kv_used)
-        yield gauge("sglang:kv_available_tokens", "The number of free KV cache tokens.", lambda r: r.pool - r.kv_used)
+        yield gauge(
+            "sglang:kv_available_tokens", "The number of free KV cache tokens.", lambda r: r.pool - r.kv_used
+        )
         yield gauge("sglang:max_total_num_tokens", "The size of the KV token pool.", lambda r: r.pool)
         yield gauge("sglang:context_len", "The context length.", lambda r: sim.context_len)
         yield gauge(
-            "sglang:gen_throughput", "The generation throughput (token/s).", lambda r: stats.gen_throughput * share
+            "sglang:gen_throughput",
+            "The generation throughput (token/s).",
+            lambda r: stats.gen_throughput * share,
         )
         yield gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", lambda r: sched.cache.hit_rate())
         yield gauge(
@@ -123,8 +131,9 @@ class _Collector:
         for rank in ranks:
             retracted.add_metric(rank.labels, float(stats.retracted_total if rank.first else 0))
         yield retracted
-        yield self._hist("sglang:queue_time_seconds", "Time spent in the waiting queue.", stats.queue, names,
-                         slabels)
+        yield self._hist(
+            "sglang:queue_time_seconds", "Time spent in the waiting queue.", stats.queue, names, slabels
+        )
 
         for metric, doc, value in (
             ("sglang:prompt_tokens", "Number of prefill tokens processed.", stats.prompt_tokens),
@@ -136,17 +145,38 @@ class _Collector:
             c = CounterMetricFamily(metric, doc, labels=_TOK)
             c.add_metric(tlabels, float(value))
             yield c
-        yield self._hist("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                         stats.ttft, _TOK, tlabels)
-        yield self._hist("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                         stats.itl, _TOK, tlabels)
-        yield self._hist("sglang:e2e_request_latency_seconds",
-                         "Histogram of End-to-end request latency in seconds", stats.e2e, _TOK, tlabels)
-        yield self._hist("sglang:request_time_per_output_token_seconds",
-                         "Histogram of time per output token in seconds.", stats.tpot, _TOK, tlabels)
+        yield self._hist(
+            "sglang:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            stats.ttft,
+            _TOK,
+            tlabels,
+        )
+        yield self._hist(
+            "sglang:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            stats.itl,
+            _TOK,
+            tlabels,
+        )
+        yield self._hist(
+            "sglang:e2e_request_latency_seconds",
+            "Histogram of End-to-end request latency in seconds",
+            stats.e2e,
+            _TOK,
+            tlabels,
+        )
+        yield self._hist(
+            "sglang:request_time_per_output_token_seconds",
+            "Histogram of time per output token in seconds.",
+            stats.tpot,
+            _TOK,
+            tlabels,
+        )
 
         phases = GaugeMetricFamily(
-            "sglang:startup_time_seconds", "Engine startup duration by phase in seconds.",
+            "sglang:startup_time_seconds",
+            "Engine startup duration by phase in seconds.",
             labels=[*_TOK, "phase"],
         )
         for phase, seconds in stats.startup_phases.items():

@@ -127,8 +127,9 @@ def run_sim(
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
     if status != EXIT_OK:
-        print(f"{prog}: the simulated SGLang server died (exit status {status}); its log says why",
-              file=sys.stderr)
+        print(
+            f"{prog}: the simulated SGLang server died (exit status {status}); its log says why",
+            file=sys.stderr,
+        )
         return EXIT_FAILURE
     return EXIT_OK
-

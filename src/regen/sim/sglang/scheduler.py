@@ -392,7 +392,8 @@ class Scheduler:
         else:
             self.new_token_ratio = max(
                 self._min_ratio(),
-                self.new_token_ratio - (self._init_ratio() - self._min_ratio()) / _NEW_TOKEN_RATIO_DECAY_STEPS,
+                self.new_token_ratio
+                - (self._init_ratio() - self._min_ratio()) / _NEW_TOKEN_RATIO_DECAY_STEPS,
             )
         # A late start (a busy machine) makes up the ids the simulated GPU made meanwhile.
         k = min(_MAX_TOKENS_PER_FORWARD, k + self._behind(per_token))

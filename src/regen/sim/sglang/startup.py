@@ -40,7 +40,9 @@ CUDA_GRAPH_FAILED_ADVICE = (
 def _traceback(frames: list[tuple[str, int, str, str]], error: str) -> str:
     lines = ["Traceback (most recent call last):"]
     for path, line, func, code in frames:
-        lines.append(f'  File "/usr/local/lib/python3.12/dist-packages/sglang/{path}", line {line}, in {func}')
+        lines.append(
+            f'  File "/usr/local/lib/python3.12/dist-packages/sglang/{path}", line {line}, in {func}'
+        )
         lines.append(f"    {code}")
     lines.append(error)
     return "\n".join(lines)
@@ -48,8 +50,12 @@ def _traceback(frames: list[tuple[str, int, str, str]], error: str) -> str:
 
 def _scheduler_failure(error: str, frames: list[tuple[str, int, str, str]]) -> str:
     base = [
-        ("srt/managers/scheduler.py", 3124, "run_scheduler_process",
-         "scheduler = Scheduler(server_args, port_args, gpu_id, tp_rank, moe_ep_rank, pp_rank, dp_rank)"),
+        (
+            "srt/managers/scheduler.py",
+            3124,
+            "run_scheduler_process",
+            "scheduler = Scheduler(server_args, port_args, gpu_id, tp_rank, moe_ep_rank, pp_rank, dp_rank)",
+        ),
         ("srt/managers/scheduler.py", 412, "__init__", "self.init_model_worker()"),
         ("srt/managers/tp_worker.py", 236, "__init__", "self._model_runner = ModelRunner("),
     ]
@@ -125,11 +131,16 @@ async def _load_weights(sim: SGLangState, cfg: SimSGLangConfig) -> float | None:
     log.scheduler(f"Load weight begin. avail mem={_GPU_MEM_GB:.2f} GB")
     took = await _sleep(sim, cfg.startup_weights_s)
     if cfg.faults.startup_fail_at == "weights":
-        await _fail(sim, [_scheduler_failure(
-            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.75 GiB. GPU 0 has a total "
-            "capacity of 139.81 GiB of which 1.02 GiB is free.",
-            [("srt/model_executor/model_runner.py", 780, "load_model", "self.model = get_model(")],
-        )])
+        await _fail(
+            sim,
+            [
+                _scheduler_failure(
+                    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.75 GiB. GPU 0 has a total "
+                    "capacity of 139.81 GiB of which 1.02 GiB is free.",
+                    [("srt/model_executor/model_runner.py", 780, "load_model", "self.model = get_model(")],
+                )
+            ],
+        )
         return None
     avail = _GPU_MEM_GB - _WEIGHT_GB
     arch = cfg.architectures[0] if cfg.architectures else "ForCausalLM"
@@ -149,11 +160,22 @@ async def _allocate_kv_pool(sim: SGLangState, cfg: SimSGLangConfig, avail: float
     log.scheduler("Using KV cache dtype: torch.bfloat16")
     took = await _sleep(sim, cfg.startup_kv_pool_s)
     if cfg.faults.startup_fail_at == "kv_pool":
-        await _fail(sim, [_scheduler_failure(
-            "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.",
-            [("srt/model_executor/model_runner.py", 1402, "init_memory_pool",
-              'raise RuntimeError("Not enough memory. Please try to increase --mem-fraction-static.")')],
-        )])
+        await _fail(
+            sim,
+            [
+                _scheduler_failure(
+                    "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.",
+                    [
+                        (
+                            "srt/model_executor/model_runner.py",
+                            1402,
+                            "init_memory_pool",
+                            'raise RuntimeError("Not enough memory. Please try to increase --mem-fraction-static.")',
+                        )
+                    ],
+                )
+            ],
+        )
         return None
     log.scheduler(
         f"KV Cache is allocated. #tokens: {cfg.max_total_tokens}, K size: {kv_gb / 2:.2f} GB, "
@@ -179,7 +201,9 @@ async def _capture_cuda_graphs(sim: SGLangState, cfg: SimSGLangConfig, avail: fl
     sim.phase = "cuda_graph"
     roles = _capture_roles(cfg)
     if cfg.legacy_capture_log:
-        log.scheduler(f"Capture cuda graph begin. This can take up to several minutes. avail mem={avail:.2f} GB")
+        log.scheduler(
+            f"Capture cuda graph begin. This can take up to several minutes. avail mem={avail:.2f} GB"
+        )
     else:
         role = roles[0]
         log.scheduler(
@@ -188,11 +212,24 @@ async def _capture_cuda_graphs(sim: SGLangState, cfg: SimSGLangConfig, avail: fl
         )
     took = await _sleep(sim, cfg.startup_cuda_graph_s)
     if cfg.faults.startup_fail_at == "cuda_graph":
-        await _fail(sim, [_scheduler_failure(
-            "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 "
-            "has a total capacity of 139.81 GiB of which 1.06 GiB is free.\n" + CUDA_GRAPH_FAILED_ADVICE,
-            [("srt/model_executor/runner/decode_cuda_graph_runner.py", 603, "__init__", "raise Exception(")],
-        )])
+        await _fail(
+            sim,
+            [
+                _scheduler_failure(
+                    "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 "
+                    "has a total capacity of 139.81 GiB of which 1.06 GiB is free.\n"
+                    + CUDA_GRAPH_FAILED_ADVICE,
+                    [
+                        (
+                            "srt/model_executor/runner/decode_cuda_graph_runner.py",
+                            603,
+                            "__init__",
+                            "raise Exception(",
+                        )
+                    ],
+                )
+            ],
+        )
         return False
     avail -= _GRAPH_GB
     if cfg.legacy_capture_log:
@@ -208,7 +245,9 @@ async def _capture_cuda_graphs(sim: SGLangState, cfg: SimSGLangConfig, avail: fl
         # A speculative server captures its draft model's graphs next (speculative/eagle_worker_v2.py).
         for role in roles[1:]:
             log.scheduler(f"Capture {role} CUDA graph begin. backend=full, avail mem={avail:.2f} GB")
-            log.scheduler(f"Capture {role} CUDA graph end. elapsed=0.00 s, mem usage=0.00 GB, avail mem={avail:.2f} GB.")
+            log.scheduler(
+                f"Capture {role} CUDA graph end. elapsed=0.00 s, mem usage=0.00 GB, avail mem={avail:.2f} GB."
+            )
     sim.stats.startup_phases["cuda_graph"] = took
     log.scheduler(
         f"max_total_num_tokens={cfg.max_total_tokens}, chunked_prefill_size={cfg.chunked_prefill_size}, "
@@ -253,11 +292,21 @@ async def _warm_up(sim: SGLangState, cfg: SimSGLangConfig) -> bool:
     await _sleep(sim, cfg.startup_warmup_s)
     if cfg.faults.startup_fail_at == "warmup":
         sim.phase = "failed"
-        log.main("Initialization failed. warmup error: " + _traceback(
-            [("srt/entrypoints/http_server.py", 1473, "_execute_server_warmup",
-              'assert res.status_code == 200, f"{res}"')],
-            "AssertionError: <Response [500]>",
-        ), level="error")
+        log.main(
+            "Initialization failed. warmup error: "
+            + _traceback(
+                [
+                    (
+                        "srt/entrypoints/http_server.py",
+                        1473,
+                        "_execute_server_warmup",
+                        'assert res.status_code == 200, f"{res}"',
+                    )
+                ],
+                "AssertionError: <Response [500]>",
+            ),
+            level="error",
+        )
         await sim.crash(EXIT_KILLED)
         return False
     if cfg.access_log:

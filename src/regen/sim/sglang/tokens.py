@@ -77,9 +77,7 @@ class SimTokenizer:
         self.eos_ids = self._eos_ids()
         emitted = {i for i in (self.eot_id, self.think_close_id, *self.eos_ids) if i is not None}
         self._special_pieces = {i: self._decode([i], skip_special_tokens=False) for i in emitted}
-        self.special_ids = frozenset(
-            i for i in emitted if self._decode([i], skip_special_tokens=True) == ""
-        )
+        self.special_ids = frozenset(i for i in emitted if self._decode([i], skip_special_tokens=True) == "")
         self.content = self._cycle(CONTENT_CYCLE)
         self.reasoning = self._cycle(REASONING_CYCLE)
         # Text of each id the model emits, decoded once: (kept specials, skipped specials).

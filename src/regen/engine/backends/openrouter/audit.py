@@ -100,16 +100,24 @@ async def plan_audit(settings: Settings, prompts: int, seed: int, max_tokens: in
     providers = allowed_endpoints(endpoints, routing, journal.excluded, max_tokens)
     chosen = await asyncio.to_thread(sample_prompts, settings, prompts, seed)
     worst = sum(
-        (e.prompt_price * _prompt_tokens(p) + e.completion_price * max_tokens for e in providers for p in chosen),
+        (
+            e.prompt_price * _prompt_tokens(p) + e.completion_price * max_tokens
+            for e in providers
+            for p in chosen
+        ),
         Decimal(0),
     )
     left = to_dollars(settings.job.budget_usd) - journal.spent
     return AuditPlan(providers, chosen, max_tokens, seed, worst, left)
 
 
-async def run_audit(settings: Settings, plan: AuditPlan, encode: Callable[[str], list[int]]) -> dict[str, Any]:
+async def run_audit(
+    settings: Settings, plan: AuditPlan, encode: Callable[[str], list[int]]
+) -> dict[str, Any]:
     """Send the plan's requests, journal their money, compare the answers; the report."""
-    sampling = settings.openrouter.model_copy(update={"temperature": 0.0, "max_tokens": plan.max_tokens, "stream": False})
+    sampling = settings.openrouter.model_copy(
+        update={"temperature": 0.0, "max_tokens": plan.max_tokens, "stream": False}
+    )
     answers: dict[str, list[list[int] | None]] = {}
     records = []
     spent = Decimal(0)
@@ -123,8 +131,14 @@ async def run_audit(settings: Settings, plan: AuditPlan, encode: Callable[[str],
             await client.close()
         ids: list[list[int] | None] = []
         for i, (prompt, result) in enumerate(zip(plan.prompts, results, strict=True)):
-            worst = endpoint.prompt_price * _prompt_tokens(prompt) + endpoint.completion_price * plan.max_tokens
-            cost = Decimal(str(result.cost)) if result.cost is not None else (worst if result.http_status else Decimal(0))
+            worst = (
+                endpoint.prompt_price * _prompt_tokens(prompt) + endpoint.completion_price * plan.max_tokens
+            )
+            cost = (
+                Decimal(str(result.cost))
+                if result.cost is not None
+                else (worst if result.http_status else Decimal(0))
+            )
             spent += cost
             records.append(
                 end_record(
@@ -140,7 +154,9 @@ async def run_audit(settings: Settings, plan: AuditPlan, encode: Callable[[str],
                     provider=result.provider or endpoint.provider_name,
                 )
             )
-            ids.append(None if result.error is not None else encode(result.reasoning) + encode(result.content))
+            ids.append(
+                None if result.error is not None else encode(result.reasoning) + encode(result.content)
+            )
         answers[endpoint.provider_name] = ids
     await asyncio.to_thread(_journal, settings.job.run_dir / "attempts.jsonl", records)
     fleet = await fleet_answers(settings, plan.prompts, plan.max_tokens, encode)

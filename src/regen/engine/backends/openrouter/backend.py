@@ -93,7 +93,9 @@ class OpenRouterBackend:
         self.base_url = self.settings.base_url
         self.thinking = requested_thinking(self.settings.reasoning)
         self.routing = routing_of(self.settings)
-        self.client = OpenRouterClient(self.settings, pool_size=settings.job.concurrency, routing=self.routing)
+        self.client = OpenRouterClient(
+            self.settings, pool_size=settings.job.concurrency, routing=self.routing
+        )
         self.requests_per_minute = FREE_MODEL_REQUESTS_PER_MINUTE if self.model.endswith(":free") else None
         self.endpoints: list[Endpoint] = []
         self.excluded: dict[str, str] = {}  # routing slug -> who excluded it
@@ -134,7 +136,9 @@ class OpenRouterBackend:
 
     def check(self) -> None:
         if self.settings.api_key is None:
-            raise BackendError("no API key: set OPENROUTER_API_KEY (or openrouter.api_key in the settings file)")
+            raise BackendError(
+                "no API key: set OPENROUTER_API_KEY (or openrouter.api_key in the settings file)"
+            )
 
     async def open(self, context: JobContext) -> None:
         self._context = context
@@ -156,7 +160,9 @@ class OpenRouterBackend:
         try:
             status, body = await self.client.get_json("/key")
         except Exception as exc:
-            raise BackendError(f"cannot reach {self.settings.base_url}: {type(exc).__name__}: {exc}") from None
+            raise BackendError(
+                f"cannot reach {self.settings.base_url}: {type(exc).__name__}: {exc}"
+            ) from None
         if status in (401, 403):
             raise BackendError(f"the API key was refused ({classify_status(status, body, {}).message})")
 
@@ -227,7 +233,9 @@ class OpenRouterBackend:
     def reservation(self, prompt: Prompt) -> Decimal:
         return self.ceiling.reservation(prompt_token_bound(prompt.messages), self.settings.max_tokens)
 
-    async def attempt(self, prompt: Prompt, rid: str, on_handle: OnHandle, on_route: OnRoute) -> AttemptOutcome:
+    async def attempt(
+        self, prompt: Prompt, rid: str, on_handle: OnHandle, on_route: OnRoute
+    ) -> AttemptOutcome:
         result = await self.client.complete(prompt.messages, self._ignore, on_handle, on_route)
         return self._outcome(result)
 
@@ -301,7 +309,9 @@ class OpenRouterBackend:
         prompt_tokens, completion_tokens = usage["prompt_tokens"], usage["completion_tokens"]
         if prompt_tokens is not None and completion_tokens is not None:
             endpoint = self.endpoint_named(outcome.route) if outcome.route else None
-            prices = PriceCeiling(endpoint.prompt_price, endpoint.completion_price) if endpoint else self.ceiling
+            prices = (
+                PriceCeiling(endpoint.prompt_price, endpoint.completion_price) if endpoint else self.ceiling
+            )
             return prices.estimate(prompt_tokens, completion_tokens), True
         return reserved, True
 
@@ -360,7 +370,9 @@ class OpenRouterBackend:
         if endpoint is None:
             return f"{provider} is not in the catalog for {self.model}"
         if not quantization_allowed(endpoint.quantization, self.routing.quantizations):
-            return f"{provider} serves {endpoint.quantization}, outside {', '.join(self.routing.quantizations)}"
+            return (
+                f"{provider} serves {endpoint.quantization}, outside {', '.join(self.routing.quantizations)}"
+            )
         return None
 
     # ----------------------------------------------------------------------- account (ability)

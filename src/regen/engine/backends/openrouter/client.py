@@ -416,7 +416,11 @@ class OpenRouterClient:
         self, resp: aiohttp.ClientResponse, result: AttemptResult, started: float, watch: Watch
     ) -> None:
         length = resp.content_length
-        if length is not None and length <= self.max_response_bytes and "Content-Encoding" not in resp.headers:
+        if (
+            length is not None
+            and length <= self.max_response_bytes
+            and "Content-Encoding" not in resp.headers
+        ):
             # Its length is known and allowed, and it is not compressed (a compressed body's length
             # says nothing of what it inflates to): aiohttp reads exactly that much, in one call;
             # the capped reader's per-block loop costs more than the parse at thousands a second.

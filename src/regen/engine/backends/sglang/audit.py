@@ -4,36 +4,11 @@ each asked alone, at temperature 0, through the SGLang backend itself (one backe
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from decimal import Decimal
-from typing import Any
 
+from regen.engine.backends.base import Standalone
 from regen.engine.backends.sglang.backend import SGLangBackend
 from regen.engine.config.settings import Settings
 from regen.engine.data.datasets import Prompt
-
-
-class _Alone:
-    """The job context of a backend opened for the audit alone: nothing to steer, no budget."""
-
-    live = True
-
-    def event(self, name: str, /, **fields: Any) -> None:
-        pass
-
-    def fatal(self, reason: str, message: str) -> None:
-        pass
-
-    def budget_left(self) -> Decimal:
-        return Decimal("Infinity")
-
-    def suggest_concurrency(self, ceiling: int | None, reason: str) -> None:
-        pass
-
-    def answered(self, generation: bool) -> None:
-        pass
-
-    async def reachable(self) -> None:
-        return None
 
 
 def _ignore(_: str | None) -> None:
@@ -49,7 +24,11 @@ async def fleet_answers(
     if "sglang" not in settings.job.chosen_backends:
         return {}
     greedy = settings.model_copy(
-        update={"openrouter": settings.openrouter.model_copy(update={"temperature": 0.0, "max_tokens": max_tokens})}
+        update={
+            "openrouter": settings.openrouter.model_copy(
+                update={"temperature": 0.0, "max_tokens": max_tokens}
+            )
+        }
     )
     if settings.sglang.urls:
         servers = {url: url.split("://", 1)[-1] for url in settings.sglang.urls}
@@ -58,7 +37,7 @@ async def fleet_answers(
         return {}
     fleet = SGLangBackend(greedy)  # holds the SSH connections and tunnels while each server is asked
     fleet.check()
-    await fleet.open(_Alone())
+    await fleet.open(Standalone())
     try:
         servers = {worker.url: worker.name for worker in fleet.workers}
         return await _ask_each(greedy, servers, prompts, encode)
@@ -78,12 +57,16 @@ async def _ask_each(
         alone = settings.model_copy(update={"sglang": settings.sglang.model_copy(update={"urls": [url]})})
         backend = SGLangBackend(alone)
         backend.check()
-        await backend.open(_Alone())
+        await backend.open(Standalone())
         try:
             ids: list[list[int] | None] = []
             for i, prompt in enumerate(prompts):
                 outcome = await backend.attempt(prompt, f"audit-{i}", _ignore, _ignore)
-                ids.append(None if outcome.failure is not None else encode(outcome.reasoning) + encode(outcome.content))
+                ids.append(
+                    None
+                    if outcome.failure is not None
+                    else encode(outcome.reasoning) + encode(outcome.content)
+                )
         finally:
             await backend.close()
         answers[f"sglang {name}"] = ids

@@ -97,7 +97,9 @@ class SGLangBackend:
         self.model = self.served_name or "sglang"
         self.base_url = ", ".join(self.settings.urls)
         self.health = Health(
-            self.settings.healthy_queue_min, self.settings.healthy_queue_max, self.settings.healthy_kv_usage_max
+            self.settings.healthy_queue_min,
+            self.settings.healthy_queue_max,
+            self.settings.healthy_kv_usage_max,
         )
         self.tokenizer: TargetTokenizer | None = None
         self.workers: list[Worker] = []
@@ -136,7 +138,9 @@ class SGLangBackend:
         if not problems and self.all_settings.tokenizer.path is None:
             # `regen run` fetches it from a host before the job starts (cli/main.py); a job made
             # any other way must be given one.
-            problems.append("tokenizer.path: empty: set it to the model's tokenizer folder, or run regen pull")
+            problems.append(
+                "tokenizer.path: empty: set it to the model's tokenizer folder, or run regen pull"
+            )
         if problems:
             raise BackendError("; ".join(problems))
 
@@ -230,12 +234,16 @@ class SGLangBackend:
             self._aborts.add(task)
             task.add_done_callback(self._aborts.discard)
 
-    def _check_servers(self, urls: list[str], facts: list[ServerFacts], names: dict[str, str]) -> list[Worker]:
+    def _check_servers(
+        self, urls: list[str], facts: list[ServerFacts], names: dict[str, str]
+    ) -> list[Worker]:
         """One model, one version, one weight version behind every URL, or the rows would lie."""
         wanted = self.served_name
         for url, fact in zip(urls, facts, strict=True):
             if wanted is not None and fact.served_model_name is not None and fact.served_model_name != wanted:
-                setting = "sglang.served_model_name" if self.settings.served_model_name else "the served model name"
+                setting = (
+                    "sglang.served_model_name" if self.settings.served_model_name else "the served model name"
+                )
                 raise BackendError(f"{url} serves {fact.served_model_name!r}, not {setting} = {wanted!r}")
             context = fact.context_length
             if context is not None and self.max_tokens >= context:
@@ -244,7 +252,9 @@ class SGLangBackend:
                 )
         # Servers on [[hosts]] were checked to hold one model by content (engine/host/identity.py),
         # whatever their paths; for sglang.urls the path is all regen can see.
-        keys = ["version", "weight_version", "served_model_name"] + (["model_path"] if self.fleet is None else [])
+        keys = ["version", "weight_version", "served_model_name"] + (
+            ["model_path"] if self.fleet is None else []
+        )
         for key in keys:
             seen = {getattr(f, key) for f in facts if getattr(f, key) is not None}
             if len(seen) > 1:
@@ -320,11 +330,15 @@ class SGLangBackend:
         # crash is charged this (nothing), docs/money.md.
         return _ZERO
 
-    async def attempt(self, prompt: Prompt, rid: str, on_handle: OnHandle, on_route: OnRoute) -> AttemptOutcome:
+    async def attempt(
+        self, prompt: Prompt, rid: str, on_handle: OnHandle, on_route: OnRoute
+    ) -> AttemptOutcome:
         tokenizer, session = self.tokenizer, self._session
         assert tokenizer is not None and session is not None, "the backend is not open"
         worker = self._pick()
-        outcome = AttemptOutcome(route=worker.name, handle=rid, served_model=self._server.get("served_model_name"))
+        outcome = AttemptOutcome(
+            route=worker.name, handle=rid, served_model=self._server.get("served_model_name")
+        )
         # The rid names the attempt before it leaves: a crash from here on can still abort it.
         on_handle(rid)
         on_route(worker.name)
@@ -404,7 +418,9 @@ class SGLangBackend:
         outcome.cost = _ZERO if failure is not None and not failure.sent else Decimal(f"{gpu_s:.6f}")
         return outcome
 
-    def _read(self, outcome: AttemptOutcome, tail: StreamTail, worker: Worker, tokenizer: TargetTokenizer) -> Failure | None:
+    def _read(
+        self, outcome: AttemptOutcome, tail: StreamTail, worker: Worker, tokenizer: TargetTokenizer
+    ) -> Failure | None:
         """The final chunk into the outcome (docs/data-contract.md §5.2), or why it is no answer."""
         if tail.last is None:
             return errors.network(f"the stream from {worker.url} ended before any chunk")
@@ -444,7 +460,9 @@ class SGLangBackend:
 
     def describe_fatal(self, failure: Failure) -> str:
         if failure.error_class == errors.ErrorClass.AUTH:
-            return f"the SGLang server refuses regen's requests ({failure.message}); start it without --api-key"
+            return (
+                f"the SGLang server refuses regen's requests ({failure.message}); start it without --api-key"
+            )
         if failure.error_class == errors.ErrorClass.NOT_FOUND:
             return (
                 f"{failure.message}: sglang.urls must name SGLang servers' native API (or the router), "
@@ -540,7 +558,9 @@ class SGLangBackend:
         if context is None or (not scraped and servers is None):
             return
         in_flight = sum(w.meter.in_flight for w in self._every())
-        proposed, reason = next_ceiling(scraped, in_flight, self.ceiling, self.configured, self.health, servers)
+        proposed, reason = next_ceiling(
+            scraped, in_flight, self.ceiling, self.configured, self.health, servers
+        )
         if proposed == self.ceiling:
             return
         self.ceiling = proposed

@@ -35,7 +35,9 @@ class ServerFacts:
     context_length: int | None = None
 
 
-async def get_json(session: aiohttp.ClientSession, url: str, timeout: aiohttp.ClientTimeout) -> tuple[int, Any]:
+async def get_json(
+    session: aiohttp.ClientSession, url: str, timeout: aiohttp.ClientTimeout
+) -> tuple[int, Any]:
     async with session.get(url, timeout=timeout) as resp:
         raw = await resp.read()
         try:
@@ -52,7 +54,9 @@ async def _first(
         if status == 200 and isinstance(body, dict):
             return body
         if status in (401, 403):
-            raise ServerError(f"{base}{path} answered {status}: the server wants an API key, which regen does not send")
+            raise ServerError(
+                f"{base}{path} answered {status}: the server wants an API key, which regen does not send"
+            )
     return None
 
 
@@ -87,7 +91,9 @@ def gpus_of(info: dict[str, Any]) -> int | None:
     return tp * pp * (1 if info.get("enable_dp_attention") else dp)
 
 
-async def read_facts(session: aiohttp.ClientSession, base: str, timeout: aiohttp.ClientTimeout) -> ServerFacts:
+async def read_facts(
+    session: aiohttp.ClientSession, base: str, timeout: aiohttp.ClientTimeout
+) -> ServerFacts:
     """Ask `base` who it is; raises ServerError when it is not a ready SGLang server (or router)."""
     try:
         status, _ = await get_json(session, base + "/health", timeout)

@@ -83,7 +83,9 @@ class Worker:
         self.down = False
         self.error = None
         if status != 200:
-            self.metrics_missing = f"no /metrics at {self.url} (HTTP {status}): start the server with --enable-metrics"
+            self.metrics_missing = (
+                f"no /metrics at {self.url} (HTTP {status}): start the server with --enable-metrics"
+            )
             return True
         self.metrics_missing = None
         try:

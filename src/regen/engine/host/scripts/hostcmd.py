@@ -68,7 +68,11 @@ def _inspect(data_root: str, model_path: str, names: Sequence[str]) -> None:
 
 def _manifest(data_root: str, model_path: str, mode: str, names: Sequence[str]) -> None:
     # A run fetching the tokenizer reads no dataset: hashing every prompts.jsonl could take minutes.
-    listing = probe.list_datasets(data_root) if mode != "tokenizer" else {"path": data_root, "error": None, "datasets": []}
+    listing = (
+        probe.list_datasets(data_root)
+        if mode != "tokenizer"
+        else {"path": data_root, "error": None, "datasets": []}
+    )
     wanted = set(names)
     datasets = []
     for ds in listing["datasets"]:

@@ -244,18 +244,32 @@ def preflight(spec: dict[str, Any]) -> list[dict[str, Any]]:
         say("sglang", True, f"sglang {version or '(no __version__)'} importable by {python}", version=version)
         code, out, err = _run([python, "-m", "sglang.launch_server", "--help"], env, HELP_TIMEOUT_S)
         if code != 0:
-            say("flags", False, f"python -m sglang.launch_server --help failed: {_last(err) or f'exit {code}'}")
+            say(
+                "flags",
+                False,
+                f"python -m sglang.launch_server --help failed: {_last(err) or f'exit {code}'}",
+            )
         else:
             listed = set(_FLAG.findall(out))
             problems = flag_problems(_flags_of(launch_argv(spec)[3:]), listed)
-            say("flags", not problems, "; ".join(problems) or f"every flag regen passes is in --help ({len(listed)} listed)")
+            say(
+                "flags",
+                not problems,
+                "; ".join(problems) or f"every flag regen passes is in --help ({len(listed)} listed)",
+            )
     else:
         say("sglang", False, f"{python} cannot import sglang: {_last(err) or f'exit {code}'}")
 
     model = probe.expand(str(spec["model_path"]))
     config = os.path.join(model, "config.json")
     if not os.path.isdir(model):
-        say("model", False, f"model folder {model} does not exist" if not os.path.exists(model) else f"{model} is not a folder")
+        say(
+            "model",
+            False,
+            f"model folder {model} does not exist"
+            if not os.path.exists(model)
+            else f"{model} is not a folder",
+        )
     elif not os.access(model, os.R_OK | os.X_OK):
         say("model", False, f"model folder {model} is not readable")
     else:

@@ -70,7 +70,9 @@ def at_the_end(
     rate = 1.0 + spread if hopeful else max(0.0, 1.0 - spread)
     size = max(0.0, 1.0 - spread) if hopeful else 1.0 + spread
     bounded = Work(math.ceil(work.output_tokens * size), work.prompts, math.ceil(work.prompt_tokens * size))
-    routes = tuple(RouteOffer(o.price, None if o.tokens_per_s is None else o.tokens_per_s * rate) for o in offers)
+    routes = tuple(
+        RouteOffer(o.price, None if o.tokens_per_s is None else o.tokens_per_s * rate) for o in offers
+    )
     return bounded, gpu * rate, routes
 
 
@@ -165,7 +167,9 @@ class Pacer:
         if any(n <= 0 for n in evidence):
             return standing  # nothing measured yet: the settings' plan stands
         spread = band(min(evidence)) if evidence else BAND_FLOOR
-        work, gpu, offers = at_the_end(facts.work_left, self.gpu_tokens_per_s, facts.offers, spread, hopeful=standing)
+        work, gpu, offers = at_the_end(
+            facts.work_left, self.gpu_tokens_per_s, facts.offers, spread, hopeful=standing
+        )
         if plan_fleets(work, facts.deadline - facts.now, gpu, offers, facts.budget_left).fits == standing:
             return standing  # within the uncertainty: not yet a real change
         self.verdict = live.fits
@@ -197,7 +201,9 @@ class Pacer:
         if not aim.fits and shown.fits:
             aim, aim_s = shown, time_left
         if aim.openrouter_tokens <= 0:
-            return PaceDecision(0, self._moved(0, "GPUs alone make the deadline: OpenRouter idle"), shown, aim, 0.0)
+            return PaceDecision(
+                0, self._moved(0, "GPUs alone make the deadline: OpenRouter idle"), shown, aim, 0.0
+            )
         if not aim.reachable:
             note = f"deadline cannot be met at OpenRouter's rates: flat out; {_out(shown)}"
             return PaceDecision(self.max_in_flight, self._moved(self.max_in_flight, note), shown, aim, None)

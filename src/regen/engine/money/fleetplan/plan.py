@@ -234,9 +234,7 @@ def earliest_seconds(
     if gpu_tokens_per_s > 0:
         ends.append(work.output_tokens / gpu_tokens_per_s)
     fitting = [
-        e
-        for e in ends
-        if math.isfinite(e) and _meets(work, gpu_tokens_per_s, offers, math.ceil(e), budget)
+        e for e in ends if math.isfinite(e) and _meets(work, gpu_tokens_per_s, offers, math.ceil(e), budget)
     ]
     if not fitting:
         return None
