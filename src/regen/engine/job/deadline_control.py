@@ -177,7 +177,9 @@ class DeadlineControl:
             if mark is not None and now - mark.at < MIN_SPAN_S:
                 continue  # too short to measure: the next tick measures from the older mark
             self._marks[lane.name] = _Mark(now, made, flown)
-            if mark is None:
+            if mark is None or mark.tokens == 0:
+                # Measured from the first tokens on: the ramp before them (the first prefills, a start
+                # on a busy machine) is not the fleet's pace, and one early sample weighs a lot.
                 continue
             span = max(span, now - mark.at)
             tokens += made - mark.tokens
