@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import subprocess
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from regen.engine.data.datasets import Dataset
 from regen.engine.data.scan import scan
 from regen.engine.run.checkpoint import CHECKPOINTS_DIR, Checkpointer, Lane
 from regen.engine.run.recovery import read_journals
+from regen.engine.run.runlock import holder
 from tests.support.datasets import read_rows, write_dataset
 from tests.support.openrouter_sim import SECRET
 from tests.support.processes import ENV, kill_at_random_moments, regen_argv, settings_file, wait_for_attempts
@@ -97,6 +100,53 @@ def test_signals_drain_and_exit_with_their_code(
     journal = [orjson.loads(x) for x in (tmp_path / "run" / "attempts.jsonl").read_bytes().splitlines()]
     starts = {r["rid"] for r in journal if r["k"] == "start"}
     assert starts == {r["rid"] for r in journal if r["k"] == "end"}, "drained: nothing left in flight"
+
+
+def test_a_signal_while_the_job_starts_stops_it_before_anything_is_sent(
+    sim_process: str, tmp_path: Path
+) -> None:
+    # The simulator is frozen so the job's start waits on it (the catalog) with the run folder taken:
+    # a SIGINT then used to reach asyncio's own handler, whose cancel was lost, and the job ran on.
+    [sim_pid] = [pid for pid, argv in processes() if str(tmp_path / "sim.json") in argv]
+    data = [write_dataset(tmp_path, "A", 300)]
+    settings = settings_file(tmp_path, sim_process, data, concurrency=8)
+    os.kill(sim_pid, signal.SIGSTOP)
+    try:
+        proc = subprocess.Popen(
+            regen_argv("run", "--headless", "--settings", str(settings)),
+            env={**ENV, "OPENROUTER_API_KEY": "sk-sim-test"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 60
+        while holder(tmp_path / "run") != proc.pid and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.3)  # past the lock: asking the frozen simulator
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+    finally:
+        os.kill(sim_pid, signal.SIGCONT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out[-1500:] + err[-1500:]
+    assert "SIGINT: stopping as soon as the job has started" in out and "Traceback" not in err
+    journal = tmp_path / "run" / "attempts.jsonl"
+    assert not journal.exists() or b'"k":"start"' not in journal.read_bytes(), "nothing sent"
+    assert read_rows(data[0]) == []
+
+
+def processes() -> list[tuple[int, str]]:
+    """(pid, command line) of every process this user can see."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                found.append(
+                    (int(entry.name), (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+                )
+            except OSError:
+                continue
+    return found
 
 
 def test_status_lines_and_summary(sim_process: str, tmp_path: Path) -> None:

@@ -2,6 +2,6 @@
 
 import sys
 
-from regen.cli.main import main
+from regen.cli.entry import main
 
 sys.exit(main())

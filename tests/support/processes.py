@@ -23,7 +23,7 @@ ENV.pop("OPENROUTER_API_KEY", None)
 
 def regen_argv(*args: str) -> list[str]:
     """The command line of `regen ARGS`: this interpreter, this checkout's regen (run it with ENV)."""
-    return [sys.executable, "-m", "regen.cli.main", *args]
+    return [sys.executable, "-m", "regen", *args]
 
 
 def run_regen(

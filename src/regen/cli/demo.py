@@ -193,11 +193,10 @@ async def _run_job(settings: Settings) -> int:
 
     job = Job(settings)
     try:
-        await job.prepare()
+        return (await run_headless(job)).exit_code  # prepares it, a signal meanwhile heard
     except JobError as exc:
         print(f"regen: {exc}", file=sys.stderr)
         return 1
-    return (await run_headless(job)).exit_code
 
 
 def _demo_sglang_headless(folder: Path, speed: float) -> int:

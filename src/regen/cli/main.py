@@ -16,6 +16,7 @@ from regen.cli.audit import add_parsers as add_audit_parsers
 from regen.cli.audit import run as run_audit_command
 from regen.cli.data import add_parsers as add_data_parsers
 from regen.cli.data import run as run_data_command
+from regen.cli.entry import EXIT_SIGINT
 from regen.cli.hosts import add_parsers as add_host_parsers
 from regen.cli.hosts import fetch_tokenizer_for_run
 from regen.cli.hosts import run as run_host_command
@@ -164,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SettingsError as exc:
         return _fail(str(exc), EXIT_USAGE)
     except KeyboardInterrupt:
-        return 130
+        return EXIT_SIGINT
     return _fail(f"unknown command {args.command}", EXIT_USAGE)
 
 
@@ -180,10 +181,9 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
 
         job = Job(settings, only=only, skip_invalid=args.skip_invalid or None)
         try:
-            await job.prepare()
+            outcome = await run_headless(job)  # prepares it, a signal meanwhile heard
         except (JobError, JsonlError) as exc:  # JsonlError: a results file or journal holds garbage
             return _fail(str(exc))
-        outcome = await run_headless(job)
         return outcome.exit_code
 
     return run(go())

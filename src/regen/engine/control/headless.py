@@ -332,10 +332,20 @@ async def run_headless(
     interval_s: float | None = None,
     on_ready: Callable[[Job], None] | None = None,
 ) -> Outcome:
-    """Run a prepared job to its end, printing status lines; installs SIGINT/SIGTERM handlers."""
+    """Run a job to its end, printing status lines, with SIGINT/SIGTERM handlers; prepare() it
+    first if that is not done. Under the handlers: a signal while the job starts (a scan, a resume
+    over a long journal) stops it as soon as the start is done, before anything is sent (left to
+    asyncio's own handler, that signal was lost and the job ran on). prepare()'s JobError is raised."""
     interval = job.settings.headless.status_interval_s if interval_s is None else interval_s
     loop = asyncio.get_running_loop()
     installed = _install_signals(loop, job, out)
+    try:
+        if not job.prepared:
+            await job.prepare()
+    except BaseException:
+        for signum in installed:
+            loop.remove_signal_handler(signum)
+        raise
     control = await _open_control(job, out)
     metrics = await open_metrics(job, out)
     if on_ready is not None:
@@ -376,10 +386,11 @@ def _install_signals(loop: asyncio.AbstractEventLoop, job: Job, out: TextIO) -> 
         reason = StopReason.SIGINT if signum == signal.SIGINT else StopReason.SIGTERM
         name = signal.Signals(signum).name
         if len(seen) == 1:
-            _say(
-                out,
-                f"{name}: draining {job.snapshot()['in_flight']} requests in flight (again to cancel them)",
-            )
+            if job.prepared:
+                in_flight = job.snapshot()["in_flight"]
+                _say(out, f"{name}: draining {in_flight} requests in flight (again to cancel them)")
+            else:
+                _say(out, f"{name}: stopping as soon as the job has started; nothing will be sent")
             job.stop(reason=reason, message=f"interrupted by {name}; in-flight requests drained")
         else:
             _say(out, f"{name}: cancelling requests in flight; they are re-sent on the next run")

@@ -70,6 +70,7 @@ class Job:
         self.skip_invalid = settings.job.skip_invalid if skip_invalid is None else skip_invalid
         self.run_dir = settings.job.run_dir
         self.state = JobState.STARTING
+        self.prepared = False  # prepare() done: the job may run
         self.outcome: Outcome | None = None
         self.started_at = time.time()
         self.started_mono = time.monotonic()
@@ -209,6 +210,7 @@ class Job:
             # The plan before the start, from the settings' rates (docs/fleets.md, "In the job").
             plan = self.deadline_control.tick().plan
             self.events.event("fleet_plan", reason=plan.reason, fits=plan.fits, plan=plan.to_dict())
+        self.prepared = True
 
     def _checkpointer(self, scanned: list[Scanned]) -> Checkpointer:
         """Each lane's reading of the journals and each dataset's rows, kept between checkpoints.
