@@ -47,7 +47,7 @@ from regen.engine.run.recovery import JournalState
 from regen.engine.run.requeue import compact_all
 from regen.engine.run.results import ATTEMPTS_FILE, ResultsWriter
 from regen.engine.run.runlock import RunLock, RunLocked
-from regen.engine.run.segments import compress
+from regen.engine.run.segments import compress, due
 from regen.engine.run.state import DatasetState, JobError, JobState, Outcome, StopReason
 from regen.engine.schema import JobInfo, Snapshot
 
@@ -226,10 +226,26 @@ class Job:
         )
 
     async def _checkpointing(self) -> None:
-        """A checkpoint every `job.checkpoint_interval_s` while the job runs."""
+        """A checkpoint every `job.checkpoint_interval_s` while the job runs, and the attempt
+        journal rotated when it has grown to COMPACT_FROM (engine/run/segments.py)."""
         while True:
             await asyncio.sleep(self.settings.job.checkpoint_interval_s)
             await self._checkpoint()
+            if due(self.run_dir / ATTEMPTS_FILE):
+                await self._rotate()
+
+    async def _rotate(self) -> None:
+        """The attempt journal moved into its next segment while the job runs, its writer switched
+        to a fresh file between two batches (docs/faults.md, "Checkpoints"); then compressed."""
+        try:
+            moved = await self.results.attempts.switch(self.checkpoints.rotate_attempts)
+        except WriteFailed:
+            return  # moved with no fresh journal in its place: on_failure stops the job
+        except (OSError, JsonlError) as exc:  # nothing moved: the journal goes on, tried again next time
+            self.events.event("rotate_failed", reason=str(exc)[:300])
+            return
+        if moved:
+            self._background.add(asyncio.get_running_loop().create_task(self._compress()))
 
     async def _compress(self) -> None:
         try:

@@ -36,10 +36,11 @@ from typing import Any
 
 import orjson
 
+from regen.engine.data.jsonl import JsonlError, WriteFailed
 from regen.engine.data.scan import ScanReport
 from regen.engine.run import lineset, recovery
 from regen.engine.run.recovery import DatasetProgress, JournalReplay, JournalState, read_rows
-from regen.engine.run.segments import last_segment, rotate
+from regen.engine.run.segments import clear_fresh, due, last_segment, rotate, rotate_live
 
 CHECKPOINTS_DIR = "checkpoints"
 KEEP = 2
@@ -153,6 +154,7 @@ class Checkpointer:
         if self.dir.is_dir():
             for stale in self.dir.glob(".*.tmp"):  # a write a crash cut short: never a checkpoint
                 stale.unlink()
+        clear_fresh(self.attempts_path)  # a rotation a crash cut short (engine/run/segments.py)
         loaded = self._load()
         if loaded is None:
             self.replays = {
@@ -206,7 +208,47 @@ class Checkpointer:
         with self._lock:
             self._advance()
 
+    def rotate_attempts(self) -> int | None:
+        """The attempt journal, grown to COMPACT_FROM while the job runs, rotated into its next
+        segment, with a checkpoint that has read all of it; the fresh journal's descriptor, or None
+        when it has not grown that far. Call it while nothing writes the journal and everything
+        written is on disk: from its appender's `switch` (engine/data/jsonl.py), as the job does.
+
+        The checkpoint is written first, naming the segment count the rotation makes and offset 0
+        of the fresh file: a SIGKILL before the rename leaves it not matching the files (passed over
+        for the one before it, which reads on through the old file; the next start clears it), one
+        after leaves it matching. A failure before the journal moved (the checkpoint not written,
+        the rename refused) raises after putting everything back, so the journal goes on unrotated.
+        """
+        with self._lock:
+            if not due(self.attempts_path):
+                return None
+            self._read()
+            size = self.attempts_path.stat().st_size
+            if any(replay.attempts_at[0] != size for replay in self.replays.values()):
+                # A line the readers left (none should be: every batch is whole and synced).
+                raise JsonlError(f"{self.attempts_path}: not read to its end, so not rotated")
+            read = {name: replay.attempts_at for name, replay in self.replays.items()}
+            for replay in self.replays.values():
+                replay.attempts_at = (0, 0)
+            number = self._number()
+            try:
+                self._write(segments=last_segment(self.attempts_path) + 1)
+                return rotate_live(self.attempts_path)
+            except WriteFailed:
+                raise  # it moved with no fresh journal in its place: the checkpoint is right
+            except (OSError, JsonlError):  # nothing moved
+                for name, at in read.items():
+                    self.replays[name].attempts_at = at
+                with contextlib.suppress(FileNotFoundError):
+                    (self.dir / f"{number:08d}.ckpt").unlink()
+                raise
+
     def _advance(self) -> None:
+        self._read()
+        self._write()
+
+    def _read(self) -> None:
         sizes = {name: path.stat().st_size if path.exists() else 0 for name, path in self.results.items()}
         for replay in self.replays.values():
             replay.advance(self.attempts_path, self.events_path)
@@ -221,7 +263,6 @@ class Checkpointer:
             )
             self.tails[name] = _tail_sha(path, self.progress[name].offset)
         self._forget_settled(open_lines)
-        self._write()
 
     def _holds(self, name: str, progress: DatasetProgress) -> bool:
         """Whether the dataset's results file still holds, before the offset read, what was read."""
@@ -266,14 +307,14 @@ class Checkpointer:
         with self._lock:
             return self._write()
 
-    def _write(self) -> Path:
+    def _write(self, segments: int | None = None) -> Path:
         body = pickle.dumps((self.replays, self.progress, self.prompts_sha), pickle.HIGHEST_PROTOCOL)
         files = self._files()
         head = {
             "format": _FORMAT,
             "code": _code(),
             "key": self.key,
-            "segments": last_segment(self.attempts_path),
+            "segments": last_segment(self.attempts_path) if segments is None else segments,
             "files": {
                 label: {"offset": offset, "tail": _tail_sha(files[label], offset)}
                 for label, offset in self._offsets().items()
@@ -282,8 +323,7 @@ class Checkpointer:
             "body_sha256": hashlib.sha256(body).hexdigest(),
         }
         self.dir.mkdir(parents=True, exist_ok=True)
-        existing = self._existing()
-        number = int(existing[0].stem) + 1 if existing else 1
+        number = self._number()
         path = self.dir / f"{number:08d}.ckpt"
         temporary = self.dir / f".{number:08d}.{os.getpid()}.tmp"
         try:
@@ -305,6 +345,11 @@ class Checkpointer:
             with contextlib.suppress(FileNotFoundError):
                 old.unlink()
         return path
+
+    def _number(self) -> int:
+        """The number the next checkpoint file gets."""
+        existing = self._existing()
+        return int(existing[0].stem) + 1 if existing else 1
 
     def _existing(self) -> list[Path]:
         """Checkpoint files, newest first."""
@@ -332,7 +377,13 @@ class Checkpointer:
         body = data[cut + 1 :]
         if head["format"] != _FORMAT or head["code"] != code or head["key"] != self.key:
             return False
-        if head["segments"] != last_segment(self.attempts_path):
+        segments = last_segment(self.attempts_path)
+        if head["segments"] > segments:
+            # Written for a rotation a crash stopped before its rename (rotate_attempts): once another
+            # rotation makes that many segments its offset 0 would match a file it never read.
+            path.unlink()
+            return False
+        if head["segments"] != segments:
             return False  # the journal was rotated since: its offsets are of another file
         if len(body) != head["body_bytes"] or hashlib.sha256(body).hexdigest() != head["body_sha256"]:
             return False  # torn or damaged

@@ -20,11 +20,15 @@ import gzip
 import os
 import re
 import shutil
+import threading
 from pathlib import Path
+
+from regen.engine.data.jsonl import WriteFailed, create_locked
 
 SEGMENTS_DIR = "segments"
 # A journal smaller than this stays whole: about 200,000 attempts, seconds to read.
 COMPACT_FROM = 64 << 20
+_compressing = threading.Lock()
 _PART = re.compile(r"^(?P<stem>.+)\.(?P<n>\d{6})\.jsonl(?P<gz>\.gz)?$")
 
 
@@ -64,12 +68,17 @@ def last_segment(path: Path) -> int:
     return int(match["n"]) if match else 0
 
 
+def due(path: Path) -> bool:
+    """Whether journal `path` has grown to COMPACT_FROM: its next checkpoint rotates it."""
+    try:
+        return path.stat().st_size >= COMPACT_FROM
+    except FileNotFoundError:
+        return False
+
+
 def rotate(path: Path) -> Path | None:
     """Journal `path` renamed to its next segment (nothing writes it now), if it is COMPACT_FROM or more."""
-    try:
-        if path.stat().st_size < COMPACT_FROM:
-            return None
-    except FileNotFoundError:
+    if not due(path):
         return None
     folder = path.parent / SEGMENTS_DIR
     folder.mkdir(exist_ok=True)
@@ -80,8 +89,63 @@ def rotate(path: Path) -> Path | None:
     return target
 
 
+def _fresh(path: Path) -> Path:
+    """Where the file that takes journal `path`'s place while the job runs is made, before it moves there."""
+    return path.with_name(f".{path.name}.next")
+
+
+def clear_fresh(path: Path) -> None:
+    """A fresh journal a crash left before it took `path`'s place (always empty: nothing writes it
+    before it is there). Only while nothing writes the journal (a start)."""
+    with contextlib.suppress(FileNotFoundError):
+        _fresh(path).unlink()
+
+
+def rotate_live(path: Path) -> int:
+    """Journal `path`, which its writer holds between two batches, renamed to its next segment and a
+    fresh one, flocked, put in its place; the fresh one's descriptor (engine/data/jsonl.py `switch`).
+
+    The fresh file is made and flocked first, beside it; then the journal is renamed to the segment
+    (its writer's flock goes with it) and the fresh file renamed to `path`. Between the two renames
+    `path` is absent: the run lock (engine/run/runlock.py) keeps any other job out meanwhile, and
+    a SIGKILL there leaves segments + no file, the whole history, with only the empty fresh file to
+    clear. An OSError before the journal moved leaves it as it was (nothing moved); a WriteFailed
+    says it moved with no fresh file in its place, so nothing may be written to it any more.
+    """
+    folder = path.parent / SEGMENTS_DIR
+    folder.mkdir(exist_ok=True)
+    target = folder / f"{path.stem}.{last_segment(path) + 1:06d}.jsonl"
+    fresh = _fresh(path)
+    clear_fresh(path)
+    fd = create_locked(fresh)
+    try:
+        os.rename(path, target)
+    except BaseException:
+        os.close(fd)
+        fresh.unlink()
+        raise
+    try:
+        os.rename(fresh, path)
+        _fsync_dir(folder)
+        _fsync_dir(path.parent)
+    except OSError as exc:
+        os.close(fd)
+        raise WriteFailed.from_exception(path, exc) from exc
+    return fd
+
+
 def compress(path: Path) -> int:
-    """Every plain segment of journal `path` compressed (safe to run again after a crash); how many."""
+    """Every plain segment of journal `path` compressed (safe to run again after a crash); how many.
+
+    One at a time in a process: a job's compression is cancelled at its stop while its thread goes
+    on, and a second one started meanwhile (the next start, a later rotation) must not clear the
+    first one's temporary as a crash's.
+    """
+    with _compressing:
+        return _compress(path)
+
+
+def _compress(path: Path) -> int:
     folder = path.parent / SEGMENTS_DIR
     if not folder.is_dir():
         return 0
