@@ -47,7 +47,7 @@ from regen.engine.run.recovery import JournalState
 from regen.engine.run.requeue import compact_all
 from regen.engine.run.results import ATTEMPTS_FILE, ResultsWriter
 from regen.engine.run.runlock import RunLock, RunLocked
-from regen.engine.run.segments import compress, due
+from regen.engine.run.segments import compress
 from regen.engine.run.state import DatasetState, JobError, JobState, Outcome, StopReason
 from regen.engine.schema import JobInfo, Snapshot
 
@@ -223,6 +223,7 @@ class Job:
             self.run_dir / EVENTS_FILE,
             [CheckpointLane(lane.name, lane.name, default, lane is self.lanes[0]) for lane in self.lanes],
             {item.dataset.name: item.dataset.results_path for item in scanned},
+            rotate_from=max(1, int(self.settings.job.journal_segment_mb * (1 << 20))),
         )
 
     async def _checkpointing(self) -> None:
@@ -231,7 +232,7 @@ class Job:
         while True:
             await asyncio.sleep(self.settings.job.checkpoint_interval_s)
             await self._checkpoint()
-            if due(self.run_dir / ATTEMPTS_FILE):
+            if self.checkpoints.rotation_due():
                 await self._rotate()
 
     async def _rotate(self) -> None:

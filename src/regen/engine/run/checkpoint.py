@@ -120,9 +120,16 @@ class Checkpointer:
     """The run's readers, kept between checkpoints: `resume` at a start, `advance` after."""
 
     def __init__(
-        self, run_dir: Path, attempts: Path, events: Path, lanes: Sequence[Lane], results: Mapping[str, Path]
+        self,
+        run_dir: Path,
+        attempts: Path,
+        events: Path,
+        lanes: Sequence[Lane],
+        results: Mapping[str, Path],
+        rotate_from: int | None = None,
     ) -> None:
         self.dir = run_dir / CHECKPOINTS_DIR
+        self.rotate_from = rotate_from  # bytes of attempt journal rotated (None: segments.COMPACT_FROM)
         self.attempts_path, self.events_path = attempts, events
         self.lanes = list(lanes)
         self.results = dict(results)
@@ -189,7 +196,7 @@ class Checkpointer:
             self.tails[name] = _tail_sha(path, self.progress[name].offset)
         self._forget_settled(open_lines)
         # Everything read is in the checkpoint the job writes next: a grown journal becomes history.
-        if rotate(self.attempts_path) is not None:
+        if rotate(self.attempts_path, self.rotate_from) is not None:
             for replay in self.replays.values():
                 replay.attempts_at = (0, 0)
         copies: tuple[dict[str, JournalReplay], dict[str, DatasetProgress]] = _copy(
@@ -221,7 +228,7 @@ class Checkpointer:
         the rename refused) raises after putting everything back, so the journal goes on unrotated.
         """
         with self._lock:
-            if not due(self.attempts_path):
+            if not self.rotation_due():
                 return None
             self._read()
             size = self.attempts_path.stat().st_size
@@ -243,6 +250,10 @@ class Checkpointer:
                 with contextlib.suppress(FileNotFoundError):
                     (self.dir / f"{number:08d}.ckpt").unlink()
                 raise
+
+    def rotation_due(self) -> bool:
+        """Whether the attempt journal has grown to its rotation size (`rotate_attempts`)."""
+        return due(self.attempts_path, self.rotate_from)
 
     def _advance(self) -> None:
         self._read()

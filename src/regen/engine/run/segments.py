@@ -26,7 +26,8 @@ from pathlib import Path
 from regen.engine.data.jsonl import WriteFailed, create_locked
 
 SEGMENTS_DIR = "segments"
-# A journal smaller than this stays whole: about 200,000 attempts, seconds to read.
+# A journal smaller than this stays whole: about 200,000 attempts, seconds to read. The default of
+# `job.journal_segment_mb`, which a job passes as `limit`.
 COMPACT_FROM = 64 << 20
 _compressing = threading.Lock()
 _PART = re.compile(r"^(?P<stem>.+)\.(?P<n>\d{6})\.jsonl(?P<gz>\.gz)?$")
@@ -68,17 +69,17 @@ def last_segment(path: Path) -> int:
     return int(match["n"]) if match else 0
 
 
-def due(path: Path) -> bool:
-    """Whether journal `path` has grown to COMPACT_FROM: its next checkpoint rotates it."""
+def due(path: Path, limit: int | None = None) -> bool:
+    """Whether journal `path` has grown to `limit` bytes (None: COMPACT_FROM): it is rotated next."""
     try:
-        return path.stat().st_size >= COMPACT_FROM
+        return path.stat().st_size >= (COMPACT_FROM if limit is None else limit)
     except FileNotFoundError:
         return False
 
 
-def rotate(path: Path) -> Path | None:
-    """Journal `path` renamed to its next segment (nothing writes it now), if it is COMPACT_FROM or more."""
-    if not due(path):
+def rotate(path: Path, limit: int | None = None) -> Path | None:
+    """Journal `path` renamed to its next segment (nothing writes it now), if it is `due`."""
+    if not due(path, limit):
         return None
     folder = path.parent / SEGMENTS_DIR
     folder.mkdir(exist_ok=True)
