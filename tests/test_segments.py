@@ -137,7 +137,7 @@ def test_a_rotation_while_running_keeps_the_history_whole_at_every_crash_point(
                 raise Killed
             os.replace(src, dst)
 
-        m.setattr(segments.os, "rename", rename)
+        m.setattr(os, "rename", rename)
         if crash == "before the rename":
             m.setattr(checkpoint, "rotate_live", lambda path: (_ for _ in ()).throw(Killed()))
         if crash == "rename refused":

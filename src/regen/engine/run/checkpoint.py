@@ -9,16 +9,22 @@ reads only what was written after its offsets, so it rebuilds exactly what a ful
 
 Written at every start (after the read), every `job.checkpoint_interval_s` while the job runs and at
 every clean stop, each time by reading on from the previous checkpoint's offsets: the checkpoint is
-what the files say, never the live job's counters. While the job writes, the rows are read only up
-to the size they had before the journals were read, so every row read has its attempt's records read
-too (a row is written after its attempt's start record).
+what the files say, never the live job's counters. A periodic one whose attempt journal has grown to
+its rotation size is followed by `rotate_attempts`: the journal read to its end while its writer
+waits, a checkpoint at offset 0 of the next file written first, then the rename
+(engine/run/segments.py). While the job writes, the rows are read only up to the size they had
+before the journals were read, so every row read has its attempt's records read too (a row is
+written after its attempt's start record).
 
-A file: one JSON line (format, the reading code's fingerprint, the run's lanes and datasets, each
-file's offset and the sha256 of the 4 KB before it, the body's length and sha256), then the body (the
-readers' state, pickled). Written to a temporary name, fsynced, renamed; the last KEEP are kept. One
-that does not read whole (torn, damaged, another regen, files that no longer hold what it read) is
-passed over for the one before it; with none, the files are read from the start (docs/faults.md,
-"Checkpoints"). The body is unpickled only into the classes listed in _ALLOWED.
+A file: one JSON line (format, the reading code's fingerprint, the run's lanes and datasets, the
+attempt journal's segment count, each file's offset and the sha256 of the 4 KB before it, the
+body's length and sha256), then the body (the readers' state, pickled). Written to a temporary
+name, fsynced, renamed; the last KEEP are kept. One that does not read whole (torn, damaged,
+another regen, files that no longer hold what it read, another segment count) is passed over for
+the one before it; with none, the files are read from the start (docs/faults.md, "Checkpoints").
+Offset 0 has no bytes to check, so one naming more segments than there are (a rotation a crash
+stopped before its rename) is removed by the start that finds it, before a later rotation could
+make it match a file it never read. The body is unpickled only into the classes listed in _ALLOWED.
 """
 
 from __future__ import annotations

@@ -1,16 +1,21 @@
 """The attempt journal's history, rotated into compressed segments that a resume never reads.
 
 A checkpoint (engine/run/checkpoint.py) holds everything a start needs from the records before it,
-so at a start whose attempts.jsonl has grown past COMPACT_FROM, the whole file (all of it read into
-the checkpoint written next) becomes segment N: renamed into `segments/` at once, then compressed in
-the background. A start reads the checkpoint and the new attempts.jsonl only; whoever needs the whole
-history (a start without a usable checkpoint, `regen verify`'s spend, a spend audit:
+so once attempts.jsonl has grown to `job.journal_segment_mb` (COMPACT_FROM by default) the whole
+file, all of it read into a checkpoint, becomes segment N: renamed into `segments/` at once, then
+compressed in the background. At a start (`rotate`: nothing writes it) and while the job runs, at a
+periodic checkpoint (`rotate_live`: its writer holds it between two batches, and goes on in a fresh
+file made, flocked, before the rename; engine/data/jsonl.py `switch`), so the file of a job never
+restarted stays bounded too. A start reads the checkpoint and the new attempts.jsonl only; whoever
+needs the whole history (a start without a usable checkpoint, `regen verify`'s spend, a spend audit:
 engine/run/recovery.py read_journals and journal_spend) reads the segments in order, then the file.
 
 Crash-safe at every step: the rename moves the file whole (history = segments + attempts.jsonl holds
-throughout); the compressed copy is written to a temporary name, fsynced and renamed, and only then
-is the plain segment removed; a segment found both plain and compressed is read plain; a temporary
-left by a crash is removed and the plain segment compressed again (docs/faults.md, "Checkpoints").
+throughout, the file absent for a moment while the job runs); the compressed copy is written to a
+temporary name, fsynced and renamed, and only then is the plain segment removed; a segment found
+both plain and compressed is read plain; a temporary left by a crash is removed and the plain
+segment compressed again; a fresh file a crash left before it took the journal's place is removed
+(docs/faults.md, "Checkpoints").
 """
 
 from __future__ import annotations
