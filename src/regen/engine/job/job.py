@@ -228,7 +228,7 @@ class Job:
 
     async def _checkpointing(self) -> None:
         """A checkpoint every `job.checkpoint_interval_s` while the job runs, and the attempt
-        journal rotated when it has grown to COMPACT_FROM (engine/run/segments.py)."""
+        journal rotated when it has grown to `job.journal_segment_mb` (engine/run/segments.py)."""
         while True:
             await asyncio.sleep(self.settings.job.checkpoint_interval_s)
             await self._checkpoint()

@@ -222,7 +222,7 @@ class Checkpointer:
             self._advance()
 
     def rotate_attempts(self) -> int | None:
-        """The attempt journal, grown to COMPACT_FROM while the job runs, rotated into its next
+        """The attempt journal, grown to its rotation size while the job runs, rotated into its next
         segment, with a checkpoint that has read all of it; the fresh journal's descriptor, or None
         when it has not grown that far. Call it while nothing writes the journal and everything
         written is on disk: from its appender's `switch` (engine/data/jsonl.py), as the job does.
