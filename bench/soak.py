@@ -86,6 +86,9 @@ def main() -> int:
     parser.add_argument("--fault-rate", type=float, default=0.004, help="per fault class")
     parser.add_argument("--kill-every", type=float, nargs=2, default=(120.0, 300.0), metavar=("MIN_S", "MAX_S"))
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--checkpoint-s", type=float, default=None, help="job.checkpoint_interval_s (default 300)")
+    parser.add_argument("--segment-mb", type=float, default=None, help="job.journal_segment_mb (default 64): "
+                        "below what a segment between kills writes, the journal rotates while the job runs")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     if OUT.exists():
@@ -113,7 +116,9 @@ def main() -> int:
         f'[openrouter]\nbase_url = "http://127.0.0.1:{port}/api/v1"\nmax_tokens = 256\n'
         f"[job]\ndatasets = {json.dumps([str(f) for f in folders])}\nrun_dir = {json.dumps(str(OUT / 'run'))}\n"
         f"concurrency = {args.concurrency}\nbudget_usd = 100000.0\nmax_attempts = 50\n"
-        "[headless]\nstatus_interval_s = 10.0\n"
+        + (f"checkpoint_interval_s = {args.checkpoint_s}\n" if args.checkpoint_s is not None else "")
+        + (f"journal_segment_mb = {args.segment_mb}\n" if args.segment_mb is not None else "")
+        +         "[headless]\nstatus_interval_s = 10.0\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OPENROUTER_API_KEY": KEY}
     regen = [sys.executable, "-m", "regen.cli.main"]
@@ -205,8 +210,13 @@ def main() -> int:
     results_bytes = sum((f / "raw_responses.jsonl").stat().st_size for f in folders if (f / "raw_responses.jsonl").exists())
     run_bytes = sum(p.stat().st_size for p in (OUT / "run").rglob("*") if p.is_file())
     attempts_bytes = (OUT / "run" / "attempts.jsonl").stat().st_size if (OUT / "run" / "attempts.jsonl").exists() else 0
+    parts = list((OUT / "run" / "segments").glob("attempts.*"))
+    parts_bytes = sum(p.stat().st_size for p in parts)
+    starts = sum(1 for e in map(orjson.loads, (OUT / "run" / "events.jsonl").read_bytes().splitlines()) if e["event"] == "start")
+    events_bytes = (OUT / "run" / "events.jsonl").stat().st_size
     print(f"disk: results {results_bytes / 1e6:.0f} MB, run folder {run_bytes / 1e6:.0f} MB "
-          f"(attempts.jsonl {attempts_bytes / 1e6:.0f} MB) = {run_bytes / max(results_bytes, 1):.2f}x the results")
+          f"(attempts.jsonl {attempts_bytes / 1e6:.0f} MB, {len(parts)} segments {parts_bytes / 1e6:.0f} MB "
+          f"for {starts} starts, events.jsonl {events_bytes / 1e3:.0f} KB) = {run_bytes / max(results_bytes, 1):.2f}x the results")
     ok = duplicates == 0 and money_ok
     return 0 if ok else 1
 

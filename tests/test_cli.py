@@ -7,17 +7,21 @@ import random
 import signal
 import subprocess
 import time
+import urllib.request
 from collections import Counter
+from decimal import Decimal
 from pathlib import Path
 
 import orjson
 import pytest
 
 from regen.engine.data.datasets import Dataset
+from regen.engine.data.jsonl import iter_jsonl
 from regen.engine.data.scan import scan
 from regen.engine.run.checkpoint import CHECKPOINTS_DIR, Checkpointer, Lane
 from regen.engine.run.recovery import read_journals
 from regen.engine.run.runlock import holder
+from regen.engine.run.segments import history
 from tests.support.datasets import read_rows, write_dataset
 from tests.support.openrouter_sim import SECRET
 from tests.support.processes import ENV, kill_at_random_moments, regen_argv, settings_file, wait_for_attempts
@@ -28,10 +32,12 @@ def test_sigkill_at_random_moments_then_resume_loses_and_duplicates_nothing(
 ) -> None:
     data = [write_dataset(tmp_path, "A", 1500), write_dataset(tmp_path, "B", 500)]
     # A checkpoint every second: kills land between checkpoints, and each start reads on from the
-    # last one (docs/faults.md, "Checkpoints").
+    # last one; the journal rotated at 40 KB, by checkpoints while running and by starts, so kills
+    # land around rotations too (docs/faults.md, "Checkpoints").
     settings = settings_file(
-        tmp_path, sim_process, data, concurrency=32, max_attempts=20, checkpoint_interval_s=1
-    )
+        tmp_path, sim_process, data, concurrency=32, max_attempts=20, checkpoint_interval_s=1,
+        journal_segment_mb=0.04,
+    )  # fmt: skip
     env = {**ENV, "OPENROUTER_API_KEY": "sk-sim-test"}
     kills = kill_at_random_moments(settings, env, random.Random(11), 4, 0.8, 2.5)
     assert kills >= 2, "the job finished too fast to be killed"
@@ -53,16 +59,36 @@ def test_sigkill_at_random_moments_then_resume_loses_and_duplicates_nothing(
         lines = Counter(row["line"] for row in rows)
         assert set(lines) == set(range(count)), "no prompt lost"
         assert max(lines.values()) == 1, "no row duplicated"
-    journal = [orjson.loads(x) for x in (tmp_path / "run" / "attempts.jsonl").read_bytes().splitlines()]
-    starts = {r["rid"] for r in journal if r["k"] == "start"}
-    ends = {r["rid"] for r in journal if r["k"] == "end"}
+    run = tmp_path / "run"
+    parts = history(run / "attempts.jsonl")
+    begun = [e for _, e in iter_jsonl(run / "events.jsonl") if e["event"] == "start"]
+    assert len(parts) - 1 > len(begun), "more segments than starts: checkpoints rotated while running"
+    journal = [record for part in parts for _, record in iter_jsonl(part)]
+    started = [r["rid"] for r in journal if r["k"] == "start"]
+    assert len(started) == len(set(started)), "no record read twice"
+    starts, ends = set(started), {r["rid"] for r in journal if r["k"] == "end"}
     assert starts == ends, "every attempt in flight at a kill was settled at the next start"
     assert any(r.get("outcome") == "lost_at_crash" for r in journal)
     # The clean stop's checkpoint holds everything: a start from it rebuilds what a full read does.
-    run = tmp_path / "run"
     full = read_journals(
         run / "attempts.jsonl", run / "events.jsonl", backend="openrouter", default="openrouter"
     )
+    # Every bill regen has the id of is counted at what was billed; those killed before their
+    # response headers stay at their worst case, flagged, until the key's usage bounds them at the
+    # end (tests/test_providers.py test_sigkill_then_resume_the_ledger_equals_the_bill).
+    with urllib.request.urlopen(sim_process.replace("/api/v1", "/_sim/ledger")) as response:
+        bill = orjson.loads(response.read())
+    known = {r["gen"] for r in journal if r.get("gen")}
+    billed_known = sum((Decimal(repr(r["cost"])) for r in bill["records"] if r["id"] in known), Decimal(0))
+    assert full.spent - full.estimated == billed_known
+    assert Decimal(bill["billed_total"]) - billed_known <= full.estimated
+    if full.estimates.unknowable_count:
+        assert full.spent == Decimal(bill["billed_total"])
+    verified = subprocess.run(
+        regen_argv("verify", "--settings", str(settings), *map(str, data)),
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert verified.returncode == 0 and "no violations" in verified.stdout, verified.stdout + verified.stderr
     datasets = [Dataset(folder.name, folder) for folder in data]
     resumed = Checkpointer(
         run, run / "attempts.jsonl", run / "events.jsonl", [Lane("openrouter", "openrouter", "openrouter", True)],

@@ -12,10 +12,10 @@ import orjson
 import pytest
 
 from regen.engine.config.settings import Settings
+from regen.engine.data.jsonl import iter_jsonl
 from regen.engine.job.job import Job, JobError, JobState, StopReason
-from regen.engine.run import segments
 from regen.engine.run.recovery import read_journals
-from regen.engine.run.segments import SEGMENTS_DIR
+from regen.engine.run.segments import SEGMENTS_DIR, history
 from regen.sim.openrouter.config import FAULT_CLASSES
 from regen.sim.openrouter.server import OpenRouterSim
 from tests.support.datasets import one_row_per_prompt, read_rows, write_dataset
@@ -484,12 +484,11 @@ async def test_a_job_stopped_and_resumed_over_compactions_writes_each_row_once_a
     sim: OpenRouterSim,
     tmp_path: Path,
     make_settings: Callable[..., Settings],
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(segments, "COMPACT_FROM", 1)
     sim.config.time_scale = 0.05
     a = write_dataset(tmp_path, "A", 60)
-    settings = make_settings(sim.base_url, [a], concurrency=16)
+    # Every start rotates (1 byte); no checkpoint while running does (300 s).
+    settings = make_settings(sim.base_url, [a], concurrency=16, journal_segment_mb=1e-6)
     for stop_at in (10, 30):
         job = Job(settings)
         await job.prepare()
@@ -510,3 +509,34 @@ async def test_a_job_stopped_and_resumed_over_compactions_writes_each_row_once_a
     ledger = last.lanes[0].ledger
     assert ledger.spent == full.spent and ledger.estimated == full.estimated
     assert ledger.spent - ledger.estimated <= sim.billing.billed_total <= ledger.spent
+
+
+async def test_a_journal_rotated_while_the_job_runs_keeps_every_row_and_cent_and_stays_bounded(
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    """engine/run/checkpoint.py rotate_attempts through the appender's switch, with the job writing."""
+    sim.config.time_scale = 0.05
+    a = write_dataset(tmp_path, "A", 240)
+    limit = 16_000
+    settings = make_settings(
+        sim.base_url, [a], concurrency=6, checkpoint_interval_s=1, journal_segment_mb=limit / (1 << 20)
+    )
+    job = await run_job(settings)
+    assert job.outcome is not None and job.outcome.reason is StopReason.DONE
+    one_row_per_prompt(a, 240)
+    run_dir = settings.job.run_dir
+    parts = history(run_dir / "attempts.jsonl")
+    assert len(parts) >= 3, "one start with an empty journal: every segment was rotated while it ran"
+    # Each rotation waited for the next checkpoint (a second at most) past the limit.
+    assert all(part.stat().st_size < 4 * limit for part in parts)
+    records = [record for part in parts for _, record in iter_jsonl(part)]
+    starts = [r["rid"] for r in records if r["k"] == "start"]
+    assert len(starts) == len(set(starts)) and {r["rid"] for r in records if r["k"] == "end"} == set(starts)
+    full = read_journals(run_dir / "attempts.jsonl", run_dir / "events.jsonl")
+    assert full.spent == job.lanes[0].ledger.spent == sim.billing.billed_total > 0
+    # The next start reads the last checkpoint and the fresh file only, and gets the same money.
+    again = Job(settings)
+    await again.prepare()
+    assert again.lanes[0].ledger.spent == full.spent
+    assert again.checkpoints.written == 1
+    await again.run()

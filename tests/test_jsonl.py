@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import orjson
 import pytest
 
 import regen.engine.data.jsonl as jsonl
-from regen.engine.data.jsonl import JsonlAppender, JsonlError, iter_jsonl, repair_torn_tail
+from regen.engine.data.jsonl import JsonlAppender, JsonlError, create_locked, iter_jsonl, repair_torn_tail
 from tests.support.processes import ROOT
 
 # -- repair_torn_tail -----------------------------------------------------------------------
@@ -250,6 +251,59 @@ async def test_cancelled_wait_does_not_break_the_writer(tmp_path: Path) -> None:
         fut.cancel()
         await app.append({"i": 1})
     assert [o["i"] for _, o in iter_jsonl(p)] == [0, 1]
+
+
+async def test_a_switch_moves_the_writer_between_batches_keeping_order_lock_and_failures_apart(
+    tmp_path: Path,
+) -> None:
+    p, old = tmp_path / "out.jsonl", tmp_path / "old.jsonl"
+    app = await JsonlAppender.open(p, commit_interval_s=0.01)
+    await asyncio.gather(*[app.append({"i": i}) for i in range(5)])
+    queued = threading.Event()
+    seen: list[int] = []
+
+    def move() -> int:
+        queued.wait(5)
+        # The writer is between batches: lines appended meanwhile wait for it.
+        seen.append(len(list(iter_jsonl(p))))
+        os.rename(p, old)
+        fresh = tmp_path / ".fresh"
+        fd = create_locked(fresh)
+        os.rename(fresh, p)
+        return fd
+
+    switching = asyncio.ensure_future(app.switch(move))
+    await asyncio.sleep(0.05)
+    during = [app.append({"i": i}) for i in range(5, 10)]
+    queued.set()
+    assert await switching is True
+    await asyncio.gather(*during)
+    assert seen == [5]
+    assert [o["i"] for _, o in iter_jsonl(old)] == [0, 1, 2, 3, 4]
+    assert [o["i"] for _, o in iter_jsonl(p)] == [5, 6, 7, 8, 9]
+    with pytest.raises(JsonlError, match="another writer"):
+        await JsonlAppender.open(p)  # the fresh file is locked as the old one was
+    second = await JsonlAppender.open(old)  # and the old one no longer is
+    await second.close()
+
+    def refused() -> int:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    with pytest.raises(OSError, match="cross-device"):
+        await app.switch(refused)
+    await app.append({"i": 10})  # a move that failed leaves the writer on its file
+    assert [o["i"] for _, o in iter_jsonl(p)][-1] == 10
+
+    def lost() -> int:
+        raise jsonl.WriteFailed(p, "moved away, none in its place")
+
+    with pytest.raises(jsonl.WriteFailed, match="none in its place"):
+        await app.switch(lost)
+    with pytest.raises(jsonl.WriteFailed):
+        app.append({"i": 11})
+    with pytest.raises(jsonl.WriteFailed):
+        await app.close()
+    assert [o["i"] for _, o in iter_jsonl(p)] == [5, 6, 7, 8, 9, 10]
 
 
 # -- SIGKILL at random moments -----------------------------------------------------------------

@@ -5,17 +5,21 @@ job stopped and resumed over compactions: tests/test_job.py.)"""
 
 from __future__ import annotations
 
+import os
 import shutil
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
 
-from regen.engine.run import segments
+from regen.engine.run import checkpoint, segments
 from regen.engine.run.checkpoint import CHECKPOINTS_DIR, Resumed
+from regen.engine.run.records import end_record
 from regen.engine.run.recovery import journal_spend, read_journals
 from regen.engine.run.segments import SEGMENTS_DIR, compress, history
-from tests.support.runfolder import Run, assert_same
+from tests.support.runfolder import TS, Run, assert_same
 
 
 def start(run: Run) -> Resumed:
@@ -93,3 +97,79 @@ def test_a_crash_while_compressing_leaves_the_history_whole(
         "attempts.000001.jsonl.gz"
     ]
     assert read_journals(run.attempts, run.events).spent == want
+
+
+class Killed(BaseException):
+    """A SIGKILL at this point: nothing after it runs, no handler sees it."""
+
+
+def heads(run: Run) -> list[dict[str, Any]]:
+    return [
+        orjson.loads(p.read_bytes().split(b"\n")[0]) for p in (run.run_dir / CHECKPOINTS_DIR).glob("*.ckpt")
+    ]
+
+
+@pytest.mark.parametrize("crash", ["before the rename", "between the renames", "none", "rename refused"])
+def test_a_rotation_while_running_keeps_the_history_whole_at_every_crash_point(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, crash: str
+) -> None:
+    """engine/run/checkpoint.py rotate_attempts, as the job's appender runs it between two batches."""
+    monkeypatch.setattr(segments, "COMPACT_FROM", 1 << 30)
+    run = Run(tmp_path)
+    for line in range(4):
+        run.answered(line)
+    running = run.checkpointer()
+    running.resume(run.prompts())
+    running.write()
+    run.answered(4, "0.0011")
+    run.open(5)  # open across the rotation: ended in the fresh file
+    running.advance()
+    run.failed(6)  # not read by any checkpoint yet
+    monkeypatch.setattr(segments, "COMPACT_FROM", 1)
+    with monkeypatch.context() as m:
+        renames = []
+
+        def rename(src: Path, dst: Path) -> None:
+            renames.append(src)
+            if crash == "rename refused":
+                raise OSError(18, "Invalid cross-device link")
+            if crash == "between the renames" and len(renames) == 2:
+                raise Killed
+            os.replace(src, dst)
+
+        m.setattr(os, "rename", rename)
+        if crash == "before the rename":
+            m.setattr(checkpoint, "rotate_live", lambda path: (_ for _ in ()).throw(Killed()))
+        if crash == "rename refused":
+            with pytest.raises(OSError, match="cross-device"):
+                running.rotate_attempts()
+            # Put back: the journal goes on, read on from where it was, no checkpoint left for it.
+            assert not segments.segments(run.attempts) and len(list(run.run_dir.glob(".*"))) == 0
+            assert all(head["segments"] == 0 for head in heads(run))
+            run.journal(end_record(f"A-{5:08d}#0", "A", 5, "g5", "openrouter", "ok", Decimal("0.0009"), False, TS, ctok=30))  # fmt: skip
+            run.row(5)
+            running.advance()
+        elif crash == "none":
+            fd = running.rotate_attempts()
+            assert fd is not None
+            os.close(fd)
+            assert run.attempts.stat().st_size == 0 and len(segments.segments(run.attempts)) == 1
+            # The job's writer goes on in the fresh file.
+            run.journal(end_record(f"A-{5:08d}#0", "A", 5, "g5", "openrouter", "ok", Decimal("0.0009"), False, TS, ctok=30))  # fmt: skip
+            run.row(5)
+        else:
+            with pytest.raises(Killed):
+                running.rotate_attempts()
+    # The next start (not rotating itself): a whole history (segments + file), read from a
+    # checkpoint that matches it.
+    monkeypatch.setattr(segments, "COMPACT_FROM", 1 << 30)
+    resumed = run.checkpointer().resume(run.prompts())
+    assert resumed.from_checkpoint, crash
+    assert_same(resumed, run.full())
+    assert not list(run.run_dir.glob(".attempts*")), "a fresh file a crash left is cleared"
+    assert all(head["segments"] <= segments.last_segment(run.attempts) for head in heads(run)), (
+        "a checkpoint for a rotation that never happened is gone before another can match it"
+    )
+    # Each record counted once (a full read agreeing with a resume would not see one read twice).
+    ended = Decimal("0.0009") if crash in ("none", "rename refused") else 0
+    assert read_journals(run.attempts, run.events).spent == Decimal("0.0040") + ended

@@ -211,8 +211,17 @@ def kill_at_random_moments(
     start on a busy machine can take longer than the delay), `times` times; returns the kills."""
     kills = 0
     attempts = settings.parent / "run" / "attempts.jsonl"
+
+    def starts() -> tuple[int, int]:
+        """The journal file's inode and its start records (a rotation makes a fresh file)."""
+        try:
+            with attempts.open("rb") as f:
+                return os.fstat(f.fileno()).st_ino, f.read().count(b'"k":"start"')
+        except FileNotFoundError:
+            return 0, 0
+
     for _ in range(times):
-        before = attempts.read_bytes().count(b'"k":"start"') if attempts.exists() else 0
+        before = starts()
         proc = subprocess.Popen(
             regen_argv("run", "--headless", "--settings", str(settings)),
             env=env,
@@ -221,7 +230,8 @@ def kill_at_random_moments(
         )
         deadline = time.monotonic() + 60
         while proc.poll() is None and time.monotonic() < deadline:
-            if attempts.exists() and attempts.read_bytes().count(b'"k":"start"') > before:
+            now = starts()
+            if now[1] > (before[1] if now[0] == before[0] else 0):
                 break
             time.sleep(0.02)
         time.sleep(rng.uniform(low, high))

@@ -181,10 +181,12 @@ def _verify(args: argparse.Namespace, settings: Settings, datasets: list[Dataset
 
     from regen.engine.data.verify import verify_dataset
     from regen.engine.run.recovery import journal_spend
+    from regen.engine.run.segments import history
 
     tokenizer = _tokenizer(args, settings)
     attempts = settings.job.run_dir / "attempts.jsonl"
-    spend = journal_spend(attempts) if attempts.is_file() else None
+    # The file, or only its segments: a rotation a crash cut short (engine/run/segments.py).
+    spend = journal_spend(attempts) if any(part.is_file() for part in history(attempts)) else None
     reports = []
     for ds in datasets:
         # A journal from another run says nothing about this dataset's money.

@@ -261,6 +261,8 @@ class JobSettings(_Section):
     """How long writes gather before one fsync (group commit)."""
     checkpoint_interval_s: float = Field(300.0, ge=1, le=86400)
     """How often a running job checkpoints what a restart must rebuild (also at every start and clean stop), so a start reads only the journal records and rows written after the last checkpoint (docs/faults.md, "Checkpoints")."""
+    journal_segment_mb: float = Field(64.0, gt=0, le=1_048_576)
+    """How large (MB) the attempt journal grows before a checkpoint moves it into a compressed segment of the run folder's history that a start never reads, while the job runs or at a start (docs/faults.md, "Checkpoints")."""
     reconcile_timeout_s: float = Field(60.0, ge=0, le=86400)
     """How long to look up an estimated request's bill (/generation) before leaving it estimated, counted only while the backend is reachable; also the most the end of a drained run waits for the bills still coming (docs/money.md)."""
     outage_probe_s: float = Field(2.0, gt=0, le=60)

@@ -6,7 +6,9 @@ place. ``JsonlAppender`` is the one writer of a file and does group commit: line
 previous batch is being written and synced, then go out together as one ``write`` and one sync.
 The future returned by ``append`` resolves only after its line is on disk, so a SIGKILL at any
 moment loses nothing acknowledged; it can leave a torn last line, which the next ``open`` (or
-``repair_torn_tail``) cuts off. Line numbers are 0-based, like prompt lines.
+``repair_torn_tail``) cuts off. Line numbers are 0-based, like prompt lines. ``switch`` moves a
+long-running writer on to a fresh file between two batches (the attempt journal's rotation while a
+job runs: engine/run/segments.py).
 
 When a write or sync fails (disk full, an I/O error, a filesystem remounted read-only), the
 appender cuts the file back to its last acknowledged line, fails that batch and every later
@@ -34,6 +36,7 @@ __all__ = [
     "JsonlAppender",
     "JsonlError",
     "WriteFailed",
+    "create_locked",
     "iter_jsonl",
     "iter_lines",
     "parse_line",
@@ -257,6 +260,8 @@ class JsonlAppender:
         self._on_failure = on_failure
         # Waiters of the batch being written now: failed too if the writer is cancelled mid-write.
         self._writing: list[asyncio.Future[None] | None] = []
+        # A `switch` asked for and not yet done: the move to run between two batches, and its caller's future.
+        self._switch: tuple[Callable[[], int | None], asyncio.Future[bool]] | None = None
         self._task = self._loop.create_task(self._run(), name=f"jsonl-writer {path.name}")
 
     @classmethod
@@ -347,6 +352,26 @@ class JsonlAppender:
             return self._enqueue(b"", 0)
         lines.append(b"")
         return self._enqueue(b"\n".join(lines), len(lines) - 1)
+
+    async def switch(self, move: Callable[[], int | None]) -> bool:
+        """Run `move` on the file's own thread between two batches and go on writing where it says.
+
+        Every line of a batch already taken is durable before `move` runs; lines appended meanwhile
+        queue (in order, ``supersede`` still applying) and are written after it. `move` returns the
+        descriptor of the file now at ``path`` (opened by ``create_locked``: appending, flocked),
+        whose writes follow from then on, the old one being closed; or None to go on with the old.
+        It runs in the writer's own task, so a caller cancelled while waiting does not cut it
+        short, and ``close`` waits for it. True when the file was switched. A WriteFailed from
+        `move` (the file moved away with none in its place) fails the appender as a failed write
+        does; any other exception is the caller's, and the old file stays in use.
+        """
+        self._check_usable()
+        if self._switch is not None:
+            raise JsonlError(f"{self.path}: a switch is already under way")
+        fut: asyncio.Future[bool] = self._loop.create_future()
+        self._switch = (move, fut)
+        self._wake.set()
+        return await fut
 
     async def flush(self) -> None:
         """Wait until every line queued so far is durable (raises if writing failed)."""
@@ -459,6 +484,10 @@ class JsonlAppender:
         loop = self._loop
         try:
             while True:
+                if self._switch is not None:  # once per batch, never per append
+                    if not await self._switch_now():
+                        return
+                    continue
                 if not self._chunks:
                     if self._closing:
                         return
@@ -491,10 +520,47 @@ class JsonlAppender:
             self._fail(WriteFailed(self.path, "the writer was stopped before these lines were synced"))
             raise
 
+    async def _switch_now(self) -> bool:
+        """The switch asked for, between two batches; False when it failed the appender."""
+        assert self._switch is not None
+        move, fut = self._switch
+        old = self._fd
+
+        def moved() -> int | None:
+            fd = move()
+            if fd is not None:
+                os.close(old)  # and with it the old file's flock: the new one holds its own
+            return fd
+
+        try:
+            fd = await self._loop.run_in_executor(self._executor, moved)
+        except WriteFailed as exc:
+            self._switch = None
+            self._fail(exc)
+            if not fut.done():
+                fut.set_exception(exc.again())
+            return False
+        except Exception as exc:
+            self._switch = None
+            if not fut.done():  # a caller may have cancelled its wait
+                fut.set_exception(exc)
+            return True
+        self._switch = None
+        if fd is not None:
+            self._fd = fd
+        if not fut.done():
+            fut.set_result(fd is not None)
+        return True
+
     def _fail(self, failure: WriteFailed) -> None:
         self._failure = failure
         waiters = [*self._writing, *self._waiters]
         self._writing = []
+        if self._switch is not None:
+            switching = self._switch[1]
+            self._switch = None
+            if not switching.done():
+                switching.set_exception(failure.again())
         for fut in waiters:
             if fut is not None and not fut.done():
                 fut.set_exception(failure.again())
@@ -512,12 +578,14 @@ class JsonlAppender:
                 )
 
 
-def _open_for_append(path: Path) -> tuple[int, int]:
+def _open_for_append(path: Path, *, create: bool = False) -> tuple[int, int]:
     flags = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC
     try:
         fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
         created = True
     except FileExistsError:
+        if create:
+            raise
         fd = os.open(path, flags)
         created = False
     try:
@@ -537,6 +605,13 @@ def _open_for_append(path: Path) -> tuple[int, int]:
     except BaseException:
         os.close(fd)
         raise
+
+
+def create_locked(path: Path) -> int:
+    """A new, empty file at `path` (none may be there), opened for appending and flocked as an
+    appender opens its file, its directory entry durable: what ``JsonlAppender.switch`` moves to."""
+    fd, _ = _open_for_append(path, create=True)
+    return fd
 
 
 def _write_all(fd: int, data: bytes) -> None:

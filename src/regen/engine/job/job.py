@@ -225,13 +225,30 @@ class Job:
             self.run_dir / EVENTS_FILE,
             [CheckpointLane(lane.name, lane.name, default, lane is self.lanes[0]) for lane in self.lanes],
             {item.dataset.name: item.dataset.results_path for item in scanned},
+            rotate_from=max(1, int(self.settings.job.journal_segment_mb * (1 << 20))),
         )
 
     async def _checkpointing(self) -> None:
-        """A checkpoint every `job.checkpoint_interval_s` while the job runs."""
+        """A checkpoint every `job.checkpoint_interval_s` while the job runs, and the attempt
+        journal rotated when it has grown to `job.journal_segment_mb` (engine/run/segments.py)."""
         while True:
             await asyncio.sleep(self.settings.job.checkpoint_interval_s)
             await self._checkpoint()
+            if self.checkpoints.rotation_due():
+                await self._rotate()
+
+    async def _rotate(self) -> None:
+        """The attempt journal moved into its next segment while the job runs, its writer switched
+        to a fresh file between two batches (docs/faults.md, "Checkpoints"); then compressed."""
+        try:
+            moved = await self.results.attempts.switch(self.checkpoints.rotate_attempts)
+        except WriteFailed:
+            return  # moved with no fresh journal in its place: on_failure stops the job
+        except (OSError, JsonlError) as exc:  # nothing moved: the journal goes on, tried again next time
+            self.events.event("rotate_failed", reason=str(exc)[:300])
+            return
+        if moved:
+            self._background.add(asyncio.get_running_loop().create_task(self._compress()))
 
     async def _compress(self) -> None:
         try:

@@ -9,16 +9,22 @@ reads only what was written after its offsets, so it rebuilds exactly what a ful
 
 Written at every start (after the read), every `job.checkpoint_interval_s` while the job runs and at
 every clean stop, each time by reading on from the previous checkpoint's offsets: the checkpoint is
-what the files say, never the live job's counters. While the job writes, the rows are read only up
-to the size they had before the journals were read, so every row read has its attempt's records read
-too (a row is written after its attempt's start record).
+what the files say, never the live job's counters. A periodic one whose attempt journal has grown to
+its rotation size is followed by `rotate_attempts`: the journal read to its end while its writer
+waits, a checkpoint at offset 0 of the next file written first, then the rename
+(engine/run/segments.py). While the job writes, the rows are read only up to the size they had
+before the journals were read, so every row read has its attempt's records read too (a row is
+written after its attempt's start record).
 
-A file: one JSON line (format, the reading code's fingerprint, the run's lanes and datasets, each
-file's offset and the sha256 of the 4 KB before it, the body's length and sha256), then the body (the
-readers' state, pickled). Written to a temporary name, fsynced, renamed; the last KEEP are kept. One
-that does not read whole (torn, damaged, another regen, files that no longer hold what it read) is
-passed over for the one before it; with none, the files are read from the start (docs/faults.md,
-"Checkpoints"). The body is unpickled only into the classes listed in _ALLOWED.
+A file: one JSON line (format, the reading code's fingerprint, the run's lanes and datasets, the
+attempt journal's segment count, each file's offset and the sha256 of the 4 KB before it, the
+body's length and sha256), then the body (the readers' state, pickled). Written to a temporary
+name, fsynced, renamed; the last KEEP are kept. One that does not read whole (torn, damaged,
+another regen, files that no longer hold what it read, another segment count) is passed over for
+the one before it; with none, the files are read from the start (docs/faults.md, "Checkpoints").
+Offset 0 has no bytes to check, so one naming more segments than there are (a rotation a crash
+stopped before its rename) is removed by the start that finds it, before a later rotation could
+make it match a file it never read. The body is unpickled only into the classes listed in _ALLOWED.
 """
 
 from __future__ import annotations
@@ -36,10 +42,11 @@ from typing import Any
 
 import orjson
 
+from regen.engine.data.jsonl import JsonlError, WriteFailed
 from regen.engine.data.scan import ScanReport
 from regen.engine.run import lineset, recovery
 from regen.engine.run.recovery import DatasetProgress, JournalReplay, JournalState, read_rows
-from regen.engine.run.segments import last_segment, rotate
+from regen.engine.run.segments import clear_fresh, due, last_segment, rotate, rotate_live
 
 CHECKPOINTS_DIR = "checkpoints"
 KEEP = 2
@@ -119,9 +126,16 @@ class Checkpointer:
     """The run's readers, kept between checkpoints: `resume` at a start, `advance` after."""
 
     def __init__(
-        self, run_dir: Path, attempts: Path, events: Path, lanes: Sequence[Lane], results: Mapping[str, Path]
+        self,
+        run_dir: Path,
+        attempts: Path,
+        events: Path,
+        lanes: Sequence[Lane],
+        results: Mapping[str, Path],
+        rotate_from: int | None = None,
     ) -> None:
         self.dir = run_dir / CHECKPOINTS_DIR
+        self.rotate_from = rotate_from  # bytes of attempt journal rotated (None: segments.COMPACT_FROM)
         self.attempts_path, self.events_path = attempts, events
         self.lanes = list(lanes)
         self.results = dict(results)
@@ -153,6 +167,7 @@ class Checkpointer:
         if self.dir.is_dir():
             for stale in self.dir.glob(".*.tmp"):  # a write a crash cut short: never a checkpoint
                 stale.unlink()
+        clear_fresh(self.attempts_path)  # a rotation a crash cut short (engine/run/segments.py)
         loaded = self._load()
         if loaded is None:
             self.replays = {
@@ -187,7 +202,7 @@ class Checkpointer:
             self.tails[name] = _tail_sha(path, self.progress[name].offset)
         self._forget_settled(open_lines)
         # Everything read is in the checkpoint the job writes next: a grown journal becomes history.
-        if rotate(self.attempts_path) is not None:
+        if rotate(self.attempts_path, self.rotate_from) is not None:
             for replay in self.replays.values():
                 replay.attempts_at = (0, 0)
         copies: tuple[dict[str, JournalReplay], dict[str, DatasetProgress]] = _copy(
@@ -206,7 +221,51 @@ class Checkpointer:
         with self._lock:
             self._advance()
 
+    def rotate_attempts(self) -> int | None:
+        """The attempt journal, grown to its rotation size while the job runs, rotated into its next
+        segment, with a checkpoint that has read all of it; the fresh journal's descriptor, or None
+        when it has not grown that far. Call it while nothing writes the journal and everything
+        written is on disk: from its appender's `switch` (engine/data/jsonl.py), as the job does.
+
+        The checkpoint is written first, naming the segment count the rotation makes and offset 0
+        of the fresh file: a SIGKILL before the rename leaves it not matching the files (passed over
+        for the one before it, which reads on through the old file; the next start clears it), one
+        after leaves it matching. A failure before the journal moved (the checkpoint not written,
+        the rename refused) raises after putting everything back, so the journal goes on unrotated.
+        """
+        with self._lock:
+            if not self.rotation_due():
+                return None
+            self._read()
+            size = self.attempts_path.stat().st_size
+            if any(replay.attempts_at[0] != size for replay in self.replays.values()):
+                # A line the readers left (none should be: every batch is whole and synced).
+                raise JsonlError(f"{self.attempts_path}: not read to its end, so not rotated")
+            read = {name: replay.attempts_at for name, replay in self.replays.items()}
+            for replay in self.replays.values():
+                replay.attempts_at = (0, 0)
+            number = self._number()
+            try:
+                self._write(segments=last_segment(self.attempts_path) + 1)
+                return rotate_live(self.attempts_path)
+            except WriteFailed:
+                raise  # it moved with no fresh journal in its place: the checkpoint is right
+            except (OSError, JsonlError):  # nothing moved
+                for name, at in read.items():
+                    self.replays[name].attempts_at = at
+                with contextlib.suppress(FileNotFoundError):
+                    (self.dir / f"{number:08d}.ckpt").unlink()
+                raise
+
+    def rotation_due(self) -> bool:
+        """Whether the attempt journal has grown to its rotation size (`rotate_attempts`)."""
+        return due(self.attempts_path, self.rotate_from)
+
     def _advance(self) -> None:
+        self._read()
+        self._write()
+
+    def _read(self) -> None:
         sizes = {name: path.stat().st_size if path.exists() else 0 for name, path in self.results.items()}
         for replay in self.replays.values():
             replay.advance(self.attempts_path, self.events_path)
@@ -221,7 +280,6 @@ class Checkpointer:
             )
             self.tails[name] = _tail_sha(path, self.progress[name].offset)
         self._forget_settled(open_lines)
-        self._write()
 
     def _holds(self, name: str, progress: DatasetProgress) -> bool:
         """Whether the dataset's results file still holds, before the offset read, what was read."""
@@ -266,14 +324,14 @@ class Checkpointer:
         with self._lock:
             return self._write()
 
-    def _write(self) -> Path:
+    def _write(self, segments: int | None = None) -> Path:
         body = pickle.dumps((self.replays, self.progress, self.prompts_sha), pickle.HIGHEST_PROTOCOL)
         files = self._files()
         head = {
             "format": _FORMAT,
             "code": _code(),
             "key": self.key,
-            "segments": last_segment(self.attempts_path),
+            "segments": last_segment(self.attempts_path) if segments is None else segments,
             "files": {
                 label: {"offset": offset, "tail": _tail_sha(files[label], offset)}
                 for label, offset in self._offsets().items()
@@ -282,8 +340,7 @@ class Checkpointer:
             "body_sha256": hashlib.sha256(body).hexdigest(),
         }
         self.dir.mkdir(parents=True, exist_ok=True)
-        existing = self._existing()
-        number = int(existing[0].stem) + 1 if existing else 1
+        number = self._number()
         path = self.dir / f"{number:08d}.ckpt"
         temporary = self.dir / f".{number:08d}.{os.getpid()}.tmp"
         try:
@@ -305,6 +362,11 @@ class Checkpointer:
             with contextlib.suppress(FileNotFoundError):
                 old.unlink()
         return path
+
+    def _number(self) -> int:
+        """The number the next checkpoint file gets."""
+        existing = self._existing()
+        return int(existing[0].stem) + 1 if existing else 1
 
     def _existing(self) -> list[Path]:
         """Checkpoint files, newest first."""
@@ -332,7 +394,13 @@ class Checkpointer:
         body = data[cut + 1 :]
         if head["format"] != _FORMAT or head["code"] != code or head["key"] != self.key:
             return False
-        if head["segments"] != last_segment(self.attempts_path):
+        segments = last_segment(self.attempts_path)
+        if head["segments"] > segments:
+            # Written for a rotation a crash stopped before its rename (rotate_attempts): once another
+            # rotation makes that many segments its offset 0 would match a file it never read.
+            path.unlink()
+            return False
+        if head["segments"] != segments:
             return False  # the journal was rotated since: its offsets are of another file
         if len(body) != head["body_bytes"] or hashlib.sha256(body).hexdigest() != head["body_sha256"]:
             return False  # torn or damaged

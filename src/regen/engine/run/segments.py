@@ -1,16 +1,21 @@
 """The attempt journal's history, rotated into compressed segments that a resume never reads.
 
 A checkpoint (engine/run/checkpoint.py) holds everything a start needs from the records before it,
-so at a start whose attempts.jsonl has grown past COMPACT_FROM, the whole file (all of it read into
-the checkpoint written next) becomes segment N: renamed into `segments/` at once, then compressed in
-the background. A start reads the checkpoint and the new attempts.jsonl only; whoever needs the whole
-history (a start without a usable checkpoint, `regen verify`'s spend, a spend audit:
+so once attempts.jsonl has grown to `job.journal_segment_mb` (COMPACT_FROM by default) the whole
+file, all of it read into a checkpoint, becomes segment N: renamed into `segments/` at once, then
+compressed in the background. At a start (`rotate`: nothing writes it) and while the job runs, at a
+periodic checkpoint (`rotate_live`: its writer holds it between two batches, and goes on in a fresh
+file made, flocked, before the rename; engine/data/jsonl.py `switch`), so the file of a job never
+restarted stays bounded too. A start reads the checkpoint and the new attempts.jsonl only; whoever
+needs the whole history (a start without a usable checkpoint, `regen verify`'s spend, a spend audit:
 engine/run/recovery.py read_journals and journal_spend) reads the segments in order, then the file.
 
 Crash-safe at every step: the rename moves the file whole (history = segments + attempts.jsonl holds
-throughout); the compressed copy is written to a temporary name, fsynced and renamed, and only then
-is the plain segment removed; a segment found both plain and compressed is read plain; a temporary
-left by a crash is removed and the plain segment compressed again (docs/faults.md, "Checkpoints").
+throughout, the file absent for a moment while the job runs); the compressed copy is written to a
+temporary name, fsynced and renamed, and only then is the plain segment removed; a segment found
+both plain and compressed is read plain; a temporary left by a crash is removed and the plain
+segment compressed again; a fresh file a crash left before it took the journal's place is removed
+(docs/faults.md, "Checkpoints").
 """
 
 from __future__ import annotations
@@ -20,11 +25,16 @@ import gzip
 import os
 import re
 import shutil
+import threading
 from pathlib import Path
 
+from regen.engine.data.jsonl import WriteFailed, create_locked
+
 SEGMENTS_DIR = "segments"
-# A journal smaller than this stays whole: about 200,000 attempts, seconds to read.
+# A journal smaller than this stays whole: about 200,000 attempts, seconds to read. The default of
+# `job.journal_segment_mb`, which a job passes as `limit`.
 COMPACT_FROM = 64 << 20
+_compressing = threading.Lock()
 _PART = re.compile(r"^(?P<stem>.+)\.(?P<n>\d{6})\.jsonl(?P<gz>\.gz)?$")
 
 
@@ -64,12 +74,17 @@ def last_segment(path: Path) -> int:
     return int(match["n"]) if match else 0
 
 
-def rotate(path: Path) -> Path | None:
-    """Journal `path` renamed to its next segment (nothing writes it now), if it is COMPACT_FROM or more."""
+def due(path: Path, limit: int | None = None) -> bool:
+    """Whether journal `path` has grown to `limit` bytes (None: COMPACT_FROM): it is rotated next."""
     try:
-        if path.stat().st_size < COMPACT_FROM:
-            return None
+        return path.stat().st_size >= (COMPACT_FROM if limit is None else limit)
     except FileNotFoundError:
+        return False
+
+
+def rotate(path: Path, limit: int | None = None) -> Path | None:
+    """Journal `path` renamed to its next segment (nothing writes it now), if it is `due`."""
+    if not due(path, limit):
         return None
     folder = path.parent / SEGMENTS_DIR
     folder.mkdir(exist_ok=True)
@@ -80,8 +95,63 @@ def rotate(path: Path) -> Path | None:
     return target
 
 
+def _fresh(path: Path) -> Path:
+    """Where the file that takes journal `path`'s place while the job runs is made, before it moves there."""
+    return path.with_name(f".{path.name}.next")
+
+
+def clear_fresh(path: Path) -> None:
+    """A fresh journal a crash left before it took `path`'s place (always empty: nothing writes it
+    before it is there). Only while nothing writes the journal (a start)."""
+    with contextlib.suppress(FileNotFoundError):
+        _fresh(path).unlink()
+
+
+def rotate_live(path: Path) -> int:
+    """Journal `path`, which its writer holds between two batches, renamed to its next segment and a
+    fresh one, flocked, put in its place; the fresh one's descriptor (engine/data/jsonl.py `switch`).
+
+    The fresh file is made and flocked first, beside it; then the journal is renamed to the segment
+    (its writer's flock goes with it) and the fresh file renamed to `path`. Between the two renames
+    `path` is absent: the run lock (engine/run/runlock.py) keeps any other job out meanwhile, and
+    a SIGKILL there leaves segments + no file, the whole history, with only the empty fresh file to
+    clear. An OSError before the journal moved leaves it as it was (nothing moved); a WriteFailed
+    says it moved with no fresh file in its place, so nothing may be written to it any more.
+    """
+    folder = path.parent / SEGMENTS_DIR
+    folder.mkdir(exist_ok=True)
+    target = folder / f"{path.stem}.{last_segment(path) + 1:06d}.jsonl"
+    fresh = _fresh(path)
+    clear_fresh(path)
+    fd = create_locked(fresh)
+    try:
+        os.rename(path, target)
+    except BaseException:
+        os.close(fd)
+        fresh.unlink()
+        raise
+    try:
+        os.rename(fresh, path)
+        _fsync_dir(folder)
+        _fsync_dir(path.parent)
+    except OSError as exc:
+        os.close(fd)
+        raise WriteFailed.from_exception(path, exc) from exc
+    return fd
+
+
 def compress(path: Path) -> int:
-    """Every plain segment of journal `path` compressed (safe to run again after a crash); how many."""
+    """Every plain segment of journal `path` compressed (safe to run again after a crash); how many.
+
+    One at a time in a process: a job's compression is cancelled at its stop while its thread goes
+    on, and a second one started meanwhile (the next start, a later rotation) must not clear the
+    first one's temporary as a crash's.
+    """
+    with _compressing:
+        return _compress(path)
+
+
+def _compress(path: Path) -> int:
     folder = path.parent / SEGMENTS_DIR
     if not folder.is_dir():
         return 0
