@@ -1,10 +1,10 @@
 """regen as an operator installs it: the wheel built from this checkout, installed into a fresh venv
 (with the router extra, as a fleet of several GPU hosts needs), not the editable checkout.
 
-Building and installing take a minute or two, so the venv is built once per source tree and kept:
-its folder is named after a digest of what goes into the wheel (src/, pyproject.toml, README.md),
-under the system's temporary folder, and every test (tests/test_wheel.py, tests/test_journey.py) and
-every pytest process (xdist workers) uses the same one. A change to any of those files names another
+Built and installed with uv (seconds; pip took a minute and a half of CPU), once per source tree
+and kept: its folder is named after a digest of what goes into the wheel (src/, pyproject.toml,
+README.md), under the system's temporary folder, and every test (tests/test_wheel.py,
+tests/test_journey.py) and every pytest process (xdist workers) uses the same one. A change to any of those files names another
 folder, so a test never runs an older regen. A file lock makes concurrent sessions build it once; the
 venv counts only once its `ready` file is written, after the install succeeded.
 """
@@ -65,29 +65,41 @@ def built_wheel() -> Path:
     return home / (home / "ready").read_text().strip()
 
 
+def _uv(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    """uv (the test extra's), outside this checkout's venv: what it builds and installs is regen's wheel."""
+    uv = Path(sys.executable).parent / "uv"
+    return subprocess.run(
+        [str(uv), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**clean_env(), "UV_NO_PROGRESS": "1"},
+    )
+
+
 def _build(home: Path) -> None:
     partial = home.with_name(home.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(partial), str(ROOT)],
-        check=True,
-        capture_output=True,
-        env=clean_env(),
-    )
+    built = _uv("build", "--quiet", "--wheel", "--out-dir", str(partial), str(ROOT))
+    if built.returncode != 0:
+        raise AssertionError(f"building the wheel failed:\n{built.stdout[-2000:]}{built.stderr[-3000:]}")
     (wheel,) = partial.glob("regen-*.whl")
     # The venv is made at its final path (a venv's scripts name their interpreter by absolute path),
-    # from the wheel kept in the partial folder; the folder counts once `ready` is written.
+    # from the wheel kept in the partial folder; the folder counts once `ready` is written. Its
+    # interpreter is this one's base Python: nothing of this venv is on its path.
     venv = home / "venv"
     shutil.rmtree(home, ignore_errors=True)
     home.mkdir(parents=True)
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=clean_env())
+    made = _uv("venv", "--quiet", "--python", sys.executable, str(venv))
+    if made.returncode != 0:
+        raise AssertionError(f"making the venv failed:\n{made.stderr[-3000:]}")
     final_wheel = home / wheel.name
     shutil.move(str(wheel), final_wheel)
     shutil.rmtree(partial, ignore_errors=True)
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
-    done = subprocess.run(
-        [*pip, f"{final_wheel}[router]"], capture_output=True, text=True, timeout=900, env=clean_env()
+    # The wheel's own metadata decides what comes with it, as pip's install would.
+    done = _uv(
+        "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"), f"{final_wheel}[router]"
     )
     if done.returncode != 0 or not (venv / "bin" / "regen").exists():
         shutil.rmtree(home, ignore_errors=True)
