@@ -8,6 +8,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import orjson
+import pytest
 
 from regen.console.screens import fidelity_lines
 from regen.engine.backends.openrouter.audit import plan_audit, run_audit
@@ -113,6 +114,11 @@ async def test_requeued_rows_end_as_one_row_per_prompt_with_spend_equal_to_the_b
     assert ledger.spent == sim.billing.billed_total
     waste = job.snapshot()["lanes"][0]["money"]["waste"]
     assert waste["fidelity"]["amount"] > 0
+    # Every answer Together gave is waste `fidelity`, those in flight when it was flagged too; the
+    # useful spend is the rows kept, no more.
+    breakdown = job.lanes[0].settler.breakdown
+    assert float(breakdown.waste["fidelity"]) == pytest.approx(sum(q["cost"] for q in quarantined))
+    assert float(breakdown.useful) == pytest.approx(sum(row["cost"] for row in rows if row["status"] == "ok"))
     # The journals say the same after the fact: the money, and its split.
     journal = read_journals(job.run_dir / "attempts.jsonl", job.run_dir / "events.jsonl")
     assert journal.spent == sim.billing.billed_total

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -130,12 +131,45 @@ class Settler:
                 )
             elif self.guard is not None:
                 violation = self.guard.reject(outcome)
-        result = "quarantined" if violation else (status if failure is None else failure.error_class)
-        assert result is not None
+        item = flight.item
+        prompt = item.prompt
+        row: dict[str, Any] | None = None
+        route_taken_back = False
+        if failure is None:
+            assert status is not None
+            row = build_row(
+                prompt,
+                outcome,
+                status,
+                self.backend,
+                cost=float(cost),
+                cost_estimated=estimated,
+                started_at=item.first_started or now,
+                attempts=item.attempts,
+                now=now,
+            )
+            # Before the money is booked: an answer of a route whose rows are taken back is waste
+            # `fidelity`, as those rows are (docs/fidelity.md), not useful spend.
+            fidelity = self.fidelity
+            if fidelity is not None and outcome.route:
+                drift = self._fingerprint(fidelity, outcome, status, row)
+                if drift is not None:
+                    await self._requeue(drift.route, drift.evidence)
+                route_taken_back = self.fidelity_action == "requeue" and fidelity.drifted(
+                    self.backend.name, outcome.route
+                )
+            if route_taken_back and violation is None:
+                violation = f"fidelity: {outcome.route} drifted; its rows are requeued"
+        if violation is not None:
+            result = "fidelity" if route_taken_back else "quarantined"
+        elif failure is not None:
+            result = failure.error_class
+        else:
+            assert status is not None
+            result = status
         mono = time.monotonic()
         route = self._account(flight, outcome, cost, estimated, result, failure, violation, mono)
         record = self._record(flight, outcome, cost, estimated, result, failure, violation, now)
-        item = flight.item
         # The bill is looked up only once the end record is queued: a lookup that answered while
         # the row was still being tokenized would journal its `reconciled` record before the `end`
         # it corrects, and a replay (a resume, `regen report`) would find the estimate still pending.
@@ -151,38 +185,8 @@ class Settler:
             self._look_up(lookup)
             self._failed(item, failure, route, flight.launched_at)
             return
-        assert status is not None
         # Delivered here, not in an awaited helper: that would make one more coroutine per attempt.
-        prompt = item.prompt
-        row = build_row(
-            prompt,
-            outcome,
-            status,
-            self.backend,
-            cost=float(cost),
-            cost_estimated=estimated,
-            started_at=item.first_started or now,
-            attempts=item.attempts,
-            now=now,
-        )
-        fidelity = self.fidelity
-        if fidelity is not None and outcome.route:
-            drift = fidelity.observe(
-                self.backend.name,
-                outcome.route,
-                finish_reason=outcome.finish_reason,
-                output_tokens=outcome.completion_tokens,
-                reasoning_tokens=outcome.usage["reasoning_tokens"],
-                content=outcome.content,
-                reasoning=outcome.reasoning,
-                truncated=status == "truncated",
-                degenerate="degenerate_content" in row["flags"],
-            )
-            if drift is not None and self._drifted(fidelity, drift) == "requeue":
-                await self._requeue(drift.route, drift.evidence)
-            if self.fidelity_action == "requeue" and fidelity.drifted(self.backend.name, outcome.route):
-                # Answers of a route taken back that were in flight when it was flagged.
-                violation = violation or f"fidelity: {outcome.route} drifted; its rows are requeued"
+        assert status is not None and row is not None
         if violation is not None:
             journaled = self.results.journal(record)
             self._look_up(lookup)
@@ -206,6 +210,26 @@ class Settler:
         self._progress(prompt, status, outcome.completion_tokens, mono)
         self.hooks.reached(flight.launched_at)
         self.hooks.succeeded(mono)
+
+    def _fingerprint(
+        self, fidelity: FidelityMonitor, outcome: AttemptOutcome, status: str, row: Mapping[str, Any]
+    ) -> Drift | None:
+        """An answer into its route's fingerprint (engine/job/fidelity.py), acting on a drift it
+        shows (a plain call: settle makes no more coroutines per attempt); the drift whose route's
+        rows are to be taken back now (openrouter.fidelity = requeue), else None."""
+        assert outcome.route
+        drift = fidelity.observe(
+            self.backend.name,
+            outcome.route,
+            finish_reason=outcome.finish_reason,
+            output_tokens=outcome.completion_tokens,
+            reasoning_tokens=outcome.usage["reasoning_tokens"],
+            content=outcome.content,
+            reasoning=outcome.reasoning,
+            truncated=status == "truncated",
+            degenerate="degenerate_content" in row["flags"],
+        )
+        return drift if drift is not None and self._drifted(fidelity, drift) == "requeue" else None
 
     def _account(
         self,
