@@ -106,15 +106,9 @@ def test_signals_drain_and_exit_with_their_code(
 ) -> None:
     data = [write_dataset(tmp_path, "A", 3000)]
     settings = settings_file(tmp_path, sim_process, data, concurrency=32)
-    proc = subprocess.Popen(
-        regen_argv("run", "--headless", "--settings", str(settings)),
-        env={**ENV, "OPENROUTER_API_KEY": "sk-sim-test"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    # Signal only once it is generating (its handlers are installed before the first attempt); a
-    # fixed sleep raced a slow start on a busy machine.
+    proc = headless_run(settings)
+    # Signal once it is generating: what is checked here is the drain of requests in flight (a
+    # signal during the start: the test below).
     wait_for_attempts(tmp_path / "run" / "attempts.jsonl", 20)
     proc.send_signal(signum)
     out, err = proc.communicate(timeout=60)
@@ -138,13 +132,7 @@ def test_a_signal_while_the_job_starts_stops_it_before_anything_is_sent(
     settings = settings_file(tmp_path, sim_process, data, concurrency=8)
     os.kill(sim_pid, signal.SIGSTOP)
     try:
-        proc = subprocess.Popen(
-            regen_argv("run", "--headless", "--settings", str(settings)),
-            env={**ENV, "OPENROUTER_API_KEY": "sk-sim-test"},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        proc = headless_run(settings)
         deadline = time.monotonic() + 60
         while holder(tmp_path / "run") != proc.pid and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -159,6 +147,17 @@ def test_a_signal_while_the_job_starts_stops_it_before_anything_is_sent(
     journal = tmp_path / "run" / "attempts.jsonl"
     assert not journal.exists() or b'"k":"start"' not in journal.read_bytes(), "nothing sent"
     assert read_rows(data[0]) == []
+
+
+def headless_run(settings: Path) -> subprocess.Popen[str]:
+    """`regen run --headless` on the simulator's key, its output captured."""
+    return subprocess.Popen(
+        regen_argv("run", "--headless", "--settings", str(settings)),
+        env={**ENV, "OPENROUTER_API_KEY": "sk-sim-test"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def processes() -> list[tuple[int, str]]:
