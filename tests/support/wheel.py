@@ -67,14 +67,15 @@ def built_wheel() -> Path:
 
 
 def _uv(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    """uv (the test extra's), outside this checkout's venv: what it builds and installs is regen's wheel."""
+    """uv (the test extra's), outside this checkout's venv: what it builds and installs is regen's wheel.
+    The system's certificates, as pip uses them (a machine whose registry is behind its own CA)."""
     uv = Path(sys.executable).parent / "uv"
     return subprocess.run(
         [str(uv), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**clean_env(), "UV_NO_PROGRESS": "1"},
+        env={**clean_env(), "UV_NO_PROGRESS": "1", "UV_NATIVE_TLS": "1"},
     )
 
 
