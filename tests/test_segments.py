@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
+from regen.engine.data.jsonl import iter_lines
 from regen.engine.run import checkpoint, segments
 from regen.engine.run.checkpoint import CHECKPOINTS_DIR, Resumed
 from regen.engine.run.records import end_record
@@ -173,3 +174,50 @@ def test_a_rotation_while_running_keeps_the_history_whole_at_every_crash_point(
     # Each record counted once (a full read agreeing with a resume would not see one read twice).
     ended = Decimal("0.0009") if crash in ("none", "rename refused") else 0
     assert read_journals(run.attempts, run.events).spent == Decimal("0.0040") + ended
+
+
+def _lines(path: Path, numbers: range) -> None:
+    with open(path, "ab") as f:
+        f.write(b"".join(orjson.dumps({"n": n}) + b"\n" for n in numbers))
+
+
+def _rotated_with(path: Path, numbers: range) -> None:
+    """What a job's rotation does to the journal (segments.rotate_live): the file becomes the next
+    segment, a fresh one takes its name, and the job writes on there."""
+    assert segments.rotate(path, 0) is not None
+    _lines(path, numbers)
+
+
+@pytest.mark.parametrize("when", ["while the live file is read", "between the listing and the open"])
+def test_a_reader_beside_the_job_reads_each_record_once_in_order_while_the_journal_rotates(
+    tmp_path: Path, when: str
+) -> None:
+    path = tmp_path / "attempts.jsonl"
+    _lines(path, range(3))
+    assert segments.rotate(path, 0) is not None
+    _lines(path, range(3, 6))
+    seen: list[int] = []
+    rotated = False
+
+    def read(part: Path, shown: Path, start: int, first: int) -> tuple[int, int]:
+        nonlocal rotated
+        offset, lines = start, first
+        for n, line in iter_lines(part, start=start, first=first):
+            seen.append(orjson.loads(line)["n"])
+            offset, lines = offset + len(line), n + 1
+        if rotated:
+            return offset, lines
+        if when == "while the live file is read" and shown == path:
+            # The job wrote on after the reader's last line, then rotated; the segment is even
+            # compressed (its plain file gone) before the reader looks again.
+            rotated = True
+            _lines(path, range(6, 8))
+            _rotated_with(path, range(8, 10))
+            assert compress(path) == 2  # both segments: the one read before, and this file
+        elif when == "between the listing and the open" and part.name.startswith("attempts.000001"):
+            rotated = True
+            _rotated_with(path, range(6, 10))
+        return offset, lines
+
+    segments.read_live(path, read)
+    assert rotated and seen == list(range(10))

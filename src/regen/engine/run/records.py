@@ -649,28 +649,35 @@ EVENTS = Journal("event", "not an event record (no event name)")
 
 
 def replay(
-    path: Path, journal: Journal, handlers: Mapping[str, Handler], *, start: int = 0, first: int = 0
+    path: Path,
+    journal: Journal,
+    handlers: Mapping[str, Handler],
+    *,
+    start: int = 0,
+    first: int = 0,
+    shown: Path | None = None,
 ) -> tuple[int, int]:
     """Every complete line of `path` through its kind's handler, in order; kinds without one are
     passed over (a newer regen's, or one this reader has no use for). From byte `start`, line
     `first` (a checkpoint's, engine/run/checkpoint.py); returns where it stopped: the byte after
     the last complete line and the number of lines.
 
-    Raises RecoveryError naming file:line for a record without a kind or one its reader refuses;
-    a line that is not JSON raises CorruptLine (the caller words it).
+    Raises RecoveryError naming file:line (`shown`, else `path`) for a record without a kind or one
+    its reader refuses; a line that is not JSON raises CorruptLine (the caller words it).
     """
+    where = path if shown is None else shown
     offset, lines = start, first
     for n, line in iter_lines(path, start=start, first=first):
         raw = parse_line(path, n, line)
         kind = raw.get(journal.key)
         if type(kind) is not str:
-            raise RecoveryError(stop_message(path, n, journal.unnamed))
+            raise RecoveryError(stop_message(where, n, journal.unnamed))
         handler = handlers.get(kind)
         if handler is not None:
             try:
                 handler.handle(handler.read(raw))
             except BadRecord as exc:
-                raise RecoveryError(stop_message(path, n, exc.problem)) from None
+                raise RecoveryError(stop_message(where, n, exc.problem)) from None
         offset += len(line)
         lines = n + 1
     return offset, lines

@@ -61,7 +61,7 @@ from regen.engine.run.records import (
     stop_message,
 )
 from regen.engine.run.rowfacts import SLICE_FROM, row_facts
-from regen.engine.run.segments import history, segments
+from regen.engine.run.segments import read_live, segments
 
 __all__ = [
     "DatasetProgress",
@@ -382,8 +382,8 @@ def read_lanes(
         attempts = {lane: _AttemptReplay(states[lane], lane, default, False) for lane in lanes}
         with _named(attempts_path):
             table = _together([_ByLane(attempts, default).handlers()], attempts_seen)
-            for part in history(attempts_path):  # the rotated segments first (engine/run/segments.py)
-                replay(part, ATTEMPTS, table)
+            # The rotated segments first, the job perhaps rotating meanwhile (engine/run/segments.py).
+            read_live(attempts_path, _reader(table))
         for each in attempts.values():
             each.finish()
     if events_path.exists():
@@ -693,9 +693,17 @@ def journal_spend(attempts_path: Path) -> dict[str, float]:
         "end": on(read_end, end),
         "reconciled": on(read_reconciled, reconciled),
     }
-    for part in history(attempts_path):  # the rotated segments first (engine/run/segments.py)
-        replay(part, ATTEMPTS, handlers)
+    read_live(attempts_path, _reader(handlers))  # the rotated segments first (engine/run/segments.py)
     return spend
+
+
+def _reader(handlers: Mapping[str, Handler]) -> Callable[[Path, Path, int, int], tuple[int, int]]:
+    """A part of the attempt journal's history through `handlers`, for segments.read_live."""
+
+    def read(part: Path, shown: Path, start: int, first: int) -> tuple[int, int]:
+        return replay(part, ATTEMPTS, handlers, start=start, first=first, shown=shown)
+
+    return read
 
 
 # -- what a row must hold to be read --------------------------------------------------------------

@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from regen.engine.data.jsonl import WriteFailed, create_locked
@@ -65,6 +66,39 @@ def segments(path: Path) -> list[Path]:
 def history(path: Path) -> list[Path]:
     """Every part of journal `path`, in order: its segments, then the file."""
     return [*segments(path), path]
+
+
+def read_live(path: Path, read: Callable[[Path, Path, int, int], tuple[int, int]]) -> None:
+    """Every part of journal `path`'s history read once, in order, by `read(part, shown, start,
+    first)` (`shown`: the name to give the part in a message; it returns the byte and line it stopped
+    at), while a job may be rotating it (`rotate_live`): for readers that do not hold the run
+    (`regen report`, `regen verify`). The live file is read through a descriptor, so if it becomes a
+    segment under the reader the rest of it is read on from where the reader was, then what came
+    after it; a rotation between the listing and the open is read in its order, before the new file.
+    """
+    done = 0
+    while True:
+        parts = segments(path)
+        for part in parts[done:]:
+            read(part, part, 0, 0)
+        done = len(parts)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:  # no journal, or between a rotation's two renames
+            if len(segments(path)) > done:
+                continue
+            return
+        try:
+            if len(segments(path)) > done:
+                continue  # rotated before the open: that segment is read first
+            held = Path(f"/proc/self/fd/{fd}")  # this file, whatever its name becomes
+            at = read(held, path, 0, 0)
+            if len(segments(path)) == done:
+                return
+            read(held, path, *at)  # it became segment done + 1 under the reader: the rest of it
+            done += 1
+        finally:
+            os.close(fd)
 
 
 def last_segment(path: Path) -> int:
