@@ -52,7 +52,11 @@ def write_prompts(folder: Path, count: int) -> None:
     folder.mkdir(parents=True)
     with open(folder / "prompts.jsonl", "wb") as fh:
         for i in range(count):
-            fh.write(orjson.dumps({"messages": [{"role": "user", "content": f"Question {i}: explain item {i % 97}."}]}))
+            fh.write(
+                orjson.dumps(
+                    {"messages": [{"role": "user", "content": f"Question {i}: explain item {i % 97}."}]}
+                )
+            )
             fh.write(b"\n")
 
 
@@ -77,7 +81,12 @@ def tokens_so_far(work: Path) -> int:
 
 
 def env_with_key() -> dict[str, str]:
-    return {**os.environ, "OPENROUTER_API_KEY": "sk-sim-test", "PYTHONPATH": str(ROOT / "src"), "TERM": "tmux-256color"}
+    return {
+        **os.environ,
+        "OPENROUTER_API_KEY": "sk-sim-test",
+        "PYTHONPATH": str(ROOT / "src"),
+        "TERM": "tmux-256color",
+    }
 
 
 def measure_window(work: Path, warmup_s: float, window_s: float, during: Any = None) -> tuple[int, Any]:
@@ -100,7 +109,10 @@ def run_headless(sim: Sim, prompts: int, concurrency: int, warmup_s: float, wind
         settings = write_settings(work, sim.base_url, concurrency)
         proc = subprocess.Popen(
             [sys.executable, "-m", "regen.cli.main", "run", "--headless", "--settings", str(settings)],
-            cwd=ROOT, env=env_with_key(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            cwd=ROOT,
+            env=env_with_key(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         try:
             rate, _ = measure_window(work, warmup_s, window_s)
@@ -132,8 +144,14 @@ def run_with_console(
         write_prompts(work / "data" / "A", prompts)
         settings = write_settings(work, sim.base_url, concurrency)
         sock = work / "tmux.sock"
-        env = " ".join(f"{k}='{v}'" for k, v in env_with_key().items() if k in ("PATH", "PYTHONPATH", "HOME", "OPENROUTER_API_KEY", "TERM"))
-        command = f"cd {ROOT} && env {env} {sys.executable} -m regen.cli.main run --settings {settings}; sleep 600"
+        env = " ".join(
+            f"{k}='{v}'"
+            for k, v in env_with_key().items()
+            if k in ("PATH", "PYTHONPATH", "HOME", "OPENROUTER_API_KEY", "TERM")
+        )
+        command = (
+            f"cd {ROOT} && env {env} {sys.executable} -m regen.cli.main run --settings {settings}; sleep 600"
+        )
         tmux(sock, "new-session", "-d", "-s", "c", "-x", "120", "-y", "40", command)
 
         def presses(window: float) -> dict[str, list[float]]:
@@ -160,8 +178,13 @@ def run_with_console(
         try:
             rate, latencies = measure_window(work, warmup_s, window_s, presses)
         finally:
-            subprocess.run([sys.executable, "-m", "regen.cli.main", "stop", "--cancel", "--settings", str(settings)],
-                           cwd=ROOT, env=env_with_key(), capture_output=True, timeout=120)
+            subprocess.run(
+                [sys.executable, "-m", "regen.cli.main", "stop", "--cancel", "--settings", str(settings)],
+                cwd=ROOT,
+                env=env_with_key(),
+                capture_output=True,
+                timeout=120,
+            )
             tmux(sock, "kill-server")
         return rate, latencies
 
@@ -190,7 +213,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="regen-bench-sim-") as tmp:
         sim = Sim(Path(tmp))
         try:
-            results["headless_tok_s"] = run_headless(sim, args.prompts, args.concurrency, args.warmup, args.window)
+            results["headless_tok_s"] = run_headless(
+                sim, args.prompts, args.concurrency, args.warmup, args.window
+            )
         finally:
             sim.stop()
     with tempfile.TemporaryDirectory(prefix="regen-bench-sim-") as tmp:

@@ -93,7 +93,10 @@ async def detect(seed: int, drift: float, prompts: int, workdir: Path) -> dict[s
         job = Job(settings)
         await job.prepare()
         await job.run()
-        served = {name: view["ok"] for name, view in ((p["name"], p) for p in job.snapshot()["lanes"][0]["providers"])}
+        served = {
+            name: view["ok"]
+            for name, view in ((p["name"], p) for p in job.snapshot()["lanes"][0]["providers"])
+        }
     finally:
         await sim.stop()
     events = [orjson.loads(line) for line in (workdir / "run" / "events.jsonl").read_bytes().splitlines()]
@@ -118,7 +121,9 @@ def child(mode: str, base_url: str, n: int, concurrency: int, workdir: Path, sim
 
     settings_of = tp.regen_settings
 
-    def with_fidelity(base_url: str, dataset: Path, run_dir: Path, concurrency: int, stream: bool = True) -> Any:
+    def with_fidelity(
+        base_url: str, dataset: Path, run_dir: Path, concurrency: int, stream: bool = True
+    ) -> Any:
         settings = settings_of(base_url, dataset, run_dir, concurrency, stream)
         settings.openrouter.fidelity = mode
         return settings
@@ -126,7 +131,11 @@ def child(mode: str, base_url: str, n: int, concurrency: int, workdir: Path, sim
     tp.regen_settings = with_fidelity
     w = tp.Window(sim_pid, None)
     run(tp.run_regen(base_url, n, concurrency, w, workdir))
-    print(json.dumps({"mode": mode, "tokens": w.tokens, "wall_s": w.wall_s, "cpu_s": w.cpu_s, "errors": w.errors}))
+    print(
+        json.dumps(
+            {"mode": mode, "tokens": w.tokens, "wall_s": w.wall_s, "cpu_s": w.cpu_s, "errors": w.errors}
+        )
+    )
 
 
 def throughput(repeat: int, prompts: int, concurrency: int) -> dict[str, Any]:
@@ -135,13 +144,32 @@ def throughput(repeat: int, prompts: int, concurrency: int) -> dict[str, Any]:
         sim = tp.Sim(Path(tmp))
         try:
             for k in range(repeat):
-                for mode in (("off", "warn") if k % 2 == 0 else ("warn", "off")):
+                for mode in ("off", "warn") if k % 2 == 0 else ("warn", "off"):
                     workdir = Path(tmp) / f"{mode}-{k}"
-                    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", mode, "--base-url", sim.base_url,
-                           "--prompts", str(prompts), "--concurrency", str(concurrency), "--workdir", str(workdir),
-                           "--sim-pid", str(sim.proc.pid)]
-                    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
-                                          preexec_fn=tp._pin(tp.CLIENT_CPU))
+                    cmd = [
+                        sys.executable,
+                        str(Path(__file__).resolve()),
+                        "--child",
+                        mode,
+                        "--base-url",
+                        sim.base_url,
+                        "--prompts",
+                        str(prompts),
+                        "--concurrency",
+                        str(concurrency),
+                        "--workdir",
+                        str(workdir),
+                        "--sim-pid",
+                        str(sim.proc.pid),
+                    ]
+                    done = subprocess.run(
+                        cmd,
+                        cwd=ROOT,
+                        capture_output=True,
+                        text=True,
+                        timeout=900,
+                        preexec_fn=tp._pin(tp.CLIENT_CPU),
+                    )
                     if done.returncode != 0:
                         raise SystemExit(f"{mode} child failed:\n{done.stderr[-3000:]}")
                     results[mode].append(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -163,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--drift", type=float, default=0.1)
-    ap.add_argument("--detect-prompts", type=int, default=4500, help="prompts per detection run (~500 per provider)")
+    ap.add_argument(
+        "--detect-prompts", type=int, default=4500, help="prompts per detection run (~500 per provider)"
+    )
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=4000, help="prompts per throughput run")
     ap.add_argument("--concurrency", type=int, default=200)
@@ -188,15 +218,19 @@ def main(argv: list[str] | None = None) -> int:
     flagged = [r["impostor_flagged_at"] for r in rows]
     caught = sum(1 for f in flagged if f is not None and f <= 300)
     honest = sum(len(r["honest_flagged"]) for r in rows)
-    print(f"\ndetection, drift {args.drift}: impostor flagged within 300 of its answers in {caught}/{len(rows)} runs "
-          f"(at {sorted(f for f in flagged if f is not None)}; statistics "
-          f"{sorted({r['impostor_statistic'] for r in rows if r['impostor_statistic']})}); "
-          f"honest providers flagged: {honest} in {len(rows)} runs; {time.monotonic() - started:.0f} s")
+    print(
+        f"\ndetection, drift {args.drift}: impostor flagged within 300 of its answers in {caught}/{len(rows)} runs "
+        f"(at {sorted(f for f in flagged if f is not None)}; statistics "
+        f"{sorted({r['impostor_statistic'] for r in rows if r['impostor_statistic']})}); "
+        f"honest providers flagged: {honest} in {len(rows)} runs; {time.monotonic() - started:.0f} s"
+    )
     if not args.skip_throughput:
         result = throughput(args.repeat, args.prompts, args.concurrency)
-        print(f"throughput, fingerprints on / off: {result['ratio_wall']:.3f} per wall second "
-              f"({result['warn']['runs']} against {result['off']['runs']} tok/s), "
-              f"{result['ratio_cpu']:.3f} per client CPU-second")
+        print(
+            f"throughput, fingerprints on / off: {result['ratio_wall']:.3f} per wall second "
+            f"({result['warn']['runs']} against {result['off']['runs']} tok/s), "
+            f"{result['ratio_cpu']:.3f} per client CPU-second"
+        )
     return 0
 
 

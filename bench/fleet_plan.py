@@ -69,10 +69,14 @@ SHORT_BUDGETS = [Decimal(30), Decimal(20)]
 
 
 def sim_providers() -> list[RouteOffer]:
-    return Sim(WORK, DEADLINE, BUDGET, PROVIDERS, lambda t: GPU_RATE, request_tokens_per_s=REQUEST_RATE).sustainable()
+    return Sim(
+        WORK, DEADLINE, BUDGET, PROVIDERS, lambda t: GPU_RATE, request_tokens_per_s=REQUEST_RATE
+    ).sustainable()
 
 
-def brute_force(need: int, providers: list[RouteOffer], seconds: float, grid: int) -> tuple[Decimal, tuple[int, ...]] | None:
+def brute_force(
+    need: int, providers: list[RouteOffer], seconds: float, grid: int
+) -> tuple[Decimal, tuple[int, ...]] | None:
     """The cheapest split of `need` tokens over `providers` on a grid, each within rate x time; None: none fits."""
     caps = [p.capacity(seconds) for p in providers]
     steps = -(-need // grid)
@@ -107,8 +111,10 @@ def part_a(grid: int) -> tuple[list[str], bool]:
         took = time.perf_counter() - started
         split = ", ".join(f"{s.route} {s.tokens / 1e6:.2f}M" for s in p.shares if s.tokens)
         if best is None:
-            lines.append(f"| {deadline / HOUR:.0f} h | {p.gpu_tokens / 1e6:.1f}M | {p.openrouter_tokens / 1e6:.1f}M "
-                         f"| {split or '-'} | {p.cost:.2f} | none fits | - | {p.fits} |")
+            lines.append(
+                f"| {deadline / HOUR:.0f} h | {p.gpu_tokens / 1e6:.1f}M | {p.openrouter_tokens / 1e6:.1f}M "
+                f"| {split or '-'} | {p.cost:.2f} | none fits | - | {p.fits} |"
+            )
             ok &= not p.reachable
             continue
         ratio = p.cost / best[0] if best[0] else Decimal(1)
@@ -137,14 +143,29 @@ def part_b() -> tuple[list[str], bool]:
         "|---|---:|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     ok = True
-    start_plan = plan_fleets(Work(WORK, WORK // REQUEST_TOKENS, 0), DEADLINE, GPU_RATE, sim_providers(), BUDGET)
+    start_plan = plan_fleets(
+        Work(WORK, WORK // REQUEST_TOKENS, 0), DEADLINE, GPU_RATE, sim_providers(), BUDGET
+    )
     for name, gpu in (("steady 1,000 tok/s", gpu_steady), ("1,000 -> 600 -> 1,300", gpu_changing)):
         for seed in SEEDS:
             for paced in (True, False):
-                pacer = Pacer(MAX_IN_FLIGHT, gpu_tokens_per_s=GPU_RATE, request_tokens_per_s=REQUEST_RATE) if paced else None
-                sim = Sim(WORK, DEADLINE, BUDGET, PROVIDERS, gpu, request_tokens=REQUEST_TOKENS,
-                          request_tokens_per_s=REQUEST_RATE, max_in_flight=MAX_IN_FLIGHT, seed=seed,
-                          pacer=pacer)
+                pacer = (
+                    Pacer(MAX_IN_FLIGHT, gpu_tokens_per_s=GPU_RATE, request_tokens_per_s=REQUEST_RATE)
+                    if paced
+                    else None
+                )
+                sim = Sim(
+                    WORK,
+                    DEADLINE,
+                    BUDGET,
+                    PROVIDERS,
+                    gpu,
+                    request_tokens=REQUEST_TOKENS,
+                    request_tokens_per_s=REQUEST_RATE,
+                    max_in_flight=MAX_IN_FLIGHT,
+                    seed=seed,
+                    pacer=pacer,
+                )
                 r = sim.run()
                 finished = r.finished_s or float("nan")
                 share = finished / DEADLINE
@@ -174,9 +195,19 @@ def part_c() -> tuple[list[str], bool]:
         earliest = plan.earliest_s or float("nan")
         for seed in SEEDS[:2]:
             pacer = Pacer(MAX_IN_FLIGHT, gpu_tokens_per_s=GPU_RATE, request_tokens_per_s=REQUEST_RATE)
-            sim = Sim(WORK, DEADLINE, budget, PROVIDERS, gpu_steady, request_tokens=REQUEST_TOKENS,
-                      request_tokens_per_s=REQUEST_RATE, max_in_flight=MAX_IN_FLIGHT, seed=seed, pacer=pacer,
-                      record_at=DEADLINE)
+            sim = Sim(
+                WORK,
+                DEADLINE,
+                budget,
+                PROVIDERS,
+                gpu_steady,
+                request_tokens=REQUEST_TOKENS,
+                request_tokens_per_s=REQUEST_RATE,
+                max_in_flight=MAX_IN_FLIGHT,
+                seed=seed,
+                pacer=pacer,
+                record_at=DEADLINE,
+            )
             r = sim.run()
             finished = r.finished_s or float("nan")
             ratio = finished / earliest
@@ -200,35 +231,63 @@ def main(argv: list[str] | None = None) -> int:
     c_lines, c_ok = part_c()
     elapsed = time.perf_counter() - started
     verdict_a = f"(a) plan / brute force <= 1.05 at the story's 12-hour deadline: {'holds' if a_ok else 'does NOT hold'}."
-    verdict_c = ("(c) with the budget short, every run spends no more than it and finishes within 10% of the "
-                 f"earliest deadline the plan said fits: {'holds' if c_ok else 'does NOT hold'}.")
-    note_b = ("Cheapest in hindsight: the tokens OpenRouter carried in that run at the cheapest split the "
-              "providers' rates allow over the run's duration, as if the GPUs' curve had been known at the start.")
-    verdict_b = ("(b) every paced run finishes within 10% of the deadline, never past the budget: "
-                 f"{'holds' if b_ok else 'does NOT hold'}.")
+    verdict_c = (
+        "(c) with the budget short, every run spends no more than it and finishes within 10% of the "
+        f"earliest deadline the plan said fits: {'holds' if c_ok else 'does NOT hold'}."
+    )
+    note_b = (
+        "Cheapest in hindsight: the tokens OpenRouter carried in that run at the cheapest split the "
+        "providers' rates allow over the run's duration, as if the GPUs' curve had been known at the start."
+    )
+    verdict_b = (
+        "(b) every paced run finishes within 10% of the deadline, never past the budget: "
+        f"{'holds' if b_ok else 'does NOT hold'}."
+    )
     providers = "; ".join(
         f"{p.route} ${p.usd_per_m}/M, {'no cap' if p.max_in_flight is None else f'{p.max_in_flight} in flight = {p.max_in_flight * REQUEST_RATE:,.0f} tok/s'}"
         for p in PROVIDERS
     )
-    setup = (f"Work {WORK / 1e6:.0f}M output tokens, GPUs {GPU_RATE:,.0f} tok/s, deadline {DEADLINE / HOUR:.0f} h, "
-             f"budget ${BUDGET}; providers: {providers}; requests of {REQUEST_TOKENS:,} tokens at "
-             f"{REQUEST_RATE:.0f} tok/s each (lognormal noise sigma 0.10 per request, and on the GPU rate per "
-             f"5 s step), at most {MAX_IN_FLIGHT} in flight; the pacer is fed every 5 s.")
-    body = ["(a) The plan against brute force", "", *a_lines, "", verdict_a, "",
-            "(b) The pacer in the simulated run", "", *b_lines, "", note_b, "", verdict_b, "",
-            "(c) The budget short of the deadline (steady GPUs, the pacer)", "", *c_lines, "", verdict_c]
+    setup = (
+        f"Work {WORK / 1e6:.0f}M output tokens, GPUs {GPU_RATE:,.0f} tok/s, deadline {DEADLINE / HOUR:.0f} h, "
+        f"budget ${BUDGET}; providers: {providers}; requests of {REQUEST_TOKENS:,} tokens at "
+        f"{REQUEST_RATE:.0f} tok/s each (lognormal noise sigma 0.10 per request, and on the GPU rate per "
+        f"5 s step), at most {MAX_IN_FLIGHT} in flight; the pacer is fed every 5 s."
+    )
+    body = [
+        "(a) The plan against brute force",
+        "",
+        *a_lines,
+        "",
+        verdict_a,
+        "",
+        "(b) The pacer in the simulated run",
+        "",
+        *b_lines,
+        "",
+        note_b,
+        "",
+        verdict_b,
+        "",
+        "(c) The budget short of the deadline (steady GPUs, the pacer)",
+        "",
+        *c_lines,
+        "",
+        verdict_c,
+    ]
     print("\n".join([setup, "", *body, f"(took {elapsed:.0f} s)"]))
     if args.write_md:
         given = sys.argv[1:] if argv is None else argv
         cmd = ".venv/bin/python bench/fleet_plan.py" + "".join(f" {a}" for a in given)
-        block = "\n".join([
-            f"Run {dt.date.today().isoformat()} on revision {revision()}: `{cmd}` ({elapsed:.0f} s).",
-            "",
-            f"Machine: {machine()}.",
-            setup,
-            "",
-            *body,
-        ])
+        block = "\n".join(
+            [
+                f"Run {dt.date.today().isoformat()} on revision {revision()}: `{cmd}` ({elapsed:.0f} s).",
+                "",
+                f"Machine: {machine()}.",
+                setup,
+                "",
+                *body,
+            ]
+        )
         write_md(block, MD_START, MD_END)
         print("BENCHMARKS.md updated")
     return 0 if a_ok and b_ok and c_ok else 1

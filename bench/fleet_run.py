@@ -82,7 +82,9 @@ def make_datasets(root: Path, prompts: int) -> list[Path]:
         folder.mkdir(parents=True)
         count = prompts // DATASETS + (1 if d < prompts % DATASETS else 0)
         lines = (
-            orjson.dumps({"messages": [{"role": "user", "content": f"set {d} question {i}: explain topic {i % 97}."}]})
+            orjson.dumps(
+                {"messages": [{"role": "user", "content": f"set {d} question {i}: explain topic {i % 97}."}]}
+            )
             for i in range(count)
         )
         (folder / "prompts.jsonl").write_bytes(b"".join(line + b"\n" for line in lines))
@@ -107,7 +109,9 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) 
     raise SystemExit(f"no answer from {url} in {timeout_s:.0f} s")
 
 
-def one_run(name: str, args: argparse.Namespace, deadline_s: float | None, prompts: int, budget: float) -> Result:
+def one_run(
+    name: str, args: argparse.Namespace, deadline_s: float | None, prompts: int, budget: float
+) -> Result:
     folder = OUT / name
     folder.mkdir(parents=True)
     tokenizer = builtin_tokenizer_folder(folder / "tokenizer")
@@ -160,7 +164,17 @@ def one_run(name: str, args: argparse.Namespace, deadline_s: float | None, promp
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OPENROUTER_API_KEY": KEY}
     regen = [sys.executable, "-m", "regen.cli.main"]
     gpu = start(
-        [*regen, "sim", "sglang", "--port", str(gpu_port), "--config", str(folder / "gpu.json"), "--tokenizer", str(tokenizer)],
+        [
+            *regen,
+            "sim",
+            "sglang",
+            "--port",
+            str(gpu_port),
+            "--config",
+            str(folder / "gpu.json"),
+            "--tokenizer",
+            str(tokenizer),
+        ],
         env,
         folder / "gpu.log",
     )
@@ -172,11 +186,19 @@ def one_run(name: str, args: argparse.Namespace, deadline_s: float | None, promp
     try:
         wait_http(f"http://127.0.0.1:{gpu_port}/health", gpu)
         wait_http(f"http://127.0.0.1:{paid_port}/_sim/ledger", paid)
-        print(f"{name}: {prompts:,} prompts, GPUs {args.gpu_tokens_per_s:,.0f} tok/s nominal, budget ${budget:.4f}"
-              + (f", deadline {deadline_s:.0f} s" if deadline_s else ", no deadline"), flush=True)
+        print(
+            f"{name}: {prompts:,} prompts, GPUs {args.gpu_tokens_per_s:,.0f} tok/s nominal, budget ${budget:.4f}"
+            + (f", deadline {deadline_s:.0f} s" if deadline_s else ", no deadline"),
+            flush=True,
+        )
         with (folder / "job.log").open("wb") as log:
-            code = subprocess.run([*regen, "run", "--headless", "--settings", str(settings)], env=env, stdout=log,
-                                  stderr=subprocess.STDOUT, timeout=args.deadline_s * 5).returncode
+            code = subprocess.run(
+                [*regen, "run", "--headless", "--settings", str(settings)],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=args.deadline_s * 5,
+            ).returncode
         if code != 0:
             raise SystemExit(f"{name}: the job exited {code}; see {folder / 'job.log'}")
         with urllib.request.urlopen(f"http://127.0.0.1:{paid_port}/_sim/ledger", timeout=30) as response:
@@ -196,7 +218,9 @@ def one_run(name: str, args: argparse.Namespace, deadline_s: float | None, promp
             row = orjson.loads(line)
             rows[row["backend"]] += 1
             tokens[row["backend"]] += row["usage"]["completion_tokens"]
-    money = read_journals(folder / "run" / "attempts.jsonl", folder / "run" / "events.jsonl", backend="openrouter")
+    money = read_journals(
+        folder / "run" / "attempts.jsonl", folder / "run" / "events.jsonl", backend="openrouter"
+    )
     return Result(
         name,
         deadline_s,

@@ -47,7 +47,9 @@ def datasets(count: int, prompts: int) -> list[Path]:
         folder.mkdir(parents=True, exist_ok=True)
         with open(path, "wb") as f:
             for i in range(prompts):
-                text = f"dataset {n} question {i}: explain topic {i % 211} with an example and its trade-offs."
+                text = (
+                    f"dataset {n} question {i}: explain topic {i % 211} with an example and its trade-offs."
+                )
                 f.write(orjson.dumps({"messages": [{"role": "user", "content": text}]}) + b"\n")
     return folders
 
@@ -112,7 +114,10 @@ def main() -> int:
     assert sim.stdout is not None and "listening" in sim.stdout.readline()
     log = open(OUT / "job.log", "w")  # noqa: SIM115 - closed below
     job = subprocess.Popen(
-        [*regen, "run", "--headless", "--settings", str(settings)], env=env, stdout=log, stderr=subprocess.STDOUT
+        [*regen, "run", "--headless", "--settings", str(settings)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     samples: list[tuple[float, int, int]] = []
     started = time.monotonic()
@@ -146,7 +151,9 @@ def main() -> int:
     prompts = args.datasets * args.prompts
     print(f"{args.datasets} datasets x {args.prompts:,} prompts ({prompts:,}), {args.concurrency} in flight")
     print(f"prepared and full after {full_since:.1f} s; {args.seconds:.0f} s at full load")
-    print(f"RSS at full load: first tenth {sum(first) / len(first) / 1024:.0f} MB, last tenth {sum(last) / len(last) / 1024:.0f} MB")
+    print(
+        f"RSS at full load: first tenth {sum(first) / len(first) / 1024:.0f} MB, last tenth {sum(last) / len(last) / 1024:.0f} MB"
+    )
     print(f"peak RSS (VmHWM): {peak / 1024:.0f} MB (goal: under 400 MB)")
     return 0
 

@@ -89,7 +89,9 @@ print(json.dumps(seen), flush=True)
 """
 
 
-async def run_job(base_url: str, n: int, concurrency: int, w: Window, workdir: Path, metrics: bool) -> dict[str, Any]:
+async def run_job(
+    base_url: str, n: int, concurrency: int, w: Window, workdir: Path, metrics: bool
+) -> dict[str, Any]:
     """The job as bench/throughput.py runs it; with `metrics`, serving /metrics while a scraper reads it."""
     from prometheus_client import exposition
 
@@ -107,7 +109,9 @@ async def run_job(base_url: str, n: int, concurrency: int, w: Window, workdir: P
     job = Job(settings)
     await job.prepare()
     rendering: list[float] = []  # the job's own seconds per scrape: collect and encode
-    rendering_cpu: list[float] = []  # ... in CPU seconds of the loop's thread (what other work cannot inflate)
+    rendering_cpu: list[
+        float
+    ] = []  # ... in CPU seconds of the loop's thread (what other work cannot inflate)
     real_choose = exposition.choose_encoder
 
     def timed_choose(accept_header: str) -> tuple[Callable[[Collector], bytes], str]:
@@ -122,13 +126,19 @@ async def run_job(base_url: str, n: int, concurrency: int, w: Window, workdir: P
 
         return timed, content_type
 
-    exposition.choose_encoder = timed_choose  # what the job's server calls per scrape, timed (this child only)
+    exposition.choose_encoder = (
+        timed_choose  # what the job's server calls per scrape, timed (this child only)
+    )
     server = await open_metrics(job, io.StringIO())
     scraper = None
     if metrics:
         assert server is not None, "the metrics server did not start"
-        scraper = subprocess.Popen([sys.executable, "-c", SCRAPER, f"http://127.0.0.1:{port}/metrics"],
-                                   stdout=subprocess.PIPE, text=True, preexec_fn=_pin(SIM_CPU))
+        scraper = subprocess.Popen(
+            [sys.executable, "-c", SCRAPER, f"http://127.0.0.1:{port}/metrics"],
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=_pin(SIM_CPU),
+        )
     try:
         await drive(job, w)
     finally:
@@ -156,18 +166,46 @@ def child(variant: str, base_url: str, n: int, concurrency: int, workdir: Path, 
 
     w = Window(sim_pid, None)
     extra = run(run_job(base_url, n, concurrency, w, workdir, variant == "regen-metrics"))
-    print(json.dumps({
-        "variant": variant, "concurrency": concurrency, "prompts": n, "tokens": w.tokens,
-        "requests": w.requests, "errors": w.errors, "first_error": w.first_error, "wall_s": w.wall_s,
-        "cpu_s": w.cpu_s, "sim_cpu_s": w.sim_cpu_s, **extra,
-    }), flush=True)
+    print(
+        json.dumps(
+            {
+                "variant": variant,
+                "concurrency": concurrency,
+                "prompts": n,
+                "tokens": w.tokens,
+                "requests": w.requests,
+                "errors": w.errors,
+                "first_error": w.first_error,
+                "wall_s": w.wall_s,
+                "cpu_s": w.cpu_s,
+                "sim_cpu_s": w.sim_cpu_s,
+                **extra,
+            }
+        ),
+        flush=True,
+    )
 
 
 def run_child(variant: str, sim: Sim, n: int, concurrency: int, workdir: Path) -> dict[str, Any]:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", variant, "--base-url", sim.base_url,
-           "--prompts", str(n), "--concurrency", str(concurrency), "--workdir", str(workdir),
-           "--sim-pid", str(sim.proc.pid)]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200, preexec_fn=_pin(CLIENT_CPU))
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        variant,
+        "--base-url",
+        sim.base_url,
+        "--prompts",
+        str(n),
+        "--concurrency",
+        str(concurrency),
+        "--workdir",
+        str(workdir),
+        "--sim-pid",
+        str(sim.proc.pid),
+    ]
+    proc = subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200, preexec_fn=_pin(CLIENT_CPU)
+    )
     if proc.returncode != 0:
         raise SystemExit(f"{variant} child failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -199,7 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
     try:
         for k in range(rounds):
-            order = VARIANTS if k % 2 == 0 else VARIANTS[::-1]  # ABBA: a drift in the machine's load hits both
+            order = (
+                VARIANTS if k % 2 == 0 else VARIANTS[::-1]
+            )  # ABBA: a drift in the machine's load hits both
             for v in order:
                 work = tmp / f"{v}-{k}"
                 work.mkdir()
@@ -210,10 +250,13 @@ def main(argv: list[str] | None = None) -> int:
                     sim.stop()
                     shutil.rmtree(work, ignore_errors=True)
                 results[v].append(r)
-                print(f"  round {k + 1}/{rounds} {v:14s} {r['tokens'] / r['wall_s']:>10,.0f} tok/s  wall {r['wall_s']:5.1f} s"
-                      f"  {r['tokens'] / max(r['cpu_s'], 1e-9):>10,.0f} tok/CPU-s"
-                      f"  scrapes {r['scrapes']}  render {1000 * r['render_s'] / max(r['renders'], 1):.1f} ms each"
-                      + (f"  {r['errors']} errors (first: {r['first_error']})" if r["errors"] else ""), flush=True)
+                print(
+                    f"  round {k + 1}/{rounds} {v:14s} {r['tokens'] / r['wall_s']:>10,.0f} tok/s  wall {r['wall_s']:5.1f} s"
+                    f"  {r['tokens'] / max(r['cpu_s'], 1e-9):>10,.0f} tok/CPU-s"
+                    f"  scrapes {r['scrapes']}  render {1000 * r['render_s'] / max(r['renders'], 1):.1f} ms each"
+                    + (f"  {r['errors']} errors (first: {r['first_error']})" if r["errors"] else ""),
+                    flush=True,
+                )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     elapsed = time.monotonic() - started
@@ -223,7 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     med = {v: statistics.median(tps[v]) for v in VARIANTS}
     ratio = med["regen-metrics"] / med["regen"]
     # Tokens per CPU-second of the job's process: what a shared machine's other work moves least.
-    per_cpu = {v: statistics.median(r["tokens"] / max(r["cpu_s"], 1e-9) for r in results[v]) for v in VARIANTS}
+    per_cpu = {
+        v: statistics.median(r["tokens"] / max(r["cpu_s"], 1e-9) for r in results[v]) for v in VARIANTS
+    }
     served = results["regen-metrics"]
     scrapes = sum(r["scrapes"] for r in served)
     failed = sum(r["scrape_failed"] for r in served)
@@ -233,14 +278,21 @@ def main(argv: list[str] | None = None) -> int:
     page_kb = max(r["page_bytes"] for r in served) / 1024
     render_cpu = sum(r["render_cpu_s"] for r in served)
     job_cpu = sum(r["cpu_s"] for r in served)
-    latency = statistics.median(r["scrape_latency_s"] for r in served if r["scrape_latency_s"] is not None) if scrapes else None
+    latency = (
+        statistics.median(r["scrape_latency_s"] for r in served if r["scrape_latency_s"] is not None)
+        if scrapes
+        else None
+    )
     errors = sum(r["errors"] for v in VARIANTS for r in results[v])
     lines = [
         "| variant | output tok/s (median) | each run | wall s (median) | tok per job CPU-s (median) | sim CPU % (median) |",
         "|---|---:|---|---:|---:|---:|",
-        *(f"| {v} | {med[v]:,.0f} | {', '.join(f'{x / 1e3:,.0f}k' for x in tps[v])} "
-          f"| {statistics.median(r['wall_s'] for r in results[v]):.1f} | {per_cpu[v]:,.0f} "
-          f"| {statistics.median(100 * r['sim_cpu_s'] / r['wall_s'] for r in results[v]):.0f}% |" for v in VARIANTS),
+        *(
+            f"| {v} | {med[v]:,.0f} | {', '.join(f'{x / 1e3:,.0f}k' for x in tps[v])} "
+            f"| {statistics.median(r['wall_s'] for r in results[v]):.1f} | {per_cpu[v]:,.0f} "
+            f"| {statistics.median(100 * r['sim_cpu_s'] / r['wall_s'] for r in results[v]):.0f}% |"
+            for v in VARIANTS
+        ),
         "",
         f"- regen-metrics / regen = **{ratio:.3f}** ({'meets' if ratio >= BAR else 'BELOW'} the {BAR} bar); "
         f"per job CPU-second {per_cpu['regen-metrics'] / per_cpu['regen']:.3f}.",
@@ -253,23 +305,32 @@ def main(argv: list[str] | None = None) -> int:
         "job's CPU** (the loop's thread rendering, against the whole process's CPU seconds).",
     ]
     if errors:
-        lines.append(f"- {errors} failed requests (first: {next(r['first_error'] for v in VARIANTS for r in results[v] if r['first_error'])})")
+        lines.append(
+            f"- {errors} failed requests (first: {next(r['first_error'] for v in VARIANTS for r in results[v] if r['first_error'])})"
+        )
     verdict = f"Claim {'holds' if ratio >= BAR and not errors else 'does NOT hold'} in this run."
     print("\n".join(["", *lines, "", verdict, f"(benchmark took {elapsed:.0f} s; {load_note})"]))
     if args.write_md:
         given = sys.argv[1:] if argv is None else argv
         cmd = ".venv/bin/python bench/metrics.py" + "".join(f" {a}" for a in given)
-        write_md("\n".join([
-            f"Run {dt.date.today().isoformat()} on revision {revision()}: `{cmd}` ({elapsed:.0f} s).",
-            "",
-            f"Machine: {machine()}; {versions()}; {load_note}.",
-            f"Simulator: bench/throughput.py's profile {json.dumps(SIM_PROFILE)}; {n} prompts per run at "
-            f"concurrency {c}; {rounds} round(s) of each variant, alternating, median of output tokens/s.",
-            "",
-            *lines,
-            "",
-            verdict,
-        ]), MD_START, MD_END, "Metrics: what a scrape of /metrics every second costs the job")
+        write_md(
+            "\n".join(
+                [
+                    f"Run {dt.date.today().isoformat()} on revision {revision()}: `{cmd}` ({elapsed:.0f} s).",
+                    "",
+                    f"Machine: {machine()}; {versions()}; {load_note}.",
+                    f"Simulator: bench/throughput.py's profile {json.dumps(SIM_PROFILE)}; {n} prompts per run at "
+                    f"concurrency {c}; {rounds} round(s) of each variant, alternating, median of output tokens/s.",
+                    "",
+                    *lines,
+                    "",
+                    verdict,
+                ]
+            ),
+            MD_START,
+            MD_END,
+            "Metrics: what a scrape of /metrics every second costs the job",
+        )
     return 0 if ratio >= BAR and not errors else 1
 
 

@@ -145,17 +145,23 @@ async def main(args: argparse.Namespace) -> int:
     )
     wall_ok = cost <= args.outage_s + 5.0
     money_ok = clean.spent == clean.billed and out.spent == out.billed
-    print(f"  outage cost in wall time {cost:.1f} s (goal <= {args.outage_s + 5.0:.0f} s): {'met' if wall_ok else 'MISSED'}")
+    print(
+        f"  outage cost in wall time {cost:.1f} s (goal <= {args.outage_s + 5.0:.0f} s): {'met' if wall_ok else 'MISSED'}"
+    )
     print(f"  outage cost in dollars: spent == billed in both runs: {'met' if money_ok else 'MISSED'}")
     return 0 if wall_ok and money_ok else 1
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--datasets", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=200, help="prompts per dataset")
     parser.add_argument("--outage-s", type=float, default=75.0)
     parser.add_argument("--cut-at-s", type=float, default=5.0)
-    parser.add_argument("--time-scale", type=float, default=0.05, help="the simulator's: 0.05 is 20x real speed")
+    parser.add_argument(
+        "--time-scale", type=float, default=0.05, help="the simulator's: 0.05 is 20x real speed"
+    )
     parser.add_argument("--budget", type=float, default=100.0)
     sys.exit(asyncio.run(main(parser.parse_args())))

@@ -79,15 +79,43 @@ def build(rows: int) -> Path:
     events.append(dict(start_event(4242, ["chat"], Decimal(200), Decimal(0), 2000, [], backends, T0)))
     events.append(dict(deadline_event("65m", T0 + 3900, None, "65m", "settings", T0)))
     for at in HOLDS:
-        events.append({"ts": T0 + at, "event": "hold", "seconds": 30.0, "reason": "429: the account's limit", "backend": "openrouter"})
+        events.append(
+            {
+                "ts": T0 + at,
+                "event": "hold",
+                "seconds": 30.0,
+                "reason": "429: the account's limit",
+                "backend": "openrouter",
+            }
+        )
         events.append({"ts": T0 + at + 30, "event": "hold_end", "backend": "openrouter"})
-    events.append({"ts": T0 + OUTAGE[0], "event": "outage", "reason": "OpenRouter unreachable", "backend": "openrouter"})
-    events.append({"ts": T0 + OUTAGE[1], "event": "outage_end", "seconds": OUTAGE[1] - OUTAGE[0], "backend": "openrouter"})
+    events.append(
+        {"ts": T0 + OUTAGE[0], "event": "outage", "reason": "OpenRouter unreachable", "backend": "openrouter"}
+    )
+    events.append(
+        {
+            "ts": T0 + OUTAGE[1],
+            "event": "outage_end",
+            "seconds": OUTAGE[1] - OUTAGE[0],
+            "backend": "openrouter",
+        }
+    )
     events.append({"ts": T0 + 30 * 60, "event": "budget", "value": "250", "source": "console"})
     events.append({"ts": T0 + PAUSE[0], "event": "pause", "source": "console", "backend": "sglang"})
     events.append({"ts": T0 + PAUSE[1], "event": "resume", "source": "console", "backend": "sglang"})
-    events.append(dict(start_event(4343, ["chat"], Decimal(250), Decimal(90), 2000, [], backends, T0 + KILL_AT + 20)))
-    events.append({"ts": T0 + HOUR_S, "event": "end", "reason": "operator", "message": "stopped", "spent": "0", "rows": rows})
+    events.append(
+        dict(start_event(4343, ["chat"], Decimal(250), Decimal(90), 2000, [], backends, T0 + KILL_AT + 20))
+    )
+    events.append(
+        {
+            "ts": T0 + HOUR_S,
+            "event": "end",
+            "reason": "operator",
+            "message": "stopped",
+            "spent": "0",
+            "rows": rows,
+        }
+    )
     events.sort(key=lambda e: float(str(e["ts"])))
     events_path.write_bytes(b"".join(dumps(e) + b"\n" for e in events))
 
@@ -120,7 +148,11 @@ def build(rows: int) -> Path:
                 failed = n + 1 < tries
                 outcome = rng.choice(ERRORS) if failed else ("truncated" if rng.random() < 0.05 else "ok")
                 ctok = rng.randint(100, 900)
-                cost = Decimal(f"{ctok * 12.5:.0f}") / Decimal(10**3) if gpu else Decimal(ctok) * Decimal("0.0000025")
+                cost = (
+                    Decimal(f"{ctok * 12.5:.0f}") / Decimal(10**3)
+                    if gpu
+                    else Decimal(ctok) * Decimal("0.0000025")
+                )
                 estimated = not gpu and rng.random() < 0.01
                 out.append(
                     dumps(
@@ -152,13 +184,31 @@ def build(rows: int) -> Path:
                 out.append(dumps(start_record(rid, "chat", line, Decimal("0.27"), "openrouter", t)))
                 out.append(
                     dumps(
-                        end_record(rid, "chat", line, None, "openrouter", "network", Decimal(0), False, t + 0.01, msg="connect timed out", sent=False)
+                        end_record(
+                            rid,
+                            "chat",
+                            line,
+                            None,
+                            "openrouter",
+                            "network",
+                            Decimal(0),
+                            False,
+                            t + 0.01,
+                            msg="connect timed out",
+                            sent=False,
+                        )
                     )
                 )
             if abs(second - (KILL_AT + 20)) < HOUR_S / rows:
                 for rid, crashed_line, be in crashed:  # settled at the restart (engine/job/settle.py)
                     worst = Decimal(0) if be == "sglang" else Decimal("0.27")
-                    out.append(dumps(end_record(rid, "chat", crashed_line, None, be, "lost_at_crash", worst, True, t, ctok=0)))
+                    out.append(
+                        dumps(
+                            end_record(
+                                rid, "chat", crashed_line, None, be, "lost_at_crash", worst, True, t, ctok=0
+                            )
+                        )
+                    )
             if len(out) > 20000:
                 j.write(b"\n".join(out) + b"\n")
                 out.clear()

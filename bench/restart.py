@@ -63,7 +63,9 @@ def build(rows: int) -> tuple[Path, Path]:
 
     with open(prompts, "wb") as p, open(results, "wb") as r, open(run_dir / "attempts.jsonl", "wb") as j:
         for line in range(rows):
-            raw = orjson.dumps({"messages": [{"role": "user", "content": f"question {line}: explain topic {line % 97}"}]})
+            raw = orjson.dumps(
+                {"messages": [{"role": "user", "content": f"question {line}: explain topic {line % 97}"}]}
+            )
             p.write(raw + b"\n")
             prompt = validate_line(raw, folder.name, line)
             assert not isinstance(prompt, str)
@@ -92,7 +94,12 @@ def build(rows: int) -> tuple[Path, Path]:
                 "terminator_appended": False,
                 "num_prompt_tokens": 0,
                 "num_output_tokens": 0,
-                "usage": {"prompt_tokens": 20, "completion_tokens": 180, "reasoning_tokens": 60, "cached_tokens": 0},
+                "usage": {
+                    "prompt_tokens": 20,
+                    "completion_tokens": 180,
+                    "reasoning_tokens": 60,
+                    "cached_tokens": 0,
+                },
                 "cost": 0.000408,
                 "cost_estimated": False,
                 "is_byok": False,
@@ -100,17 +107,25 @@ def build(rows: int) -> tuple[Path, Path]:
                 "server": {"kind": "openrouter", "endpoint": "/api/v1/chat/completions"},
                 "tokenizer": None,
                 "flags": [],
-                "timing": {"started_at": "2026-12-01T10:00:00.000Z", "ttft_s": 0.8, "e2e_s": 4.1, "attempts": 1},
+                "timing": {
+                    "started_at": "2026-12-01T10:00:00.000Z",
+                    "ttft_s": 0.8,
+                    "e2e_s": 4.1,
+                    "attempts": 1,
+                },
                 "created_at": "2026-12-01T10:00:04.100Z",
             }
             r.write(orjson.dumps(row) + b"\n")
             # The attempt's journal as the job writes it (engine/run/records.py).
-            j.write(orjson.dumps(start_record(rid, folder.name, line, RESERVED, "openrouter", STARTED)) + b"\n")
+            j.write(
+                orjson.dumps(start_record(rid, folder.name, line, RESERVED, "openrouter", STARTED)) + b"\n"
+            )
             j.write(orjson.dumps(gen_record(rid, gen)) + b"\n")
             j.write(
                 orjson.dumps(
                     end_record(rid, folder.name, line, gen, "openrouter", "ok", COST, False, ENDED, ctok=180)
-                ) + b"\n"
+                )
+                + b"\n"
             )
     return folder, run_dir
 
@@ -182,7 +197,10 @@ def peak_mb() -> float:
 def prepare_in_child(folder: Path, run_dir: Path, mode: str = "--prepare") -> tuple[float, float]:
     """Job.prepare() in a process of its own: its seconds and its peak RSS (MB)."""
     out = subprocess.run(
-        [sys.executable, __file__, mode, str(folder), str(run_dir)], stdout=subprocess.PIPE, text=True, check=True
+        [sys.executable, __file__, mode, str(folder), str(run_dir)],
+        stdout=subprocess.PIPE,
+        text=True,
+        check=True,
     ).stdout.split()
     return float(out[-2]), float(out[-1])
 
@@ -207,7 +225,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--since", type=int, default=100_000, help="rows written after the last checkpoint before the SIGKILL")
+    parser.add_argument(
+        "--since", type=int, default=100_000, help="rows written after the last checkpoint before the SIGKILL"
+    )
     parser.add_argument("--prepare", nargs=2, type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--baseline", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -218,7 +238,9 @@ def main() -> int:
     folder, run_dir = build(args.rows)
     results = folder / "raw_responses.jsonl"
     size = results.stat().st_size
-    print(f"{args.rows:,} rows, {size / 1e9:.2f} GB of results, {os.path.getsize(folder / 'prompts.jsonl') / 1e6:.0f} MB of prompts")
+    print(
+        f"{args.rows:,} rows, {size / 1e9:.2f} GB of results, {os.path.getsize(folder / 'prompts.jsonl') / 1e6:.0f} MB of prompts"
+    )
     forget(run_dir)
     wc_lines(results)
     resume(folder, run_dir)  # warm the page cache for both

@@ -36,7 +36,9 @@ def peak_mb() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "soak", help="a soak's output folder")
+    ap.add_argument(
+        "--out", type=Path, default=ROOT / "bench" / "out" / "soak", help="a soak's output folder"
+    )
     args = ap.parse_args(argv)
     run, data = args.out / "run", args.out / "data"
     if not (run / "attempts.jsonl").exists():

@@ -91,25 +91,43 @@ PROFILES: dict[str, dict[str, Any]] = {
     "long": {"decode_tokens_per_s": 40.0, "output_len_min": 300, "output_len_max": 500, "min_step_s": 0.02},
     "fast": {"decode_tokens_per_s": 200.0, "output_len_min": 300, "output_len_max": 500, "min_step_s": 0.02},
     "short": {"decode_tokens_per_s": 400.0, "output_len_min": 48, "output_len_max": 80, "min_step_s": 0.02},
-    "reasoning": {"decode_tokens_per_s": 200.0, "output_len_min": 7500, "output_len_max": 8500,
-                  "min_step_s": 0.02, "reasoning_share": 0.8},
+    "reasoning": {
+        "decode_tokens_per_s": 200.0,
+        "output_len_min": 7500,
+        "output_len_max": 8500,
+        "min_step_s": 0.02,
+        "reasoning_share": 0.8,
+    },
 }
 PROMPTS = {"long": 2048, "fast": 4096, "short": 8192, "reasoning": 1024}
 MAX_TOKENS_OF = {"reasoning": 16384}  # the settings' default: answers this long need it
 BAR = {"reasoning": 0.9}  # the long-answer profile's bar; 0.8 elsewhere
 MD_REASONING = ("<!-- bench:sglang-reasoning:start -->", "<!-- bench:sglang-reasoning:end -->")
-MD_REASONING_TUNNEL = ("<!-- bench:sglang-reasoning-tunnel:start -->", "<!-- bench:sglang-reasoning-tunnel:end -->")
+MD_REASONING_TUNNEL = (
+    "<!-- bench:sglang-reasoning-tunnel:start -->",
+    "<!-- bench:sglang-reasoning-tunnel:end -->",
+)
 MD_BYTES = ("<!-- bench:sglang-bytes:start -->", "<!-- bench:sglang-bytes:end -->")
 BYTES_LENGTHS = (2000, 4000, 8000)
 BYTES_STREAMS = 32
 
 
 def prompt_messages(i: int) -> list[dict[str, str]]:
-    return [{"role": "user", "content": f"Prompt {i}: explain, in a few sentences, idea number {i * 7919 % 100003}."}]
+    return [
+        {
+            "role": "user",
+            "content": f"Prompt {i}: explain, in a few sentences, idea number {i * 7919 % 100003}.",
+        }
+    ]
 
 
 def regen_settings(
-    url: str, model: Path, dataset: Path, run_dir: Path, host: dict[str, Any] | None = None, max_tokens: int = MAX_TOKENS
+    url: str,
+    model: Path,
+    dataset: Path,
+    run_dir: Path,
+    host: dict[str, Any] | None = None,
+    max_tokens: int = MAX_TOKENS,
 ) -> Any:
     """The job's settings: straight at `url`, or (with `host`) through a tunnel to that host's port."""
     from regen.engine.config.settings import (
@@ -198,7 +216,12 @@ async def run_aiohttp(url: str, model: Path, n: int, w: Window, max_tokens: int 
 
 
 async def run_regen(
-    url: str, model: Path, n: int, w: Window, workdir: Path, host: dict[str, Any] | None = None,
+    url: str,
+    model: Path,
+    n: int,
+    w: Window,
+    workdir: Path,
+    host: dict[str, Any] | None = None,
     max_tokens: int = MAX_TOKENS,
 ) -> None:
     import orjson
@@ -217,7 +240,14 @@ async def run_regen(
 
 
 def child(
-    variant: str, url: str, model: Path, n: int, workdir: Path, sim_pid: int, host: Path | None, max_tokens: int
+    variant: str,
+    url: str,
+    model: Path,
+    n: int,
+    workdir: Path,
+    sim_pid: int,
+    host: Path | None,
+    max_tokens: int,
 ) -> None:
     from regen.engine.runtime import run
 
@@ -233,10 +263,22 @@ def child(
             await run_regen(url, model, n, w, workdir, max_tokens=max_tokens)
 
     run(main())
-    print(json.dumps({
-        "variant": variant, "prompts": n, "tokens": w.tokens, "requests": w.requests, "errors": w.errors,
-        "first_error": w.first_error, "wall_s": w.wall_s, "cpu_s": w.cpu_s, "sim_cpu_s": w.sim_cpu_s,
-    }), flush=True)
+    print(
+        json.dumps(
+            {
+                "variant": variant,
+                "prompts": n,
+                "tokens": w.tokens,
+                "requests": w.requests,
+                "errors": w.errors,
+                "first_error": w.first_error,
+                "wall_s": w.wall_s,
+                "cpu_s": w.cpu_s,
+                "sim_cpu_s": w.sim_cpu_s,
+            }
+        ),
+        flush=True,
+    )
 
 
 # ------------------------------------------------------------------------------------ simulator
@@ -257,21 +299,44 @@ class Sim:
 
     def __init__(self, workdir: Path, model: Path, profile: dict[str, Any]) -> None:
         config = {
-            "served_model_name": "kimi-k2.5", "time_scale": 1.0,
-            "startup_weights_s": 0, "startup_kv_pool_s": 0, "startup_cuda_graph_s": 0,
-            "startup_http_s": 0, "startup_warmup_s": 0,
-            "max_running_requests": CONCURRENCY, "max_total_tokens": 4_000_000,
-            "max_gen_throughput": 1e9, "prefill_tokens_per_s": 1e7,
-            "decode_log_interval": 100_000, "requests_maxlen": 100, "child_processes": 0, "seed": 1,
+            "served_model_name": "kimi-k2.5",
+            "time_scale": 1.0,
+            "startup_weights_s": 0,
+            "startup_kv_pool_s": 0,
+            "startup_cuda_graph_s": 0,
+            "startup_http_s": 0,
+            "startup_warmup_s": 0,
+            "max_running_requests": CONCURRENCY,
+            "max_total_tokens": 4_000_000,
+            "max_gen_throughput": 1e9,
+            "prefill_tokens_per_s": 1e7,
+            "decode_log_interval": 100_000,
+            "requests_maxlen": 100,
+            "child_processes": 0,
+            "seed": 1,
             **profile,
         }
         path = workdir / "sim.json"
         path.write_text(json.dumps(config))
         self.log = open(workdir / "sim.log", "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "regen.sim", "sglang", "--port", "0", "--config", str(path),
-             "--tokenizer", str(model)],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=self.log, text=True, preexec_fn=_pin(SIM_CPU),
+            [
+                sys.executable,
+                "-m",
+                "regen.sim",
+                "sglang",
+                "--port",
+                "0",
+                "--config",
+                str(path),
+                "--tokenizer",
+                str(model),
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            preexec_fn=_pin(SIM_CPU),
             env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
         )
         assert self.proc.stdout is not None
@@ -309,14 +374,37 @@ class Sim:
 
 
 def run_child(
-    variant: str, sim: Sim, model: Path, n: int, workdir: Path, host: Path | None = None, max_tokens: int = MAX_TOKENS
+    variant: str,
+    sim: Sim,
+    model: Path,
+    n: int,
+    workdir: Path,
+    host: Path | None = None,
+    max_tokens: int = MAX_TOKENS,
 ) -> dict[str, Any]:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", variant, "--url", sim.url,
-           "--model", str(model), "--prompts", str(n), "--workdir", str(workdir), "--sim-pid", str(sim.proc.pid),
-           "--max-tokens", str(max_tokens)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        variant,
+        "--url",
+        sim.url,
+        "--model",
+        str(model),
+        "--prompts",
+        str(n),
+        "--workdir",
+        str(workdir),
+        "--sim-pid",
+        str(sim.proc.pid),
+        "--max-tokens",
+        str(max_tokens),
+    ]
     if host is not None:
         cmd += ["--host-json", str(host)]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200, preexec_fn=_pin(CLIENT_CPU))
+    proc = subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200, preexec_fn=_pin(CLIENT_CPU)
+    )
     if proc.returncode != 0:
         raise SystemExit(f"{variant} child failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     result = dict(json.loads(proc.stdout.strip().splitlines()[-1]))
@@ -366,9 +454,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=None, help="prompts per run (default per profile)")
     ap.add_argument("--quick", action="store_true", help="one repetition of the short profile, 2048 prompts")
-    ap.add_argument("--write-md", action="store_true", help="update the SGLang backend section of BENCHMARKS.md")
-    ap.add_argument("--tunnel", action="store_true", help="the SSH tunnel's cost: regen through a tunnel against direct")
-    ap.add_argument("--bytes", action="store_true", help="bytes per output token as answers grow, with and without an interval")
+    ap.add_argument(
+        "--write-md", action="store_true", help="update the SGLang backend section of BENCHMARKS.md"
+    )
+    ap.add_argument(
+        "--tunnel", action="store_true", help="the SSH tunnel's cost: regen through a tunnel against direct"
+    )
+    ap.add_argument(
+        "--bytes",
+        action="store_true",
+        help="bytes per output token as answers grow, with and without an interval",
+    )
     ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help=argparse.SUPPRESS)
     ap.add_argument("--child", choices=VARIANTS + TUNNEL_VARIANTS[1:], help=argparse.SUPPRESS)
     ap.add_argument("--host-json", type=Path, help=argparse.SUPPRESS)
@@ -378,7 +474,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sim-pid", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        child(args.child, args.url, args.model, args.prompts, args.workdir, args.sim_pid, args.host_json, args.max_tokens)
+        child(
+            args.child,
+            args.url,
+            args.model,
+            args.prompts,
+            args.workdir,
+            args.sim_pid,
+            args.host_json,
+            args.max_tokens,
+        )
         return 0
     if args.tunnel:
         return tunnel_main(args, argv)
@@ -392,7 +497,9 @@ def main(argv: list[str] | None = None) -> int:
     load0 = os.getloadavg()[0]
     print(f"machine: {machine()}")
     if load0 > 0.5:
-        print(f"warning: load average {load0:.1f} before the run; other work on this machine skews the figures")
+        print(
+            f"warning: load average {load0:.1f} before the run; other work on this machine skews the figures"
+        )
     from tests.support.sglang_sim import model_folder
 
     model = model_folder(tmp / "model")
@@ -401,12 +508,14 @@ def main(argv: list[str] | None = None) -> int:
         for profile in profiles:
             n = args.prompts or (2048 if args.quick else PROMPTS[profile])
             for k in range(repeat):
-                for v in VARIANTS[k % 2:] + VARIANTS[: k % 2]:
+                for v in VARIANTS[k % 2 :] + VARIANTS[: k % 2]:
                     work = tmp / f"{profile}-{v}-{k}"
                     work.mkdir()
                     sim = Sim(work, model, PROFILES[profile])
                     try:
-                        r = run_child(v, sim, model, n, work, max_tokens=MAX_TOKENS_OF.get(profile, MAX_TOKENS))
+                        r = run_child(
+                            v, sim, model, n, work, max_tokens=MAX_TOKENS_OF.get(profile, MAX_TOKENS)
+                        )
                         r["peak_in_flight"] = sim.state()["peak_in_flight"]
                     finally:
                         sim.stop()
@@ -414,10 +523,12 @@ def main(argv: list[str] | None = None) -> int:
                     r["profile"] = profile
                     results.setdefault((profile, v), []).append(r)
                     err = f", {r['errors']} errors (first: {r['first_error']})" if r["errors"] else ""
-                    print(f"  {profile} run {k + 1}/{repeat} {v:8s} {r['tokens'] / r['wall_s']:>9,.0f} tok/s "
-                          f"{r['requests'] / r['wall_s']:>6,.0f} req/s wall {r['wall_s']:5.1f} s cpu {r['cpu_s']:5.1f} s "
-                          f"sim cpu {100 * r['sim_cpu_s'] / r['wall_s']:3.0f}% peak in flight {r['peak_in_flight']}{err}",
-                          flush=True)
+                    print(
+                        f"  {profile} run {k + 1}/{repeat} {v:8s} {r['tokens'] / r['wall_s']:>9,.0f} tok/s "
+                        f"{r['requests'] / r['wall_s']:>6,.0f} req/s wall {r['wall_s']:5.1f} s cpu {r['cpu_s']:5.1f} s "
+                        f"sim cpu {100 * r['sim_cpu_s'] / r['wall_s']:3.0f}% peak in flight {r['peak_in_flight']}{err}",
+                        flush=True,
+                    )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     elapsed = time.monotonic() - started
@@ -432,32 +543,36 @@ def main(argv: list[str] | None = None) -> int:
         bar = BAR.get(p, 0.8)
         good = ratio >= bar
         ok &= good
-        ratios.append(f"- {p}: regen/aiohttp = {ratio:.2f} ({'meets' if good else 'BELOW'} the {bar:.2f} bar; "
-                      f"per client CPU-second {per_cpu:.2f})")
+        ratios.append(
+            f"- {p}: regen/aiohttp = {ratio:.2f} ({'meets' if good else 'BELOW'} the {bar:.2f} bar; "
+            f"per client CPU-second {per_cpu:.2f})"
+        )
     load_note = f"load average {load0:.2f} before the run, {os.getloadavg()[0]:.2f} after"
     verdict = f"Claim {'holds' if ok else 'does NOT hold'} in this run."
     print("\n".join(["", *lines, "", *ratios, "", verdict, f"(took {elapsed:.0f} s; {load_note})"]))
     if args.write_md:
         given = sys.argv[1:] if argv is None else argv
         cmd = ".venv/bin/python bench/sglang_backend.py" + "".join(f" {a}" for a in given)
-        block = "\n".join([
-            f"Run {dt.date.today().isoformat()} on revision {revision()}: `{cmd}` ({elapsed:.0f} s).",
-            "",
-            f"Machine: {machine()}; {versions()}; {load_note}.",
-            "Simulator profiles (time_scale 1, max_running_requests 512, one process per run): "
-            + "; ".join(f"{p} {json.dumps(PROFILES[p])}" for p in profiles)
-            + f". {CONCURRENCY} in flight, max_tokens "
-            + ", ".join(f"{MAX_TOKENS_OF.get(p, MAX_TOKENS)} ({p})" for p in profiles)
-            + "; prompts per run: "
-            + ", ".join(f"{args.prompts or PROMPTS[p]} ({p})" for p in profiles)
-            + f"; {repeat} repetition(s), median.",
-            "",
-            *lines,
-            "",
-            *ratios,
-            "",
-            verdict,
-        ])
+        block = "\n".join(
+            [
+                f"Run {dt.date.today().isoformat()} on revision {revision()}: `{cmd}` ({elapsed:.0f} s).",
+                "",
+                f"Machine: {machine()}; {versions()}; {load_note}.",
+                "Simulator profiles (time_scale 1, max_running_requests 512, one process per run): "
+                + "; ".join(f"{p} {json.dumps(PROFILES[p])}" for p in profiles)
+                + f". {CONCURRENCY} in flight, max_tokens "
+                + ", ".join(f"{MAX_TOKENS_OF.get(p, MAX_TOKENS)} ({p})" for p in profiles)
+                + "; prompts per run: "
+                + ", ".join(f"{args.prompts or PROMPTS[p]} ({p})" for p in profiles)
+                + f"; {repeat} repetition(s), median.",
+                "",
+                *lines,
+                "",
+                *ratios,
+                "",
+                verdict,
+            ]
+        )
         if profiles == ["reasoning"]:
             write_md(block, *MD_REASONING, heading="SGLang backend: long reasoning answers")
         else:
@@ -478,10 +593,15 @@ def start_sshd(tmp: Path, model: Path) -> tuple[Any, Path]:
         os.sched_setaffinity(server.proc.pid, {sorted(os.sched_getaffinity(0))[SIM_CPU]})
     (tmp / "data").mkdir(exist_ok=True)
     host = {
-        "name": "gpu1", "address": "127.0.0.1", "port": server.port, "user": server.user,
+        "name": "gpu1",
+        "address": "127.0.0.1",
+        "port": server.port,
+        "user": server.user,
         "key_files": [str(server.client_key)],
         "known_hosts": str(server.write_known_hosts(tmp / "known_hosts")),
-        "data_root": str(tmp / "data"), "model_path": str(model), "python": sys.executable,
+        "data_root": str(tmp / "data"),
+        "model_path": str(model),
+        "python": sys.executable,
         "poll_interval_s": 3600.0,
     }
     path = tmp / "host.json"
@@ -505,21 +625,31 @@ def tunnel_main(args: argparse.Namespace, argv: list[str] | None) -> int:
         for profile in profiles:
             n = args.prompts or (2048 if args.quick else PROMPTS[profile])
             for k in range(repeat):
-                for v in TUNNEL_VARIANTS[k % 2:] + TUNNEL_VARIANTS[: k % 2]:
+                for v in TUNNEL_VARIANTS[k % 2 :] + TUNNEL_VARIANTS[: k % 2]:
                     work = tmp / f"{profile}-{v}-{k}"
                     work.mkdir()
                     sim = Sim(work, model, PROFILES[profile])
                     try:
-                        r = run_child(v, sim, model, n, work, host if v == "regen-tunnel" else None,
-                                      MAX_TOKENS_OF.get(profile, MAX_TOKENS))
+                        r = run_child(
+                            v,
+                            sim,
+                            model,
+                            n,
+                            work,
+                            host if v == "regen-tunnel" else None,
+                            MAX_TOKENS_OF.get(profile, MAX_TOKENS),
+                        )
                     finally:
                         sim.stop()
                         shutil.rmtree(work, ignore_errors=True)
                     r["profile"] = profile
                     results.setdefault((profile, v), []).append(r)
                     err = f", {r['errors']} errors (first: {r['first_error']})" if r["errors"] else ""
-                    print(f"  {profile} run {k + 1}/{repeat} {v:12s} {r['tokens'] / r['wall_s']:>9,.0f} tok/s "
-                          f"wall {r['wall_s']:5.1f} s cpu {r['cpu_s']:5.1f} s{err}", flush=True)
+                    print(
+                        f"  {profile} run {k + 1}/{repeat} {v:12s} {r['tokens'] / r['wall_s']:>9,.0f} tok/s "
+                        f"wall {r['wall_s']:5.1f} s cpu {r['cpu_s']:5.1f} s{err}",
+                        flush=True,
+                    )
     finally:
         server.stop()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -531,26 +661,34 @@ def tunnel_main(args: argparse.Namespace, argv: list[str] | None) -> int:
         by = {r["variant"]: r for r in rows if r["profile"] == p}
         ratio = by["regen-tunnel"]["tok_s"] / by["regen"]["tok_s"]
         per_cpu = by["regen-tunnel"]["tok_cpu_s"] / by["regen"]["tok_cpu_s"]
-        ratios.append(f"- {p}: through the tunnel / direct = {ratio:.2f} (per client CPU-second {per_cpu:.2f})")
+        ratios.append(
+            f"- {p}: through the tunnel / direct = {ratio:.2f} (per client CPU-second {per_cpu:.2f})"
+        )
     load_note = f"load average {load0:.2f} before the run, {os.getloadavg()[0]:.2f} after"
     print("\n".join(["", *lines, "", *ratios, f"(took {elapsed:.0f} s; {load_note})"]))
     if args.write_md:
         given = sys.argv[1:] if argv is None else argv
         cmd = ".venv/bin/python bench/sglang_backend.py" + "".join(f" {a}" for a in given)
-        block = "\n".join([
-            f"Run {dt.date.today().isoformat()} on revision {revision()}: `{cmd}` ({elapsed:.0f} s).",
-            "",
-            f"Machine: {machine()}; {versions()}; {load_note}. The same job and simulator profiles as above; "
-            "\"regen\" straight at the simulator's URL, \"regen-tunnel\" through its own SSH tunnel (a real "
-            "OpenSSH server on loopback, pinned to the simulator's core; asyncssh in the job's process). "
-            f"{repeat} repetition(s), median.",
-            "",
-            *lines,
-            "",
-            *ratios,
-        ])
+        block = "\n".join(
+            [
+                f"Run {dt.date.today().isoformat()} on revision {revision()}: `{cmd}` ({elapsed:.0f} s).",
+                "",
+                f"Machine: {machine()}; {versions()}; {load_note}. The same job and simulator profiles as above; "
+                '"regen" straight at the simulator\'s URL, "regen-tunnel" through its own SSH tunnel (a real '
+                "OpenSSH server on loopback, pinned to the simulator's core; asyncssh in the job's process). "
+                f"{repeat} repetition(s), median.",
+                "",
+                *lines,
+                "",
+                *ratios,
+            ]
+        )
         if profiles == ["reasoning"]:
-            write_md(block, *MD_REASONING_TUNNEL, heading="SGLang backend: long reasoning answers through the tunnel")
+            write_md(
+                block,
+                *MD_REASONING_TUNNEL,
+                heading="SGLang backend: long reasoning answers through the tunnel",
+            )
         else:
             write_md(block, MD_TUNNEL_START, MD_TUNNEL_END, heading="SGLang backend through the SSH tunnel")
         print("BENCHMARKS.md updated")
@@ -568,7 +706,9 @@ async def read_streams(url: str, work: list[bytes], streams: int) -> tuple[int, 
     received = tokens = chunks = 0
     items = iter(work)
     headers = {"Content-Type": "application/json"}
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=streams), read_bufsize=2**20) as session:
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=streams), read_bufsize=2**20
+    ) as session:
 
         async def worker() -> None:
             nonlocal received, tokens, chunks
@@ -619,9 +759,15 @@ def bytes_main(args: argparse.Namespace, argv: list[str] | None) -> int:
                     sim.stop()
                     shutil.rmtree(work, ignore_errors=True)
                 one = received / BYTES_STREAMS
-                label = f"stream_interval {stream_interval(max_tokens)}" if interval else "none (a chunk per forward)"
-                row = (f"| {length:,} | {label} | {chunks / BYTES_STREAMS:,.0f} | {one:,.0f} | {received / tokens:,.0f} "
-                       f"| {one / final_one:,.1f} |")
+                label = (
+                    f"stream_interval {stream_interval(max_tokens)}"
+                    if interval
+                    else "none (a chunk per forward)"
+                )
+                row = (
+                    f"| {length:,} | {label} | {chunks / BYTES_STREAMS:,.0f} | {one:,.0f} | {received / tokens:,.0f} "
+                    f"| {one / final_one:,.1f} |"
+                )
                 lines.append(row)
                 print(row, flush=True)
     finally:
@@ -632,17 +778,19 @@ def bytes_main(args: argparse.Namespace, argv: list[str] | None) -> int:
     if args.write_md:
         given = sys.argv[1:] if argv is None else argv
         cmd = ".venv/bin/python bench/sglang_backend.py" + "".join(f" {a}" for a in given)
-        block = "\n".join([
-            f"Run {dt.date.today().isoformat()} on revision {revision()}: `{cmd}` ({elapsed:.0f} s).",
-            "",
-            f"Machine: {machine()}; {versions()}; {load_note}. The simulator {json.dumps(profile)} with "
-            f"output_len_min = output_len_max = the answer's length; {BYTES_STREAMS} streams, {BYTES_STREAMS} "
-            f"answers each, regen's bodies at max_tokens {max_tokens} (with and without their "
-            "stream_interval), read whole by a bare aiohttp client. The answer's own bytes: the same request "
-            "unstreamed.",
-            "",
-            *lines,
-        ])
+        block = "\n".join(
+            [
+                f"Run {dt.date.today().isoformat()} on revision {revision()}: `{cmd}` ({elapsed:.0f} s).",
+                "",
+                f"Machine: {machine()}; {versions()}; {load_note}. The simulator {json.dumps(profile)} with "
+                f"output_len_min = output_len_max = the answer's length; {BYTES_STREAMS} streams, {BYTES_STREAMS} "
+                f"answers each, regen's bodies at max_tokens {max_tokens} (with and without their "
+                "stream_interval), read whole by a bare aiohttp client. The answer's own bytes: the same request "
+                "unstreamed.",
+                "",
+                *lines,
+            ]
+        )
         write_md(block, *MD_BYTES, heading="SGLang: the bytes of a cumulative stream as answers grow")
         print("BENCHMARKS.md updated")
     return 0
@@ -655,10 +803,11 @@ def sim_final_answer_bytes(url: str, body: bytes) -> int:
     plain = orjson.loads(body)
     plain.pop("stream", None)
     plain["rid"] = plain["rid"] + "-plain"
-    req = urllib.request.Request(url + "/generate", data=orjson.dumps(plain), headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url + "/generate", data=orjson.dumps(plain), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=300) as resp:
         return len(resp.read())
-
 
 
 if __name__ == "__main__":

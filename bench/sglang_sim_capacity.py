@@ -53,18 +53,30 @@ def _pin(pid: int, cpu: int) -> None:
 def start_sim(rate: float, tokens: int, tmp: Path, min_step_s: float) -> tuple[subprocess.Popen[str], str]:
     config = {
         "time_scale": 1.0,
-        "startup_weights_s": 0, "startup_kv_pool_s": 0, "startup_cuda_graph_s": 0,
-        "startup_http_s": 0, "startup_warmup_s": 0,
-        "max_running_requests": STREAMS, "max_total_tokens": 4_000_000,
-        "decode_tokens_per_s": rate, "max_gen_throughput": 1e9, "prefill_tokens_per_s": 1e7,
-        "min_step_s": min_step_s, "output_len_min": tokens, "output_len_max": tokens,
-        "decode_log_interval": 100_000, "requests_maxlen": 100,
+        "startup_weights_s": 0,
+        "startup_kv_pool_s": 0,
+        "startup_cuda_graph_s": 0,
+        "startup_http_s": 0,
+        "startup_warmup_s": 0,
+        "max_running_requests": STREAMS,
+        "max_total_tokens": 4_000_000,
+        "decode_tokens_per_s": rate,
+        "max_gen_throughput": 1e9,
+        "prefill_tokens_per_s": 1e7,
+        "min_step_s": min_step_s,
+        "output_len_min": tokens,
+        "output_len_max": tokens,
+        "decode_log_interval": 100_000,
+        "requests_maxlen": 100,
     }
     path = tmp / "sim.json"
     path.write_text(json.dumps(config))
     proc = subprocess.Popen(
         [sys.executable, "-m", "regen.sim", "sglang", "--port", "0", "--config", str(path)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
     )
     assert proc.stdout is not None
@@ -86,8 +98,13 @@ async def client(url: str, tokens: int, window_s: float, warmup_s: float) -> dic
     import aiohttp
     import orjson
 
-    body = orjson.dumps({"input_ids": PROMPT, "stream": True,
-                         "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True}})
+    body = orjson.dumps(
+        {
+            "input_ids": PROMPT,
+            "stream": True,
+            "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True},
+        }
+    )
     counting = False
     stop = False
     got_tokens = 0
@@ -128,8 +145,13 @@ async def client(url: str, tokens: int, window_s: float, warmup_s: float) -> dic
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     client_cpu = (r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime) / elapsed
-    return {"tokens_per_s": got_tokens / elapsed, "chunks_per_s": got_chunks / elapsed,
-            "completed": completed, "window_s": elapsed, "client_cpu_share": client_cpu}
+    return {
+        "tokens_per_s": got_tokens / elapsed,
+        "chunks_per_s": got_chunks / elapsed,
+        "completed": completed,
+        "window_s": elapsed,
+        "client_cpu_share": client_cpu,
+    }
 
 
 def run_point(rate: float, tokens: int, window_s: float, min_step_s: float) -> dict[str, Any]:
@@ -155,12 +177,19 @@ def run_point(rate: float, tokens: int, window_s: float, min_step_s: float) -> d
             proc.terminate()
             proc.wait(timeout=15)
     offered = STREAMS * rate
-    return {"rate_per_request": rate, "offered_tokens_per_s": offered, **result,
-            "delivered_share": result["tokens_per_s"] / offered, "sim_cpu_share": sim_cpu}
+    return {
+        "rate_per_request": rate,
+        "offered_tokens_per_s": offered,
+        **result,
+        "delivered_share": result["tokens_per_s"] / offered,
+        "sim_cpu_share": sim_cpu,
+    }
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--window", type=float, default=10.0)
     parser.add_argument("--min-step", type=float, default=0.02, help="simulator min_step_s (chunk cadence)")
@@ -170,14 +199,21 @@ def main() -> int:
     _pin(0, 0)
     rates = [20.0] if args.quick else [5.0, 10.0, 20.0, 40.0, 80.0]
     window = 4.0 if args.quick else args.window
-    print(f"{STREAMS} streams, prompt {len(PROMPT)} tokens, outputs of 400 tokens, min_step_s {args.min_step}")
-    print(f"{'rate/req':>8} {'offered tok/s':>13} {'got tok/s':>10} {'share':>6} {'chunks/s':>9} "
-          f"{'sim CPU':>7} {'client CPU':>10}")
+    print(
+        f"{STREAMS} streams, prompt {len(PROMPT)} tokens, outputs of 400 tokens, min_step_s {args.min_step}"
+    )
+    print(
+        f"{'rate/req':>8} {'offered tok/s':>13} {'got tok/s':>10} {'share':>6} {'chunks/s':>9} "
+        f"{'sim CPU':>7} {'client CPU':>10}"
+    )
     for rate in rates:
         p = run_point(rate, 400, window, args.min_step)
-        print(f"{p['rate_per_request']:8.0f} {p['offered_tokens_per_s']:13.0f} {p['tokens_per_s']:10.0f} "
-              f"{p['delivered_share']:6.2f} {p['chunks_per_s']:9.0f} {p['sim_cpu_share']:7.2f} "
-              f"{p['client_cpu_share']:10.2f}", flush=True)
+        print(
+            f"{p['rate_per_request']:8.0f} {p['offered_tokens_per_s']:13.0f} {p['tokens_per_s']:10.0f} "
+            f"{p['delivered_share']:6.2f} {p['chunks_per_s']:9.0f} {p['sim_cpu_share']:7.2f} "
+            f"{p['client_cpu_share']:10.2f}",
+            flush=True,
+        )
     return 0
 
 

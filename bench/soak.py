@@ -84,11 +84,20 @@ def main() -> int:
     parser.add_argument("--datasets", type=int, default=8)
     parser.add_argument("--prompts", type=int, default=250_000, help="per dataset (enough for the hour)")
     parser.add_argument("--fault-rate", type=float, default=0.004, help="per fault class")
-    parser.add_argument("--kill-every", type=float, nargs=2, default=(120.0, 300.0), metavar=("MIN_S", "MAX_S"))
+    parser.add_argument(
+        "--kill-every", type=float, nargs=2, default=(120.0, 300.0), metavar=("MIN_S", "MAX_S")
+    )
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--checkpoint-s", type=float, default=None, help="job.checkpoint_interval_s (default 300)")
-    parser.add_argument("--segment-mb", type=float, default=None, help="job.journal_segment_mb (default 64): "
-                        "below what a segment between kills writes, the journal rotates while the job runs")
+    parser.add_argument(
+        "--checkpoint-s", type=float, default=None, help="job.checkpoint_interval_s (default 300)"
+    )
+    parser.add_argument(
+        "--segment-mb",
+        type=float,
+        default=None,
+        help="job.journal_segment_mb (default 64): "
+        "below what a segment between kills writes, the journal rotates while the job runs",
+    )
     args = parser.parse_args()
     rng = random.Random(args.seed)
     if OUT.exists():
@@ -118,7 +127,7 @@ def main() -> int:
         f"concurrency = {args.concurrency}\nbudget_usd = 100000.0\nmax_attempts = 50\n"
         + (f"checkpoint_interval_s = {args.checkpoint_s}\n" if args.checkpoint_s is not None else "")
         + (f"journal_segment_mb = {args.segment_mb}\n" if args.segment_mb is not None else "")
-        +         "[headless]\nstatus_interval_s = 10.0\n"
+        + "[headless]\nstatus_interval_s = 10.0\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OPENROUTER_API_KEY": KEY}
     regen = [sys.executable, "-m", "regen.cli.main"]
@@ -137,7 +146,9 @@ def main() -> int:
     log = open(OUT / "job.log", "ab")  # noqa: SIM115 - closed below
     try:
         while True:
-            job = subprocess.Popen([*regen, "run", "--headless", "--settings", str(settings)], env=env, stdout=log, stderr=log)
+            job = subprocess.Popen(
+                [*regen, "run", "--headless", "--settings", str(settings)], env=env, stdout=log, stderr=log
+            )
             segment: list[tuple[float, float]] = []
             segments.append(segment)
             kill_at = time.monotonic() + rng.uniform(*args.kill_every)
@@ -147,7 +158,9 @@ def main() -> int:
                     segment.append((time.monotonic() - started, rss))
                 time.sleep(1.0)
             if job.poll() is not None:
-                print(f"the job ended by itself (exit {job.returncode}) at {time.monotonic() - started:.0f} s")
+                print(
+                    f"the job ended by itself (exit {job.returncode}) at {time.monotonic() - started:.0f} s"
+                )
                 break
             if time.monotonic() >= ends:
                 job.send_signal(signal.SIGINT)  # drain, then exit
@@ -185,38 +198,58 @@ def main() -> int:
     first = [r for _, r in longest[minute : 3 * minute]] or [r for _, r in longest[: len(longest) // 3]]
     last = [r for _, r in longest[-2 * minute :]] or [r for _, r in longest[-len(longest) // 3 :]]
     peak = max(r for segment in segments for _, r in segment)
-    print(f"soak: {args.minutes:.0f} minutes, {kills} SIGKILLs, {len(FAULT_CLASSES)} fault classes at {args.fault_rate:.1%} each")
+    print(
+        f"soak: {args.minutes:.0f} minutes, {kills} SIGKILLs, {len(FAULT_CLASSES)} fault classes at {args.fault_rate:.1%} each"
+    )
     print(f"rows: {rows:,} of {args.datasets * args.prompts:,} prompts, {duplicates} duplicates")
-    print(f"money: spent ${state.spent:.4f} (confirmed ${confirmed:.4f}, estimated ${state.estimated:.4f}: "
-          f"{state.estimates.pending_count} awaiting their bill, {state.estimates.unknowable_count} cut before an id)")
+    print(
+        f"money: spent ${state.spent:.4f} (confirmed ${confirmed:.4f}, estimated ${state.estimated:.4f}: "
+        f"{state.estimates.pending_count} awaiting their bill, {state.estimates.unknowable_count} cut before an id)"
+    )
     if state.usage_base is not None:
         bound = usage_events[-1] if usage_events else None
         if bound is not None and bound["event"] == "usage_bound":
-            print(f"       bounded by the key's usage: unknowable ${Decimal(bound['unknowable_before']):.4f} -> "
-                  f"${Decimal(bound['unknowable_after']):.4f} for {bound['count']} requests, after waiting "
-                  f"{bound['waited_s']:.1f} s for the usage to settle")
+            print(
+                f"       bounded by the key's usage: unknowable ${Decimal(bound['unknowable_before']):.4f} -> "
+                f"${Decimal(bound['unknowable_after']):.4f} for {bound['count']} requests, after waiting "
+                f"{bound['waited_s']:.1f} s for the usage to settle"
+            )
         elif bound is not None:
             print(f"       not bounded by the key's usage: {bound['reason']}")
         money_ok = state.spent == billed
-        print(f"       the simulator billed ${billed:.4f}; spent == billed: {money_ok} "
-              f"(spent - billed = ${state.spent - billed:f})")
+        print(
+            f"       the simulator billed ${billed:.4f}; spent == billed: {money_ok} "
+            f"(spent - billed = ${state.spent - billed:f})"
+        )
     else:
         money_ok = confirmed <= billed <= state.spent
         print("       no key usage base (the first start could not read /key): the worst case stays")
         print(f"       the simulator billed ${billed:.4f}; confirmed <= billed <= spent: {money_ok}")
-    print(f"memory: longest segment {len(longest) / 60:.0f} min, RSS {sum(first) / len(first):.0f} MB early, "
-          f"{sum(last) / len(last):.0f} MB late; peak {peak:.0f} MB")
+    print(
+        f"memory: longest segment {len(longest) / 60:.0f} min, RSS {sum(first) / len(first):.0f} MB early, "
+        f"{sum(last) / len(last):.0f} MB late; peak {peak:.0f} MB"
+    )
     # The run folder's journals (and checkpoints, kept scans, compressed segments) against the results.
-    results_bytes = sum((f / "raw_responses.jsonl").stat().st_size for f in folders if (f / "raw_responses.jsonl").exists())
+    results_bytes = sum(
+        (f / "raw_responses.jsonl").stat().st_size for f in folders if (f / "raw_responses.jsonl").exists()
+    )
     run_bytes = sum(p.stat().st_size for p in (OUT / "run").rglob("*") if p.is_file())
-    attempts_bytes = (OUT / "run" / "attempts.jsonl").stat().st_size if (OUT / "run" / "attempts.jsonl").exists() else 0
+    attempts_bytes = (
+        (OUT / "run" / "attempts.jsonl").stat().st_size if (OUT / "run" / "attempts.jsonl").exists() else 0
+    )
     parts = list((OUT / "run" / "segments").glob("attempts.*"))
     parts_bytes = sum(p.stat().st_size for p in parts)
-    starts = sum(1 for e in map(orjson.loads, (OUT / "run" / "events.jsonl").read_bytes().splitlines()) if e["event"] == "start")
+    starts = sum(
+        1
+        for e in map(orjson.loads, (OUT / "run" / "events.jsonl").read_bytes().splitlines())
+        if e["event"] == "start"
+    )
     events_bytes = (OUT / "run" / "events.jsonl").stat().st_size
-    print(f"disk: results {results_bytes / 1e6:.0f} MB, run folder {run_bytes / 1e6:.0f} MB "
-          f"(attempts.jsonl {attempts_bytes / 1e6:.0f} MB, {len(parts)} segments {parts_bytes / 1e6:.0f} MB "
-          f"for {starts} starts, events.jsonl {events_bytes / 1e3:.0f} KB) = {run_bytes / max(results_bytes, 1):.2f}x the results")
+    print(
+        f"disk: results {results_bytes / 1e6:.0f} MB, run folder {run_bytes / 1e6:.0f} MB "
+        f"(attempts.jsonl {attempts_bytes / 1e6:.0f} MB, {len(parts)} segments {parts_bytes / 1e6:.0f} MB "
+        f"for {starts} starts, events.jsonl {events_bytes / 1e3:.0f} KB) = {run_bytes / max(results_bytes, 1):.2f}x the results"
+    )
     ok = duplicates == 0 and money_ok
     return 0 if ok else 1
 

@@ -91,8 +91,15 @@ SIM_PROFILE: dict[str, Any] = {
 MAX_TOKENS = 8192  # above max_completion_tokens: every completion ends with "stop"
 # --hotpath (issue 19): the per-request cost alone. time_scale 0 makes the simulator answer at
 # once (no TTFT, no token delays), so whatever limits a run is CPU on one side or the other.
-HOTPATH: dict[str, Any] = {"concurrency": 2000, "prompts": 6000, "repeat": 9, "variants": "aiohttp,regen", "modes": "stream,json",
-           "sim_profile": {"time_scale": 0.0}, "bar": 0.9}
+HOTPATH: dict[str, Any] = {
+    "concurrency": 2000,
+    "prompts": 6000,
+    "repeat": 9,
+    "variants": "aiohttp,regen",
+    "modes": "stream,json",
+    "sim_profile": {"time_scale": 0.0},
+    "bar": 0.9,
+}
 BAR = 0.8  # regen / aiohttp, the claim above; --hotpath raises it to HOTPATH["bar"]
 
 
@@ -100,7 +107,12 @@ BAR = 0.8  # regen / aiohttp, the claim above; --hotpath raises it to HOTPATH["b
 
 
 def prompt_messages(i: int) -> list[dict[str, str]]:
-    return [{"role": "user", "content": f"Prompt {i}: explain, in a few sentences, idea number {i * 7919 % 100003}."}]
+    return [
+        {
+            "role": "user",
+            "content": f"Prompt {i}: explain, in a few sentences, idea number {i * 7919 % 100003}.",
+        }
+    ]
 
 
 def static_body(stream: bool = True) -> dict[str, Any]:
@@ -197,7 +209,9 @@ async def run_aiohttp(base_url: str, n: int, concurrency: int, w: Window, stream
     headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
     prompts = iter(range(n))
     connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=0)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session:
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=600)
+    ) as session:
 
         async def worker() -> None:
             for i in prompts:
@@ -318,7 +332,9 @@ async def drive(job: Any, w: Any) -> None:
         w.first_error = f"{outcome.reason.value}: {outcome.message}"
 
 
-async def run_regen(base_url: str, n: int, concurrency: int, w: Window, workdir: Path, stream: bool = True) -> None:
+async def run_regen(
+    base_url: str, n: int, concurrency: int, w: Window, workdir: Path, stream: bool = True
+) -> None:
     """regen's job as shipped: fresh dataset and run folder, so nothing resumes."""
     from regen.engine.job.job import Job
 
@@ -338,8 +354,16 @@ def write_prompts(path: Path, n: int) -> None:
         f.write(b"".join(orjson.dumps({"messages": prompt_messages(i)}) + b"\n" for i in range(n)))
 
 
-def child(variant: str, base_url: str, n: int, concurrency: int, workdir: Path,
-          sim_pid: int | None, profile: Path | None, mode: str = "stream") -> None:
+def child(
+    variant: str,
+    base_url: str,
+    n: int,
+    concurrency: int,
+    workdir: Path,
+    sim_pid: int | None,
+    profile: Path | None,
+    mode: str = "stream",
+) -> None:
     """One variant in this (fresh) interpreter, on uvloop; prints one JSON line."""
     from regen.engine.runtime import run
 
@@ -358,11 +382,25 @@ def child(variant: str, base_url: str, n: int, concurrency: int, workdir: Path,
         return type(asyncio.get_running_loop()).__module__.split(".")[0]
 
     loop = run(main())
-    print(json.dumps({
-        "variant": variant, "mode": mode, "concurrency": concurrency, "prompts": n, "tokens": w.tokens,
-        "requests": w.requests, "errors": w.errors, "first_error": w.first_error, "wall_s": w.wall_s,
-        "cpu_s": w.cpu_s, "sim_cpu_s": w.sim_cpu_s, "loop": loop,
-    }), flush=True)
+    print(
+        json.dumps(
+            {
+                "variant": variant,
+                "mode": mode,
+                "concurrency": concurrency,
+                "prompts": n,
+                "tokens": w.tokens,
+                "requests": w.requests,
+                "errors": w.errors,
+                "first_error": w.first_error,
+                "wall_s": w.wall_s,
+                "cpu_s": w.cpu_s,
+                "sim_cpu_s": w.sim_cpu_s,
+                "loop": loop,
+            }
+        ),
+        flush=True,
+    )
 
 
 # ------------------------------------------------------------------------------------ simulator
@@ -441,7 +479,10 @@ class Sim:
         self.log = open(workdir / "sim.log", "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, "-c", SIM_BOOT, str(self.port), str(config_path)],
-            cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=_pin(SIM_CPU),
+            cwd=ROOT,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_pin(SIM_CPU),
         )
         deadline = time.monotonic() + 30
         while True:
@@ -477,19 +518,43 @@ class Sim:
 # ------------------------------------------------------------------------------------- driver
 
 
-def run_child(variant: str, sim: Sim, n: int, concurrency: int, workdir: Path,
-              profile: Path | None = None, timeout: float = 900, mode: str = "stream") -> dict[str, Any]:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", variant, "--base-url", sim.base_url,
-           "--prompts", str(n), "--concurrency", str(concurrency), "--workdir", str(workdir),
-           "--sim-pid", str(sim.proc.pid), "--child-mode", mode]
+def run_child(
+    variant: str,
+    sim: Sim,
+    n: int,
+    concurrency: int,
+    workdir: Path,
+    profile: Path | None = None,
+    timeout: float = 900,
+    mode: str = "stream",
+) -> dict[str, Any]:
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        variant,
+        "--base-url",
+        sim.base_url,
+        "--prompts",
+        str(n),
+        "--concurrency",
+        str(concurrency),
+        "--workdir",
+        str(workdir),
+        "--sim-pid",
+        str(sim.proc.pid),
+        "--child-mode",
+        mode,
+    ]
     if profile is not None:
         cmd += ["--profile-out", str(profile)]
     env = None
     if variant == BASE_VARIANT:
         assert AGAINST is not None
         env = {**os.environ, "PYTHONPATH": str(AGAINST / "src")}
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          preexec_fn=_pin(CLIENT_CPU), env=env)
+    proc = subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, preexec_fn=_pin(CLIENT_CPU), env=env
+    )
     if proc.returncode != 0:
         raise SystemExit(f"{variant} child failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -531,7 +596,9 @@ def ratio_lines(rows: list[dict[str, Any]]) -> tuple[list[str], bool]:
     """The claim's two ratios per concurrency (throughput), plus the CPU-cost ratio for context."""
     lines: list[str] = []
     ok = True
-    for c, mode in sorted({(r["concurrency"], r["mode"]) for r in rows}, key=lambda k: (-k[0], MODES.index(k[1]))):
+    for c, mode in sorted(
+        {(r["concurrency"], r["mode"]) for r in rows}, key=lambda k: (-k[0], MODES.index(k[1]))
+    ):
         by = {r["variant"]: r for r in rows if r["concurrency"] == c and r["mode"] == mode}
         if "regen" not in by:
             continue
@@ -544,24 +611,32 @@ def ratio_lines(rows: list[dict[str, Any]]) -> tuple[list[str], bool]:
             # Paired by round: each round's two runs met the same moment's load on the machine.
             pairs = paired_ratios(by["regen"], by["aiohttp"])
             paired = f"; median of the rounds' own ratios {statistics.median(pairs):.2f}" if pairs else ""
-            parts.append(f"regen/aiohttp = {ra:.2f} ({'meets' if good else 'BELOW'} the {BAR:.2f} bar; "
-                         f"per CPU-second {eff:.2f}{paired})")
+            parts.append(
+                f"regen/aiohttp = {ra:.2f} ({'meets' if good else 'BELOW'} the {BAR:.2f} bar; "
+                f"per CPU-second {eff:.2f}{paired})"
+            )
         if BASE_VARIANT in by:
             base = by[BASE_VARIANT]
             pairs = paired_ratios(by["regen"], base)
             paired = f"; median of the rounds' own ratios {statistics.median(pairs):.2f}" if pairs else ""
-            parts.append(f"regen/regen-base = {by['regen']['tok_s'] / base['tok_s']:.2f} (per CPU-second "
-                         f"{by['regen']['tok_cpu_s'] / base['tok_cpu_s']:.2f}{paired})")
+            parts.append(
+                f"regen/regen-base = {by['regen']['tok_s'] / base['tok_s']:.2f} (per CPU-second "
+                f"{by['regen']['tok_cpu_s'] / base['tok_cpu_s']:.2f}{paired})"
+            )
             if "aiohttp" in by:
-                parts.append(f"regen-base/aiohttp = {base['tok_s'] / by['aiohttp']['tok_s']:.2f} (per CPU-second "
-                             f"{base['tok_cpu_s'] / by['aiohttp']['tok_cpu_s']:.2f})")
+                parts.append(
+                    f"regen-base/aiohttp = {base['tok_s'] / by['aiohttp']['tok_s']:.2f} (per CPU-second "
+                    f"{base['tok_cpu_s'] / by['aiohttp']['tok_cpu_s']:.2f})"
+                )
         if "openai" in by:
             ro = by["regen"]["tok_s"] / by["openai"]["tok_s"]
             good = ro >= 3.0
             ok &= good
             eff = by["regen"]["tok_cpu_s"] / by["openai"]["tok_cpu_s"]
-            parts.append(f"regen/openai = {ro:.2f} ({'meets' if good else 'BELOW'} the 3.0 bar; "
-                         f"per CPU-second {eff:.2f})")
+            parts.append(
+                f"regen/openai = {ro:.2f} ({'meets' if good else 'BELOW'} the 3.0 bar; "
+                f"per CPU-second {eff:.2f})"
+            )
         lines.append(f"- concurrency {c}, {mode}: " + "; ".join(parts))
     return lines, ok
 
@@ -578,15 +653,18 @@ def machine() -> str:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    return (f"{os.cpu_count()} cores ({cpu}), Linux {platform.release()}, "
-            f"Python {platform.python_version()}")
+    return f"{os.cpu_count()} cores ({cpu}), Linux {platform.release()}, Python {platform.python_version()}"
 
 
 def revision() -> str:
     """The commit measured (`git describe --always --dirty`), or REGEN_BENCH_REVISION for a copy."""
     try:
-        out = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
-                             capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except OSError:
         out = None
     if out is not None and out.returncode == 0 and out.stdout.strip():
@@ -621,29 +699,64 @@ def write_md(block: str, start: str = MD_START, end: str = MD_END, heading: str 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--concurrency", default="2000,200", help="comma-separated levels (default 2000,200)")
-    ap.add_argument("--prompts", type=int, default=None,
-                    help="prompts per aiohttp/regen run (default 10 x concurrency, at least 6000)")
-    ap.add_argument("--openai-prompts", type=int, default=None,
-                    help="prompts per openai run (default a fifth of --prompts: it is ~10x slower)")
+    ap.add_argument(
+        "--prompts",
+        type=int,
+        default=None,
+        help="prompts per aiohttp/regen run (default 10 x concurrency, at least 6000)",
+    )
+    ap.add_argument(
+        "--openai-prompts",
+        type=int,
+        default=None,
+        help="prompts per openai run (default a fifth of --prompts: it is ~10x slower)",
+    )
     ap.add_argument("--repeat", type=int, default=3, help="repetitions of each variant (median taken)")
-    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ",".join(VARIANTS))
-    ap.add_argument("--quick", action="store_true", help="smoke run: concurrency 200, 1000 prompts, 1 repetition")
-    ap.add_argument("--modes", default="stream", help="comma-separated: stream (SSE), json (one body); default stream")
-    ap.add_argument("--hotpath", action="store_true",
-                    help="issue 19's hot-path bar: zero latency, aiohttp and regen, 2000 in flight, 6000 prompts, "
-                         "streamed and not, 9 interleaved rounds, 0.90 bar")
-    ap.add_argument("--sim-profile", default=None, metavar="JSON",
-                    help="override simulator profile fields, e.g. '{\"chunk_interval_s\": 0.05}'")
-    ap.add_argument("--no-pin", action="store_true",
-                    help="let the scheduler place the simulator and the client (default: one core each)")
+    ap.add_argument(
+        "--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ",".join(VARIANTS)
+    )
+    ap.add_argument(
+        "--quick", action="store_true", help="smoke run: concurrency 200, 1000 prompts, 1 repetition"
+    )
+    ap.add_argument(
+        "--modes", default="stream", help="comma-separated: stream (SSE), json (one body); default stream"
+    )
+    ap.add_argument(
+        "--hotpath",
+        action="store_true",
+        help="issue 19's hot-path bar: zero latency, aiohttp and regen, 2000 in flight, 6000 prompts, "
+        "streamed and not, 9 interleaved rounds, 0.90 bar",
+    )
+    ap.add_argument(
+        "--sim-profile",
+        default=None,
+        metavar="JSON",
+        help="override simulator profile fields, e.g. '{\"chunk_interval_s\": 0.05}'",
+    )
+    ap.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="let the scheduler place the simulator and the client (default: one core each)",
+    )
     ap.add_argument("--write-md", action="store_true", help="update the throughput section of BENCHMARKS.md")
-    ap.add_argument("--profile", metavar="DIR", type=Path, default=None,
-                    help="cProfile each run's timed window into DIR/VARIANT-MODE-C-K.prof")
-    ap.add_argument("--against", type=Path, default=None, metavar="DIR",
-                    help="also run regen from the checkout DIR (e.g. `git worktree add DIR main`) as regen-base")
+    ap.add_argument(
+        "--profile",
+        metavar="DIR",
+        type=Path,
+        default=None,
+        help="cProfile each run's timed window into DIR/VARIANT-MODE-C-K.prof",
+    )
+    ap.add_argument(
+        "--against",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also run regen from the checkout DIR (e.g. `git worktree add DIR main`) as regen-base",
+    )
     ap.add_argument("--child", choices=(*VARIANTS, BASE_VARIANT), help=argparse.SUPPRESS)
     ap.add_argument("--child-mode", choices=MODES, default="stream", help=argparse.SUPPRESS)
     ap.add_argument("--base-url", help=argparse.SUPPRESS)
@@ -653,8 +766,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     if args.child:
-        child(args.child, args.base_url, args.prompts, int(args.concurrency), args.workdir, args.sim_pid,
-              args.profile_out, args.child_mode)
+        child(
+            args.child,
+            args.base_url,
+            args.prompts,
+            int(args.concurrency),
+            args.workdir,
+            args.sim_pid,
+            args.profile_out,
+            args.child_mode,
+        )
         return 0
 
     global PIN, BAR, AGAINST
@@ -703,7 +824,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine()}")
     load0 = os.getloadavg()[0]
     if load0 > 0.5:
-        print(f"warning: load average {load0:.1f} before the run; other work on this machine skews the figures")
+        print(
+            f"warning: load average {load0:.1f} before the run; other work on this machine skews the figures"
+        )
     print(f"simulator profile: {SIM_PROFILE}, max_tokens {MAX_TOKENS}")
     results: dict[tuple[int, str, str], list[dict[str, Any]]] = {}
     try:
@@ -713,7 +836,7 @@ def main(argv: list[str] | None = None) -> int:
             for c in levels:
                 for mode in modes:
                     runnable = [v for v in variants if mode == "stream" or v != "openai"]
-                    order = runnable[k % len(runnable):] + runnable[:k % len(runnable)]
+                    order = runnable[k % len(runnable) :] + runnable[: k % len(runnable)]
                     for v in order:
                         work = tmp / f"{v}-{mode}-{c}-{k}"
                         work.mkdir()
@@ -730,52 +853,77 @@ def main(argv: list[str] | None = None) -> int:
                         r["load"] = os.getloadavg()[0]
                         results.setdefault((c, mode, v), []).append(r)
                         err = f", {r['errors']} errors (first: {r['first_error']})" if r["errors"] else ""
-                        print(f"  c={c} {mode:6s} run {k + 1}/{repeat} {v:8s} "
-                              f"{r['tokens'] / r['wall_s']:>10,.0f} tok/s "
-                              f"{r['requests'] / r['wall_s']:>7,.0f} req/s  wall {r['wall_s']:5.1f} s  "
-                              f"cpu {r['cpu_s']:5.1f} s  sim cpu {100 * r['sim_cpu_s'] / r['wall_s']:3.0f}%  "
-                              f"events/req {r['token_events'] / max(r['requests'], 1):4.1f}  "
-                              f"load {os.getloadavg()[0]:.1f}{err}",
-                              flush=True)
+                        print(
+                            f"  c={c} {mode:6s} run {k + 1}/{repeat} {v:8s} "
+                            f"{r['tokens'] / r['wall_s']:>10,.0f} tok/s "
+                            f"{r['requests'] / r['wall_s']:>7,.0f} req/s  wall {r['wall_s']:5.1f} s  "
+                            f"cpu {r['cpu_s']:5.1f} s  sim cpu {100 * r['sim_cpu_s'] / r['wall_s']:3.0f}%  "
+                            f"events/req {r['token_events'] / max(r['requests'], 1):4.1f}  "
+                            f"load {os.getloadavg()[0]:.1f}{err}",
+                            flush=True,
+                        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     elapsed = time.monotonic() - started
     loads = [r["load"] for runs in results.values() for r in runs]
-    load_note = (f"load average {load0:.2f} before the run, {min(loads, default=0):.1f} to "
-                 f"{max(loads, default=0):.1f} after each run (the benchmark itself takes about 2)")
+    load_note = (
+        f"load average {load0:.2f} before the run, {min(loads, default=0):.1f} to "
+        f"{max(loads, default=0):.1f} after each run (the benchmark itself takes about 2)"
+    )
 
-    rows = [median_row(results[(c, m, v)]) for c in levels for m in modes for v in variants if (c, m, v) in results]
+    rows = [
+        median_row(results[(c, m, v)])
+        for c in levels
+        for m in modes
+        for v in variants
+        if (c, m, v) in results
+    ]
     table = fmt_table(rows)
     ratios, ok = ratio_lines(rows)
-    failures = [f"- {r['variant']} at concurrency {r['concurrency']}: {r['errors']} failed requests "
-                f"(first: `{r['first_error']}`)" for r in rows if r["errors"]]
+    failures = [
+        f"- {r['variant']} at concurrency {r['concurrency']}: {r['errors']} failed requests "
+        f"(first: `{r['first_error']}`)"
+        for r in rows
+        if r["errors"]
+    ]
     verdict = f"Claim {'holds' if ok else 'does NOT hold'} in this run."
     print()
-    print("\n".join([*table, "", *ratios, *failures, "", verdict,
-                     f"(benchmark took {elapsed:.0f} s; {load_note})"]))
+    print(
+        "\n".join(
+            [*table, "", *ratios, *failures, "", verdict, f"(benchmark took {elapsed:.0f} s; {load_note})"]
+        )
+    )
 
     if args.write_md:
         given = sys.argv[1:] if argv is None else argv
         cmd = ".venv/bin/python bench/throughput.py" + "".join(f" {a}" for a in given)
-        block = "\n".join([
-            f"Run {dt.date.today().isoformat()} on revision {revision()}: `{cmd}` ({elapsed:.0f} s).",
-            "",
-            f"Machine: {machine()}; {versions()}; {load_note}.",
-            f"Simulator: {json.dumps(SIM_PROFILE)}, every endpoint at that speed, max_tokens {MAX_TOKENS}, "
-            "rare GC (engine/runtime.py), a fresh process per run.",
-            "Prompts per run: " + "; ".join(
-                f"{prompts_for[c]} at concurrency {c} ({prompts(c, 'openai')} for openai)" for c in levels)
-            + f"; {repeat} repetition(s), median of output tokens/s.",
-            "",
-            *table,
-            "",
-            *ratios,
-            *failures,
-            "",
-            verdict,
-        ])
+        block = "\n".join(
+            [
+                f"Run {dt.date.today().isoformat()} on revision {revision()}: `{cmd}` ({elapsed:.0f} s).",
+                "",
+                f"Machine: {machine()}; {versions()}; {load_note}.",
+                f"Simulator: {json.dumps(SIM_PROFILE)}, every endpoint at that speed, max_tokens {MAX_TOKENS}, "
+                "rare GC (engine/runtime.py), a fresh process per run.",
+                "Prompts per run: "
+                + "; ".join(
+                    f"{prompts_for[c]} at concurrency {c} ({prompts(c, 'openai')} for openai)" for c in levels
+                )
+                + f"; {repeat} repetition(s), median of output tokens/s.",
+                "",
+                *table,
+                "",
+                *ratios,
+                *failures,
+                "",
+                verdict,
+            ]
+        )
         if args.hotpath:
-            write_md(block, *MD_HOTPATH, heading="Throughput: the hot path at zero latency, the latest --hotpath run")
+            write_md(
+                block,
+                *MD_HOTPATH,
+                heading="Throughput: the hot path at zero latency, the latest --hotpath run",
+            )
         else:
             write_md(block)
         print("BENCHMARKS.md updated")

@@ -92,7 +92,9 @@ async def test_openrouter_idles_while_the_gpus_make_the_deadline_and_rises_when_
     while job.dispatcher.lane("sglang").stats.counters.rows < 150 and not runner.done():
         await asyncio.sleep(0.02)
     steered = [e["reason"] for e in journal(job.run_dir / "events.jsonl") if e["event"] == "steer"]
-    assert paid.stats.counters.attempts == 0, f"nothing bought while the GPUs alone make the deadline: {steered}"
+    assert paid.stats.counters.attempts == 0, (
+        f"nothing bought while the GPUs alone make the deadline: {steered}"
+    )
     # The GPUs slow to a crawl (another tenant took them): the work left no longer fits on them.
     slowed_at = time.time()
     gpus.apply_config(gpus.config.model_copy(update={"time_scale": 2.0}))

@@ -34,7 +34,7 @@ def start_detached(run_dir: Path, job_args: list[str], *, timeout_s: float = 600
     with open(log_path, "ab") as log:
         start_offset = log.tell()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "regen.cli.main", *job_args],
+            [sys.executable, "-m", "regen", *job_args],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
