@@ -369,7 +369,7 @@ def test_cli_hostile_settings_exit_2_naming_file_and_key(
     path.write_bytes(content)
     proc = run_here("run", "--headless", "--settings", str(path))
     assert_clean_failure(proc, 2, *keys)
-    assert all(line.startswith(f"regen: {path}: ") for line in proc.stderr.strip().splitlines())
+    assert all(line.startswith(f"regen: {path}: ") for line in proc.stderr.strip().splitlines()), proc.stderr
 
 
 def test_a_refusal_is_the_processs_exit_code_and_one_line(tmp_path: Path) -> None:

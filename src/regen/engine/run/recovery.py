@@ -701,7 +701,12 @@ def _reader(handlers: Mapping[str, Handler]) -> Callable[[Path, Path, int, int],
     """A part of the attempt journal's history through `handlers`, for segments.read_live."""
 
     def read(part: Path, shown: Path, start: int, first: int) -> tuple[int, int]:
-        return replay(part, ATTEMPTS, handlers, start=start, first=first, shown=shown)
+        try:
+            return replay(part, ATTEMPTS, handlers, start=start, first=first, shown=shown)
+        except CorruptLine as exc:  # read through a descriptor: named as the journal it is
+            if exc.path == shown:
+                raise
+            raise CorruptLine(shown, exc.line, exc.problem) from None
 
     return read
 
