@@ -26,6 +26,11 @@ demo: $(VENV)/.installed-base
 # deadline controller's tests then judge a CPU-starved pace: 4 until they are made load-proof.
 PYTEST_WORKERS ?= 4
 
+# Some machines (CI's among them) set PYTHONDONTWRITEBYTECODE: then every regen, simulator and sshd-side
+# Python the tests start compiles regen from source again, and pytest rewrites every test module in
+# every worker. The bytecode caches are ignored by git (.gitignore).
+unexport PYTHONDONTWRITEBYTECODE
+
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
