@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
 from pathlib import Path
 from typing import Any
 
@@ -418,8 +419,37 @@ async def test_pool_matches_direct_calls(kimi_dir: Path, kimi: TargetTokenizer) 
         await pool.fill(dict(cases[0][0]), cases[0][1])
 
 
-async def test_pool_start_reports_load_failure(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers_now", [True, False], ids=["workers now", "workers when needed"])
+async def test_pool_start_reports_load_failure(tmp_path: Path, workers_now: bool) -> None:
     pool = TokenizePool(TokenizerSpec(tmp_path / "missing"), workers=1)
     with pytest.raises(TokenizerError, match="tokenizer folder does not exist"):
-        await pool.start()
+        await pool.start(workers_now=workers_now)
     await pool.close()
+    assert not multiprocessing.active_children()
+
+
+async def test_a_pool_started_without_workers_starts_them_with_the_first_row_that_needs_one(
+    kimi_dir: Path, kimi: TargetTokenizer
+) -> None:
+    spec = TokenizerSpec(kimi_dir, template_kwargs={"thinking": True})
+    async with TokenizePool(spec, workers=2) as pool:
+        assert len(multiprocessing.active_children()) == 2, "a pool started plainly has its workers"
+    pool = TokenizePool(spec, workers=2)
+    await pool.start(workers_now=False)
+    try:
+        assert pool.info == kimi.info() and not multiprocessing.active_children()
+        # A row that brings its ids (the SGLang backend's) needs no worker.
+        prompt = kimi.prompt_ids(USER)
+        sent = {"id": "S-1", "finish_reason": "stop", "output_ids_source": "server", "prompt_ids": prompt}
+        out = await pool.fill({**sent, "output_ids": [5, 6]}, USER)
+        assert out["num_prompt_tokens"] == len(prompt) and out["tokenizer"] == kimi.info()
+        assert not multiprocessing.active_children(), "no worker for a row that brings its ids"
+        # A row that needs ids starts one, and gets what a direct call makes.
+        row = {"id": "T-1", "finish_reason": "stop", "reasoning": "think", "content": "answer"}
+        out = await pool.fill(row, USER)
+        assert out["output_ids"] == kimi.retokenize("think", "answer", "stop")[0]
+        assert out["prompt_ids"] == prompt
+        assert multiprocessing.active_children()
+    finally:
+        await pool.close()
+    assert not multiprocessing.active_children()

@@ -228,6 +228,9 @@ class Backend(Protocol):
     title: str  # the backend's name in operators' messages ("OpenRouter")
     base_url: str  # where requests go, for a console's hello
     requests_per_minute: int | None  # a cap the backend's platform imposes, None for none
+    # Rows arrive with the prompt ids sent and the server's output ids: no tokenizer worker is
+    # needed for them (engine/data/tokenize_pool.py starts its workers only when a row needs one).
+    tokenizes_itself: bool
 
     @property
     def routes(self) -> Routes | None:

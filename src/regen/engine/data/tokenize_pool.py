@@ -230,19 +230,31 @@ class TokenizePool:
         """Rows waiting for a worker or being tokenized; for the job's snapshot."""
         return len(self._pending) + self._rows_in_flight
 
-    async def start(self) -> None:
-        """Start the workers and load the tokenizer in each; raises ``TokenizerError`` if it fails."""
+    async def start(self, workers_now: bool = True) -> None:
+        """Start the workers and load the tokenizer in each; raises ``TokenizerError`` if it fails.
+
+        Without ``workers_now`` the tokenizer is loaded (and checked) in this process only, and the
+        workers start with the first row that needs one: a job whose backends bring every row's ids
+        (engine/backends/base.py, ``tokenizes_itself``) then never pays their start, a process and
+        the tokenizer's load each (seconds of CPU and ~150 MB apiece for a large vocabulary)."""
         if self._executor is not None:
             return
         self._loop = asyncio.get_running_loop()
         # spawn, not fork: the job process has threads (writers, executors) that fork would copy
-        # in whatever state they are in.
+        # in whatever state they are in. The executor starts a process at a submit, not before.
         self._executor = ProcessPoolExecutor(
             max_workers=self.workers,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_init_worker,
             initargs=(self.spec, self.threads_per_worker, os.getpid()),
         )
+        if not workers_now:
+            try:
+                self._info = (await asyncio.to_thread(TargetTokenizer, self.spec)).info()
+            except TokenizerError:
+                await self._shutdown()
+                raise
+            return
         try:
             # One greeting per worker: the executor starts a process for each call it cannot give
             # to an idle one, so these start all of them and surface a load failure now.

@@ -277,7 +277,7 @@ class Job:
                     "the prompt ids would be rendered in the wrong mode"
                 )
         pool = TokenizePool(TokenizerSpec.from_settings(tokenizer), workers=tokenizer.workers)
-        await pool.start()
+        await pool.start(workers_now=not all(lane.backend.tokenizes_itself for lane in self.lanes))
         return pool
 
     def _journal_repairs(self, scanned: list[Scanned]) -> None:
