@@ -175,7 +175,7 @@ class Settler:
         # it corrects, and a replay (a resume, `regen report`) would find the estimate still pending.
         lookup = (
             Unsettled(
-                flight.rid, item.prompt.dataset, item.prompt.line, outcome.handle, cost, result, outcome.route
+                flight.rid, prompt.dataset, prompt.line, outcome.handle, cost, result, outcome.route
             )
             if estimated and outcome.handle
             else None
