@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.processes import ENV, regen_argv
+from tests.support.processes import ENV, regen_argv, regen_captured
 from tests.support.sglang_sim import model_folder
 
 QUICK = {"time_scale": 0.01, "output_len_min": 4, "output_len_max": 12}
@@ -110,13 +110,7 @@ def test_served_tokenizer_comes_from_tokenizer_flag(tmp_path: Path) -> None:
 def test_bad_config_is_one_line_and_exit_2(tmp_path: Path, content: str, suffix: str, needle: str) -> None:
     config = tmp_path / f"sim{suffix}"
     config.write_text(content)
-    done = subprocess.run(
-        regen_argv("sim", "sglang", "--port", "0", "--config", str(config)),
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = regen_captured("sim", "sglang", "--port", "0", "--config", str(config))
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
@@ -126,23 +120,11 @@ def test_bad_config_is_one_line_and_exit_2(tmp_path: Path, content: str, suffix:
 
 
 def test_missing_config_and_bad_tokenizer_exit_2(tmp_path: Path) -> None:
-    done = subprocess.run(
-        regen_argv("sim", "sglang", "--config", str(tmp_path / "none.json")),
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = regen_captured("sim", "sglang", "--config", str(tmp_path / "none.json"))
     assert done.returncode == 2 and "cannot read" in done.stderr and "Traceback" not in done.stderr
     empty = tmp_path / "empty"
     empty.mkdir()
-    done = subprocess.run(
-        regen_argv("sim", "sglang", "--tokenizer", str(empty)),
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = regen_captured("sim", "sglang", "--tokenizer", str(empty))
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith(f"regen: {empty}: cannot load the tokenizer")
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
