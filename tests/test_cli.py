@@ -24,7 +24,14 @@ from regen.engine.run.runlock import holder
 from regen.engine.run.segments import history
 from tests.support.datasets import read_rows, write_dataset
 from tests.support.openrouter_sim import SECRET
-from tests.support.processes import ENV, kill_at_random_moments, regen_argv, settings_file, wait_for_attempts
+from tests.support.processes import (
+    ENV,
+    kill_at_random_moments,
+    regen_argv,
+    regen_captured,
+    settings_file,
+    wait_for_attempts,
+)
 
 
 def test_sigkill_at_random_moments_then_resume_loses_and_duplicates_nothing(
@@ -270,15 +277,10 @@ def test_the_key_appears_in_no_output_and_no_file(sim_process: str, tmp_path: Pa
 def test_no_key_and_no_datasets_are_clear_errors(tmp_path: Path) -> None:
     settings = tmp_path / "settings.toml"
     settings.write_text("[job]\nbudget_usd = 5\n")
-    no_key = subprocess.run(
-        regen_argv("run", "--headless", "--settings", str(settings)), env=ENV, capture_output=True, text=True
-    )
+    no_key = regen_captured("run", "--headless", "--settings", str(settings))
     assert no_key.returncode == 1 and "no API key" in no_key.stderr and "Traceback" not in no_key.stderr
-    no_data = subprocess.run(
-        regen_argv("run", "--headless", "--settings", str(settings)),
-        env={**ENV, "OPENROUTER_API_KEY": "x"},
-        capture_output=True,
-        text=True,
+    no_data = regen_captured(
+        "run", "--headless", "--settings", str(settings), env={**ENV, "OPENROUTER_API_KEY": "x"}
     )
     assert no_data.returncode == 1 and "no datasets" in no_data.stderr
 
@@ -298,9 +300,7 @@ def test_demo_runs_to_the_end_and_exits_0(tmp_path: Path) -> None:
     for name in ("chat", "code", "reasoning"):
         prompts = (folder / "datasets" / name / "prompts.jsonl").read_bytes().count(b"\n")
         assert len(read_rows(folder / "datasets" / name)) == prompts
-    again = subprocess.run(
-        regen_argv("demo", "--headless", "--dir", str(tmp_path)), env=ENV, capture_output=True, text=True
-    )
+    again = regen_captured("demo", "--headless", "--dir", str(tmp_path))
     assert again.returncode != 0 and "is not a regen demo folder" in again.stderr
 
 
