@@ -67,8 +67,12 @@ def regen_captured(*args: str, env: dict[str, str] | None = None) -> subprocess.
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 code = main(list(args))
-            except SystemExit as exc:  # argparse's own refusals
-                code = exc.code if isinstance(exc.code, int) else 2
+            except SystemExit as exc:  # argparse's refusals, and SystemExit("message") as Python ends it
+                if exc.code is None or isinstance(exc.code, int):
+                    code = exc.code or 0
+                else:
+                    print(exc.code, file=sys.stderr)
+                    code = 1
     finally:
         os.environ.clear()
         os.environ.update(saved)
