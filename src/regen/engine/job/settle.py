@@ -174,9 +174,7 @@ class Settler:
         # the row was still being tokenized would journal its `reconciled` record before the `end`
         # it corrects, and a replay (a resume, `regen report`) would find the estimate still pending.
         lookup = (
-            Unsettled(
-                flight.rid, prompt.dataset, prompt.line, outcome.handle, cost, result, outcome.route
-            )
+            Unsettled(flight.rid, prompt.dataset, prompt.line, outcome.handle, cost, result, outcome.route)
             if estimated and outcome.handle
             else None
         )
