@@ -24,6 +24,7 @@ demo: $(VENV)/.installed-base
 # Tests run in parallel (pytest-xdist): most of them wait on sockets, processes and simulated time.
 # 6 workers keep 2 cores busier (pytest 9m24s against 10m51s with 4, the same CPU seconds), but the
 # deadline controller's tests then judge a CPU-starved pace: 4 until they are made load-proof.
+# `--maxschedchunk=1`: tests are handed out one at a time in tests/conftest.py's order (longest first).
 PYTEST_WORKERS ?= 4
 
 # Some machines (CI's among them) set PYTHONDONTWRITEBYTECODE: then every regen, simulator and sshd-side
@@ -36,14 +37,14 @@ test: $(VENV)/.installed-test
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS)
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --maxschedchunk=1
 
 check: $(VENV)/.installed-test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) -m "not integration"
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --maxschedchunk=1 -m "not integration"
 
 # The operator's night as one test: regen from its wheel, two GPU hosts over a real sshd, both
 # simulators, the console in real tmux, every command in order (tests/test_journey.py; part of `test`).

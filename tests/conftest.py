@@ -21,17 +21,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.path.relative_to(ROOT).as_posix().startswith(INTEGRATION):
             item.add_marker(pytest.mark.integration)
-    # Longest first: xdist hands tests out in this order, so the runs of a minute start while every
-    # worker is busy and the many short tests fill the end, instead of one long test running alone
-    # at the end of the suite. A stable sort: each module's tests keep their order.
+    # Longest first (tests/support/kinds.py FIRST): the runs of a minute start while every worker is
+    # busy and the many short tests fill the end, instead of one long test running alone at the end
+    # of the suite. A stable sort: each module's tests keep their order.
     items.sort(key=_start_order)
 
 
 def _start_order(item: pytest.Item) -> int:
     path = item.path.relative_to(ROOT).as_posix()
-    if path.startswith(FIRST):
-        return 0
-    return 1 if item.get_closest_marker("integration") else 2
+    for rank, prefix in enumerate(FIRST):
+        if path.startswith(prefix):
+            return rank
+    return len(FIRST) + (0 if item.get_closest_marker("integration") else 1)
 
 
 @pytest.fixture
