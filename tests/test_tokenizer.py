@@ -419,13 +419,21 @@ async def test_pool_matches_direct_calls(kimi_dir: Path, kimi: TargetTokenizer) 
         await pool.fill(dict(cases[0][0]), cases[0][1])
 
 
-@pytest.mark.parametrize("workers_now", [True, False], ids=["workers now", "workers when needed"])
-async def test_pool_start_reports_load_failure(tmp_path: Path, workers_now: bool) -> None:
+async def test_pool_start_reports_load_failure(tmp_path: Path) -> None:
     pool = TokenizePool(TokenizerSpec(tmp_path / "missing"), workers=1)
     with pytest.raises(TokenizerError, match="tokenizer folder does not exist"):
-        await pool.start(workers_now=workers_now)
+        await pool.start()
     await pool.close()
     assert not multiprocessing.active_children()
+
+
+async def test_a_pool_refuses_a_loaded_tokenizer_of_another_spec(
+    kimi_dir: Path, kimi: TargetTokenizer
+) -> None:
+    pool = TokenizePool(TokenizerSpec(kimi_dir, template_kwargs={"thinking": False}), workers=1)
+    with pytest.raises(ValueError, match="the loaded tokenizer is"):
+        await pool.start(loaded=kimi)
+    await pool.close()
 
 
 async def test_a_pool_started_without_workers_starts_them_with_the_first_row_that_needs_one(
@@ -435,7 +443,7 @@ async def test_a_pool_started_without_workers_starts_them_with_the_first_row_tha
     async with TokenizePool(spec, workers=2) as pool:
         assert len(multiprocessing.active_children()) == 2, "a pool started plainly has its workers"
     pool = TokenizePool(spec, workers=2)
-    await pool.start(workers_now=False)
+    await pool.start(loaded=kimi)  # the backend's, already loaded: the pool loads no copy
     try:
         assert pool.info == kimi.info() and not multiprocessing.active_children()
         # A row that brings its ids (the SGLang backend's) needs no worker.

@@ -47,9 +47,19 @@ async def run_job(settings: Settings) -> Job:
 
 
 async def test_rows_carry_exactly_the_servers_ids(
-    sim: RecordingSim, sglang_settings: Callable[..., Settings], model_dir: Path, tmp_path: Path
+    sim: RecordingSim,
+    sglang_settings: Callable[..., Settings],
+    model_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     data = write_dataset(tmp_path, "A", PROMPTS)
+
+    def second_load(spec: TokenizerSpec) -> TargetTokenizer:
+        raise AssertionError("the pool loaded a second copy of the backend's tokenizer in the job's process")
+
+    # The pool names rows from the tokenizer the backend loaded (Backend.tokenizer): no copy of its own.
+    monkeypatch.setattr("regen.engine.data.tokenize_pool.TargetTokenizer", second_load)
     started = time.monotonic()
     job = await run_job(sglang_settings([sim.base_url], [data]))
     wall = time.monotonic() - started

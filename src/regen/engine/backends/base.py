@@ -16,6 +16,7 @@ from enum import StrEnum
 from typing import Any, Protocol, TypedDict
 
 from regen.engine.data.datasets import Prompt
+from regen.engine.data.tokenizer import TargetTokenizer
 from regen.engine.money.ledger import RoutePrice
 from regen.engine.run.records import BackendFields
 from regen.engine.run.recovery import Unsettled
@@ -228,9 +229,13 @@ class Backend(Protocol):
     title: str  # the backend's name in operators' messages ("OpenRouter")
     base_url: str  # where requests go, for a console's hello
     requests_per_minute: int | None  # a cap the backend's platform imposes, None for none
-    # Rows arrive with the prompt ids sent and the server's output ids: no tokenizer worker is
-    # needed for them (engine/data/tokenize_pool.py starts its workers only when a row needs one).
-    tokenizes_itself: bool
+
+    @property
+    def tokenizer(self) -> TargetTokenizer | None:
+        """The tokenizer the backend renders prompt ids and splits the server's ids with, once open;
+        None where rows come back as text. Where every lane has one, rows arrive with all their ids:
+        the job loads no second copy and starts a tokenizer worker only for a row that needs one
+        (engine/data/tokenize_pool.py, `TokenizePool.start`)."""
 
     @property
     def routes(self) -> Routes | None:

@@ -230,15 +230,18 @@ class TokenizePool:
         """Rows waiting for a worker or being tokenized; for the job's snapshot."""
         return len(self._pending) + self._rows_in_flight
 
-    async def start(self, workers_now: bool = True) -> None:
+    async def start(self, loaded: TargetTokenizer | None = None) -> None:
         """Start the workers and load the tokenizer in each; raises ``TokenizerError`` if it fails.
 
-        Without ``workers_now`` the tokenizer is loaded (and checked) in this process only, and the
-        workers start with the first row that needs one: a job whose backends bring every row's ids
-        (engine/backends/base.py, ``tokenizes_itself``) then never pays their start, a process and
-        the tokenizer's load each (seconds of CPU and ~150 MB apiece for a large vocabulary)."""
+        ``loaded``: the same tokenizer, already loaded in this process (a backend that renders its
+        own ids, engine/backends/base.py ``Backend.tokenizer``). The pool then takes its ``info``
+        from it, and the workers start with the first row that needs one: a job whose rows all
+        bring their ids never pays their start, a process and the tokenizer's load each (seconds of
+        CPU and ~150 MB apiece for a large vocabulary), nor a second load in its own process."""
         if self._executor is not None:
             return
+        if loaded is not None and loaded.spec != self.spec:
+            raise ValueError(f"the loaded tokenizer is {loaded.spec}, the pool's {self.spec}")
         self._loop = asyncio.get_running_loop()
         # spawn, not fork: the job process has threads (writers, executors) that fork would copy
         # in whatever state they are in. The executor starts a process at a submit, not before.
@@ -248,12 +251,8 @@ class TokenizePool:
             initializer=_init_worker,
             initargs=(self.spec, self.threads_per_worker, os.getpid()),
         )
-        if not workers_now:
-            try:
-                self._info = (await asyncio.to_thread(TargetTokenizer, self.spec)).info()
-            except TokenizerError:
-                await self._shutdown()
-                raise
+        if loaded is not None:
+            self._info = loaded.info()
             return
         try:
             # One greeting per worker: the executor starts a process for each call it cannot give

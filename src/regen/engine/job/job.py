@@ -277,7 +277,9 @@ class Job:
                     "the prompt ids would be rendered in the wrong mode"
                 )
         pool = TokenizePool(TokenizerSpec.from_settings(tokenizer), workers=tokenizer.workers)
-        await pool.start(workers_now=not all(lane.backend.tokenizes_itself for lane in self.lanes))
+        own = [lane.backend.tokenizer for lane in self.lanes]
+        # Every lane renders its own ids (SGLang): the pool names them from the backend's tokenizer.
+        await pool.start(loaded=own[0] if all(tok is not None for tok in own) else None)
         return pool
 
     def _journal_repairs(self, scanned: list[Scanned]) -> None:

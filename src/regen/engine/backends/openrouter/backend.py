@@ -85,7 +85,7 @@ class OpenRouterBackend:
     unit = "usd"
     thinking_setting = "openrouter.reasoning"
     title = "OpenRouter"
-    tokenizes_itself = False  # text comes back: the tokenizer workers make every row's ids
+    tokenizer = None  # text comes back: the tokenizer workers make every row's ids
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings.openrouter

@@ -75,7 +75,6 @@ class SGLangBackend:
     thinking_setting = "tokenizer.thinking"
     title = "SGLang"
     requests_per_minute: int | None = None  # no platform limit: the servers are the operator's
-    tokenizes_itself = True  # the prompt ids are rendered here and the output ids are the server's
     # None of the contract's abilities (engine/backends/base.py): the backend picks the server of
     # each request itself, no answer is vetoed after the fact, and GPU time is measured at the
     # attempt, so no bill ever arrives later.
