@@ -14,8 +14,12 @@ with the same command. When the time is up the job gets SIGINT (it drains) and t
   any id arrived is bounded at the final drain's end by what the key's usage grew by since the run's
   first start (docs/money.md, "Bounded by the key's usage"), so spent == billed exactly; a run
   without that base (the first start could not read /key) is held to confirmed <= billed <= spent;
-- memory: each job process's RSS is sampled every second; flat memory is the last minutes' RSS
-  against the first minutes' of the longest segment.
+- memory: each job process's RSS is sampled every second (written to bench/out/soak/rss.tsv); flat
+  memory is the RSS of the longest segment's last two minutes against its minutes 5-7 (the issue's
+  measure: growth after the first 5 minutes). `--trace-memory` starts tracemalloc in each job
+  process (bench/out/soak/trace/sitecustomize.py on its PYTHONPATH) and dumps a snapshot every
+  minute; the soak then prints what grew most between the longest segment's minute 5 and its end,
+  by the line that allocated it (tracing slows the job, so its rows and money are not the soak's).
 """
 
 from __future__ import annotations
@@ -56,6 +60,58 @@ def rss_mb(pid: int) -> float | None:
     return None
 
 
+# Loaded by each job process when --trace-memory is on (bench/out/soak/trace/ is first on its
+# PYTHONPATH): traces allocations from the start and dumps a snapshot every minute.
+TRACER = """
+import os, threading, time, tracemalloc
+
+tracemalloc.start(12)
+
+
+def _dump():
+    started = time.monotonic()
+    folder = os.environ["SOAK_TRACE_DIR"]
+    while True:
+        time.sleep(60)
+        minute = round((time.monotonic() - started) / 60)
+        path = os.path.join(folder, f"{os.getpid()}-{minute:04d}.snap")
+        tracemalloc.take_snapshot().dump(path + ".part")
+        os.replace(path + ".part", path)
+
+
+threading.Thread(target=_dump, daemon=True, name="soak-trace").start()
+"""
+
+
+def memory_growth(folder: Path, pid: int, top: int = 15) -> list[str]:
+    """What grew most in one job process between its snapshot at minute 5 (or its first) and its last,
+    by the line that allocated it, with the regen frames of the allocation's traceback."""
+    import tracemalloc
+
+    snaps = sorted(folder.glob(f"{pid}-*.snap"))
+    if len(snaps) < 2:
+        return [f"memory growth: fewer than two snapshots of process {pid}"]
+    early = next((p for p in snaps if int(p.stem.split("-")[1]) >= 5), snaps[0])
+    late = snaps[-1]
+    filters = [tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, "<frozen *>")]
+    before = tracemalloc.Snapshot.load(str(early)).filter_traces(filters)
+    after = tracemalloc.Snapshot.load(str(late)).filter_traces(filters)
+    total = sum(s.size for s in after.statistics("filename")) - sum(
+        s.size for s in before.statistics("filename")
+    )
+    lines = [
+        f"memory growth in process {pid}, traced, minute {early.stem.split('-')[1]} to "
+        f"{late.stem.split('-')[1]}: {total / 1e6:+.1f} MB in all; the largest by where it was allocated:"
+    ]
+    for diff in after.compare_to(before, "traceback")[:top]:
+        if diff.size_diff <= 0:
+            break
+        frames = [f for f in diff.traceback if "/regen/" in f.filename] or list(diff.traceback)[:1]
+        where = " <- ".join(f"{f.filename.split('/src/')[-1]}:{f.lineno}" for f in frames[:4])
+        lines.append(f"  {diff.size_diff / 1e6:+7.2f} MB {diff.count_diff:+8d} blocks  {where}")
+    return lines
+
+
 def make_datasets(count: int, prompts: int) -> list[Path]:
     folders = []
     for n in range(count):
@@ -82,7 +138,12 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=60.0)
     parser.add_argument("--concurrency", type=int, default=2000)
     parser.add_argument("--datasets", type=int, default=8)
-    parser.add_argument("--prompts", type=int, default=250_000, help="per dataset (enough for the hour)")
+    parser.add_argument(
+        "--prompts",
+        type=int,
+        default=500_000,
+        help="per dataset (a quiet hour makes ~3M rows of the 4M)",
+    )
     parser.add_argument("--fault-rate", type=float, default=0.004, help="per fault class")
     parser.add_argument(
         "--kill-every", type=float, nargs=2, default=(120.0, 300.0), metavar=("MIN_S", "MAX_S")
@@ -97,6 +158,11 @@ def main() -> int:
         default=None,
         help="job.journal_segment_mb (default 64): "
         "below what a segment between kills writes, the journal rotates while the job runs",
+    )
+    parser.add_argument(
+        "--trace-memory",
+        action="store_true",
+        help="tracemalloc in each job process, a snapshot a minute; print what grew (slows the job)",
     )
     args = parser.parse_args()
     rng = random.Random(args.seed)
@@ -131,6 +197,16 @@ def main() -> int:
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OPENROUTER_API_KEY": KEY}
     regen = [sys.executable, "-m", "regen.cli.main"]
+    job_env = env
+    trace = OUT / "trace"
+    if args.trace_memory:
+        trace.mkdir()
+        (trace / "sitecustomize.py").write_text(TRACER)
+        job_env = {
+            **env,
+            "PYTHONPATH": f"{trace}{os.pathsep}{env['PYTHONPATH']}",
+            "SOAK_TRACE_DIR": str(trace),
+        }
     sim = subprocess.Popen(
         [*regen, "sim", "openrouter", "--port", str(port), "--config", str(OUT / "sim.json")],
         env=env,
@@ -142,15 +218,20 @@ def main() -> int:
     started = time.monotonic()
     ends = started + args.minutes * 60
     segments: list[list[tuple[float, float]]] = []
+    pids: list[int] = []
     kills = 0
     log = open(OUT / "job.log", "ab")  # noqa: SIM115 - closed below
     try:
         while True:
             job = subprocess.Popen(
-                [*regen, "run", "--headless", "--settings", str(settings)], env=env, stdout=log, stderr=log
+                [*regen, "run", "--headless", "--settings", str(settings)],
+                env=job_env,
+                stdout=log,
+                stderr=log,
             )
             segment: list[tuple[float, float]] = []
             segments.append(segment)
+            pids.append(job.pid)
             kill_at = time.monotonic() + rng.uniform(*args.kill_every)
             while job.poll() is None and time.monotonic() < min(kill_at, ends):
                 rss = rss_mb(job.pid)
@@ -193,9 +274,14 @@ def main() -> int:
         for e in map(orjson.loads, (OUT / "run" / "events.jsonl").read_bytes().splitlines())
         if e["event"] in ("usage_bound", "usage_unbounded")
     ]
+    with open(OUT / "rss.tsv", "w") as samples:
+        samples.write("segment\tpid\tseconds\trss_mb\n")
+        for n, (pid, segment) in enumerate(zip(pids, segments, strict=True)):
+            samples.writelines(f"{n}\t{pid}\t{t:.1f}\t{rss:.1f}\n" for t, rss in segment)
     longest = max(segments, key=len)
-    minute = 60
-    first = [r for _, r in longest[minute : 3 * minute]] or [r for _, r in longest[: len(longest) // 3]]
+    minute = 60  # samples, one a second
+    # The issue's measure: growth after the first 5 minutes (minutes 5-7 against the last two).
+    first = [r for _, r in longest[5 * minute : 7 * minute]] or [r for _, r in longest[: len(longest) // 3]]
     last = [r for _, r in longest[-2 * minute :]] or [r for _, r in longest[-len(longest) // 3 :]]
     peak = max(r for segment in segments for _, r in segment)
     print(
@@ -226,9 +312,12 @@ def main() -> int:
         print("       no key usage base (the first start could not read /key): the worst case stays")
         print(f"       the simulator billed ${billed:.4f}; confirmed <= billed <= spent: {money_ok}")
     print(
-        f"memory: longest segment {len(longest) / 60:.0f} min, RSS {sum(first) / len(first):.0f} MB early, "
-        f"{sum(last) / len(last):.0f} MB late; peak {peak:.0f} MB"
+        f"memory: longest segment {len(longest) / 60:.0f} min, RSS {sum(first) / len(first):.0f} MB at minutes "
+        f"5-7, {sum(last) / len(last):.0f} MB in the last two ({sum(last) / len(last) / (sum(first) / len(first)) - 1:+.0%}); "
+        f"peak {peak:.0f} MB (samples: {OUT / 'rss.tsv'})"
     )
+    if args.trace_memory:
+        print("\n".join(memory_growth(trace, pids[segments.index(longest)])))
     # The run folder's journals (and checkpoints, kept scans, compressed segments) against the results.
     results_bytes = sum(
         (f / "raw_responses.jsonl").stat().st_size for f in folders if (f / "raw_responses.jsonl").exists()
