@@ -22,9 +22,11 @@ demo: $(VENV)/.installed-base
 	$(BIN)/regen demo
 
 # Tests run in parallel (pytest-xdist): most of them wait on sockets, processes and simulated time.
-# 6 workers keep 2 cores busier (pytest 9m24s against 10m51s with 4, the same CPU seconds), but the
-# deadline controller's tests then judge a CPU-starved pace: 4 until they are made load-proof.
 # `--maxschedchunk=1`: tests are handed out one at a time in tests/conftest.py's order (longest first).
+# On a 2-core AMD EPYC (2026-12-03): pytest 6m50s with 4 workers, 5m53s with 6 (three runs at 6
+# passed), 7m49s with 4 before the order and the one-at-a-time. 4 stays the default: the deadline
+# controller's tests judge a pace, and 6 starve it more on a slower machine (the one of 2026-12-02
+# took 1.6x the CPU seconds for the same suite: 20m58s against 10m51s).
 PYTEST_WORKERS ?= 4
 
 # Some machines (CI's among them) set PYTHONDONTWRITEBYTECODE: then every regen, simulator and sshd-side

@@ -118,3 +118,23 @@ def test_rows_rewritten_under_a_running_checkpointer_are_read_again(tmp_path: Pa
     checkpoints.advance()
     assert sorted(checkpoints.progress["A"].done) == [0, 1, 3, 4, 6, 7, 9]
     assert checkpoints.progress["A"].ok == 7
+
+
+def test_a_read_of_the_journal_keeps_attempt_counts_only_for_prompts_without_their_row(
+    tmp_path: Path,
+) -> None:
+    # A checkpoint reads minutes of journal at once (half a million prompts at 1,700 rows/s). Each
+    # prompt's count goes as its row's end record is read, so the map holds the unfinished ones, not
+    # every prompt started in those minutes (bench/soak.py --trace-memory; BENCHMARKS.md "Soak").
+    run = Run(tmp_path, prompts=400)
+    for line in range(300):
+        run.answered(line)
+    run.failed(300)
+    run.failed(300)
+    run.open(301)
+    run.failed(302)
+    run.answered(302)
+    state, _ = run.full()
+    assert state.attempts == {"A": {300: 2, 301: 1}}
+    resumed = run.checkpointer().resume(run.prompts())
+    assert resumed.journals["openrouter"].attempts == {"A": {300: 2, 301: 1}}
