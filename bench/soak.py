@@ -103,11 +103,16 @@ def memory_growth(folder: Path, pid: int, top: int = 15) -> list[str]:
         f"memory growth in process {pid}, traced, minute {early.stem.split('-')[1]} to "
         f"{late.stem.split('-')[1]}: {total / 1e6:+.1f} MB in all; the largest by where it was allocated:"
     ]
-    for diff in after.compare_to(before, "traceback")[:top]:
-        if diff.size_diff <= 0:
-            break
-        frames = [f for f in diff.traceback if "/regen/" in f.filename] or list(diff.traceback)[:1]
-        where = " <- ".join(f"{f.filename.split('/src/')[-1]}:{f.lineno}" for f in frames[:4])
+    grown = sorted(
+        (d for d in after.compare_to(before, "traceback") if d.size_diff > 0), key=lambda d: -d.size_diff
+    )
+    for diff in grown[:top]:
+        # Innermost first: where the block was made, then the regen frames that called it.
+        frames = list(reversed(diff.traceback))
+        frames = frames[:1] + [f for f in frames[1:] if "/regen/" in f.filename][:3]
+        where = " <- ".join(
+            f"{f.filename.split('/src/')[-1].split('site-packages/')[-1]}:{f.lineno}" for f in frames
+        )
         lines.append(f"  {diff.size_diff / 1e6:+7.2f} MB {diff.count_diff:+8d} blocks  {where}")
     return lines
 
