@@ -123,7 +123,7 @@ def test_rows_rewritten_under_a_running_checkpointer_are_read_again(tmp_path: Pa
 def test_a_read_of_the_journal_keeps_attempt_counts_only_for_prompts_without_their_row(
     tmp_path: Path,
 ) -> None:
-    # A checkpoint reads minutes of journal at once (half a million prompts at 1,700 rows/s). Each
+    # A checkpoint reads minutes of journal at once (375,000 prompts at 1,250 rows/s). Each
     # prompt's count goes as its row's end record is read, so the map holds the unfinished ones, not
     # every prompt started in those minutes (bench/soak.py --trace-memory; BENCHMARKS.md "Soak").
     run = Run(tmp_path, prompts=400)
