@@ -436,8 +436,10 @@ def test_a_journal_an_older_regen_wrote_reads_as_it_always_did(old_run: Path) ->
     # 0.0004 + (0.025 - 0.0244) + 0.025 + (0.025 - 0.025 unsent) + 0.025 + 0.025 + 0 + 0 + 0.0005 + 0.025,
     # less the key's usage bound of 0.016.
     assert paid.spent == Decimal("0.0855")
-    # Attempt counts of the prompts without a row (A's 0 and 1, B's 0-2 have theirs, B 2 the GPUs').
-    assert paid.attempts == {"A": {2: 1, 3: 1, 4: 2, 5: 1, 6: 1, 7: 2}, "B": {3: 1}}
+    assert paid.attempts == {
+        "A": {0: 1, 1: 1, 2: 1, 3: 1, 4: 2, 5: 1, 6: 1, 7: 2},
+        "B": {0: 1, 1: 1, 2: 1, 3: 1},
+    }
     assert paid.crashed == [
         Unsettled("A-00000002#0", "A", 2, "gen-a2", Decimal("0.025")),
         Unsettled("A-00000003#0", "A", 3, None, Decimal("0.025")),

@@ -53,6 +53,10 @@ from regen.engine.schema import JobInfo, Snapshot
 
 __all__ = ["Job", "JobError", "JobState", "Outcome", "StopReason"]
 
+# Between checkpoints the journals and rows are read on this often (engine/run/checkpoint.py
+# `read_on`): what one read holds is the prompts started since the one before.
+READ_ON_S = 15.0
+
 
 class Job:
     """A generation job over the datasets the settings select."""
@@ -229,10 +233,20 @@ class Job:
         )
 
     async def _checkpointing(self) -> None:
-        """A checkpoint every `job.checkpoint_interval_s` while the job runs, and the attempt
-        journal rotated when it has grown to `job.journal_segment_mb` (engine/run/segments.py)."""
+        """A checkpoint every `job.checkpoint_interval_s` while the job runs, read on every
+        `READ_ON_S` between them (engine/run/checkpoint.py `read_on`: what a read holds grows with
+        the prompts started since the one before), and the attempt journal rotated when it has
+        grown to `job.journal_segment_mb` (engine/run/segments.py)."""
+        interval = self.settings.job.checkpoint_interval_s
+        step = min(READ_ON_S, interval)
+        waited = 0.0
         while True:
-            await asyncio.sleep(self.settings.job.checkpoint_interval_s)
+            await asyncio.sleep(step)
+            waited += step
+            if waited < interval:
+                await self._checkpoint(write=False)
+                continue
+            waited = 0.0
             await self._checkpoint()
             if self.checkpoints.rotation_due():
                 await self._rotate()
@@ -256,10 +270,11 @@ class Job:
         except OSError as exc:  # the segment stays plain, read as well; the next start tries again
             self.events.event("compress_failed", reason=str(exc)[:300])
 
-    async def _checkpoint(self) -> None:
-        """Read on from the last checkpoint and write the next; a failure only costs the next start time."""
+    async def _checkpoint(self, write: bool = True) -> None:
+        """Read on from the last checkpoint and write the next (without `write`, only read on); a
+        failure only costs the next start time."""
         try:
-            await asyncio.to_thread(self.checkpoints.advance)
+            await asyncio.to_thread(self.checkpoints.advance if write else self.checkpoints.read_on)
         except (OSError, JsonlError) as exc:
             self.events.event("checkpoint_failed", reason=str(exc)[:300])
 

@@ -29,7 +29,6 @@ from regen.engine.run.lineset import LineSet
 from regen.engine.run.records import (
     ATTEMPTS,
     EVENTS,
-    ROW_OUTCOMES,
     DeadlineEvent,
     EndRecord,
     GenRecord,
@@ -347,6 +346,10 @@ class JournalReplay:
             lines.setdefault(start["ds"], set()).add(start["line"])
         return lines
 
+    def attempts_counted(self) -> int:
+        """How many prompts' attempt counts this replay holds."""
+        return sum(len(tried) for tried in self.attempts.attempts.values())
+
     def forget_done(self, done: Mapping[str, Collection[int]]) -> None:
         """Attempt counts of prompts that have their row: only unfinished prompts need theirs."""
         for name, tried in self.attempts.attempts.items():
@@ -513,13 +516,6 @@ class _AttemptReplay:
 
     def end(self, rec: EndRecord) -> None:
         rid = rec["rid"]
-        if self.count_attempts and rec.get("outcome") in ROW_OUTCOMES:
-            # Counted for every lane's attempts (`start`), so dropped for every lane's rows.
-            start = self.starts.get(rid)
-            self._finished(
-                rec.get("ds", start["ds"] if start else None),
-                rec.get("line", start["line"] if start else None),
-            )
         if self.backend is not None and self._owner(rid, rec.get("be")) != self.backend:
             self.open_backend.pop(rid, None)  # another backend's attempt: its own ledger counts it
             return
@@ -540,19 +536,6 @@ class _AttemptReplay:
             self.estimated[rid] = self._unsettled(rec, start, gen, cost, outcome)
         elif rec.get("http") is None and never_left(rec.get("msg") or ""):
             self.unsent[rid] = self._unsettled(rec, start, None, cost, outcome)
-
-    def _finished(self, ds: str | None, line: int | None) -> None:
-        """A prompt with its row needs no attempt count (only unfinished prompts are limited). Dropped
-        as its row's end record goes by, the map holds the prompts in flight or retrying, not every
-        prompt started since the last checkpoint (`JournalReplay.forget_done` drops those from the
-        rows read): 375,000 entries at 1,250 rows/s between two checkpoints 5 minutes apart,
-        whose table a dict keeps after its entries go, and the job's RSS after that.
-        Should a crash keep the end record but not its row (the two files are synced apart), the
-        prompt runs again with its count started over: it may get more than `job.max_attempts`
-        attempts in all, never fewer."""
-        tried = self.attempts.get(ds) if ds is not None else None
-        if tried is not None and line is not None:
-            tried.pop(line, None)
 
     @staticmethod
     def _unsettled(
