@@ -237,16 +237,16 @@ class Job:
         `READ_ON_S` between them (engine/run/checkpoint.py `read_on`: what a read holds grows with
         the prompts started since the one before), and the attempt journal rotated when it has
         grown to `job.journal_segment_mb` (engine/run/segments.py)."""
+        loop = asyncio.get_running_loop()
         interval = self.settings.job.checkpoint_interval_s
-        step = min(READ_ON_S, interval)
-        waited = 0.0
+        due = loop.time() + interval
         while True:
-            await asyncio.sleep(step)
-            waited += step
-            if waited < interval:
+            if due - loop.time() > READ_ON_S:
+                await asyncio.sleep(READ_ON_S)
                 await self._checkpoint(write=False)
                 continue
-            waited = 0.0
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            due = loop.time() + interval
             await self._checkpoint()
             if self.checkpoints.rotation_due():
                 await self._rotate()

@@ -80,10 +80,6 @@ ABSENT = _Absent.ABSENT
 # flight at a crash: the next start charges its worst case as an estimate, and reconciles it when
 # its handle (`gen`) is known (engine/run/recovery.py).
 
-# An end record's outcome that is a row (the row and its end record are committed together:
-# engine/run/results.py); every other outcome is an attempt that made none.
-ROW_OUTCOMES = frozenset({"ok", "truncated"})
-
 
 class StartRecord(TypedDict, total=False):
     """Written durably before the request leaves (engine/job/dispatch.py)."""

@@ -25,7 +25,6 @@ from regen.engine.data.jsonl import iter_jsonl
 from regen.engine.money.ledger import Estimates, SpendBreakdown, spend_cause
 from regen.engine.run.events import EVENTS_FILE
 from regen.engine.run.records import (
-    ROW_OUTCOMES,
     EndRecord,
     Handler,
     Raw,
@@ -40,8 +39,11 @@ from regen.engine.run.recovery import JournalState, ledger_unit, read_lanes
 from regen.engine.run.results import ATTEMPTS_FILE
 from regen.engine.run.runlock import holder
 
-__all__ = ["Bins", "LaneTotals", "Latency", "ReportData", "Span", "read_report"]
+__all__ = ["ROW_OUTCOMES", "Bins", "LaneTotals", "Latency", "ReportData", "Span", "read_report"]
 
+# An end record's outcome that is a row (the row and its end record are committed together:
+# engine/run/results.py); every other outcome is an attempt that made none.
+ROW_OUTCOMES = frozenset({"ok", "truncated"})
 # The finest time bin, and the most bins a series keeps: past that the bins double in width, so an
 # hour is binned by the second and a week by a few minutes, in the same memory.
 FINEST_BIN_S = 1.0
