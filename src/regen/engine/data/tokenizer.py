@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from regen.engine.data.pieces import PieceEncoder
+
 if TYPE_CHECKING:
     from regen.engine.config.settings import TokenizerSettings
 
@@ -36,6 +38,18 @@ DEFAULT_END_OF_TURN = "<|im_end|>"
 THINK = "<think>"
 THINK_END = "</think>"
 FINISH_REASONS = ("stop", "length")
+# Prompts the piece encoder (engine/data/pieces.py) is checked on at load: a system prompt and
+# none, several turns, text around special tokens' strings, whitespace runs, non-ASCII.
+PIECE_PROBES: tuple[tuple[dict[str, str], ...], ...] = (
+    ({"role": "user", "content": "What is 1+1?"},),
+    ({"role": "user", "content": " Ünïcödé 東京 😀 <|im_end|>x</think> <think>inside the text<|"},),
+    (
+        {"role": "system", "content": "Be brief.\n"},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!  "},
+        {"role": "user", "content": "   spaces\n\n\ttabs   "},
+    ),
+)
 
 # Files that define how text becomes ids. A tokenizer folder copied from the GPU host is often the
 # whole model folder, so hashing "every file" would read hundreds of gigabytes of weights.
@@ -215,6 +229,7 @@ class TargetTokenizer:
         self.special_strings = self._special_strings()
         self._chat_template: str | None = None
         self._render_kwargs: dict[str, Any] = {}
+        self._pieces: PieceEncoder | None = None
         self._render_fast = self._fast_renderer()
 
     @classmethod
@@ -357,6 +372,12 @@ class TargetTokenizer:
         if self._render_fast is None:
             return self.prompt_ids(messages)
         render, native = self._render_fast
+        text = self._render_text(render, messages)
+        if self._pieces is not None:
+            return self._pieces.encode(text)
+        return list(native.encode(text, add_special_tokens=False).ids)
+
+    def _render_text(self, render: Any, messages: Sequence[Mapping[str, Any]]) -> str:
         rendered, _ = render(
             conversations=[list(messages)],
             tools=None,
@@ -367,10 +388,11 @@ class TargetTokenizer:
             add_generation_prompt=True,
             **self._render_kwargs,
         )
-        return list(native.encode(rendered[0], add_special_tokens=False).ids)
+        return str(rendered[0])
 
     def _fast_renderer(self) -> tuple[Any, Any] | None:
-        """transformers' own template renderer and the Rust tokenizer, when both are there."""
+        """transformers' own template renderer and the Rust tokenizer, when both are there; with
+        them, the piece encoder (engine/data/pieces.py) where this tokenizer allows it."""
         native = getattr(self._tok, "backend_tokenizer", None) if self.is_fast else None
         try:
             from transformers.utils.chat_template_utils import render_jinja_template
@@ -381,6 +403,8 @@ class TargetTokenizer:
         self._chat_template = self._tok.get_chat_template(None, None)
         # What apply_chat_template passes the template: the special tokens, then our kwargs.
         self._render_kwargs = {**self._tok.special_tokens_map, **self.template_kwargs}
+        probes = [self._render_text(render_jinja_template, messages) for messages in PIECE_PROBES]
+        self._pieces = PieceEncoder.build(native, [*probes, *self.special_strings])
         return render_jinja_template, native
 
     def generation_suffix(self, thinking: bool | None = None) -> list[int]:
