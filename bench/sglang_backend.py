@@ -74,6 +74,7 @@ from bench.throughput import (  # noqa: E402 - the sibling benchmark's helpers
     Window,
     drive,
     machine,
+    named_cpu_s,
     revision,
     versions,
     write_md,
@@ -81,6 +82,7 @@ from bench.throughput import (  # noqa: E402 - the sibling benchmark's helpers
 
 VARIANTS = ("aiohttp", "regen")
 TUNNEL_VARIANTS = ("regen", "regen-tunnel")
+SSHD_NAMES = ("sshd", "sshd-session", "sshd-auth")  # OpenSSH 9.8 on: a connection's process is sshd-session
 CONCURRENCY = 512
 MAX_TOKENS = 8192  # above every planned answer: each one ends with "stop"
 MD_START = "<!-- bench:sglang-backend:start -->"
@@ -251,7 +253,8 @@ def child(
 ) -> None:
     from regen.engine.runtime import run
 
-    w = Window(sim_pid, None)
+    # Through the tunnel, sshd's processes (the host's side of it) share the simulator's core.
+    w = Window(sim_pid, None, also=(lambda: named_cpu_s(SSHD_NAMES)) if variant == "regen-tunnel" else None)
 
     async def main() -> None:
         if variant == "aiohttp":
@@ -275,6 +278,7 @@ def child(
                 "wall_s": w.wall_s,
                 "cpu_s": w.cpu_s,
                 "sim_cpu_s": w.sim_cpu_s,
+                "sshd_cpu_s": w.also_cpu_s,
             }
         ),
         flush=True,
@@ -647,7 +651,9 @@ def tunnel_main(args: argparse.Namespace, argv: list[str] | None) -> int:
                     err = f", {r['errors']} errors (first: {r['first_error']})" if r["errors"] else ""
                     print(
                         f"  {profile} run {k + 1}/{repeat} {v:12s} {r['tokens'] / r['wall_s']:>9,.0f} tok/s "
-                        f"wall {r['wall_s']:5.1f} s cpu {r['cpu_s']:5.1f} s{err}",
+                        f"wall {r['wall_s']:5.1f} s cpu {r['cpu_s']:5.1f} s "
+                        f"sim cpu {100 * r['sim_cpu_s'] / r['wall_s']:3.0f}% "
+                        f"sshd cpu {100 * r['sshd_cpu_s'] / r['wall_s']:3.0f}%{err}",
                         flush=True,
                     )
     finally:
@@ -661,8 +667,12 @@ def tunnel_main(args: argparse.Namespace, argv: list[str] | None) -> int:
         by = {r["variant"]: r for r in rows if r["profile"] == p}
         ratio = by["regen-tunnel"]["tok_s"] / by["regen"]["tok_s"]
         per_cpu = by["regen-tunnel"]["tok_cpu_s"] / by["regen"]["tok_cpu_s"]
+        tunnelled = by["regen-tunnel"]
+        server_core = (tunnelled["sim_cpu_s"] + tunnelled["sshd_cpu_s"]) / tunnelled["wall_s"]
         ratios.append(
-            f"- {p}: through the tunnel / direct = {ratio:.2f} (per client CPU-second {per_cpu:.2f})"
+            f"- {p}: through the tunnel / direct = {ratio:.2f} (per client CPU-second {per_cpu:.2f}); "
+            f"through it, sshd {100 * tunnelled['sshd_cpu_s'] / tunnelled['wall_s']:.0f}% and the simulator "
+            f"{100 * tunnelled['sim_cpu_s'] / tunnelled['wall_s']:.0f}% of their one core ({100 * server_core:.0f}% together)"
         )
     load_note = f"load average {load0:.2f} before the run, {os.getloadavg()[0]:.2f} after"
     print("\n".join(["", *lines, "", *ratios, f"(took {elapsed:.0f} s; {load_note})"]))

@@ -47,6 +47,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -158,8 +159,12 @@ class Window:
     simulator's, so a saturated simulator shows up in the figures; and runs cProfile when asked.
     """
 
-    def __init__(self, sim_pid: int | None, profile: Path | None) -> None:
+    def __init__(
+        self, sim_pid: int | None, profile: Path | None, also: Callable[[], float] | None = None
+    ) -> None:
         self.sim_pid = sim_pid
+        self.also = also  # CPU seconds of other processes on the server's side (the tunnel's sshd)
+        self.also_cpu_s = 0.0
         self.profiler: Any = None
         if profile is not None:
             import cProfile
@@ -181,6 +186,7 @@ class Window:
 
     def start(self) -> None:
         self._sim0 = proc_cpu_s(self.sim_pid)
+        self._also0 = self.also() if self.also is not None else 0.0
         self._cpu0 = _rusage_s()
         self._t0 = time.perf_counter()
         if self.profiler is not None:
@@ -194,6 +200,8 @@ class Window:
         self.wall_s = self.stopped_at - self._t0
         self.cpu_s = _rusage_s() - self._cpu0
         self.sim_cpu_s = proc_cpu_s(self.sim_pid) - self._sim0
+        if self.also is not None:
+            self.also_cpu_s = self.also() - self._also0
 
 
 def _rusage_s() -> float:
@@ -444,6 +452,18 @@ def sim_config() -> dict[str, Any]:
         seed=1,
     )
     return config.model_dump(mode="json")
+
+
+def named_cpu_s(names: tuple[str, ...]) -> float:
+    """CPU seconds used so far by every process whose name is one of `names` (0 for those gone)."""
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            head, tail = stat.read_text().rsplit(")", 1)
+            if head.split("(", 1)[1] in names:
+                fields = tail.split()
+                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def proc_cpu_s(pid: int | None) -> float:
