@@ -7,13 +7,16 @@ import os
 from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 
 from regen.engine.config.settings import Settings
 from regen.engine.data.jsonl import iter_jsonl
+from regen.engine.job import job as job_module
 from regen.engine.job.job import Job, JobError, JobState, StopReason
+from regen.engine.run.checkpoint import Checkpointer
 from regen.engine.run.recovery import read_journals
 from regen.engine.run.segments import SEGMENTS_DIR, history
 from regen.sim.openrouter.config import FAULT_CLASSES
@@ -540,3 +543,32 @@ async def test_a_journal_rotated_while_the_job_runs_keeps_every_row_and_cent_and
     assert again.lanes[0].ledger.spent == full.spent
     assert again.checkpoints.written == 1
     await again.run()
+
+
+async def test_between_checkpoints_the_job_reads_on_and_writes_none(
+    sim: OpenRouterSim,
+    tmp_path: Path,
+    make_settings: Callable[..., Settings],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """engine/job/job.py `_checkpointing`: until a checkpoint is due the job reads on every READ_ON_S
+    (what a read holds stays the prompts started since the one before: BENCHMARKS.md, "One process
+    for 12 minutes"), and writes a checkpoint only when one is due or at the clean stop."""
+    monkeypatch.setattr(job_module, "READ_ON_S", 0.1)
+    calls: list[str] = []
+    for name in ("read_on", "advance"):
+        original = getattr(Checkpointer, name)
+
+        def spy(self: Checkpointer, _original: Any = original, _name: str = name) -> Any:
+            calls.append(_name)
+            return _original(self)
+
+        monkeypatch.setattr(Checkpointer, name, spy)
+    sim.config.time_scale = 0.05
+    a = write_dataset(tmp_path, "A", 80)
+    job = await run_job(make_settings(sim.base_url, [a], concurrency=4, checkpoint_interval_s=600))
+    assert job.outcome is not None and job.outcome.reason is StopReason.DONE
+    one_row_per_prompt(a, 80)
+    assert calls.count("read_on") >= 3, calls
+    assert calls[-1] == "advance" and calls.count("advance") == 1, "while running, only the clean stop's"
+    assert job.checkpoints.written == 2  # the start's (prepare) and the clean stop's
