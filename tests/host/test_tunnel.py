@@ -4,7 +4,9 @@ connection drops, and refuses connections while nothing listens on the host's po
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import struct
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -14,7 +16,7 @@ import pytest
 from aiohttp import web
 
 from regen.engine.host.ssh import HostConnection
-from regen.engine.host.tunnel import Tunnel
+from regen.engine.host.tunnel import LISTEN_BACKLOG, Tunnel
 from tests.support.hosts import HostFactory
 from tests.support.processes import free_port
 from tests.support.sshd import SshServer
@@ -103,3 +105,51 @@ async def test_the_tunnel_forwards_and_comes_back_after_a_drop(
         await tunnel.close()
         await conn.close()
     assert tunnel.state == "closed" and refused(port)
+
+
+def listen_backlog(port: int) -> int | None:
+    """The kernel's backlog of this process's socket listening on 127.0.0.1:`port` (TCP_INFO of a
+    listener holds it in tcpi_sacked, as `ss -lt` shows it), or None where none listens."""
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            sock = socket.socket(fileno=os.dup(int(name)))
+        except OSError:
+            continue
+        with sock:
+            try:
+                if sock.type != socket.SOCK_STREAM or not sock.getsockopt(
+                    socket.SOL_SOCKET, socket.SO_ACCEPTCONN
+                ):
+                    continue
+                if sock.getsockname()[1] != port:
+                    continue
+                info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+            except OSError:
+                continue
+            # struct tcp_info: eight u8 fields, then u32 rto, ato, snd_mss, rcv_mss, unacked, sacked.
+            return int(struct.unpack_from("8B6I", info)[13])
+    return None
+
+
+async def test_the_tunnel_queues_a_whole_pool_of_connections_opened_at_once(
+    own_sshd: SshServer, own_tree: dict[str, Path], make_host: HostFactory, server: Server
+) -> None:
+    """asyncssh listens with a backlog of 100; a job opens 512 connections at once, and those past
+    the queue waited a second for the SYN retry (engine/host/tunnel.py LISTEN_BACKLOG)."""
+    conn = HostConnection(make_host(own_sshd, own_tree), backoff_base_s=0.05)
+    tunnel = Tunnel(conn, server.port, probe_interval_s=0.1)
+    try:
+        await tunnel.open()
+        assert listen_backlog(tunnel.local_port) == min(LISTEN_BACKLOG, somaxconn())
+        # And again after the connection drops and the tunnel listens anew.
+        assert own_sshd.kill_sessions() == 1
+        await until(lambda: tunnel.state == "open" and tunnel.reopens == 1)
+        assert listen_backlog(tunnel.local_port) == min(LISTEN_BACKLOG, somaxconn())
+        assert await get(tunnel.url) == "hello"
+    finally:
+        await tunnel.close()
+        await conn.close()
+
+
+def somaxconn() -> int:
+    return int(Path("/proc/sys/net/core/somaxconn").read_text())

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import os
+import socket
 import time
 from collections.abc import Callable
 
@@ -29,6 +31,11 @@ REBIND_TRIES = 20
 REBIND_WAIT_S = 0.1
 # Between rounds of reconnect tries once the connection's own tries are spent.
 DOWN_RETRY_MAX_S = 30.0
+# The local listener's queue of connections not yet accepted. asyncssh listens with asyncio's default
+# (100), and a job opens its whole pool at once (512 for SGLang): past the hundredth the kernel
+# dropped the handshake, and the client tried again a second later. That second was the tunnel's p95
+# time to first token at 512 in flight (BENCHMARKS.md, "SGLang backend through the SSH tunnel").
+LISTEN_BACKLOG = 4096
 # How often the tunnel checks that the host's port still has a listener, and how long one check may take.
 PROBE_INTERVAL_S = 1.0
 PROBE_TIMEOUT_S = 10.0
@@ -107,6 +114,7 @@ class Tunnel:
                         f"port {self.remote_port}: {exc.strerror or exc}"
                     ) from None
                 await asyncio.sleep(REBIND_WAIT_S)
+        _deepen_backlog(listener, LISTEN_BACKLOG)
         self._listener = listener
         self.local_port = listener.get_port()
         self.opened_at = time.time()
@@ -226,6 +234,17 @@ class Tunnel:
             "reopens": self.reopens,
             "connections": self.connections,
         }
+
+
+def _deepen_backlog(listener: asyncssh.SSHListener, backlog: int) -> None:
+    """Listen again on the listener's sockets with a deeper queue: Linux takes a second listen() on a
+    listening socket as its new backlog. asyncssh does not take a backlog, and keeps its servers in
+    `_servers` (tests/host/test_tunnel.py reads the kernel's backlog, so a release that moves them
+    fails there, not silently in a job)."""
+    for server in getattr(listener, "_servers", ()):
+        for sock in server.sockets:
+            with socket.socket(fileno=os.dup(sock.fileno())) as again:
+                again.listen(backlog)
 
 
 __all__ = ["Tunnel"]
