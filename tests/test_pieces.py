@@ -3,6 +3,7 @@ tokenizer's own, on real byte-level BPE tokenizers; refused where a tokenizer do
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -125,3 +126,18 @@ def test_a_first_piece_rule_is_seen_by_the_probes(tmp_path: Path) -> None:
 def test_a_stripping_token_is_refused_by_its_flags(tmp_path: Path) -> None:
     assert PieceEncoder.build(_native(tmp_path, lstrip=True), ["a<|im_end|>b"]) is None
     assert PieceEncoder.build(_native(tmp_path), ["a <|im_end|> b"]) is not None
+
+
+def test_a_template_that_refuses_a_probe_still_loads_and_checks_on_the_others(tmp_path: Path) -> None:
+    folder = build_tokenizer(tmp_path / "nosystem", "chatml")
+    config_path = folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = (
+        "{%- if messages[0]['role'] == 'system' -%}{{ raise_exception('System role not supported') }}{%- endif -%}"
+        + config["chat_template"]
+    )
+    config_path.write_text(json.dumps(config))
+    tok = TargetTokenizer(TokenizerSpec(folder))
+    assert tok._pieces is not None
+    messages = [{"role": "user", "content": "Hi <|im_end|> there"}]
+    assert tok.render_ids(messages) == tok.prompt_ids(messages)

@@ -403,8 +403,14 @@ class TargetTokenizer:
         self._chat_template = self._tok.get_chat_template(None, None)
         # What apply_chat_template passes the template: the special tokens, then our kwargs.
         self._render_kwargs = {**self._tok.special_tokens_map, **self.template_kwargs}
-        probes = [self._render_text(render_jinja_template, messages) for messages in PIECE_PROBES]
-        self._pieces = PieceEncoder.build(native, [*probes, *self.special_strings])
+        probes: list[str] = []
+        for messages in PIECE_PROBES:
+            try:
+                probes.append(self._render_text(render_jinja_template, messages))
+            except Exception:  # a template may refuse a shape (a system turn, say): the others check
+                continue
+        if probes:
+            self._pieces = PieceEncoder.build(native, [*probes, *self.special_strings])
         return render_jinja_template, native
 
     def generation_suffix(self, thinking: bool | None = None) -> list[int]:

@@ -243,7 +243,7 @@ def _deepen_backlog(listener: asyncssh.SSHListener, backlog: int) -> None:
     fails there, not silently in a job)."""
     for server in getattr(listener, "_servers", ()):
         for sock in server.sockets:
-            with socket.socket(fileno=os.dup(sock.fileno())) as again:
+            with contextlib.suppress(OSError), socket.socket(fileno=os.dup(sock.fileno())) as again:
                 again.listen(backlog)
 
 
