@@ -117,9 +117,9 @@ def listen_backlog(port: int) -> int | None:
             continue
         with sock:
             try:
-                if sock.type != socket.SOCK_STREAM or not sock.getsockopt(
-                    socket.SOL_SOCKET, socket.SO_ACCEPTCONN
-                ):
+                if sock.family != socket.AF_INET or sock.type != socket.SOCK_STREAM:
+                    continue  # a Unix socket's name is a path, not (host, port)
+                if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
                     continue
                 if sock.getsockname()[1] != port:
                     continue

@@ -25,13 +25,18 @@ from typing import Any
 # them into every prompt); a message's text met later is encoded each time, as it must be.
 KEPT_PIECES = 512
 
-__all__ = ["PieceEncoder"]
+__all__ = ["PieceEncoder", "encode_whole"]
+
+
+def encode_whole(native: Any, text: str) -> list[int]:
+    """`text`'s ids from the native (Rust) tokenizer in one call, no special tokens added."""
+    return list(native.encode(text, add_special_tokens=False).ids)
 
 
 class PieceEncoder:
-    """`encode(text)` equals the native tokenizer's `encode(text, add_special_tokens=False).ids`."""
+    """`encode(text)` equals `encode_whole(native, text)`."""
 
-    __slots__ = ("_added", "_encode", "_kept", "_split")
+    __slots__ = ("_added", "_kept", "_native", "_split")
 
     def __init__(self, native: Any, added: dict[str, int]) -> None:
         # Longest first: at each place the regex takes the first alternative that matches, so
@@ -39,12 +44,8 @@ class PieceEncoder:
         pattern = "|".join(re.escape(token) for token in sorted(added, key=len, reverse=True))
         self._split: Callable[[str], list[str]] = re.compile(f"({pattern})").split
         self._added = added
+        self._native = native
         self._kept: dict[str, list[int]] = {}
-
-        def encode(piece: str) -> list[int]:
-            return list(native.encode(piece, add_special_tokens=False).ids)
-
-        self._encode = encode
 
     @classmethod
     def build(cls, native: Any, probes: Iterable[str]) -> PieceEncoder | None:
@@ -65,7 +66,7 @@ class PieceEncoder:
             return None
         pieces = cls(native, added)
         for text in probes:
-            if pieces.encode(text) != list(native.encode(text, add_special_tokens=False).ids):
+            if pieces.encode(text) != encode_whole(native, text):
                 return None
         pieces._kept.clear()  # the probes' pieces are not the prompts'
         return pieces
@@ -82,7 +83,7 @@ class PieceEncoder:
                 continue
             known = kept.get(piece)
             if known is None:
-                known = self._encode(piece)
+                known = encode_whole(self._native, piece)
                 if len(kept) < KEPT_PIECES:
                     kept[piece] = known
             ids.extend(known)

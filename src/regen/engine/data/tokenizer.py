@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from regen.engine.data.pieces import PieceEncoder
+from regen.engine.data.pieces import PieceEncoder, encode_whole
 
 if TYPE_CHECKING:
     from regen.engine.config.settings import TokenizerSettings
@@ -375,7 +375,7 @@ class TargetTokenizer:
         text = self._render_text(render, messages)
         if self._pieces is not None:
             return self._pieces.encode(text)
-        return list(native.encode(text, add_special_tokens=False).ids)
+        return encode_whole(native, text)
 
     def _render_text(self, render: Any, messages: Sequence[Mapping[str, Any]]) -> str:
         rendered, _ = render(
