@@ -37,12 +37,21 @@ The SSH tunnel's cost (`--tunnel`): the same job twice, once with `sglang.urls` 
 ("regen", direct) and once with no urls and a `[[hosts]]` table instead, so the job reaches the
 simulator through its own tunnel over a real OpenSSH server on loopback ("regen-tunnel": asyncssh's
 local forward in the job's process, sshd's per-connection process on the simulator's core, as it
-would run on the GPU host). The figure is regen-tunnel / regen.
+would run on the GPU host). The figure is regen-tunnel / regen. `--bare` adds the bare loop direct
+and through regen's tunnel: what the tunnel costs a client that does nothing else.
+
+Where sshd runs (`--sshd-cpu`): on a GPU host it has cores to spare, so by default it gets a core of
+its own (the third; the client and the simulator keep theirs). A two-core machine has none to give:
+sshd then shares the simulator's core, and at the short profile the two need more than one core at
+direct's rate (BENCHMARKS.md, "SGLang backend through the SSH tunnel"). `--sshd-cpu client` puts it
+on the client's core instead, and `--time-scale 2` runs the simulator's clock at half speed (the
+same answers at half the rate), so that two cores can hold all three parts.
 
     .venv/bin/python bench/sglang_backend.py             # both profiles, 3 repetitions (~6 min)
     .venv/bin/python bench/sglang_backend.py --quick     # a smoke run
     .venv/bin/python bench/sglang_backend.py --write-md  # also update BENCHMARKS.md
     .venv/bin/python bench/sglang_backend.py --tunnel --write-md   # the tunnel's cost
+    .venv/bin/python bench/sglang_backend.py --tunnel --profiles short --bare --sshd-cpu client --time-scale 2
     .venv/bin/python bench/sglang_backend.py --profiles reasoning --write-md            # long answers
     .venv/bin/python bench/sglang_backend.py --profiles reasoning --tunnel --write-md   # ... tunnelled
     .venv/bin/python bench/sglang_backend.py --bytes --write-md      # bytes per token as answers grow
@@ -82,6 +91,11 @@ from bench.throughput import (  # noqa: E402 - the sibling benchmark's helpers
 
 VARIANTS = ("aiohttp", "regen")
 TUNNEL_VARIANTS = ("regen", "regen-tunnel")
+BARE_TUNNEL_VARIANTS = (
+    "aiohttp",
+    "aiohttp-tunnel",
+)  # --bare: what the tunnel costs a client doing nothing else
+SSHD_PLACES = ("sim", "client", "own")  # --sshd-cpu: the core sshd runs on
 SSHD_NAMES = ("sshd", "sshd-session", "sshd-auth")  # OpenSSH 9.8 on: a connection's process is sshd-session
 CONCURRENCY = 512
 MAX_TOKENS = 8192  # above every planned answer: each one ends with "stop"
@@ -109,6 +123,7 @@ MD_REASONING_TUNNEL = (
     "<!-- bench:sglang-reasoning-tunnel:start -->",
     "<!-- bench:sglang-reasoning-tunnel:end -->",
 )
+MD_TUNNEL_PLACED = ("<!-- bench:sglang-tunnel-placed:start -->", "<!-- bench:sglang-tunnel-placed:end -->")
 MD_BYTES = ("<!-- bench:sglang-bytes:start -->", "<!-- bench:sglang-bytes:end -->")
 BYTES_LENGTHS = (2000, 4000, 8000)
 BYTES_STREAMS = 32
@@ -217,6 +232,24 @@ async def run_aiohttp(url: str, model: Path, n: int, w: Window, max_tokens: int 
         w.stop()
 
 
+async def run_aiohttp_tunnel(
+    url: str, host: dict[str, Any], model: Path, n: int, w: Window, max_tokens: int
+) -> None:
+    """The bare loop through regen's own tunnel to the simulator's port (opened before the window)."""
+    from regen.engine.config.settings import HostSettings
+    from regen.engine.host.ssh import HostConnection
+    from regen.engine.host.tunnel import Tunnel
+
+    port = int(url.rsplit(":", 1)[1])
+    conn = HostConnection(HostSettings(**host, sglang_port=port))
+    tunnel = Tunnel(conn, port)
+    try:
+        await run_aiohttp(await tunnel.open(), model, n, w, max_tokens)
+    finally:
+        await tunnel.close()
+        await conn.close()
+
+
 async def run_regen(
     url: str,
     model: Path,
@@ -253,12 +286,16 @@ def child(
 ) -> None:
     from regen.engine.runtime import run
 
-    # Through the tunnel, sshd's processes (the host's side of it) share the simulator's core.
-    w = Window(sim_pid, None, also=(lambda: named_cpu_s(SSHD_NAMES)) if variant == "regen-tunnel" else None)
+    # Through the tunnel, sshd's processes (the host's side of it) are counted apart.
+    tunnelled = variant.endswith("-tunnel")
+    w = Window(sim_pid, None, also=(lambda: named_cpu_s(SSHD_NAMES)) if tunnelled else None)
 
     async def main() -> None:
         if variant == "aiohttp":
             await run_aiohttp(url, model, n, w, max_tokens)
+        elif variant == "aiohttp-tunnel":
+            assert host is not None
+            await run_aiohttp_tunnel(url, json.loads(host.read_text()), model, n, w, max_tokens)
         elif variant == "regen-tunnel":
             assert host is not None
             await run_regen(url, model, n, w, workdir, json.loads(host.read_text()), max_tokens)
@@ -288,6 +325,7 @@ def child(
 # ------------------------------------------------------------------------------------ simulator
 
 SIM_CPU, CLIENT_CPU = 1, 0
+SSHD_OWN_CPU = 2  # --sshd-cpu own: on a machine with a third core
 
 
 def _pin(cpu: int) -> Any:
@@ -301,10 +339,10 @@ def _pin(cpu: int) -> Any:
 class Sim:
     """`python -m regen.sim sglang` in its own process, on its own core, serving the model folder."""
 
-    def __init__(self, workdir: Path, model: Path, profile: dict[str, Any]) -> None:
+    def __init__(self, workdir: Path, model: Path, profile: dict[str, Any], time_scale: float = 1.0) -> None:
         config = {
             "served_model_name": "kimi-k2.5",
-            "time_scale": 1.0,
+            "time_scale": time_scale,
             "startup_weights_s": 0,
             "startup_kv_pool_s": 0,
             "startup_cuda_graph_s": 0,
@@ -470,7 +508,28 @@ def main(argv: list[str] | None = None) -> int:
         help="bytes per output token as answers grow, with and without an interval",
     )
     ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help=argparse.SUPPRESS)
-    ap.add_argument("--child", choices=VARIANTS + TUNNEL_VARIANTS[1:], help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--bare",
+        action="store_true",
+        help="with --tunnel: also the bare aiohttp loop, direct and through regen's tunnel",
+    )
+    ap.add_argument(
+        "--sshd-cpu",
+        choices=SSHD_PLACES,
+        default=None,
+        help="with --tunnel: the core sshd runs on: the simulator's (the default on two cores), the "
+        "client's, or one of its own (the default on three or more)",
+    )
+    ap.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="the simulator's time runs this many times slower (the same answers at a fraction of the "
+        "rate: for a machine with too few cores to give each part one)",
+    )
+    ap.add_argument(
+        "--child", choices=VARIANTS + TUNNEL_VARIANTS[1:] + BARE_TUNNEL_VARIANTS[1:], help=argparse.SUPPRESS
+    )
     ap.add_argument("--host-json", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--model", type=Path, help=argparse.SUPPRESS)
@@ -515,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
                 for v in VARIANTS[k % 2 :] + VARIANTS[: k % 2]:
                     work = tmp / f"{profile}-{v}-{k}"
                     work.mkdir()
-                    sim = Sim(work, model, PROFILES[profile])
+                    sim = Sim(work, model, PROFILES[profile], args.time_scale)
                     try:
                         r = run_child(
                             v, sim, model, n, work, max_tokens=MAX_TOKENS_OF.get(profile, MAX_TOKENS)
@@ -562,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"Run {dt.date.today().isoformat()} on revision {revision()}: `{cmd}` ({elapsed:.0f} s).",
                 "",
                 f"Machine: {machine()}; {versions()}; {load_note}.",
-                "Simulator profiles (time_scale 1, max_running_requests 512, one process per run): "
+                f"Simulator profiles (time_scale {args.time_scale:g}, max_running_requests 512, one process per run): "
                 + "; ".join(f"{p} {json.dumps(PROFILES[p])}" for p in profiles)
                 + f". {CONCURRENCY} in flight, max_tokens "
                 + ", ".join(f"{MAX_TOKENS_OF.get(p, MAX_TOKENS)} ({p})" for p in profiles)
@@ -585,16 +644,29 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def start_sshd(tmp: Path, model: Path) -> tuple[Any, Path]:
-    """A real OpenSSH server on loopback (the tests' harness), pinned to the simulator's core as the
-    GPU host's sshd would be beside its server; returns it and the [[hosts]] table as JSON."""
+def sshd_core(place: str | None) -> tuple[str, int | None]:
+    """Where sshd runs: (the place, the index of its core among this process's), None unpinned.
+    By default a core of its own where the machine has one, as on a GPU host; else the simulator's."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    place = place or ("own" if cores >= 3 else "sim")
+    if cores < 2:
+        return place, None
+    if place == "own" and cores < 3:
+        raise SystemExit("--sshd-cpu own needs three cores (client, simulator, sshd); this machine has two")
+    return place, {"sim": SIM_CPU, "client": CLIENT_CPU, "own": SSHD_OWN_CPU}[place]
+
+
+def start_sshd(tmp: Path, model: Path, core: int | None = SIM_CPU) -> tuple[Any, Path]:
+    """A real OpenSSH server on loopback (the tests' harness), pinned to the `core`-th of this
+    process's cores (sshd_core); returns it and the [[hosts]] table as JSON."""
     from tests.support.sshd import make_server
 
     server = make_server(tmp / "sshd")
     server.start()
     assert server.proc is not None
-    if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) >= 2:
-        os.sched_setaffinity(server.proc.pid, {sorted(os.sched_getaffinity(0))[SIM_CPU]})
+    if core is not None:
+        # Each connection's process is forked from this one and keeps its core.
+        os.sched_setaffinity(server.proc.pid, {sorted(os.sched_getaffinity(0))[core]})
     (tmp / "data").mkdir(exist_ok=True)
     host = {
         "name": "gpu1",
@@ -616,23 +688,25 @@ def start_sshd(tmp: Path, model: Path) -> tuple[Any, Path]:
 def tunnel_main(args: argparse.Namespace, argv: list[str] | None) -> int:
     profiles = ["short"] if args.quick else [p.strip() for p in args.profiles.split(",") if p.strip()]
     repeat = 1 if args.quick else args.repeat
+    variants = TUNNEL_VARIANTS + (BARE_TUNNEL_VARIANTS if args.bare else ())
+    place, core = sshd_core(args.sshd_cpu)
     tmp = Path(tempfile.mkdtemp(prefix="regen-bench-tunnel-"))
     started = time.monotonic()
     load0 = os.getloadavg()[0]
-    print(f"machine: {machine()}")
+    print(f"machine: {machine()}; sshd on the {place} core; simulator time scale {args.time_scale:g}")
     from tests.support.sglang_sim import model_folder
 
     model = model_folder(tmp / "model")
-    server, host = start_sshd(tmp, model)
+    server, host = start_sshd(tmp, model, core)
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
     try:
         for profile in profiles:
             n = args.prompts or (2048 if args.quick else PROMPTS[profile])
             for k in range(repeat):
-                for v in TUNNEL_VARIANTS[k % 2 :] + TUNNEL_VARIANTS[: k % 2]:
+                for v in variants[k % 2 :] + variants[: k % 2]:
                     work = tmp / f"{profile}-{v}-{k}"
                     work.mkdir()
-                    sim = Sim(work, model, PROFILES[profile])
+                    sim = Sim(work, model, PROFILES[profile], args.time_scale)
                     try:
                         r = run_child(
                             v,
@@ -640,7 +714,7 @@ def tunnel_main(args: argparse.Namespace, argv: list[str] | None) -> int:
                             model,
                             n,
                             work,
-                            host if v == "regen-tunnel" else None,
+                            host if v.endswith("-tunnel") else None,
                             MAX_TOKENS_OF.get(profile, MAX_TOKENS),
                         )
                     finally:
@@ -650,30 +724,35 @@ def tunnel_main(args: argparse.Namespace, argv: list[str] | None) -> int:
                     results.setdefault((profile, v), []).append(r)
                     err = f", {r['errors']} errors (first: {r['first_error']})" if r["errors"] else ""
                     print(
-                        f"  {profile} run {k + 1}/{repeat} {v:12s} {r['tokens'] / r['wall_s']:>9,.0f} tok/s "
+                        f"  {profile} run {k + 1}/{repeat} {v:14s} {r['tokens'] / r['wall_s']:>9,.0f} tok/s "
                         f"wall {r['wall_s']:5.1f} s cpu {r['cpu_s']:5.1f} s "
                         f"sim cpu {100 * r['sim_cpu_s'] / r['wall_s']:3.0f}% "
-                        f"sshd cpu {100 * r['sshd_cpu_s'] / r['wall_s']:3.0f}%{err}",
+                        f"sshd cpu {100 * (r['sshd_cpu_s'] or 0) / r['wall_s']:3.0f}%{err}",
                         flush=True,
                     )
     finally:
         server.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     elapsed = time.monotonic() - started
-    rows = [median_row(results[(p, v)]) for p in profiles for v in TUNNEL_VARIANTS if (p, v) in results]
+    rows = [median_row(results[(p, v)]) for p in profiles for v in variants if (p, v) in results]
     lines = table(rows)
     ratios = []
     for p in profiles:
         by = {r["variant"]: r for r in rows if r["profile"] == p}
-        ratio = by["regen-tunnel"]["tok_s"] / by["regen"]["tok_s"]
-        per_cpu = by["regen-tunnel"]["tok_cpu_s"] / by["regen"]["tok_cpu_s"]
-        tunnelled = by["regen-tunnel"]
-        server_core = (tunnelled["sim_cpu_s"] + tunnelled["sshd_cpu_s"]) / tunnelled["wall_s"]
-        ratios.append(
-            f"- {p}: through the tunnel / direct = {ratio:.2f} (per client CPU-second {per_cpu:.2f}); "
-            f"through it, sshd {100 * tunnelled['sshd_cpu_s'] / tunnelled['wall_s']:.0f}% and the simulator "
-            f"{100 * tunnelled['sim_cpu_s'] / tunnelled['wall_s']:.0f}% of their one core ({100 * server_core:.0f}% together)"
-        )
+        for client in ("regen", "aiohttp") if args.bare else ("regen",):
+            direct, tunnelled = by[client], by[f"{client}-tunnel"]
+            ratio = tunnelled["tok_s"] / direct["tok_s"]
+            per_cpu = tunnelled["tok_cpu_s"] / direct["tok_cpu_s"]
+            sshd, sim = (100 * tunnelled[k] / tunnelled["wall_s"] for k in ("sshd_cpu_s", "sim_cpu_s"))
+            where = (
+                f"of their one core ({sshd + sim:.0f}% together)"
+                if place == "sim"
+                else f"(sshd on the {place} core)"
+            )
+            ratios.append(
+                f"- {p}, {client}: through the tunnel / direct = {ratio:.2f} (per client CPU-second "
+                f"{per_cpu:.2f}); through it, sshd {sshd:.0f}% and the simulator {sim:.0f}% {where}"
+            )
     load_note = f"load average {load0:.2f} before the run, {os.getloadavg()[0]:.2f} after"
     print("\n".join(["", *lines, "", *ratios, f"(took {elapsed:.0f} s; {load_note})"]))
     if args.write_md:
@@ -683,10 +762,16 @@ def tunnel_main(args: argparse.Namespace, argv: list[str] | None) -> int:
             [
                 f"Run {dt.date.today().isoformat()} on revision {revision()}: `{cmd}` ({elapsed:.0f} s).",
                 "",
-                f"Machine: {machine()}; {versions()}; {load_note}. The same job and simulator profiles as above; "
+                f"Machine: {machine()}; {versions()}; {load_note}. The same job and simulator profiles as above"
+                f" (time scale {args.time_scale:g}); "
                 '"regen" straight at the simulator\'s URL, "regen-tunnel" through its own SSH tunnel (a real '
-                "OpenSSH server on loopback, pinned to the simulator's core; asyncssh in the job's process). "
-                f"{repeat} repetition(s), median.",
+                f"OpenSSH server on loopback, on the {place} core; asyncssh in the job's process)"
+                + (
+                    '; "aiohttp" the bare loop, direct and through regen\'s tunnel ("aiohttp-tunnel")'
+                    if args.bare
+                    else ""
+                )
+                + f". {repeat} repetition(s), median.",
                 "",
                 *lines,
                 "",
@@ -699,6 +784,8 @@ def tunnel_main(args: argparse.Namespace, argv: list[str] | None) -> int:
                 *MD_REASONING_TUNNEL,
                 heading="SGLang backend: long reasoning answers through the tunnel",
             )
+        elif place != "sim" or args.time_scale != 1:
+            write_md(block, *MD_TUNNEL_PLACED, heading="SGLang backend through the SSH tunnel, sshd placed")
         else:
             write_md(block, MD_TUNNEL_START, MD_TUNNEL_END, heading="SGLang backend through the SSH tunnel")
         print("BENCHMARKS.md updated")
