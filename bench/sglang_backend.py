@@ -123,6 +123,7 @@ MD_REASONING_TUNNEL = (
     "<!-- bench:sglang-reasoning-tunnel:start -->",
     "<!-- bench:sglang-reasoning-tunnel:end -->",
 )
+MD_TUNNEL_BARE = ("<!-- bench:sglang-tunnel-bare:start -->", "<!-- bench:sglang-tunnel-bare:end -->")
 MD_TUNNEL_PLACED = ("<!-- bench:sglang-tunnel-placed:start -->", "<!-- bench:sglang-tunnel-placed:end -->")
 MD_BYTES = ("<!-- bench:sglang-bytes:start -->", "<!-- bench:sglang-bytes:end -->")
 BYTES_LENGTHS = (2000, 4000, 8000)
@@ -786,6 +787,10 @@ def tunnel_main(args: argparse.Namespace, argv: list[str] | None) -> int:
             )
         elif place != "sim" or args.time_scale != 1:
             write_md(block, *MD_TUNNEL_PLACED, heading="SGLang backend through the SSH tunnel, sshd placed")
+        elif args.bare:
+            write_md(
+                block, *MD_TUNNEL_BARE, heading="SGLang backend through the SSH tunnel, with the bare loop"
+            )
         else:
             write_md(block, MD_TUNNEL_START, MD_TUNNEL_END, heading="SGLang backend through the SSH tunnel")
         print("BENCHMARKS.md updated")
