@@ -696,19 +696,21 @@ def machine() -> str:
 
 
 def revision() -> str:
-    """The commit measured (`git describe --always --dirty`), or REGEN_BENCH_REVISION for a copy."""
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except OSError:
-        out = None
-    if out is not None and out.returncode == 0 and out.stdout.strip():
-        return out.stdout.strip()
-    return os.environ.get("REGEN_BENCH_REVISION", "unknown")
+    """The commit measured, "-dirty" when tracked files differ from it (BENCHMARKS.md aside: a bench
+    run before this one may have written its block), or REGEN_BENCH_REVISION for a copy."""
+
+    def git(*argv: str) -> str | None:
+        try:
+            out = subprocess.run(["git", "-C", str(ROOT), *argv], capture_output=True, text=True, timeout=10)
+        except OSError:
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    commit = git("describe", "--always")
+    if not commit:
+        return os.environ.get("REGEN_BENCH_REVISION", "unknown")
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)BENCHMARKS.md")
+    return commit + ("-dirty" if changed else "")
 
 
 def versions() -> str:
