@@ -4,13 +4,18 @@ aborts, a bad prompt, and the server gone and back."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from collections.abc import Callable
+from decimal import Decimal
 from pathlib import Path
+
+import orjson
 
 from regen.engine.backends.base import Standalone
 from regen.engine.config.settings import Settings
 from regen.engine.job.job import Job, StopReason
+from regen.engine.run.records import start_record
 from regen.sim.sglang.tokens import SimTokenizer
 from tests.support.datasets import one_row_per_prompt, read_rows, write_dataset
 from tests.support.journals import journal
@@ -178,3 +183,33 @@ async def test_cancel_of_an_attempt_sends_its_abort_without_holding_up_the_close
     await backend.close()
     assert sim.abort_calls == ["A-00000000#0"]
     assert backend.workers[0].meter.in_flight == 0
+
+
+async def test_an_attempt_is_journaled_by_its_rid_alone_and_a_crash_is_settled_by_it(
+    sim: RecordingSim, sglang_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    """An SGLang attempt's handle is its rid, which the start record names: no gen record follows it.
+    An attempt a crash left open (a start, no end, no row) is still settled under its rid."""
+    data = write_dataset(tmp_path, "A", 20)
+    settings = sglang_settings([sim.base_url], [data])
+    attempts = settings.job.run_dir / "attempts.jsonl"
+    attempts.parent.mkdir(parents=True, exist_ok=True)
+    crashed = "A-00000003#0"
+    attempts.write_bytes(
+        orjson.dumps(start_record(crashed, "A", 3, Decimal(0), "sglang", time.time())) + b"\n"
+    )
+    job = Job(settings)
+    await job.prepare()
+    assert (await job.run()).reason is StopReason.DONE
+    one_row_per_prompt(data, 20)
+    records = journal(attempts)
+    assert not [r for r in records if r["k"] == "gen"], "the start record names the handle already"
+    by_rid: dict[str, list[str]] = {}
+    for r in records:
+        if "rid" in r:
+            by_rid.setdefault(r["rid"], []).append(r["k"])
+    assert len(by_rid) == 21 and all(kinds == ["start", "end"] for kinds in by_rid.values()), by_rid
+    [lost] = [r for r in records if r["k"] == "end" and r["rid"] == crashed]
+    assert lost["outcome"] == "lost_at_crash" and lost["gen"] == crashed and lost["be"] == "sglang"
+    ends = [r for r in records if r["k"] == "end" and r["rid"] != crashed]
+    assert all(r["gen"] == r["rid"] for r in ends)

@@ -229,6 +229,9 @@ class Backend(Protocol):
     title: str  # the backend's name in operators' messages ("OpenRouter")
     base_url: str  # where requests go, for a console's hello
     requests_per_minute: int | None  # a cap the backend's platform imposes, None for none
+    # The attempt's handle is its rid (SGLang aborts by rid): the start record already names it, so
+    # no gen record is journaled, and an attempt a crash left open is looked up by its rid.
+    handle_is_rid: bool
 
     @property
     def tokenizer(self) -> TargetTokenizer | None:

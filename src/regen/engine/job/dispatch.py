@@ -302,7 +302,8 @@ class Dispatcher:
 
             def on_handle(handle: str | None) -> None:
                 flight.handle = handle
-                if handle:
+                # A handle that is the rid (Backend.handle_is_rid) is in the start record already.
+                if handle and handle != flight.rid:
                     flight.gen_ticket = results.journal_nowait(gen_record(flight.rid, handle))
 
             def on_route(name: str) -> None:

@@ -529,10 +529,12 @@ class Settler:
         later when its handle is known."""
         state = self.datasets.get(crashed.dataset)
         row = state.progress.settling.get(crashed.line) if state is not None else None
+        # No gen record names a handle that is the rid (dispatch.py `on_handle`).
+        known = crashed.generation_id or (crashed.rid if self.backend.handle_is_rid else None)
         if (
             row is not None
             and row.get("backend") in (None, self.backend.name)
-            and crashed.generation_id in (None, row["gen"])
+            and known in (None, row["gen"])
             and row["cost"] is not None
         ):
             cost, estimated, outcome = to_dollars(row["cost"]), row["est"], str(row["status"])
@@ -540,7 +542,7 @@ class Settler:
             handle = row["gen"]
         else:
             cost, estimated, outcome, tokens = crashed.estimate, True, "lost_at_crash", 0
-            handle = crashed.generation_id
+            handle = known
         self.ledger.charge(cost, estimated=estimated, knowable=handle is not None, outcome=outcome)
         self.breakdown.add(outcome, cost, tokens)
         self.results.journal(

@@ -86,6 +86,7 @@ class OpenRouterBackend:
     thinking_setting = "openrouter.reasoning"
     title = "OpenRouter"
     tokenizer = None  # text comes back: the tokenizer workers make every row's ids
+    handle_is_rid = False  # the generation id, known once the response's headers arrive
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings.openrouter

@@ -75,6 +75,7 @@ class SGLangBackend:
     thinking_setting = "tokenizer.thinking"
     title = "SGLang"
     requests_per_minute: int | None = None  # no platform limit: the servers are the operator's
+    handle_is_rid = True  # each request carries its rid, which aborts it (wire.py `request_body`)
     # None of the contract's abilities (engine/backends/base.py): the backend picks the server of
     # each request itself, no answer is vetoed after the fact, and GPU time is measured at the
     # attempt, so no bill ever arrives later.
