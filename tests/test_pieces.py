@@ -75,6 +75,25 @@ def test_piece_ids_are_the_templates_ids(
     assert tok.render_ids(messages) == tok.prompt_ids(messages)
 
 
+class _BeforeBatchFast:
+    """A tokenizer as tokenizers before 0.21 had it: `encode`, no `encode_batch_fast`."""
+
+    def __init__(self, native: Any) -> None:
+        self.encode = native.encode
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=TEXT)
+def test_one_call_ids_are_the_same_with_or_without_the_batch_call(
+    tokenizers: dict[str, TargetTokenizer], text: str
+) -> None:
+    native = tokenizers["kimi"]._tok._tokenizer
+    assert hasattr(native, "encode_batch_fast"), "the installed tokenizers has the faster call"
+    want = native.encode(text, add_special_tokens=False).ids
+    assert pieces.encode_whole(native, text) == want
+    assert pieces.encode_whole(_BeforeBatchFast(native), text) == want
+
+
 def test_kept_pieces_are_bounded_and_change_nothing(
     tokenizers: dict[str, TargetTokenizer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
