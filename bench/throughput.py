@@ -454,15 +454,21 @@ def sim_config() -> dict[str, Any]:
     return config.model_dump(mode="json")
 
 
+def _stat_cpu(stat: Path) -> tuple[str, float]:
+    """(name, user + system CPU seconds so far) from a /proc/PID/stat file; OSError once it is gone."""
+    head, tail = stat.read_text().rsplit(")", 1)
+    fields = tail.split()
+    return head.split("(", 1)[1], (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def named_cpu_s(names: tuple[str, ...]) -> float:
     """CPU seconds used so far by every process whose name is one of `names` (0 for those gone)."""
     total = 0.0
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError, IndexError, ValueError):
-            head, tail = stat.read_text().rsplit(")", 1)
-            if head.split("(", 1)[1] in names:
-                fields = tail.split()
-                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            name, cpu_s = _stat_cpu(stat)
+            if name in names:
+                total += cpu_s
     return total
 
 
@@ -471,10 +477,9 @@ def proc_cpu_s(pid: int | None) -> float:
     if pid is None:
         return 0.0
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return _stat_cpu(Path(f"/proc/{pid}/stat"))[1]
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # With two or more cores the simulator and the client each get one of their own (the client's
