@@ -49,10 +49,10 @@ check: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --maxschedchunk=1 -m "not integration"
 
 # The operator's night as one test: regen from its wheel, two GPU hosts over a real sshd, both
-# simulators, the console in real tmux, every command in order (tests/test_journey.py; part of `test`).
+# simulators, the console in real tmux, every command in order (tests/integration/test_journey.py; part of `test`).
 .PHONY: journey
 journey: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -q tests/test_journey.py
+	$(BIN)/python -m pytest -q tests/integration/test_journey.py
 
 # What a console receives from real jobs (OpenRouter, SGLang, both fleets; the simulators' failures
 # staged), written to tests/console/recordings/ for the console's tests to replay (docs/console.md).

@@ -1,7 +1,7 @@
 """The host pane draws the snapshot's hosts; `i` asks the job to inspect them again.
 
 The recordings' jobs have no GPU host (a host needs SSH): the host's view here is what
-engine/host/monitor.py's view() gives, which tests/host checks against a real sshd, put into a real
+engine/host/monitor.py's view() gives, which tests/integration/host checks against a real sshd, put into a real
 job's recorded frames; the job's answers to the keys are its recorded ones."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ INSPECT: InspectView = {
     "invalid": 7,
 }
 
-# What engine/host/monitor.py's view() gives for one host (tests/host checks the real one).
+# What engine/host/monitor.py's view() gives for one host (tests/integration/host checks the real one).
 HOST: HostView = {
     "name": "gpu1",
     "address": "10.0.0.5:22",

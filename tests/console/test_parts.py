@@ -200,7 +200,7 @@ def test_a_platform_hold_shows_in_the_header_and_the_log() -> None:
 
 def test_the_header_counts_a_two_fleet_jobs_requests_in_flight_against_no_one_limit() -> None:
     """Each backend's limit is its own (the fleets pane): the header once read "in flight 18/16" for
-    16 at the GPUs and 2 at OpenRouter, OpenRouter's limit under both (found by tests/test_journey.py)."""
+    16 at the GPUs and 2 at OpenRouter, OpenRouter's limit under both (found by tests/integration/test_journey.py)."""
     snap: Any = frames("fleets", 21)[20]
     strip = StatusStrip()
     strip.snapshot = snap

@@ -1,5 +1,5 @@
 """One test body per backend: a `BackendCase` is a backend and its simulator running in a process of
-its own on loopback, and says how to point settings at it (tests/backends/conftest.py's
+its own on loopback, and says how to point settings at it (tests/integration/backends/conftest.py's
 `backend_case` fixture runs a test once per backend; both fleets' tests start both)."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ BACKENDS = ["openrouter", "sglang"]
 BOTH = [
     "sglang",
     "openrouter",
-]  # both fleets in one job (tests/backends/test_fleets.py, test_deadline_control.py)
+]  # both fleets in one job (tests/integration/backends/test_fleets.py, test_deadline_control.py)
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Raw HTTP against the OpenRouter simulator, for its own tests (tests/sim/): bodies and headers
+"""Raw HTTP against the OpenRouter simulator, for its own tests (tests/sim/openrouter/): bodies and headers
 exactly as sent on the wire, streams parsed event by event, and quick simulator settings."""
 
 from __future__ import annotations

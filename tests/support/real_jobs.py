@@ -7,7 +7,7 @@ the simulators' failures (faults drawn per request, a failing provider, a provid
 the precision allowlist, a platform hold, an outage, a closed lane) and sends the commands the
 console's keys send, as a console does. What the console received on the socket is kept line by
 line (`Watcher.lines`): tests/support/recordings.py writes it down (`make recordings`) for the
-console's tests to replay, and tests/test_snapshot_schema.py checks every snapshot against
+console's tests to replay, and tests/integration/job/test_snapshot_schema.py checks every snapshot against
 engine/schema.py as it is built and as it arrived.
 
 The job is sped up (short answers, quick ticks) but otherwise runs as `regen run` does:

@@ -1,5 +1,5 @@
 """The SGLang simulator keeping what it served for every rid: the server's own record that the
-SGLang backend's rows are compared with (tests/backends/sglang/)."""
+SGLang backend's rows are compared with (tests/integration/backends/sglang/)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A run folder written record by record as a job writes it, and the check that a start from a
-checkpoint rebuilt what a full read does (tests/test_checkpoint.py, tests/test_segments.py)."""
+checkpoint rebuilt what a full read does (tests/engine/run/test_checkpoint.py, tests/engine/run/test_segments.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Raw HTTP against the SGLang simulator, for its own tests (tests/sim_sglang/): bodies as sent on
+"""Raw HTTP against the SGLang simulator, for its own tests (tests/sim/sglang/): bodies as sent on
 the wire, streams parsed event by event, prompts rendered with the served tokenizer."""
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 
 Built and installed with uv (seconds; pip took a minute and a half of CPU), once per source tree
 and kept: its folder is named after a digest of what goes into the wheel (src/, pyproject.toml,
-README.md), under the system's temporary folder, and every test (tests/test_wheel.py,
-tests/test_journey.py) and every pytest process (xdist workers) uses the same one. A change to any
+README.md), under the system's temporary folder, and every test (tests/integration/test_wheel.py,
+tests/integration/test_journey.py) and every pytest process (xdist workers) uses the same one. A change to any
 of those files names another folder, so a test never runs an older regen. A file lock makes
 concurrent sessions build it once; the venv counts only once its `ready` file is written, after the
 install succeeded.

@@ -1,7 +1,7 @@
 """The snapshot's schema: what the job sends its consoles a few times a second, defined once.
 
 The engine's builder (engine/job/snapshot.py) makes these and the console reads them; the tests check
-real jobs' snapshots against them at run time (tests/test_snapshot_schema.py). Money is in the
+real jobs' snapshots against them at run time (tests/integration/job/test_snapshot_schema.py). Money is in the
 ledger's `unit` ("usd" for OpenRouter, "gpu_s" for SGLang): no key is named for dollars. The top level holds what is
 the job's; everything that belongs to one backend (its money, limit, holds, routes, account, plan)
 is in that backend's `LaneView`, one per backend, a single-backend job included.

@@ -34,7 +34,7 @@ figcaption { color: #555; font-size: 0.9em; }
 """
 
 # Counts the charts the browser laid out (a chart with no size did not render), for whoever opens
-# the page to check it: the report's own test loads it in headless Chromium (tests/test_report.py).
+# the page to check it: the report's own test loads it in headless Chromium (tests/integration/cli/test_report.py).
 CHECK = """
 (function () {
   var figures = document.querySelectorAll("figure svg"), drawn = 0;

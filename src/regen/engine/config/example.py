@@ -1,7 +1,7 @@
 """settings.example.toml: every setting, its docstring as a comment, its default value.
 
 Written from the models themselves (engine/config/settings.py), so the file and the code never drift
-apart; tests/test_settings.py checks the file is current and says how to regenerate it.
+apart; tests/engine/config/test_settings.py checks the file is current and says how to regenerate it.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ it), and lines read in bounded memory.
 
 No `default=` fallback: a type the wire does not know (a Decimal, a set, a key that is a str
 subclass such as a backend's StrEnum member) is a bug in what the job builds, and turning it into a
-string here would hide it from the tests that check the snapshot (tests/test_snapshot_schema.py).
+string here would hide it from the tests that check the snapshot (tests/integration/job/test_snapshot_schema.py).
 """
 
 from __future__ import annotations

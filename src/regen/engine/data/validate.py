@@ -227,7 +227,7 @@ def check_line(raw: bytes) -> ValidLine | str:
         if not exact and _all_string_values(messages) and not (meta and _holds_huge_float(meta)):
             # orjson with sorted keys writes the same bytes as the json.dumps definition when
             # every message value is a string: it escapes exactly the same characters (proved
-            # over every code point in tests/test_datasets.py) and sorts keys by code point, as
+            # over every code point in tests/engine/data/test_datasets.py) and sorts keys by code point, as
             # Python does. Numbers are where the two differ (1e-7 against 1e-07, and integers
             # past 64 bits read as floats), so those lines go the reference way.
             canonical = orjson.dumps(messages, option=orjson.OPT_SORT_KEYS)

@@ -239,7 +239,7 @@ class Tunnel:
 def _deepen_backlog(listener: asyncssh.SSHListener, backlog: int) -> None:
     """Listen again on the listener's sockets with a deeper queue: Linux takes a second listen() on a
     listening socket as its new backlog. asyncssh does not take a backlog, and keeps its servers in
-    `_servers` (tests/host/test_tunnel.py reads the kernel's backlog, so a release that moves them
+    `_servers` (tests/integration/host/test_tunnel.py reads the kernel's backlog, so a release that moves them
     fails there, not silently in a job)."""
     for server in getattr(listener, "_servers", ()):
         for sock in server.sockets:

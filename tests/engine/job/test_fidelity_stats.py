@@ -1,6 +1,6 @@
 """Provider fidelity's statistics (docs/fidelity.md): the two-sample tests on known counts, the
 fingerprint's error rate on honest routes and its power on a drifting one, and the audit's comparison
-in ids. No job runs here; tests/test_fidelity.py runs them."""
+in ids. No job runs here; tests/integration/job/test_fidelity.py runs them."""
 
 from __future__ import annotations
 

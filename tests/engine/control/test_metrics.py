@@ -1,5 +1,5 @@
 """/metrics without a running job: the setting, what is opened and what is not, the families'
-documentation and the dashboard's queries. A real job's page is tests/backends/test_metrics.py."""
+documentation and the dashboard's queries. A real job's page is tests/integration/backends/test_metrics.py."""
 
 from __future__ import annotations
 

@@ -82,7 +82,7 @@ def test_sigkill_at_random_moments_then_resume_loses_and_duplicates_nothing(
     )
     # Every bill regen has the id of is counted at what was billed; those killed before their
     # response headers stay at their worst case, flagged, until the key's usage bounds them at the
-    # end (tests/test_providers.py test_sigkill_then_resume_the_ledger_equals_the_bill).
+    # end (tests/integration/job/test_providers.py test_sigkill_then_resume_the_ledger_equals_the_bill).
     with urllib.request.urlopen(sim_process.replace("/api/v1", "/_sim/ledger")) as response:
         bill = orjson.loads(response.read())
     known = {r["gen"] for r in journal if r.get("gen")}

@@ -17,7 +17,7 @@ from tests.support.wheel import built_wheel, clean_env, installed_regen
 @pytest.fixture(scope="module")
 def installed() -> Path:
     """The `bin/` folder of a fresh venv holding regen from its wheel, and nothing of this checkout
-    (built once per source tree, shared with tests/test_journey.py)."""
+    (built once per source tree, shared with tests/integration/test_journey.py)."""
     return installed_regen()
 
 

@@ -103,7 +103,7 @@ async def test_rows_carry_exactly_the_servers_ids(
         assert text.startswith(row["reasoning"]) and text.endswith(row["content"])
     assert {row["status"] for row in rows} <= {"ok", "truncated"}
     # Every row brought its ids: no batch went to a tokenizer worker, so none was ever started
-    # (tests/test_tokenizer.py: a pool started without workers starts one with its first batch).
+    # (tests/engine/data/test_tokenizer.py: a pool started without workers starts one with its first batch).
     pool = job.lanes[0].settler.pool
     assert pool is not None and pool.rows_filled == len(rows) and pool.batches == 0
     report = verify_dataset(Dataset(data.name, data), local, check_prompts=True)

@@ -1,7 +1,7 @@
 """Checkpoints (engine/run/checkpoint.py): a start from the last good checkpoint and the records after it
 rebuilds what a full read of the journals and rows rebuilds, money to the last digit; a torn checkpoint
 is passed over for the one before it; files that no longer hold what a checkpoint read are read whole.
-(A real job SIGKILLed between checkpoints: tests/test_cli.py.)"""
+(A real job SIGKILLed between checkpoints: tests/integration/cli/test_cli.py.)"""
 
 from __future__ import annotations
 

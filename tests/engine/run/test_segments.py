@@ -1,7 +1,7 @@
 """Journal compaction (engine/run/segments.py): at a start the grown attempt journal becomes a compressed
 segment a resume never reads; a resume from the checkpoint, a full read of the history and a spend
 audit all give what the uncompacted journal gives, to the last digit, crash states included. (A real
-job stopped and resumed over compactions: tests/test_job.py.)"""
+job stopped and resumed over compactions: tests/integration/job/test_job.py.)"""
 
 from __future__ import annotations
 

@@ -289,7 +289,7 @@ async def test_the_plan_before_any_row_expects_no_answer_longer_than_max_tokens(
 ) -> None:
     # stats.expected_output_tokens left at its 2,000 while every request asks for 64 at most: the plan
     # said before the start counted 30 times the work there can be, called the deadline unreachable and
-    # sent OpenRouter flat out until the first rows corrected it (found by tests/test_journey.py).
+    # sent OpenRouter flat out until the first rows corrected it (found by tests/integration/test_journey.py).
     data = write_dataset(tmp_path, "A", 300)
     settings = fleet_settings(
         "http://127.0.0.1:9", openrouter.base_url, [data], backends=["openrouter"], deadline="90s"
