@@ -24,12 +24,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from regen.engine.data.row import Row
 from regen.engine.data.tokenize_pool import TokenizePool
 from regen.engine.data.tokenizer import THINK_END, TargetTokenizer, TokenizerSpec
+from tests.support.rows import unfilled_row
 from tests.support.tokenizers import build_tokenizer, corpus
 
 DEMO = Path(__file__).resolve().parent.parent / "src" / "regen" / "demo" / "datasets"
@@ -55,20 +56,15 @@ def _text(rng: random.Random, words: list[str], n_words: int) -> str:
     return " ".join(out)
 
 
-def make_cases(n: int, seed: int = 7) -> list[tuple[dict[str, Any], list[dict[str, str]]]]:
+def make_cases(n: int, seed: int = 7) -> list[tuple[Row, list[dict[str, str]]]]:
     """Rows shaped like Kimi thinking answers: ~600-word reasoning, ~300-word content."""
     rng = random.Random(seed)
     words = _words()
     cases = []
     for i in range(n):
         messages = [{"role": "user", "content": _text(rng, words, rng.randint(20, 200))}]
-        row = {
-            "id": f"BENCH-{i:08d}",
-            "backend": "openrouter",
-            "finish_reason": "stop",
-            "reasoning": _text(rng, words, rng.randint(200, 1000)),
-            "content": _text(rng, words, rng.randint(100, 500)),
-        }
+        reasoning = _text(rng, words, rng.randint(200, 1000))
+        row = unfilled_row(i, "BENCH", reasoning=reasoning, content=_text(rng, words, rng.randint(100, 500)))
         cases.append((row, messages))
     return cases
 
@@ -80,7 +76,7 @@ def build(folder: Path, vocab_size: int) -> Path:
     return build_tokenizer(folder, "kimi", vocab_size=vocab_size, texts=texts)
 
 
-def reference_rate(tok: TargetTokenizer, cases: list[tuple[dict[str, Any], list[dict[str, str]]]]) -> float:
+def reference_rate(tok: TargetTokenizer, cases: list[tuple[Row, list[dict[str, str]]]]) -> float:
     texts = []
     for row, messages in cases:
         texts.append(tok.render(messages))
@@ -94,16 +90,16 @@ def reference_rate(tok: TargetTokenizer, cases: list[tuple[dict[str, Any], list[
 
 async def pool_rate(
     spec: TokenizerSpec,
-    cases: list[tuple[dict[str, Any], list[dict[str, str]]]],
+    cases: list[tuple[Row, list[dict[str, str]]]],
     workers: int,
     max_batch: int,
 ) -> tuple[float, float, int]:
     async with TokenizePool(spec, workers=workers, max_batch=max_batch) as pool:
         # Warm up (first calls import code paths in each worker).
-        await asyncio.gather(*(pool.fill(dict(r), m) for r, m in cases[: workers * 8]))
+        await asyncio.gather(*(pool.fill(r.copy(), m) for r, m in cases[: workers * 8]))
         batches = pool.batches
         t0 = time.perf_counter()
-        rows = await asyncio.gather(*(pool.fill(dict(r), m) for r, m in cases))
+        rows = await asyncio.gather(*(pool.fill(r.copy(), m) for r, m in cases))
         elapsed = time.perf_counter() - t0
         tokens = sum(r["num_prompt_tokens"] + r["num_output_tokens"] for r in rows)
         return tokens / elapsed, len(rows) / elapsed, pool.batches - batches

@@ -33,6 +33,14 @@ def read_rows(folder: Path) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in path.read_bytes().splitlines()]
 
 
+def rows_written(folder: Path) -> int:
+    """How many whole rows a running job has written so far. A reader of a file being appended to can
+    see a write(2) half done (Linux copies it in page by page), so its last line may have no end yet:
+    parsing it would fail where the file is sound."""
+    path = folder / "raw_responses.jsonl"
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
 def one_row_per_prompt(folder: Path, expected: int) -> list[dict[str, Any]]:
     """The rows, asserting exactly one for each of the dataset's `expected` prompt lines."""
     rows = read_rows(folder)

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from regen.engine.data.datasets import Dataset, Prompt, canonical_sha256
+from regen.engine.data.row import Row, RowStatus
 from regen.engine.data.scan import iter_prompts
 
 # Kimi K2.5's special tokens and chat format (docs/data-contract.md §8.2): no newlines between turns,
@@ -163,10 +165,10 @@ def make_row(
     reasoning: str = "Let me think about it.",
     content: str = "The answer is 2.",
     finish_reason: str = "stop",
-    cost: float | None = 0.001,
+    cost: float = 0.001,
     tokenizer: Any = None,
     thinking: bool | None = None,
-) -> dict[str, Any]:
+) -> Row:
     """A raw_responses row built by ``regen.engine.job.rows.build_row``, ids filled by ``tokenizer``."""
     from regen.engine.backends.base import AttemptOutcome
     from regen.engine.backends.openrouter.backend import OpenRouterBackend
@@ -185,7 +187,7 @@ def make_row(
         is_byok=False,
         e2e_s=1.0,
     )
-    status = "ok" if finish_reason == "stop" else "truncated"
+    status: RowStatus = "ok" if finish_reason == "stop" else "truncated"
     now = time.time()
     row = build_row(
         prompt,
@@ -204,19 +206,17 @@ def make_row(
         output_ids, appended = tokenizer.retokenize(reasoning, content, finish_reason, think)
         info = tokenizer.info()
         info["template_kwargs"] = {**info["template_kwargs"], "thinking": think}
-        row.update(
-            prompt_ids=prompt_ids,
-            output_ids=output_ids,
-            output_ids_source="retokenized",
-            terminator_appended=appended,
-            num_prompt_tokens=len(prompt_ids),
-            num_output_tokens=len(output_ids),
-            tokenizer=info,
-        )
+        row["prompt_ids"] = prompt_ids
+        row["output_ids"] = output_ids
+        row["output_ids_source"] = "retokenized"
+        row["terminator_appended"] = appended
+        row["num_prompt_tokens"] = len(prompt_ids)
+        row["num_output_tokens"] = len(output_ids)
+        row["tokenizer"] = info
     return row
 
 
-def write_rows(dataset: Dataset, rows: list[dict[str, Any]]) -> Path:
+def write_rows(dataset: Dataset, rows: Sequence[Mapping[str, Any]]) -> Path:
     path = dataset.results_path
     with open(path, "w", encoding="utf-8") as fh:
         for row in rows:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from regen.engine.data.row import Row
 from regen.engine.data.tokenize_pool import TokenizePool
 from regen.engine.data.tokenizer import (
     THINK,
@@ -19,6 +20,7 @@ from regen.engine.data.tokenizer import (
     TokenizerError,
     TokenizerSpec,
 )
+from tests.support.rows import unfilled_row
 from tests.support.tokenizers import KIMI_SYSTEM, build_tokenizer
 
 TEXTS = [
@@ -327,7 +329,7 @@ def test_sglang_truncated_inside_thinking(kimi: TargetTokenizer) -> None:
 # The pool
 
 
-def _rows() -> list[tuple[dict[str, Any], list[dict[str, str]]]]:
+def _rows() -> list[tuple[Row, list[dict[str, str]]]]:
     cases = []
     for i in range(150):
         messages = [{"role": "user", "content": f"question {i} " + "é" * (i % 7)}]
@@ -335,13 +337,7 @@ def _rows() -> list[tuple[dict[str, Any], list[dict[str, str]]]]:
             messages = [{"role": "system", "content": "Be brief."}, *messages]
         finish = "length" if i % 5 == 0 else "stop"
         content = "" if i % 10 == 0 else f"answer {i} 😀"
-        row = {
-            "id": f"T-{i:08d}",
-            "backend": "openrouter",
-            "finish_reason": finish,
-            "reasoning": "think " * (i % 13),
-            "content": content,
-        }
+        row = unfilled_row(i, "T", finish_reason=finish, reasoning="think " * (i % 13), content=content)
         cases.append((row, messages))
     return cases
 
@@ -351,7 +347,7 @@ async def test_pool_matches_direct_calls(kimi_dir: Path, kimi: TargetTokenizer) 
     async with TokenizePool(spec, workers=3, max_batch=16) as pool:
         assert pool.info == kimi.info()
         cases = _rows()
-        filled = await asyncio.gather(*(pool.fill(dict(row), msgs) for row, msgs in cases))
+        filled = await asyncio.gather(*(pool.fill(row.copy(), msgs) for row, msgs in cases))
         assert pool.batches >= len(cases) // 16
         for (row, msgs), out in zip(cases, filled, strict=True):
             ids, appended = kimi.retokenize(row["reasoning"], row["content"], row["finish_reason"])
@@ -365,13 +361,7 @@ async def test_pool_matches_direct_calls(kimi_dir: Path, kimi: TargetTokenizer) 
 
         # SGLang rows keep the server's ids and get their text from them.
         body = kimi.encode(R + THINK_END + C)
-        row = {
-            "id": "S-00000000",
-            "backend": "sglang",
-            "finish_reason": "stop",
-            "output_ids": body,
-            "output_ids_source": "server",
-        }
+        row = unfilled_row(0, "S", backend="sglang", output_ids=body, output_ids_source="server")
         out = await pool.fill(row, USER)
         assert out["output_ids"] == [*body, kimi.end_of_turn_id]
         assert out["terminator_appended"] is True
@@ -379,26 +369,14 @@ async def test_pool_matches_direct_calls(kimi_dir: Path, kimi: TargetTokenizer) 
         assert out["output_ids_source"] == "server"
 
         # One bad row fails alone, with its id in the message; its batch neighbours succeed.
-        bad = {
-            "id": "T-bad",
-            "backend": "openrouter",
-            "finish_reason": "abort",
-            "reasoning": "",
-            "content": "",
-        }
-        good = {
-            "id": "T-good",
-            "backend": "openrouter",
-            "finish_reason": "stop",
-            "reasoning": "",
-            "content": "x",
-        }
+        bad = unfilled_row(id="T-bad", finish_reason="abort", reasoning="", content="")
+        good = unfilled_row(id="T-good", finish_reason="stop", reasoning="", content="x")
         results = await asyncio.gather(pool.fill(bad, USER), pool.fill(good, USER), return_exceptions=True)
         assert isinstance(results[0], TokenizeError) and "T-bad" in str(results[0])
         assert isinstance(results[1], dict) and results[1]["output_ids"][-1] == kimi.end_of_turn_id
 
         # A row generated in the other thinking mode would get a prompt the model never saw.
-        instant = {**good, "id": "T-instant", "request": {"thinking": False}}
+        instant = unfilled_row(id="T-instant", reasoning="", content="x", request={"thinking": False})
         with pytest.raises(TokenizeError, match="thinking=False"):
             await pool.fill(instant, USER)
 
@@ -412,11 +390,11 @@ async def test_pool_matches_direct_calls(kimi_dir: Path, kimi: TargetTokenizer) 
                 await asyncio.sleep(0.001)
 
         task = asyncio.create_task(ticker())
-        await asyncio.gather(*(pool.fill(dict(row), msgs) for row, msgs in cases * 4))
+        await asyncio.gather(*(pool.fill(row.copy(), msgs) for row, msgs in cases * 4))
         task.cancel()
         assert ticks > 3
     with pytest.raises(TokenizeError):
-        await pool.fill(dict(cases[0][0]), cases[0][1])
+        await pool.fill(cases[0][0].copy(), cases[0][1])
 
 
 async def test_pool_start_reports_load_failure(tmp_path: Path) -> None:
@@ -448,12 +426,12 @@ async def test_a_pool_started_without_workers_starts_them_with_the_first_row_tha
         assert pool.info == kimi.info() and not multiprocessing.active_children()
         # A row that brings its ids (the SGLang backend's) needs no worker.
         prompt = kimi.prompt_ids(USER)
-        sent = {"id": "S-1", "finish_reason": "stop", "output_ids_source": "server", "prompt_ids": prompt}
-        out = await pool.fill({**sent, "output_ids": [5, 6]}, USER)
+        sent = unfilled_row(1, "S", output_ids_source="server", prompt_ids=prompt, output_ids=[5, 6])
+        out = await pool.fill(sent, USER)
         assert out["num_prompt_tokens"] == len(prompt) and out["tokenizer"] == kimi.info()
         assert not multiprocessing.active_children(), "no worker for a row that brings its ids"
         # A row that needs ids starts one, and gets what a direct call makes.
-        row = {"id": "T-1", "finish_reason": "stop", "reasoning": "think", "content": "answer"}
+        row = unfilled_row(1, "T", reasoning="think", content="answer")
         out = await pool.fill(row, USER)
         assert out["output_ids"] == kimi.retokenize("think", "answer", "stop")[0]
         assert out["prompt_ids"] == prompt

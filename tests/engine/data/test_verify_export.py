@@ -241,19 +241,17 @@ def test_sglang_rows(tmp_path: Path, kimi: TargetTokenizer) -> None:
         if p.line == 4:
             server.append(kimi.end_of_turn_id)  # the server kept its stop token
         ids, appended, reasoning, content = kimi.keep_server_ids(server, finish)
-        row = make_row(
-            p, reasoning=reasoning, content=content, finish_reason=finish, cost=None, tokenizer=kimi
-        )
-        row.update(
-            backend="sglang",
-            output_ids=ids,
-            num_output_tokens=len(ids),
-            terminator_appended=appended,
-            output_ids_source="server",
-            usage={"prompt_tokens": len(row["prompt_ids"]), "completion_tokens": len(server)},
-        )
+        row = make_row(p, reasoning=reasoning, content=content, finish_reason=finish, tokenizer=kimi)
+        row["backend"] = "sglang"
+        row["cost"] = None  # GPU time, not dollars (docs/data-contract.md §3.2)
+        row["gpu_s"] = 0.5
+        row["output_ids"] = ids
+        row["num_output_tokens"] = len(ids)
+        row["terminator_appended"] = appended
+        row["output_ids_source"] = "server"
+        row["usage"] = {"prompt_tokens": len(row["prompt_ids"]), "completion_tokens": len(server)}
         rows.append(row)
-    rows[5]["usage"]["completion_tokens"] += 1
+    rows[5]["usage"]["completion_tokens"] = (rows[5]["usage"].get("completion_tokens") or 0) + 1
     write_rows(ds, rows)
     report = verify_dataset(ds, kimi)
     assert dict(report.violations) == {"server_count": 1}

@@ -56,7 +56,7 @@ def test_a_start_from_a_checkpoint_rebuilds_what_the_full_read_does(tmp_path: Pa
         "A-00000014#0",
         "A-00000030#0",
     }
-    assert resumed.progress["A"].settling[13]["gen"] == "g13", (
+    assert resumed.progress["A"].settling[13]["generation_id"] == "g13", (
         "the row before the checkpoint still settles its attempt"
     )
 

@@ -21,7 +21,7 @@ from regen.engine.run.recovery import read_journals
 from regen.engine.run.segments import SEGMENTS_DIR, history
 from regen.sim.openrouter.config import FAULT_CLASSES
 from regen.sim.openrouter.server import OpenRouterSim
-from tests.support.datasets import one_row_per_prompt, read_rows, write_dataset
+from tests.support.datasets import one_row_per_prompt, read_rows, rows_written, write_dataset
 from tests.support.jobs import openrouter, run_job
 
 
@@ -496,7 +496,7 @@ async def test_a_job_stopped_and_resumed_over_compactions_writes_each_row_once_a
         job = Job(settings)
         await job.prepare()
         runner = asyncio.create_task(job.run())
-        while len(read_rows(a)) < stop_at:
+        while rows_written(a) < stop_at:
             await asyncio.sleep(0.01)
         job.stop(cancel=True)
         assert (await runner).reason is StopReason.OPERATOR

@@ -13,14 +13,16 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from enum import StrEnum
-from typing import Any, Protocol, TypedDict
+from typing import Any, Protocol
 
 from regen.engine.data.datasets import Prompt
+from regen.engine.data.row import Usage
 from regen.engine.data.tokenizer import TargetTokenizer
 from regen.engine.money.ledger import RoutePrice
 from regen.engine.run.records import BackendFields
 from regen.engine.run.recovery import Unsettled
 from regen.engine.schema import BackendView
+from regen.engine.units import Unit
 
 
 class BackendError(RuntimeError):
@@ -62,15 +64,6 @@ class Failure:
             value = getattr(self, name)
             if value is not None and type(value) is not str:
                 object.__setattr__(self, name, str(value))
-
-
-class Usage(TypedDict):
-    """Token counts as the backend reported them (None where it did not)."""
-
-    prompt_tokens: int | None
-    completion_tokens: int | None
-    reasoning_tokens: int | None
-    cached_tokens: int | None
 
 
 def no_usage() -> Usage:
@@ -222,7 +215,7 @@ class Backend(Protocol):
     """
 
     name: str  # "openrouter" | "sglang": the rows' `backend`
-    unit: str  # the ledger's unit: "usd" | "gpu_s"
+    unit: Unit  # the ledger's unit (engine/units.py): dollars or GPU-seconds
     model: str  # the model the rows name
     thinking: bool  # requests ask the model to reason
     thinking_setting: str  # the setting that decides `thinking`, for messages

@@ -21,9 +21,11 @@ import asyncio
 import errno
 import fcntl
 import gzip
+import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -47,6 +49,27 @@ __all__ = [
 # what one attempt may receive); a longer complete line is garbage, and reading it whole would
 # cost its length in memory.
 MAX_LINE_BYTES = 64 << 20
+
+
+# -- values as regen's lines hold them (the rows, engine/data/row.py; the journals, engine/run/records.py)
+
+
+def is_money(value: object) -> bool:
+    """An amount as regen writes it: a decimal string (or, in older journals, a plain number), finite."""
+    kind = type(value)
+    if kind is float or kind is int:  # a row's amount: the cheap test first
+        return math.isfinite(value)  # type: ignore[arg-type]
+    if kind is not str:
+        return False
+    try:
+        return Decimal(str(value)).is_finite()
+    except InvalidOperation:
+        return False
+
+
+def is_optional(value: object, *types: type) -> bool:
+    """None, or exactly one of `types` (a bool is not an int here)."""
+    return value is None or type(value) in types
 
 
 class JsonlError(ValueError):

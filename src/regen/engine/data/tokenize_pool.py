@@ -29,8 +29,9 @@ from array import array
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
+from regen.engine.data.row import OutputIdsSource, Row, TokenizerBlock
 from regen.engine.data.tokenizer import TargetTokenizer, TokenizeError, TokenizerError, TokenizerSpec
 from regen.engine.lifetime import die_with_parent
 
@@ -65,7 +66,7 @@ def _init_worker(spec: TokenizerSpec, threads: int | None, parent: int) -> None:
         _worker_error = f"{spec.path}: cannot load the tokenizer: {type(exc).__name__}: {exc}"
 
 
-def _hello() -> tuple[int, str | None, dict[str, Any] | None]:
+def _hello() -> tuple[int, str | None, TokenizerBlock | None]:
     if _worker is None:
         return os.getpid(), _worker_error or "tokenizer not loaded", None
     return os.getpid(), None, _worker.info()
@@ -82,14 +83,14 @@ def _unids(data: bytes) -> list[int]:
 
 
 # What a row's `output_ids_source` says its output ids are (docs/data-contract.md §5.2, §5.3).
-SERVER = "server"  # the backend sent the server's own ids: kept, terminated, decoded into the text
-RETOKENIZED = "retokenized"  # the backend sent text: encoded here into the ids
+SERVER: Final = "server"  # the backend sent the server's own ids: kept, terminated, decoded into the text
+RETOKENIZED: Final = "retokenized"  # the backend sent text: encoded here into the ids
 
 
 class RowWork(NamedTuple):
     """One row's work for a worker (a NamedTuple pickles as a plain tuple does, with its fields named)."""
 
-    output_ids_source: str  # SERVER or RETOKENIZED: which of the fields below the worker reads
+    output_ids_source: OutputIdsSource  # SERVER or RETOKENIZED: which of the fields below the worker reads
     messages: list[dict[str, Any]]  # the prompt, rendered into the prompt ids
     finish_reason: Any  # as the row has it: the tokenizer refuses all but "stop" and "length"
     server_ids: bytes  # SERVER: the server's output ids, packed (`_ids`); b"" otherwise
@@ -209,12 +210,12 @@ class TokenizePool:
         self._rows_in_flight = 0
         self._timer: asyncio.TimerHandle | None = None
         self._closed = False
-        self._info: dict[str, Any] | None = None
+        self._info: TokenizerBlock | None = None
         self.rows_filled = 0
         self.batches = 0
 
     @property
-    def info(self) -> dict[str, Any]:
+    def info(self) -> TokenizerBlock:
         """The ``tokenizer`` block every filled row gets (after ``start``)."""
         if self._info is None:
             raise TokenizeError("tokenize pool not started")
@@ -269,7 +270,7 @@ class TokenizePool:
             raise TokenizerError(errors[0])
         self._info = hellos[0][2]
 
-    async def fill(self, row: dict[str, Any], messages: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    async def fill(self, row: Row, messages: Sequence[Mapping[str, Any]]) -> Row:
         """Set the row's ids, counts, ``output_ids_source``, ``terminator_appended`` and tokenizer block.
 
         A row whose ``output_ids_source`` is "server" keeps the server's ``output_ids`` (terminated
@@ -280,32 +281,29 @@ class TokenizePool:
         """
         if self._closed or self._executor is None or self._loop is None:
             raise TokenizeError("tokenize pool is not running")
-        server = row.get("output_ids_source") == SERVER
-        finish = row.get("finish_reason")
-        request = row.get("request")
-        asked = request.get("thinking") if isinstance(request, dict) else None
+        server = row["output_ids_source"] == SERVER
+        finish = row["finish_reason"]
+        asked = row["request"].get("thinking")
         if isinstance(asked, bool) and asked != self.thinking:
             # The prompt would be rendered for one mode while the model answered in the other.
             raise TokenizeError(
-                f"{row.get('id', '?')}: the request had thinking={asked} but the tokenizer's template "
+                f"{row['id']}: the request had thinking={asked} but the tokenizer's template "
                 f"renders thinking={self.thinking}; make tokenizer.thinking match the backend"
             )
-        if server and row.get("prompt_ids"):
+        if server and row["prompt_ids"]:
             # The backend sent these prompt ids, kept the server's output ids (terminated per
             # docs/data-contract.md §5.2) and split the server's text: nothing is re-rendered or
             # re-encoded, so there is nothing for a worker to do.
             row["num_prompt_tokens"] = len(row["prompt_ids"])
-            row["num_output_tokens"] = len(row.get("output_ids") or [])
-            row["tokenizer"] = dict(self.info)
+            row["num_output_tokens"] = len(row["output_ids"])
+            row["tokenizer"] = self.info.copy()
             self.rows_filled += 1
             return row
         msgs = [dict(m) for m in messages]
         if server:
-            job = RowWork(SERVER, msgs, finish, _ids(row.get("output_ids") or []), "", "")
+            job = RowWork(SERVER, msgs, finish, _ids(row["output_ids"]), "", "")
         else:
-            job = RowWork(
-                RETOKENIZED, msgs, finish, b"", row.get("reasoning") or "", row.get("content") or ""
-            )
+            job = RowWork(RETOKENIZED, msgs, finish, b"", row["reasoning"], row["content"])
         fut: asyncio.Future[RowIds] = self._loop.create_future()
         self._pending.append((job, fut))
         if len(self._pending) >= self.max_batch:
@@ -314,7 +312,7 @@ class TokenizePool:
             self._timer = self._loop.call_later(self.max_delay_s, self._on_timer)
         done = await fut
         if done.error is not None:
-            raise TokenizeError(f"{row.get('id', '?')}: cannot tokenize: {done.error}")
+            raise TokenizeError(f"{row['id']}: cannot tokenize: {done.error}")
         prompt_ids = _unids(done.prompt_ids)
         output_ids = _unids(done.output_ids)
         row["prompt_ids"] = prompt_ids
@@ -324,9 +322,10 @@ class TokenizePool:
         row["num_prompt_tokens"] = len(prompt_ids)
         row["num_output_tokens"] = len(output_ids)
         if server:
+            assert done.reasoning is not None and done.content is not None
             row["reasoning"] = done.reasoning
             row["content"] = done.content
-        row["tokenizer"] = dict(self.info)
+        row["tokenizer"] = self.info.copy()
         self.rows_filled += 1
         return row
 

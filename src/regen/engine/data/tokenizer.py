@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from regen.engine.data.pieces import PieceEncoder, encode_whole
+from regen.engine.data.row import TokenizerBlock
 
 if TYPE_CHECKING:
     from regen.engine.config.settings import TokenizerSettings
@@ -292,7 +293,7 @@ class TargetTokenizer:
 
     # -- the row's tokenizer block -------------------------------------------------------------
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> TokenizerBlock:
         """The row's ``tokenizer`` block (docs/data-contract.md §3)."""
         return {
             "name": self.name,

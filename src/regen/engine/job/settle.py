@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any, Protocol
 from regen.engine.backends.base import Account, AttemptOutcome, Backend, Disposition, Failure
 from regen.engine.config.settings import JobSettings
 from regen.engine.data.datasets import Prompt
+from regen.engine.data.row import Row, RowStatus, row_amount
 from regen.engine.data.scan import iter_prompts
 from regen.engine.data.tokenize_pool import TokenizePool
 from regen.engine.data.tokenizer import TokenizeError
@@ -51,6 +51,22 @@ class Flight:
     handle: str | None = None
     released: bool = False
     gen_ticket: int | None = None  # the gen record's place in the journal's queue (results.py `commit_row`)
+
+
+@dataclass(slots=True)
+class Verdict:
+    """What an attempt's outcome comes to, judged once (`Settler._judge`): what it costs, how the
+    journal names it, and what is delivered: a row, or the failure or the violation that stops it."""
+
+    cost: Decimal  # in the ledger's unit: the charge, or the worst case when `estimated`
+    estimated: bool
+    # The end record's outcome: the row's status, the failure's class, "quarantined" (the guard's
+    # veto) or "fidelity" (an answer of a route whose rows are taken back: docs/fidelity.md).
+    result: str
+    failure: Failure | None  # None: an answer that may become a row
+    violation: str | None  # why the answer is kept apart instead (quarantine.jsonl), or None
+    row: Row | None  # the row built from the answer; None with a failure
+    taken_back: bool = False  # the route drifted and its rows are being requeued
 
 
 class SettleHooks(Protocol):
@@ -119,77 +135,45 @@ class Settler:
         """One attempt's outcome: judged, accounted, journaled, then delivered as a row, a retry, a
         give-up, a stop or a quarantine."""
         now = time.time()
-        cost, estimated = self.backend.charge(outcome, flight.reservation)
-        failure = outcome.failure
-        status = None
-        violation = None
-        if failure is None:
-            status = self.job.finish_reasons.get(str(outcome.finish_reason))
-            if status is None:
-                failure = Failure(
-                    Disposition.RETRY, "finish", f"finish_reason {outcome.finish_reason} not accepted"
-                )
-            elif self.guard is not None:
-                violation = self.guard.reject(outcome)
+        verdict, drift = self._judge(flight, outcome, now)
+        if drift is not None:
+            await self._requeue(drift.route, drift.evidence)
+        if verdict.taken_back and verdict.violation is None:
+            verdict.violation = f"fidelity: {outcome.route} drifted; its rows are requeued"
+        mono = time.monotonic()
+        route = self._account(flight, outcome, verdict, mono)
+        record = self._record(flight, outcome, verdict, now)
         item = flight.item
         prompt = item.prompt
-        row: dict[str, Any] | None = None
-        route_taken_back = False
-        if failure is None:
-            assert status is not None
-            row = build_row(
-                prompt,
-                outcome,
-                status,
-                self.backend,
-                cost=float(cost),
-                cost_estimated=estimated,
-                started_at=item.first_started or now,
-                attempts=item.attempts,
-                now=now,
-            )
-            # Before the money is booked: an answer of a route whose rows are taken back is waste
-            # `fidelity`, as those rows are (docs/fidelity.md), not useful spend.
-            fidelity = self.fidelity
-            if fidelity is not None and outcome.route:
-                drift = self._fingerprint(fidelity, outcome, status, row)
-                if drift is not None:
-                    await self._requeue(drift.route, drift.evidence)
-                route_taken_back = self.fidelity_action == "requeue" and fidelity.drifted(
-                    self.backend.name, outcome.route
-                )
-            if route_taken_back and violation is None:
-                violation = f"fidelity: {outcome.route} drifted; its rows are requeued"
-        if violation is not None:
-            result = "fidelity" if route_taken_back else "quarantined"
-        elif failure is not None:
-            result = failure.error_class
-        else:
-            assert status is not None
-            result = status
-        mono = time.monotonic()
-        route = self._account(flight, outcome, cost, estimated, result, failure, violation, mono)
-        record = self._record(flight, outcome, cost, estimated, result, failure, violation, now)
         # The bill is looked up only once the end record is queued: a lookup that answered while
         # the row was still being tokenized would journal its `reconciled` record before the `end`
         # it corrects, and a replay (a resume, `regen report`) would find the estimate still pending.
         lookup = (
-            Unsettled(flight.rid, prompt.dataset, prompt.line, outcome.handle, cost, result, outcome.route)
-            if estimated and outcome.handle
+            Unsettled(
+                flight.rid,
+                prompt.dataset,
+                prompt.line,
+                outcome.handle,
+                verdict.cost,
+                verdict.result,
+                outcome.route,
+            )
+            if verdict.estimated and outcome.handle
             else None
         )
+        failure, row = verdict.failure, verdict.row
         if failure is not None:
             self.results.journal(record)
             self._look_up(lookup)
             self._failed(item, failure, route, flight.launched_at)
             return
         # Delivered here, not in an awaited helper: that would make one more coroutine per attempt.
-        assert status is not None and row is not None
-        if violation is not None:
+        assert row is not None
+        if verdict.violation is not None:
             journaled = self.results.journal(record)
             self._look_up(lookup)
             await journaled
-            await self._quarantine(item, row, violation, outcome.route)
+            await self._quarantine(item, row, verdict.violation, outcome.route)
             return
         if self.pool is not None:
             try:
@@ -205,16 +189,56 @@ class Settler:
         committed = self.results.commit_row(prompt.dataset, record, row, supersedes)
         self._look_up(lookup)
         await committed
-        self._progress(prompt, status, outcome.completion_tokens, mono)
+        self._progress(prompt, row["status"], outcome.completion_tokens, mono)
         self.hooks.reached(flight.launched_at)
         self.hooks.succeeded(mono)
 
-    def _fingerprint(
-        self, fidelity: FidelityMonitor, outcome: AttemptOutcome, status: str, row: Mapping[str, Any]
-    ) -> Drift | None:
+    def _judge(self, flight: Flight, outcome: AttemptOutcome, now: float) -> tuple[Verdict, Drift | None]:
+        """What the outcome comes to (a plain call: settle makes no more coroutines per attempt), and
+        the drift whose route's rows are to be taken back now, if its answer flagged one."""
+        cost, estimated = self.backend.charge(outcome, flight.reservation)
+        failure = outcome.failure
+        status: RowStatus | None = None
+        violation = None
+        if failure is None:
+            status = self.job.finish_reasons.get(str(outcome.finish_reason))
+            if status is None:
+                failure = Failure(
+                    Disposition.RETRY, "finish", f"finish_reason {outcome.finish_reason} not accepted"
+                )
+            elif self.guard is not None:
+                violation = self.guard.reject(outcome)
+        if failure is not None:
+            return Verdict(cost, estimated, failure.error_class, failure, None, None), None
+        assert status is not None
+        item = flight.item
+        row = build_row(
+            item.prompt,
+            outcome,
+            status,
+            self.backend,
+            cost=float(cost),
+            cost_estimated=estimated,
+            started_at=item.first_started or now,
+            attempts=item.attempts,
+            now=now,
+        )
+        # Before the money is booked: an answer of a route whose rows are taken back is waste
+        # `fidelity`, as those rows are (docs/fidelity.md), not useful spend.
+        drift, taken_back = None, False
+        fidelity = self.fidelity
+        if fidelity is not None and outcome.route:
+            drift = self._fingerprint(fidelity, outcome, row)
+            taken_back = self.fidelity_action == "requeue" and fidelity.drifted(
+                self.backend.name, outcome.route
+            )
+        result = "fidelity" if taken_back else "quarantined" if violation is not None else status
+        return Verdict(cost, estimated, result, None, violation, row, taken_back), drift
+
+    def _fingerprint(self, fidelity: FidelityMonitor, outcome: AttemptOutcome, row: Row) -> Drift | None:
         """An answer into its route's fingerprint (engine/job/fidelity.py), acting on a drift it
-        shows (a plain call: settle makes no more coroutines per attempt); the drift whose route's
-        rows are to be taken back now (openrouter.fidelity = requeue), else None."""
+        shows; the drift whose route's rows are to be taken back now (openrouter.fidelity = requeue),
+        else None."""
         assert outcome.route
         drift = fidelity.observe(
             self.backend.name,
@@ -224,37 +248,33 @@ class Settler:
             reasoning_tokens=outcome.usage["reasoning_tokens"],
             content=outcome.content,
             reasoning=outcome.reasoning,
-            truncated=status == "truncated",
+            truncated=row["status"] == "truncated",
             degenerate="degenerate_content" in row["flags"],
         )
         return drift if drift is not None and self._drifted(fidelity, drift) == "requeue" else None
 
     def _account(
-        self,
-        flight: Flight,
-        outcome: AttemptOutcome,
-        cost: Decimal,
-        estimated: bool,
-        result: str,
-        failure: Failure | None,
-        violation: str | None,
-        mono: float,
+        self, flight: Flight, outcome: AttemptOutcome, verdict: Verdict, mono: float
     ) -> ProviderStats | None:
         """The cost into the ledger, the spend breakdown and the statistics; the route's statistics."""
         tokens = outcome.completion_tokens
+        cost = verdict.cost
         # The cost replaces the reservation in one step, so spent + reserved never counts it twice.
-        self.ledger.charge(cost, estimated=estimated, knowable=outcome.handle is not None, outcome=result)
+        self.ledger.charge(
+            cost, estimated=verdict.estimated, knowable=outcome.handle is not None, outcome=verdict.result
+        )
         self.ledger.release(flight.reservation)
         flight.released = True
-        self.breakdown.add(result, cost, tokens)
+        self.breakdown.add(verdict.result, cost, tokens)
         stats = self.stats
         stats.spend_rate.add(float(cost), mono)
         stats.counters.attempts += 1
         stats.attempts_rate.add(1, mono)
         route = stats.route(outcome.route)
         if route is not None:
+            failure = verdict.failure
             route.record(
-                ok=failure is None and violation is None,
+                ok=failure is None and verdict.violation is None,
                 e2e=outcome.e2e_s,
                 ttft=outcome.ttft_s,
                 tokens=tokens,
@@ -266,29 +286,20 @@ class Settler:
             )
         return route
 
-    def _record(
-        self,
-        flight: Flight,
-        outcome: AttemptOutcome,
-        cost: Decimal,
-        estimated: bool,
-        result: str,
-        failure: Failure | None,
-        violation: str | None,
-        now: float,
-    ) -> EndRecord:
+    def _record(self, flight: Flight, outcome: AttemptOutcome, verdict: Verdict, now: float) -> EndRecord:
         """The attempt's end record (engine/run/records.py)."""
         prompt = flight.item.prompt
         usage = outcome.usage
+        failure = verdict.failure
         return end_record(
             flight.rid,
             prompt.dataset,
             prompt.line,
             outcome.handle,
             self.backend.name,
-            result,
-            cost,
-            estimated,
+            verdict.result,
+            verdict.cost,
+            verdict.estimated,
             now,
             provider=outcome.route,
             fields=outcome.journal,
@@ -296,7 +307,7 @@ class Settler:
             ctok=usage["completion_tokens"],
             e2e=outcome.e2e_s,
             ttft=outcome.ttft_s,
-            msg=violation if failure is None else failure.message[:300],
+            msg=verdict.violation if failure is None else failure.message[:300],
             sent=failure is None or failure.sent,
         )
 
@@ -342,7 +353,7 @@ class Settler:
             )
         )
 
-    async def _quarantine(self, item: WorkItem, row: dict[str, Any], why: str, route: str | None) -> None:
+    async def _quarantine(self, item: WorkItem, row: Row, why: str, route: str | None) -> None:
         """An answer the backend rejects after the fact: kept apart, never a training row."""
         self.quarantined += 1
         await self.results.quarantine({**row, "quarantine_reason": why})
@@ -531,15 +542,17 @@ class Settler:
         row = state.progress.settling.get(crashed.line) if state is not None else None
         # No gen record names a handle that is the rid (dispatch.py `on_handle`).
         known = crashed.generation_id or (crashed.rid if self.backend.handle_is_rid else None)
+        amount = None if row is None else row_amount(row)
         if (
             row is not None
             and row.get("backend") in (None, self.backend.name)
-            and known in (None, row["gen"])
-            and row["cost"] is not None
+            and known in (None, row.get("generation_id"))
+            and amount is not None
         ):
-            cost, estimated, outcome = to_dollars(row["cost"]), row["est"], str(row["status"])
-            tokens = row["ctok"] if isinstance(row["ctok"], int) else 0
-            handle = row["gen"]
+            cost, estimated, outcome = to_dollars(amount), bool(row.get("cost_estimated")), str(row["status"])
+            made = row["usage"].get("completion_tokens")
+            tokens = made if isinstance(made, int) else 0
+            handle = row.get("generation_id")
         else:
             cost, estimated, outcome, tokens = crashed.estimate, True, "lost_at_crash", 0
             handle = known

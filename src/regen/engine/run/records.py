@@ -23,12 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from enum import Enum
 from pathlib import Path
 from typing import Any, Literal, Required, TypedDict, TypeVar, cast
 
-from regen.engine.data.jsonl import JsonlError, iter_lines, parse_line
+from regen.engine.data.jsonl import JsonlError, is_money, is_optional, iter_lines, parse_line
 
 # A journal line as parsed, before its reader has looked at it.
 Raw = Mapping[str, object]
@@ -50,21 +50,6 @@ def stop_message(path: Path, line: int, problem: str) -> str:
     # file:N is 1-based, as editors count; regen never leaves a bad complete line behind (a torn
     # last one is cut at start), so this one came from elsewhere and only a person can judge it.
     return f"{path}:{line + 1}: {problem}; regen did not write this line: fix or delete it, then run again"
-
-
-def is_money(value: object) -> bool:
-    """An amount as regen writes it: a decimal string (or, in older journals, a plain number), finite."""
-    if type(value) not in (str, int, float):
-        return False
-    try:
-        return Decimal(str(value)).is_finite()
-    except InvalidOperation:
-        return False
-
-
-def is_optional(value: object, *types: type) -> bool:
-    """None, or exactly one of `types` (a bool is not an int here)."""
-    return value is None or type(value) in types
 
 
 class _Absent(Enum):

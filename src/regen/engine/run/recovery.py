@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from regen.engine.data.jsonl import CorruptLine, iter_lines, parse_line, repair_torn_tail
+from regen.engine.data.row import BadRow, Row, read_row
 from regen.engine.data.scan import DIGEST_BYTES, ScanReport
 from regen.engine.money.ledger import Estimates, SpendBreakdown
 from regen.engine.run.lineset import LineSet
@@ -43,8 +44,6 @@ from regen.engine.run.records import (
     StartEvent,
     StartRecord,
     UsageBoundEvent,
-    is_money,
-    is_optional,
     on,
     read_deadline_event,
     read_end,
@@ -60,8 +59,9 @@ from regen.engine.run.records import (
     replay,
     stop_message,
 )
-from regen.engine.run.rowfacts import SLICE_FROM, row_facts
+from regen.engine.run.rowfacts import SLICE_FROM, RowFacts, row_facts
 from regen.engine.run.segments import read_live, segments
+from regen.engine.units import DOLLARS, GPU_SECONDS, Unit
 
 __all__ = [
     "DatasetProgress",
@@ -89,8 +89,9 @@ class DatasetProgress:
     output_tokens: int = 0
     duplicates: int = 0
     torn_bytes: int = 0
-    # Rows of lines whose attempt the journal left unsettled: they settle it exactly.
-    settling: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # Rows of lines whose attempt the journal left unsettled: they settle it exactly
+    # (engine/job/settle.py `_settle_crashed`).
+    settling: dict[int, Row] = field(default_factory=dict)
     # Per backend (the row's `backend`): its rows and their output tokens, read at the start; a job on
     # both fleets counts each backend's share over the whole job with them (docs/fleets.md).
     backend_rows: dict[str, int] = field(default_factory=dict)
@@ -190,25 +191,25 @@ def read_rows(
         for n, raw in iter_lines(results_path, start=progress.offset, first=progress.lines, end=end):
             offset += len(raw)
             # A short row is parsed whole faster than it is sliced (BENCHMARKS.md "Restart").
-            row = row_facts(raw) if len(raw) >= SLICE_FROM else None
+            facts = row_facts(raw) if len(raw) >= SLICE_FROM else None
             # Short, not regen's key order, or a row that settles an attempt (it needs the fields
             # after `cost`): the whole row.
-            if row is None or _row_problem(row) is not None or row["line"] in unsettled_lines:
-                row = parse_line(results_path, n, raw)
-                problem = _row_problem(row)
-                if problem is not None:
-                    raise RecoveryError(stop_message(results_path, n, problem))
-            _count_row(progress, row, unsettled_lines, digest_of)
+            if facts is None or facts["line"] in unsettled_lines:
+                try:
+                    row = read_row(parse_line(results_path, n, raw))
+                except BadRow as exc:
+                    raise RecoveryError(stop_message(results_path, n, exc.problem)) from None
+                if row["line"] in unsettled_lines:
+                    progress.settling[row["line"]] = row
+                facts = row
+            _count_row(progress, facts, digest_of)
             progress.lines = n + 1
             progress.offset = offset
     return progress
 
 
 def _count_row(
-    progress: DatasetProgress,
-    row: dict[str, Any],
-    unsettled_lines: Collection[int],
-    digest_of: Callable[[int], bytes | None] | None,
+    progress: DatasetProgress, row: RowFacts, digest_of: Callable[[int], bytes | None] | None
 ) -> None:
     line = row["line"]
     if not progress.done.add(line):
@@ -221,26 +222,14 @@ def _count_row(
         elif progress.changed is None and prompt_digest(row["prompt_sha256"]) != kept:
             # b"" (a row whose prompt_sha256 is not hex) was not written for this prompt either.
             progress.changed = line
-    usage = row.get("usage") or {}
-    tokens = usage.get("completion_tokens")
-    if line in unsettled_lines:
-        progress.settling[line] = {
-            "gen": row.get("generation_id"),
-            # A GPU-time row keeps its ledger amount beside the (null) dollar cost.
-            "cost": row.get("cost") if row.get("cost") is not None else row.get("gpu_s"),
-            "est": bool(row.get("cost_estimated")),
-            "status": row.get("status"),
-            "ctok": tokens,
-            "provider": row.get("provider"),
-            "backend": row.get("backend"),
-        }
     if row.get("status") == "truncated":
         progress.truncated += 1
     else:
         progress.ok += 1
+    tokens = row["usage"].get("completion_tokens")
     made = tokens if isinstance(tokens, int) else 0
     progress.output_tokens += made
-    backend = row.get("backend")
+    backend = row.get("backend")  # absent from the rows of single-backend runs before lanes
     if isinstance(backend, str):
         progress.backend_rows[backend] = progress.backend_rows.get(backend, 0) + 1
         progress.backend_tokens[backend] = progress.backend_tokens.get(backend, 0) + made
@@ -657,9 +646,9 @@ class _EventReplay:
 _NOT_DOLLARS = frozenset({"sglang"})
 
 
-def ledger_unit(backend: str) -> str:
+def ledger_unit(backend: str) -> Unit:
     """The unit a backend's journaled amounts are in, named as its ledger names it (docs/money.md)."""
-    return "gpu_s" if backend in _NOT_DOLLARS else "usd"
+    return GPU_SECONDS if backend in _NOT_DOLLARS else DOLLARS
 
 
 def journal_spend(attempts_path: Path) -> dict[str, float]:
@@ -715,11 +704,6 @@ def _reader(handlers: Mapping[str, Handler]) -> Callable[[Path, Path, int, int],
     return read
 
 
-# -- what a row must hold to be read --------------------------------------------------------------
-# Only the fields recovery reads are checked, so rows may grow new fields without breaking older
-# readers (the journals' records: engine/run/records.py).
-
-
 @contextmanager
 def _named(path: Path) -> Iterator[None]:
     """A line that is not JSON at all, worded as every other line recovery cannot read."""
@@ -727,19 +711,3 @@ def _named(path: Path) -> Iterator[None]:
         yield
     except CorruptLine as exc:
         raise RecoveryError(stop_message(path, exc.line, exc.problem)) from None
-
-
-def _row_problem(row: dict[str, Any]) -> str | None:
-    line = row.get("line")
-    if type(line) is not int or line < 0:
-        return "not a result row (no line number)"
-    if type(row.get("prompt_sha256")) is not str:
-        return "not a result row (no prompt_sha256)"
-    if not is_optional(row.get("status"), str) or not is_optional(row.get("generation_id"), str):
-        return "result row with a malformed status or generation_id"
-    if row.get("cost") is not None and not is_money(row["cost"]):
-        return "result row whose cost is not a number"
-    usage = row.get("usage")
-    if not is_optional(usage, dict) or (usage and not is_optional(usage.get("completion_tokens"), int)):
-        return "result row with malformed usage"
-    return None

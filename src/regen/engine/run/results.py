@@ -83,7 +83,7 @@ class ResultsWriter:
 
     def commit_row(
         self, dataset: str, end: EndRecord, row: Mapping[str, Any], supersedes: int | None = None
-    ) -> Awaitable[None]:
+    ) -> Awaitable[object]:
         """The attempt's end record and its row, queued now (a record queued after this call is
         journaled after the end record) and durable together once the result is awaited.
         `supersedes`: the ticket of the attempt's `gen` record, which the end record (naming the
@@ -92,7 +92,9 @@ class ResultsWriter:
         attempts = self.attempts
         settled = attempts.append(end) if supersedes is None else attempts.supersede(supersedes, end)
         written = self._rows[dataset].append(row)
-        return _both(settled, written)
+        # Not two awaits in turn: a caller cancelled while it waits for the first would leave the
+        # second's failure (a writer stopped mid-batch) unretrieved, which asyncio logs as an error.
+        return asyncio.gather(settled, written)
 
     async def quarantine(self, row: Mapping[str, Any]) -> None:
         assert self._quarantine is not None
@@ -104,8 +106,3 @@ class ResultsWriter:
                 # A failed writer has said why already; closing the others must still happen.
                 with contextlib.suppress(WriteFailed):
                     await writer.close()
-
-
-async def _both(first: Awaitable[None], second: Awaitable[None]) -> None:
-    await first
-    await second

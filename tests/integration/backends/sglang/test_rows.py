@@ -24,6 +24,7 @@ from regen.engine.job.job import Job, JobError, StopReason
 from regen.sim.sglang.tokens import SimTokenizer
 from tests.support.datasets import read_rows, write_dataset
 from tests.support.recording_sim import SERVED, RecordingSim, recording_sim, sim_config
+from tests.support.rows import unfilled_row
 from tests.support.views import sglang_account
 
 PROMPTS = [
@@ -178,20 +179,19 @@ async def test_the_pool_keeps_what_the_backend_sent_and_got(model_dir: Path) -> 
     local = TargetTokenizer(spec)
     body = local.encode("why</think>because")
     sent = [1, 2, 3]  # not what a render would give: the pool must keep it, not re-render
-    row = {
-        "id": "S-00000000",
-        "backend": "sglang",
-        "finish_reason": "stop",
-        "prompt_ids": sent,
-        "output_ids": [*body, local.end_of_turn_id],
-        "output_ids_source": "server",
-        "terminator_appended": True,
-        "reasoning": "why",
-        "content": "because",
-        "flags": [],
-    }
+    row = unfilled_row(
+        0,
+        "S",
+        backend="sglang",
+        prompt_ids=sent,
+        output_ids=[*body, local.end_of_turn_id],
+        output_ids_source="server",
+        terminator_appended=True,
+        reasoning="why",
+        content="because",
+    )
     async with TokenizePool(spec, workers=1) as pool:
-        out = await pool.fill(dict(row), [{"role": "user", "content": "x"}])
+        out = await pool.fill(row.copy(), [{"role": "user", "content": "x"}])
         assert pool.batches == 0, "no worker was asked"
     assert out["prompt_ids"] == sent and out["output_ids"] == row["output_ids"]
     assert out["terminator_appended"] is True and (out["reasoning"], out["content"]) == ("why", "because")

@@ -27,7 +27,6 @@ from regen.engine.backends.base import (
     JobContext,
     OnHandle,
     OnRoute,
-    Usage,
 )
 from regen.engine.backends.openrouter.account import (
     answers,
@@ -56,9 +55,11 @@ from regen.engine.backends.openrouter.errors import (
 )
 from regen.engine.config.settings import Settings
 from regen.engine.data.datasets import Prompt
+from regen.engine.data.row import Usage
 from regen.engine.money.ledger import PER_MILLION, PriceCeiling, RoutePrice, prompt_token_bound, to_dollars
 from regen.engine.run.recovery import Unsettled
 from regen.engine.schema import BackendView, OpenRouterCredits, RouteView
+from regen.engine.units import DOLLARS, Unit
 
 # OpenRouter's platform limit on `:free` model variants (docs/openrouter.md §7.3).
 FREE_MODEL_REQUESTS_PER_MINUTE = 20
@@ -82,7 +83,7 @@ class OpenRouterBackend:
     """Generation through OpenRouter: dollars, providers as routes, a precision guard."""
 
     name = "openrouter"
-    unit = "usd"
+    unit: Unit = DOLLARS
     thinking_setting = "openrouter.reasoning"
     title = "OpenRouter"
     tokenizer = None  # text comes back: the tokenizer workers make every row's ids

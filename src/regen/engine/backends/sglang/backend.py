@@ -53,6 +53,7 @@ from regen.engine.data.tokenizer import TargetTokenizer, TokenizerError, Tokeniz
 from regen.engine.net.deadlines import Deadlines
 from regen.engine.net.sglang_server import KEEPALIVE_S
 from regen.engine.schema import BackendView, RouteView
+from regen.engine.units import GPU_SECONDS, Unit
 
 if TYPE_CHECKING:
     from regen.engine.host.fleet import Fleet
@@ -71,7 +72,7 @@ class SGLangBackend:
     """Generation through SGLang servers: exact token ids, GPU time, workers as routes."""
 
     name = "sglang"
-    unit = "gpu_s"
+    unit: Unit = GPU_SECONDS
     thinking_setting = "tokenizer.thinking"
     title = "SGLang"
     requests_per_minute: int | None = None  # no platform limit: the servers are the operator's

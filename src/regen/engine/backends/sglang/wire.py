@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from regen.engine.backends.base import Usage
+from regen.engine.data.row import Usage
 from regen.engine.net.sglang_server import stream_interval
 
 _SEP = b"\n\n"
