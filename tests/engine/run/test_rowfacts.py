@@ -5,13 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from random import Random
 from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from regen.engine.data.datasets import Dataset
-from regen.engine.data.row import read_row
+from regen.engine.data.row import FIELDS, Row, read_row
 from regen.engine.data.scan import scan
 from regen.engine.run.inputs import check_rows_match
 from regen.engine.run.lineset import LineSet
@@ -129,3 +132,92 @@ def test_a_line_set_holds_lines_as_bits() -> None:
     copy.add(3)
     assert 3 not in lines and LineSet.from_bytes(lines.to_bytes()) == lines != copy
     assert not LineSet() and LineSet.from_bytes(b"") == LineSet()
+
+
+# -- hypothesis: whatever a row holds, the slice is the whole parse ---------------------------------
+
+_json = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from([*FIELDS, "x"]), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+# Text that looks like the row's own keys and their JSON, so a slicer that searched naively would cut there.
+_tricky = st.lists(
+    st.sampled_from(
+        [*(f'"{key}":' for key in FIELDS), '","', "{", "}", "[", "]", "\\", '"', "null", "é", "😀"]
+    )
+    | st.text(max_size=8),
+    max_size=12,
+).map("".join)
+_usage = st.fixed_dictionaries(
+    {},
+    optional={
+        "prompt_tokens": st.none() | st.integers(0, 10**6),
+        "completion_tokens": st.none() | st.integers(0, 10**6),
+        "reasoning_tokens": st.none() | st.integers(0, 10**6),
+        "cached_tokens": st.none() | st.integers(0, 10**6),
+        "cost": _json,
+    },
+)
+
+
+@st.composite
+def _rows(draw: st.DrawFn) -> Row:
+    sglang = draw(st.booleans())
+    changes: dict[str, Any] = {
+        "backend": "sglang" if sglang else "openrouter",
+        "status": draw(st.sampled_from(["ok", "truncated"])),
+        "source_id": draw(st.none() | _tricky),
+        "meta": draw(_json),
+        "native_finish_reason": draw(_json),
+        "reasoning": draw(_tricky),
+        "content": draw(_tricky),
+        "usage": draw(_usage),
+        "generation_id": draw(st.none() | _tricky),
+        "prompt_sha256": draw(_tricky),
+    }
+    if sglang:
+        changes["cost"] = None
+    else:
+        changes["cost"] = draw(st.none() | st.floats(0, 10, allow_nan=False) | st.integers(0, 3))
+    return a_row(draw(st.integers(0, 10**9)), **changes)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_rows())
+def test_any_row_regen_writes_is_sliced_to_what_the_whole_parse_gives(row: Row) -> None:
+    line = raw(row)
+    assert len(line) >= SLICE_FROM
+    facts = row_facts(line)
+    assert facts is not None, "a row in regen's shape is never left to the whole parse"
+    assert facts == facts_of(line)
+
+
+@settings(max_examples=100, deadline=None)
+@given(_rows(), st.randoms(use_true_random=False))
+def test_a_row_in_another_key_order_is_never_read_wrong(row: Row, rng: Random) -> None:
+    keys = list(row)
+    rng.shuffle(keys)
+    line = raw({key: row[key] for key in keys})  # type: ignore[literal-required]
+    facts = row_facts(line)
+    assert facts is None or facts == facts_of(line)
+
+
+def test_the_slicer_follows_the_rows_key_order() -> None:
+    """Two wanted keys swapped in a row: the slicer, made from FIELDS, no longer recognises it."""
+    row = a_row(3)
+    keys = list(FIELDS[: FIELDS.index("cost") + 1])
+    for first, second in [("line", "prompt_sha256"), ("status", "backend"), ("usage", "cost")]:
+        swapped = keys.copy()
+        i, j = swapped.index(first), swapped.index(second)
+        swapped[i], swapped[j] = swapped[j], swapped[i]
+        order = [*swapped, *(key for key in row if key not in swapped)]
+        line = raw({key: row[key] for key in order})  # type: ignore[literal-required]
+        assert row_facts(line) is None, f"{first} and {second} swapped"
+        assert facts_of(line) == facts_of(raw(row))

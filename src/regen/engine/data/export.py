@@ -26,6 +26,7 @@ import orjson
 
 from regen.engine.data.datasets import RESULTS_FILE, Dataset
 from regen.engine.data.jsonl import JsonlError, iter_jsonl
+from regen.engine.data.row import BadRow, Row, read_row
 from regen.engine.data.validate import validate_line
 
 __all__ = ["FORMATS", "ExportError", "ExportReport", "default_output", "export"]
@@ -159,21 +160,22 @@ class _Exporter:
         offsets = _prompt_offsets(dataset) if self.fmt == "conversations" else None
         prompts = open(dataset.prompts_path, "rb") if offsets is not None else None  # noqa: SIM115
         try:
-            for n, row in self._rows(dataset):
+            for n, raw in self._rows(dataset):
                 where = f"{dataset.name}: {RESULTS_FILE} line {n}"
                 report.rows += 1
-                status = row.get("status")
+                status = raw.get("status")
                 if status not in self.statuses:
                     report.skipped_status[str(status)] += 1
                     continue
-                line = row.get("line")
-                if not isinstance(line, int) or line < 0:
-                    raise ExportError(f"{where}: no prompt line; run regen verify")
+                try:
+                    row = read_row(raw, training=True)
+                except BadRow as bad:
+                    raise ExportError(f"{where}: {bad.problem}; run regen verify") from None
+                line = row["line"]
                 if not seen.add(line):
                     raise ExportError(f"{where}: second row for prompt line {line}; run regen verify")
                 self._check_tokenizer(row, where)
-                prompt_ids = row.get("prompt_ids") or []
-                output_ids = row.get("output_ids") or []
+                prompt_ids, output_ids = row["prompt_ids"], row["output_ids"]
                 tokens = len(prompt_ids) + len(output_ids)
                 if self.max_length is not None and tokens > self.max_length:
                     # Trainers cut from the right, i.e. the supervised answer: drop instead.
@@ -201,7 +203,7 @@ class _Exporter:
         except JsonlError as exc:
             raise ExportError(str(exc)) from None
 
-    def _check_tokenizer(self, row: dict[str, Any], where: str) -> None:
+    def _check_tokenizer(self, row: Row, where: str) -> None:
         tok = row.get("tokenizer")
         files = tok.get("files_sha256") if isinstance(tok, dict) else None
         if not isinstance(files, dict):
@@ -216,7 +218,7 @@ class _Exporter:
             )
 
     def _specforge(
-        self, row: dict[str, Any], prompt_ids: list[int], output_ids: list[int], where: str
+        self, row: Row, prompt_ids: list[int], output_ids: list[int], where: str
     ) -> dict[str, Any]:
         if not prompt_ids or not output_ids:
             raise ExportError(
@@ -228,11 +230,11 @@ class _Exporter:
             # SpecForge #885: the EAGLE-3 head shifts ids but not the mask, losing the first
             # answer position unless the mask starts one token earlier.
             mask[len(prompt_ids) - 1] = 1
-        return {"id": row.get("id"), "input_ids": prompt_ids + output_ids, "loss_mask": mask}
+        return {"id": row["id"], "input_ids": prompt_ids + output_ids, "loss_mask": mask}
 
     @staticmethod
     def _conversation(
-        row: dict[str, Any], line: int, offsets: array[int], prompts: IO[bytes], where: str
+        row: Row, line: int, offsets: array[int], prompts: IO[bytes], where: str
     ) -> dict[str, Any]:
         if line >= len(offsets):
             raise ExportError(f"{where}: prompt line {line} does not exist; run regen verify")
@@ -240,16 +242,12 @@ class _Exporter:
         prompt = validate_line(prompts.readline())
         if isinstance(prompt, str):
             raise ExportError(f"{where}: prompt line {line} is invalid ({prompt}); run regen verify")
-        if prompt.sha256 != row.get("prompt_sha256"):
+        if prompt.sha256 != row["prompt_sha256"]:
             raise ExportError(
                 f"{where}: prompt line {line} changed since the row was written; run regen verify"
             )
-        reply = {
-            "role": "assistant",
-            "content": row.get("content") or "",
-            "reasoning_content": row.get("reasoning") or "",
-        }
-        return {"id": row.get("id"), "conversations": [*prompt.messages, reply]}
+        reply = {"role": "assistant", "content": row["content"], "reasoning_content": row["reasoning"]}
+        return {"id": row["id"], "conversations": [*prompt.messages, reply]}
 
 
 def export(

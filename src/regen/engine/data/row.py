@@ -42,6 +42,7 @@ __all__ = [
     "new_row",
     "read_row",
     "row_amount",
+    "row_attempts",
 ]
 
 RowStatus = Literal["ok", "truncated"]
@@ -222,6 +223,13 @@ def row_amount(row: Row) -> float | None:
     """The row's amount in its ledger's unit: `cost` for dollars, else `gpu_s` (§3.2)."""
     cost = row["cost"]
     return cost if cost is not None else row.get("gpu_s")
+
+
+def row_attempts(row: Row) -> int:
+    """The attempts the row's prompt took (`timing.attempts`); 1 where a row does not say."""
+    timing: object = row.get("timing")
+    attempts = timing.get("attempts") if isinstance(timing, dict) else None
+    return attempts if type(attempts) is int and attempts > 0 else 1
 
 
 # -- reading -------------------------------------------------------------------------------------

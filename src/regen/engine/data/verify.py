@@ -24,6 +24,7 @@ import orjson
 from regen.engine.data.contract import is_degenerate
 from regen.engine.data.datasets import PROMPTS_FILE, RESULTS_FILE, Dataset
 from regen.engine.data.jsonl import JsonlError, iter_jsonl
+from regen.engine.data.row import BadRow, Row, Usage, read_row
 from regen.engine.data.tokenizer import THINK, THINK_END, TargetTokenizer
 from regen.engine.data.validate import validate_line
 
@@ -48,23 +49,8 @@ RULES = {
     "prompt_render": "prompt_ids differ from a fresh render of the prompt (--check-prompts)",
     "decode_mismatch": "decode(output_ids) differs from the text the row holds",
     "special_in_text": "reasoning or content holds a special-token string",
-    "server_count": "SGLang row: len(output_ids) != completion_tokens (+1 if terminator appended)",
+    "server_count": "server ids: len(output_ids) != the server's completion_tokens (+1 if terminator appended)",
     "cost_exceeds_journal": "the rows' cost adds up to more than the attempt journal's spend",
-}
-
-_REQUIRED: dict[str, type | tuple[type, ...]] = {
-    "id": str,
-    "dataset": str,
-    "line": int,
-    "prompt_sha256": str,
-    "status": str,
-    "finish_reason": str,
-    "reasoning": str,
-    "content": str,
-    "prompt_ids": list,
-    "output_ids": list,
-    "num_prompt_tokens": int,
-    "num_output_tokens": int,
 }
 
 _DECODE_BATCH = 512
@@ -205,11 +191,7 @@ def _read_messages(fh: Any, offset: int) -> list[dict[str, Any]] | None:
 # Rows
 
 
-def _type_names(kind: type | tuple[type, ...]) -> str:
-    return " or ".join(t.__name__ for t in (kind if isinstance(kind, tuple) else (kind,)))
-
-
-def _row_thinking(row: dict[str, Any]) -> bool:
+def _row_thinking(row: Row) -> bool:
     tok = row.get("tokenizer")
     if isinstance(tok, dict):
         kwargs = tok.get("template_kwargs")
@@ -219,7 +201,7 @@ def _row_thinking(row: dict[str, Any]) -> bool:
     return bool(isinstance(request, dict) and request.get("thinking"))
 
 
-def _files_key(row: dict[str, Any]) -> bytes | None:
+def _files_key(row: Row) -> bytes | None:
     tok = row.get("tokenizer")
     if not isinstance(tok, dict) or not isinstance(tok.get("files_sha256"), dict):
         return None
@@ -262,12 +244,13 @@ class _Checker:
         if self.prompts_fh is not None:
             self.prompts_fh.close()
 
-    def row(self, n: int, row: dict[str, Any]) -> None:
+    def row(self, n: int, raw: dict[str, Any]) -> None:
         """Row `n` of raw_responses.jsonl against every rule of docs/data-contract.md §4 that applies."""
         self.report.rows += 1
-        if not self._schema(n, row):
+        row = self._schema(n, raw)
+        if row is None:
             return
-        line: int = row["line"]
+        line = row["line"]
         if not self._identity(n, line, row):
             return
         status, finish = row["status"], row["finish_reason"]
@@ -288,27 +271,24 @@ class _Checker:
             return
         self._check_ids(n, line, row, status, finish, thinking, usage, prompt_ids, output_ids)
 
-    def _schema(self, n: int, row: dict[str, Any]) -> bool:
-        """The required fields and their types, the dataset and the id; False: nothing else can be read."""
+    def _schema(self, n: int, raw: dict[str, Any]) -> Row | None:
+        """The row as the training fields and their types allow it to be read (engine/data/row.py
+        `read_row`), its dataset and its id; None: nothing else can be read."""
         report = self.report
-        for key, kind in _REQUIRED.items():
-            value = row.get(key)
-            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-                report.add(
-                    n,
-                    row.get("line") if isinstance(row.get("line"), int) else None,
-                    "schema",
-                    f"{key} missing or not {_type_names(kind)}",
-                )
-                return False
-        line: int = row["line"]
+        try:
+            row = read_row(raw, training=True)
+        except BadRow as bad:
+            line = raw.get("line")
+            report.add(n, line if type(line) is int else None, "schema", bad.problem)
+            return None
+        line = row["line"]
         if row["dataset"] != self.dataset.name:
             report.add(n, line, "schema", f"dataset {row['dataset']!r} in the rows of {self.dataset.name!r}")
         if row["id"] != f"{self.dataset.name}-{line:08d}":
             report.add(n, line, "schema", f"id {row['id']!r} does not match dataset and line")
-        return True
+        return row
 
-    def _identity(self, n: int, line: int, row: dict[str, Any]) -> bool:
+    def _identity(self, n: int, line: int, row: Row) -> bool:
         """§4.1: the row's prompt line exists, has no earlier row, and is the prompt it was made from;
         False: an orphan or a duplicate, checked no further."""
         report = self.report
@@ -348,9 +328,7 @@ class _Checker:
         else:
             report.add(n, line, "status_finish", f"status {status!r} is neither ok nor truncated")
 
-    def _counts(
-        self, n: int, line: int, row: dict[str, Any], prompt_ids: list[int], output_ids: list[int]
-    ) -> None:
+    def _counts(self, n: int, line: int, row: Row, prompt_ids: list[int], output_ids: list[int]) -> None:
         """§4.3: the token counts are the lengths of the id lists."""
         report = self.report
         if row["num_prompt_tokens"] != len(prompt_ids):
@@ -370,24 +348,22 @@ class _Checker:
         report.prompt_tokens += len(prompt_ids)
         report.output_tokens += len(output_ids)
 
-    def _money(self, row: dict[str, Any]) -> dict[str, Any]:
-        """The row's cost and the backend's own token count into the totals; the row's usage ({} when
-        it has none)."""
+    def _money(self, row: Row) -> Usage:
+        """The row's dollars and the backend's own token count into the totals; a GPU-time row has
+        no dollars (docs/money.md). The row's usage ({} when it has none)."""
         report = self.report
         cost = row.get("cost")
-        if isinstance(cost, int | float) and not isinstance(cost, bool):
-            report.cost += float(cost)
-        else:
+        if cost is None:
             report.rows_without_cost += 1
-        usage = row.get("usage")
-        if not isinstance(usage, dict):
-            return {}
+        else:
+            report.cost += cost
+        usage = row["usage"]
         completion = usage.get("completion_tokens")
-        if isinstance(completion, int):
+        if completion is not None:
             report.native_completion_tokens += completion
         return usage
 
-    def _flags(self, row: dict[str, Any], status: str, thinking: bool) -> None:
+    def _flags(self, row: Row, status: str, thinking: bool) -> None:
         """§4.11: quality flags, counted, never failed."""
         flags = self.report.flags
         if thinking and not row["reasoning"]:
@@ -397,7 +373,7 @@ class _Checker:
         if status == "ok" and not row["content"]:
             flags["empty_content"] += 1
 
-    def _specials(self, n: int, line: int, row: dict[str, Any]) -> None:
+    def _specials(self, n: int, line: int, row: Row) -> None:
         """§4.8, the half that needs no ids: no special-token string in the text."""
         for name in ("reasoning", "content"):
             found = self.special_re.search(row[name])
@@ -406,7 +382,7 @@ class _Checker:
                     n, line, "special_in_text", f"{name} holds {found.group()!r} at character {found.start()}"
                 )
 
-    def _tokenizer_files(self, n: int, line: int, row: dict[str, Any]) -> bytes | None:
+    def _tokenizer_files(self, n: int, line: int, row: Row) -> bytes | None:
         """§4.9: one tokenizer per dataset, and the one given to verify; the row's tokenizer files
         key, None when the row has ids but no tokenizer block (a schema violation)."""
         report = self.report
@@ -435,11 +411,11 @@ class _Checker:
         self,
         n: int,
         line: int,
-        row: dict[str, Any],
+        row: Row,
         status: str,
         finish: str,
         thinking: bool,
-        usage: dict[str, Any],
+        usage: Usage,
         prompt_ids: list[int],
         output_ids: list[int],
     ) -> None:
@@ -467,8 +443,10 @@ class _Checker:
             if count != 1:
                 report.add(n, line, "think_end_count", f"{THINK_END} id occurs {count} times in output_ids")
         # §4.4
-        if row.get("backend") == "sglang" and isinstance(usage.get("completion_tokens"), int):
-            expected = usage["completion_tokens"] + (1 if row.get("terminator_appended") else 0)
+        completion = usage.get("completion_tokens")
+        if row.get("output_ids_source") == "server" and completion is not None:
+            # The server's own ids are what it counted (the terminator regen appends aside).
+            expected = completion + (1 if row.get("terminator_appended") else 0)
             if len(output_ids) != expected:
                 report.add(n, line, "server_count", f"{len(output_ids)} output ids, expected {expected}")
         # §4.7

@@ -27,11 +27,10 @@ import asyncssh
 
 from regen.engine.config.settings import HostSettings
 from regen.engine.config.workspace import datasets_dir, tokenizer_dir
+from regen.engine.data.datasets import PROMPTS_FILE, RESULTS_FILE
 from regen.engine.host.errors import HostError, TransferError
 from regen.engine.host.ssh import HostConnection
 
-PROMPTS_FILE = "prompts.jsonl"
-RESULTS_FILE = "raw_responses.jsonl"
 CHUNK = 4 << 20
 PUSH_TMP_SUFFIX = ".regen-push.tmp"
 

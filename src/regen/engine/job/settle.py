@@ -14,12 +14,12 @@ import time
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol, cast
 
 from regen.engine.backends.base import Account, AttemptOutcome, Backend, Disposition, Failure
 from regen.engine.config.settings import JobSettings
 from regen.engine.data.datasets import Prompt
-from regen.engine.data.row import Row, RowStatus, row_amount
+from regen.engine.data.row import QuarantinedRow, Row, RowStatus, row_amount, row_attempts
 from regen.engine.data.scan import iter_prompts
 from regen.engine.data.tokenize_pool import TokenizePool
 from regen.engine.data.tokenizer import TokenizeError
@@ -84,7 +84,7 @@ class SettleHooks(Protocol):
     def reached(self, launched_at: float) -> None: ...  # the backend answered an attempt sent then
 
 
-def _listed(path: Path, route: str) -> list[dict[str, Any]]:
+def _listed(path: Path, route: str) -> list[Row]:
     return list(route_rows(path, route))
 
 
@@ -356,7 +356,8 @@ class Settler:
     async def _quarantine(self, item: WorkItem, row: Row, why: str, route: str | None) -> None:
         """An answer the backend rejects after the fact: kept apart, never a training row."""
         self.quarantined += 1
-        await self.results.quarantine({**row, "quarantine_reason": why})
+        quarantined = cast(QuarantinedRow, {**row, "quarantine_reason": why})
+        await self.results.quarantine(quarantined)
         self.events.event("quarantine", prompt=item.prompt.id, provider=route, reason=why)
         routes = self.routes
         if route and routes is not None:
@@ -402,7 +403,7 @@ class Settler:
         money to waste `fidelity`, its prompt back to the queue. Awaited by the settling of the
         answer that flagged it, so the job cannot end before the prompts are queued again."""
         now = time.time()
-        found: list[dict[str, Any]] = []
+        found: list[Row] = []
         for name, state in self.datasets.items():
             rows = await asyncio.to_thread(_listed, state.dataset.results_path, route)
             taken = self.requeued.setdefault(name, set())
@@ -423,10 +424,7 @@ class Settler:
             cost = Decimal(record["cost"])
             self.breakdown.add(record["outcome"], -cost, -(record.get("ctok") or 0))
             self.breakdown.add(record["cause"], cost, record.get("ctok") or 0)
-        attempts = {
-            (row["dataset"], row["line"]): int((row.get("timing") or {}).get("attempts") or 1)
-            for row in found
-        }
+        attempts = {(row["dataset"], row["line"]): row_attempts(row) for row in found}
         for prompt in await asyncio.to_thread(self._prompts, attempts):
             self.hooks.retry(
                 WorkItem(prompt, attempts=attempts[(prompt.dataset, prompt.line)]), time.monotonic()

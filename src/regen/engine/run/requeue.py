@@ -19,21 +19,23 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
 from regen.engine.data.datasets import Dataset
 from regen.engine.data.jsonl import repair_torn_tail
+from regen.engine.data.row import BadRow, QuarantinedRow, Row, read_row, row_amount
 from regen.engine.run.records import RequeuedRecord, requeued_record
 from regen.engine.run.recovery import read_journals
 
 CAUSE = "fidelity"
 
 
-def route_rows(results_path: Path, route: str, since: float | None = None) -> Iterator[dict[str, Any]]:
+def route_rows(results_path: Path, route: str, since: float | None = None) -> Iterator[Row]:
     """The rows of one raw_responses.jsonl that `route` served (the row's `provider`, in any case),
-    created at or after `since` (epoch seconds). A line still being written is passed over."""
+    created at or after `since` (epoch seconds). A line still being written is passed over, and so is
+    one no reader can read (engine/data/row.py `read_row`; `regen verify` names it)."""
     if not results_path.exists():
         return
     wanted = route.strip().lower()
@@ -42,8 +44,8 @@ def route_rows(results_path: Path, route: str, since: float | None = None) -> It
             if not raw.endswith(b"\n"):
                 break  # the job is still writing it
             try:
-                row = orjson.loads(raw)
-            except orjson.JSONDecodeError:
+                row = read_row(orjson.loads(raw))
+            except (orjson.JSONDecodeError, BadRow):
                 continue
             provider = row.get("provider")
             if not isinstance(provider, str) or provider.lower() != wanted:
@@ -53,7 +55,7 @@ def route_rows(results_path: Path, route: str, since: float | None = None) -> It
             yield row
 
 
-def _created(row: dict[str, Any]) -> float:
+def _created(row: Row) -> float:
     """A row's created_at (docs/data-contract.md §3: ISO 8601 in UTC, milliseconds) in epoch seconds."""
     text = str(row.get("created_at") or "")
     try:
@@ -62,25 +64,23 @@ def _created(row: dict[str, Any]) -> float:
         return 0.0
 
 
-def taken_back(row: dict[str, Any], why: str, ts: float) -> tuple[dict[str, Any], RequeuedRecord]:
+def taken_back(row: Row, why: str, ts: float) -> tuple[QuarantinedRow, RequeuedRecord]:
     """What steps 1 and 2 write for one row: its quarantine line and its journal record."""
-    cost = row.get("cost") if row.get("cost") is not None else row.get("gpu_s")
-    usage = row.get("usage") or {}
-    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
     record = requeued_record(
         row["dataset"],
         row["line"],
         row.get("generation_id"),
-        str(row.get("backend") or ""),
+        row.get("backend") or "",
         row.get("provider"),
-        str(row.get("status") or "ok"),
-        Decimal(str(cost or 0)),
-        tokens if isinstance(tokens, int) else 0,
+        row.get("status") or "ok",
+        Decimal(str(row_amount(row) or 0)),
+        row["usage"].get("completion_tokens") or 0,
         CAUSE,
         why,
         ts,
     )
-    return {**row, "quarantine_reason": f"{CAUSE}: {why}", "requeued": True}, record
+    quarantined = cast(QuarantinedRow, {**row, "quarantine_reason": f"{CAUSE}: {why}", "requeued": True})
+    return quarantined, record
 
 
 def compact(results_path: Path, revoked: set[tuple[int, str | None]]) -> int:
@@ -121,7 +121,7 @@ def requeue_route(
     runs (the caller holds the run lock): the three steps at once. How many rows, and their money."""
     journal = read_journals(run_dir / "attempts.jsonl", run_dir / "events.jsonl")
     chosen = list(datasets)
-    found: list[dict[str, Any]] = []
+    found: list[Row] = []
     for dataset in chosen:
         already = journal.requeued.get(dataset.name, set())
         found.extend(
