@@ -11,6 +11,7 @@ from types import ModuleType
 import pytest
 
 from regen.cli import entry
+from regen.engine.errors import EXIT_SIGINT
 
 
 class _CtrlCWhileImporting(importlib.abc.MetaPathFinder):
@@ -27,4 +28,4 @@ class _CtrlCWhileImporting(importlib.abc.MetaPathFinder):
 def test_a_ctrl_c_while_regen_imports_exits_130_without_a_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(sys.modules, "regen.cli.main", raising=False)
     monkeypatch.setattr(sys, "meta_path", [_CtrlCWhileImporting(), *sys.meta_path])
-    assert entry.main() == entry.EXIT_SIGINT == 130
+    assert entry.main() == EXIT_SIGINT == 130

@@ -13,15 +13,16 @@ from typing import Any
 from regen.console.client import SocketSource
 from regen.engine.control.headless import status_line
 from regen.engine.control.server import SOCKET_NAME, ControlError, open_control
+from regen.engine.errors import EXIT_FAILURE, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM
 from regen.engine.schema import Snapshot
 
-OUTCOME_EXIT = {"done": 0, "sigint": 130, "sigterm": 143}
+OUTCOME_EXIT = {"done": EXIT_OK, "sigint": EXIT_SIGINT, "sigterm": EXIT_SIGTERM}
 JOB_LOG = "job.log"
 
 
 def outcome_exit_code(snapshot: Snapshot | None) -> int:
     outcome = None if snapshot is None else snapshot["outcome"]
-    return 0 if outcome is None else OUTCOME_EXIT.get(outcome["reason"], 1)
+    return EXIT_OK if outcome is None else OUTCOME_EXIT.get(outcome["reason"], EXIT_FAILURE)
 
 
 def start_detached(run_dir: Path, job_args: list[str], *, timeout_s: float = 600.0) -> tuple[int, str]:

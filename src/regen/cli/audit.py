@@ -12,10 +12,9 @@ import sys
 from typing import Any
 
 from regen.cli.arguments import add_settings_argument
+from regen.cli.edge import EXIT_OK, RegenError, UsageError
 
 __all__ = ["add_parsers", "run"]
-
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -33,49 +32,31 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
-def _fail(message: str, code: int) -> int:
-    print(f"regen: {message}", file=sys.stderr)
-    return code
-
-
 def run(args: argparse.Namespace) -> int | None:
     if getattr(args, "command", None) != "audit":
         return None
     from regen.engine.backends.openrouter.audit import plan_audit, run_audit
-    from regen.engine.backends.openrouter.catalog import CatalogError
-    from regen.engine.config.loading import SettingsError, load_settings
-    from regen.engine.data.datasets import DatasetError
-    from regen.engine.data.tokenizer import TargetTokenizer, TokenizerError
-    from regen.engine.run.runlock import RunLock, RunLocked
+    from regen.engine.config.loading import load_settings
+    from regen.engine.data.tokenizer import TargetTokenizer
+    from regen.engine.run.runlock import RunLock
     from regen.engine.runtime import run as run_loop
 
     if args.prompts < 1 or args.max_tokens < 1:
-        return _fail("--prompts and --max-tokens must be at least 1", EXIT_USAGE)
-    try:
-        settings = load_settings(args.settings, "audit")
-        path = settings.tokenizer.path
-        if path is None:
-            return _fail(
-                "tokenizer.path: empty, but the audit compares answers in the target tokenizer's ids; "
-                "set it (or run regen pull)",
-                EXIT_USAGE,
-            )
-        tokenizer = TargetTokenizer.from_settings(settings.tokenizer, path=path)
-        plan = run_loop(plan_audit(settings, args.prompts, args.seed, args.max_tokens))
-    except (SettingsError, DatasetError) as exc:
-        return _fail(str(exc), EXIT_USAGE)
-    except (TokenizerError, CatalogError) as exc:
-        return _fail(str(exc), EXIT_FAILURE)
+        raise UsageError("--prompts and --max-tokens must be at least 1")
+    settings = load_settings(args.settings, "audit")
+    path = settings.tokenizer.path
+    if path is None:
+        raise UsageError(
+            "tokenizer.path: empty, but the audit compares answers in the target tokenizer's ids; "
+            "set it (or run regen pull)"
+        )
+    tokenizer = TargetTokenizer.from_settings(settings.tokenizer, path=path)
+    plan = run_loop(plan_audit(settings, args.prompts, args.seed, args.max_tokens))
     print(plan.describe(), file=sys.stderr if args.json else sys.stdout, flush=True)
     if not plan.fits:
-        return _fail(
-            f"the audit could cost ${plan.worst_usd:.4f}, more than job.budget_usd has left", EXIT_FAILURE
-        )
+        raise RegenError(f"the audit could cost ${plan.worst_usd:.4f}, more than job.budget_usd has left")
     lock = RunLock(settings.job.run_dir)
-    try:
-        lock.take()  # its money goes into the run's journal: not while a job writes it
-    except RunLocked as exc:
-        return _fail(str(exc), EXIT_FAILURE)
+    lock.take()  # its money goes into the run's journal: not while a job writes it (RunLocked)
     try:
         report: dict[str, Any] = run_loop(run_audit(settings, plan, tokenizer.encode))
     finally:

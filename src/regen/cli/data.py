@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from regen.cli.arguments import add_settings_argument
+from regen.cli.edge import EXIT_FAILURE, EXIT_OK, UsageError, say
 
 if TYPE_CHECKING:
     from regen.engine.config.settings import Settings
@@ -22,16 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = ["add_parsers", "run"]
 
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 COMMANDS = ("verify", "export")
-
-
-class _Usage(Exception):
-    """Bad usage or settings: exit 2."""
-
-
-class _Failure(Exception):
-    """A failure the message explains: exit 1."""
 
 
 def _positive(text: str) -> int:
@@ -119,37 +111,17 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
     export.add_argument("--json", action="store_true", help="machine-readable output")
 
 
-def _fail(message: str, code: int) -> int:
-    for line in message.splitlines() or [message]:
-        print(f"regen: {line}", file=sys.stderr)
-    return code
-
-
 def run(args: argparse.Namespace) -> int | None:
     """Run ``verify`` or ``export``; None for any other command."""
     if getattr(args, "command", None) not in COMMANDS:
         return None
-    from regen.engine.config.loading import SettingsError, load_settings
-    from regen.engine.data.datasets import DatasetError
-    from regen.engine.data.export import ExportError
-    from regen.engine.data.jsonl import JsonlError
-    from regen.engine.data.tokenizer import TokenizerError
+    from regen.engine.config.loading import load_settings
 
-    try:
-        settings = load_settings(args.settings, args.command)
-        datasets = _datasets(args, settings)
-        if args.command == "verify":
-            return _verify(args, settings, datasets)
-        return _export(args, datasets)
-    except (SettingsError, DatasetError, _Usage) as exc:
-        return _fail(str(exc), EXIT_USAGE)
-    except (TokenizerError, ExportError, JsonlError, _Failure) as exc:  # JsonlError: a corrupt journal
-        return _fail(str(exc), EXIT_FAILURE)
-    except OSError as exc:
-        where = f"{exc.filename}: " if exc.filename else ""
-        return _fail(f"{where}{exc.strerror or exc}", EXIT_FAILURE)
-    except KeyboardInterrupt:
-        return 130
+    settings = load_settings(args.settings, args.command)
+    datasets = _datasets(args, settings)
+    if args.command == "verify":
+        return _verify(args, settings, datasets)
+    return _export(args, datasets)
 
 
 def _datasets(args: argparse.Namespace, settings: Settings) -> list[Dataset]:
@@ -159,7 +131,9 @@ def _datasets(args: argparse.Namespace, settings: Settings) -> list[Dataset]:
         return discover(args.datasets, [])
     found = discover(settings.job.datasets, settings.job.dataset_roots)
     if not found:
-        raise _Usage("no datasets: name dataset folders, or set job.datasets / job.dataset_roots in settings")
+        raise UsageError(
+            "no datasets: name dataset folders, or set job.datasets / job.dataset_roots in settings"
+        )
     return found
 
 
@@ -265,9 +239,9 @@ def _export(args: argparse.Namespace, datasets: list[Dataset]) -> int:
     statuses = [s.strip() for s in args.status.split(",") if s.strip()]
     bad = sorted(set(statuses) - {"ok", "truncated"})
     if bad or not statuses:
-        raise _Usage(f"--status: unknown status {', '.join(bad) or '(none)'} (use ok, truncated)")
+        raise UsageError(f"--status: unknown status {', '.join(bad) or '(none)'} (use ok, truncated)")
     if args.format == "conversations":
-        print(f"regen: warning: {KIMI_REASONING_WARNING}", file=sys.stderr)
+        say(f"warning: {KIMI_REASONING_WARNING}")
     reports = export(
         datasets,
         args.format,

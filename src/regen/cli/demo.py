@@ -19,6 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from regen.cli.edge import UsageError, say
 from regen.engine.config.settings import Settings
 
 MARKER = ".regen-demo"
@@ -169,8 +170,7 @@ def run_demo(
     """The demo: in the console when there is a terminal (the job runs detached, as with
     `regen run`), else headless in this process."""
     if speed <= 0:
-        print("regen: --speed must be positive", file=sys.stderr)
-        return 2
+        raise UsageError("--speed must be positive")
     if not prepared:
         prepare_folder(folder)
         if backend in ("sglang", "fleets"):
@@ -189,14 +189,10 @@ def run_demo(
 async def _run_job(settings: Settings) -> int:
     """The demo's job, headless, on a simulator already up; its exit code."""
     from regen.engine.control.headless import run_headless
-    from regen.engine.job.job import Job, JobError
+    from regen.engine.job.job import Job
 
-    job = Job(settings)
-    try:
-        return (await run_headless(job)).exit_code  # prepares it, a signal meanwhile heard
-    except JobError as exc:
-        print(f"regen: {exc}", file=sys.stderr)
-        return 1
+    # prepares it, a signal meanwhile heard; a JobError reaches the edge (cli/edge.py)
+    return (await run_headless(Job(settings))).exit_code
 
 
 def _demo_sglang_headless(folder: Path, speed: float) -> int:
@@ -271,7 +267,7 @@ def _demo_in_console(folder: Path, speed: float, backend: str = "openrouter") ->
     job_args += ["--fleets"] if backend == "fleets" else ["--backend", backend]
     code, said = start_detached(run_dir, job_args)
     if code != 0:
-        print(f"regen: {said or f'the demo job ended at once (exit {code})'}", file=sys.stderr)
+        say(said or f"the demo job ended at once (exit {code})")
         return code
     return run_console(SocketSource(run_dir / SOCKET_NAME), options=ConsoleOptions(export_dir=run_dir))
 

@@ -4,7 +4,7 @@ later, instead of printing a traceback."""
 
 from __future__ import annotations
 
-EXIT_SIGINT = 130
+from regen.engine.errors import EXIT_SIGINT
 
 
 def main() -> int:

@@ -12,7 +12,8 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from regen.cli.arguments import add_settings_argument
+from regen.cli.arguments import add_settings_argument, chosen_hosts
+from regen.cli.edge import EXIT_FAILURE, EXIT_OK, fail, say
 
 if TYPE_CHECKING:
     from regen.engine.config.settings import HostSettings, Settings
@@ -20,12 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = ["add_parsers", "run"]
 
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 COMMANDS = ("inspect", "pull", "push")
-
-
-class _Usage(Exception):
-    """Bad usage or settings: exit 2."""
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -63,45 +59,18 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
         sub.add_argument("datasets", nargs="*", metavar="DATASET", help="dataset names (default: all)")
 
 
-def _fail(message: str, code: int) -> int:
-    for line in message.splitlines() or [message]:
-        print(f"regen: {line}", file=sys.stderr)
-    return code
-
-
-def _hosts(settings: Settings, name: str | None, *, one: bool) -> list[HostSettings]:
-    hosts = settings.hosts
-    if not hosts:
-        raise _Usage("no GPU hosts in the settings: add a [[hosts]] table (see settings.example.toml)")
-    if name is not None:
-        chosen = [h for h in hosts if h.name == name]
-        if not chosen:
-            raise _Usage(f"--host {name}: no such host (hosts: {', '.join(h.name for h in hosts)})")
-        return chosen
-    if one and len(hosts) > 1:
-        raise _Usage(
-            f"several hosts in the settings: choose one with --host ({', '.join(h.name for h in hosts)})"
-        )
-    return list(hosts)
-
-
 def run(args: argparse.Namespace) -> int | None:
     """Run ``inspect``, ``pull`` or ``push``; None for any other command."""
     if getattr(args, "command", None) not in COMMANDS:
         return None
-    from regen.engine.config.loading import SettingsError, load_settings
+    from regen.engine.config.loading import load_settings
     from regen.engine.runtime import run as run_loop
 
-    try:
-        settings = load_settings(args.settings, args.command)
-        if args.command == "inspect":
-            return run_loop(_inspect(args, settings, _hosts(settings, args.host, one=False)))
-        host = _hosts(settings, args.host, one=True)[0]
-        return run_loop(_transfer(args, settings, host))
-    except (SettingsError, _Usage) as exc:
-        return _fail(str(exc), EXIT_USAGE)
-    except KeyboardInterrupt:
-        return 130
+    settings = load_settings(args.settings, args.command)
+    if args.command == "inspect":
+        return run_loop(_inspect(args, settings, chosen_hosts(settings, args.host)))
+    host = chosen_hosts(settings, args.host, one=True)[0]
+    return run_loop(_transfer(args, settings, host))
 
 
 def _say_notices() -> Any:
@@ -132,7 +101,7 @@ async def _inspect(args: argparse.Namespace, settings: Settings, hosts: list[Hos
         print("\n".join(format_report(records)))
     failed = [r for r in records if not r["ok"]]
     for r in failed:
-        print(f"regen: {r['error']}", file=sys.stderr)
+        say(r["error"])
     return EXIT_FAILURE if failed else EXIT_OK
 
 
@@ -157,17 +126,17 @@ async def _transfer(args: argparse.Namespace, settings: Settings, host: HostSett
             out = {"host": host.name, "ok": False, "error": str(exc), "files": [], "warnings": []}
             sys.stdout.buffer.write(orjson.dumps(out, option=orjson.OPT_INDENT_2) + b"\n")
             sys.stdout.flush()
-        return _fail(str(exc), EXIT_FAILURE)
+        return fail(str(exc))
     finally:
         await conn.close()
     if args.json:
         sys.stdout.buffer.write(orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2) + b"\n")
         sys.stdout.flush()
     for warning in report.warnings:
-        print(f"regen: warning: {warning}", file=sys.stderr)
+        say(f"warning: {warning}")
     refused = [o for o in report.outcomes if not o.ok]
     for o in refused:
-        print(f"regen: {host.name}: {o.what}: {o.detail}", file=sys.stderr)
+        say(f"{host.name}: {o.what}: {o.detail}")
     if args.command == "pull" and report.ok and not report.warnings and not args.json:
         print(
             f"{host.name}: workspace {settings.workspace} ready: a run with no datasets or tokenizer set uses it"
@@ -198,16 +167,14 @@ def fetch_tokenizer_for_run(settings: Settings) -> int | None:
     try:
         report = run_loop(fetch_tokenizer(settings.hosts, settings.workspace, on_change=_say_notices()))
     except HostError as exc:
-        return _fail(str(exc), EXIT_FAILURE)
+        return fail(str(exc))
     for warning in report.warnings:
-        print(f"regen: warning: {warning}", file=sys.stderr)
+        say(f"warning: {warning}")
     refused = [o for o in report.outcomes if not o.ok]
     for o in refused:
-        print(f"regen: {report.host}: {o.what}: {o.detail}", file=sys.stderr)
+        say(f"{report.host}: {o.what}: {o.detail}")
     if refused or not report.outcomes:
-        return _fail(
-            f"{report.host}: no usable tokenizer files fetched; tokenizer.path is empty", EXIT_FAILURE
-        )
+        return fail(f"{report.host}: no usable tokenizer files fetched; tokenizer.path is empty")
     came = [o for o in report.outcomes if o.action != "up to date"]
     if came:
         print(

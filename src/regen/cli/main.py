@@ -1,7 +1,8 @@
 """The `regen` command line.
 
-Exit codes: 0 done, 1 a failure the message explains, 2 bad usage or settings, 130/143 after
-SIGINT/SIGTERM. Operator mistakes end in one clear line each, never a traceback.
+Exit codes (engine/errors.py): 0 done, 1 a failure the message explains, 2 bad usage or settings,
+130/143 after SIGINT/SIGTERM. Operator mistakes end in one clear line each, never a traceback: every
+command runs inside cli/edge.py `guarded`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from regen.cli.audit import add_parsers as add_audit_parsers
 from regen.cli.audit import run as run_audit_command
 from regen.cli.data import add_parsers as add_data_parsers
 from regen.cli.data import run as run_data_command
-from regen.cli.entry import EXIT_SIGINT
+from regen.cli.edge import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, fail, guarded, say
 from regen.cli.hosts import add_parsers as add_host_parsers
 from regen.cli.hosts import fetch_tokenizer_for_run
 from regen.cli.hosts import run as run_host_command
@@ -26,11 +27,9 @@ from regen.cli.report import add_parsers as add_report_parsers
 from regen.cli.report import run as run_report_command
 from regen.cli.sglang import add_parsers as add_sglang_parsers
 from regen.cli.sglang import run as run_sglang_command
-from regen.engine.config.loading import SettingsError, load_settings
+from regen.engine.config.loading import load_settings
 from regen.engine.config.settings import Settings
 from regen.sim.runner import add_arguments as add_sim_arguments
-
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
 def _add_console_options(parser: argparse.ArgumentParser) -> None:
@@ -113,12 +112,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _fail(message: str, code: int = EXIT_FAILURE) -> int:
-    for line in message.splitlines() or [message]:
-        print(f"regen: {line}", file=sys.stderr)
-    return code
-
-
 COMMANDS: tuple[Callable[[argparse.Namespace], int | None], ...] = (
     run_data_command,
     run_quarantine_command,
@@ -131,47 +124,45 @@ COMMANDS: tuple[Callable[[argparse.Namespace], int | None], ...] = (
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        if args.command == "sim":
-            return _sim(args)
-        for command in COMMANDS:  # each answers None when the command is not its own
-            code = command(args)
-            if code is not None:
-                return code
-        if args.command == "demo":
-            from regen.cli.demo import run_demo
+    return guarded(lambda: _command(args))
 
-            return run_demo(
-                args.dir,
-                headless=args.headless,
-                speed=args.speed,
-                prepared=args.prepared,
-                backend="fleets" if args.fleets else args.backend,
-            )
-        settings = load_settings(args.settings, args.command)
-        if args.command == "job-process":  # `regen run` fetched what it needed before starting it
-            return _run(args, settings)
-        if args.command == "run":
-            fetched = fetch_tokenizer_for_run(settings)
-            if fetched is not None:
-                return fetched
-            return _run(args, settings) if args.headless else _run_detached(args, settings)
-        if args.command == "catalog":
-            return _catalog(args, settings)
-        if args.command == "attach":
-            return _attach(args, settings)
-        if args.command == "stop":
-            return _stop(args, settings.job.run_dir)
-    except SettingsError as exc:
-        return _fail(str(exc), EXIT_USAGE)
-    except KeyboardInterrupt:
-        return EXIT_SIGINT
-    return _fail(f"unknown command {args.command}", EXIT_USAGE)
+
+def _command(args: argparse.Namespace) -> int:
+    if args.command == "sim":
+        return _sim(args)
+    for command in COMMANDS:  # each answers None when the command is not its own
+        code = command(args)
+        if code is not None:
+            return code
+    if args.command == "demo":
+        from regen.cli.demo import run_demo
+
+        return run_demo(
+            args.dir,
+            headless=args.headless,
+            speed=args.speed,
+            prepared=args.prepared,
+            backend="fleets" if args.fleets else args.backend,
+        )
+    settings = load_settings(args.settings, args.command)
+    if args.command == "job-process":  # `regen run` fetched what it needed before starting it
+        return _run(args, settings)
+    if args.command == "run":
+        fetched = fetch_tokenizer_for_run(settings)
+        if fetched is not None:
+            return fetched
+        return _run(args, settings) if args.headless else _run_detached(args, settings)
+    if args.command == "catalog":
+        return _catalog(args, settings)
+    if args.command == "attach":
+        return _attach(args, settings)
+    if args.command == "stop":
+        return _stop(args, settings.job.run_dir)
+    return fail(f"unknown command {args.command}", EXIT_USAGE)
 
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
-    from regen.engine.data.jsonl import JsonlError
-    from regen.engine.job.job import Job, JobError
+    from regen.engine.job.job import Job
     from regen.engine.runtime import run
 
     only = [name.strip() for name in args.datasets.split(",") if name.strip()] if args.datasets else None
@@ -180,10 +171,8 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         from regen.engine.control.headless import run_headless
 
         job = Job(settings, only=only, skip_invalid=args.skip_invalid or None)
-        try:
-            outcome = await run_headless(job)  # prepares it, a signal meanwhile heard
-        except (JobError, JsonlError) as exc:  # JsonlError: a results file or journal holds garbage
-            return _fail(str(exc))
+        # A JobError, or a JsonlError (a results file or journal holds garbage), reaches the edge.
+        outcome = await run_headless(job)  # prepares it, a signal meanwhile heard
         return outcome.exit_code
 
     return run(go())
@@ -202,7 +191,7 @@ def _run_detached(args: argparse.Namespace, settings: Settings) -> int:
         job_args.append("--skip-invalid")
     code, said = start_detached(settings.job.run_dir, job_args)
     if code != 0:
-        return _fail(said or f"the job ended at once (exit {code})", code)
+        return fail(said or f"the job ended at once (exit {code})", code)
     print(
         f"regen: job started; it keeps running after this console (log: {settings.job.run_dir / JOB_LOG})",
         file=sys.stderr,
@@ -213,7 +202,7 @@ def _run_detached(args: argparse.Namespace, settings: Settings) -> int:
 def _attach(args: argparse.Namespace, settings: Settings) -> int:
     from regen.cli.attach import follow_lines
     from regen.console.client import SocketSource
-    from regen.engine.control.server import SOCKET_NAME, ControlError
+    from regen.engine.control.server import SOCKET_NAME
     from regen.engine.runtime import run
 
     run_dir = settings.job.run_dir
@@ -238,10 +227,7 @@ def _attach(args: argparse.Namespace, settings: Settings) -> int:
         return run_console(source, fps=args.fps or chosen.fps, no_mouse=not options.mouse, options=options)
 
     async def go() -> int:
-        try:
-            await source.connect()
-        except ControlError as exc:
-            return _fail(str(exc))
+        await source.connect()  # a ControlError says why it cannot
         try:
             return await follow_lines(source)
         finally:
@@ -253,18 +239,15 @@ def _attach(args: argparse.Namespace, settings: Settings) -> int:
 def _stop(args: argparse.Namespace, run_dir: Path) -> int:
     from regen.console.client import SocketSource
     from regen.engine.control.headless import status_line
-    from regen.engine.control.server import SOCKET_NAME, ControlError
+    from regen.engine.control.server import SOCKET_NAME
     from regen.engine.runtime import run
 
     async def go() -> int:
         source = SocketSource(run_dir / SOCKET_NAME)
-        try:
-            await source.connect()
-        except ControlError as exc:
-            return _fail(str(exc))
+        await source.connect()  # a ControlError says why it cannot
         try:
             reply = await source.command("stop", cancel=args.cancel)
-            print(f"regen: {reply['message']}", file=sys.stderr)
+            say(reply["message"])
             if not reply["ok"]:
                 return EXIT_FAILURE
             last = None
@@ -282,18 +265,10 @@ def _stop(args: argparse.Namespace, run_dir: Path) -> int:
 def _catalog(args: argparse.Namespace, settings: Settings) -> int:
     import orjson
 
-    from regen.engine.backends.openrouter.report import (
-        CatalogError,
-        DatasetError,
-        build_catalog,
-        format_catalog,
-    )
+    from regen.engine.backends.openrouter.report import build_catalog, format_catalog
     from regen.engine.runtime import run
 
-    try:
-        report = run(build_catalog(settings))
-    except (CatalogError, DatasetError) as exc:
-        return _fail(str(exc))
+    report = run(build_catalog(settings))  # a CatalogError or DatasetError reaches the edge
     if args.json:
         sys.stdout.write(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:

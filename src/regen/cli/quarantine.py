@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import sys
 
 from regen.cli.arguments import add_settings_argument
+from regen.cli.edge import EXIT_OK, RegenError
 
 __all__ = ["add_parsers", "run"]
-
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
 def _instant(text: str) -> float:
@@ -48,40 +46,26 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
     parser.add_argument("--why", default=None, help="what the journal says (default: the command)")
 
 
-def _fail(message: str, code: int) -> int:
-    print(f"regen: {message}", file=sys.stderr)
-    return code
-
-
 def run(args: argparse.Namespace) -> int | None:
     if getattr(args, "command", None) != "quarantine":
         return None
-    from regen.engine.config.loading import SettingsError, load_settings
-    from regen.engine.data.datasets import DatasetError, discover
-    from regen.engine.data.jsonl import JsonlError
+    from regen.engine.config.loading import load_settings
+    from regen.engine.data.datasets import discover
     from regen.engine.run.requeue import requeue_route
-    from regen.engine.run.runlock import RunLock, RunLocked
+    from regen.engine.run.runlock import RunLock
 
-    try:
-        settings = load_settings(args.settings, "quarantine")
-        datasets = discover(settings.job.datasets, settings.job.dataset_roots)
-    except (SettingsError, DatasetError) as exc:
-        return _fail(str(exc), EXIT_USAGE)
+    settings = load_settings(args.settings, "quarantine")
+    datasets = discover(settings.job.datasets, settings.job.dataset_roots)
     run_dir = settings.job.run_dir
     lock = RunLock(run_dir)
-    try:
-        lock.take()
-    except RunLocked as exc:
-        return _fail(str(exc), EXIT_FAILURE)
+    lock.take()  # RunLocked: a job runs in this folder
     why = args.why or f"regen quarantine --route {args.route}" + (
         "" if args.since is None else f" --since {args.since}"
     )
     try:
         rows, amount = requeue_route(run_dir, datasets, args.route, args.since, why)
-    except JsonlError as exc:
-        return _fail(str(exc), EXIT_FAILURE)
     except OSError as exc:
-        return _fail(f"{exc.filename or run_dir}: {exc.strerror or exc}", EXIT_FAILURE)
+        raise RegenError(f"{exc.filename or run_dir}: {exc.strerror or exc}") from None
     finally:
         lock.release()
     if not rows:

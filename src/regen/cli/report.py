@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
 from regen.cli.arguments import add_settings_argument
+from regen.cli.edge import EXIT_OK, RegenError, UsageError
 
 __all__ = ["add_parsers", "run"]
 
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 REPORT_FOLDER, REPORT_FILE = "report", "report.html"
 
 
@@ -49,40 +48,23 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
     report.add_argument("--open", action="store_true", help="open the report in the web browser")
 
 
-def _fail(message: str, code: int) -> int:
-    print(f"regen: {message}", file=sys.stderr)
-    return code
-
-
 def run(args: argparse.Namespace) -> int | None:
     """Run ``report``; None for any other command."""
     if getattr(args, "command", None) != "report":
         return None
-    from regen.engine.config.loading import SettingsError, load_settings
-    from regen.engine.data.jsonl import JsonlError
+    from regen.engine.config.loading import load_settings
 
-    try:
-        settings = load_settings(args.settings, "report")
-    except SettingsError as exc:
-        return _fail(str(exc), EXIT_USAGE)
+    settings = load_settings(args.settings, "report")
     run_dir: Path = args.run_dir or settings.job.run_dir
     if not run_dir.is_dir():
-        return _fail(
-            f"{run_dir}: no such run folder (give RUN_DIR, or set job.run_dir in settings)", EXIT_USAGE
-        )
+        raise UsageError(f"{run_dir}: no such run folder (give RUN_DIR, or set job.run_dir in settings)")
     if not (run_dir / "attempts.jsonl").exists() and not (run_dir / "events.jsonl").exists():
-        return _fail(
-            f"{run_dir}: no journals (attempts.jsonl, events.jsonl): nothing has run in this folder",
-            EXIT_FAILURE,
+        raise RegenError(
+            f"{run_dir}: no journals (attempts.jsonl, events.jsonl): nothing has run in this folder"
         )
     out: Path = args.out or run_dir / REPORT_FOLDER / REPORT_FILE
-    try:
-        written = write_report(run_dir, out, settings.job.backend)
-    except JsonlError as exc:  # a journal line regen cannot have written: file:line and what to do
-        return _fail(str(exc), EXIT_FAILURE)
-    except OSError as exc:
-        where = f"{exc.filename}: " if exc.filename else ""
-        return _fail(f"{where}{exc.strerror or exc}", EXIT_FAILURE)
+    # A journal line regen cannot have written (JsonlError: file:line and what to do) reaches the edge.
+    written = write_report(run_dir, out, settings.job.backend)
     print(f"report: {out} ({written} charts, each also as a PNG beside it)")
     if args.open:
         import webbrowser

@@ -13,18 +13,13 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from regen.cli.arguments import add_settings_argument
+from regen.cli.arguments import add_settings_argument, chosen_hosts
+from regen.cli.edge import EXIT_FAILURE, EXIT_OK, fail, say
 
 if TYPE_CHECKING:
     from regen.engine.config.settings import HostSettings, Settings
 
 __all__ = ["add_parsers", "run"]
-
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
-
-
-class _Usage(Exception):
-    """Bad usage or settings: exit 2."""
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -56,48 +51,20 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
     start.add_argument("--json", action="store_true", help="machine-readable result after the progress lines")
 
 
-def _fail(message: str, code: int) -> int:
-    for line in message.splitlines() or [message]:
-        print(f"regen: {line}", file=sys.stderr)
-    return code
-
-
-def _hosts(settings: Settings, name: str | None) -> list[HostSettings]:
-    hosts = list(settings.hosts)
-    if not hosts:
-        raise _Usage("no GPU hosts in the settings: add a [[hosts]] table (see settings.example.toml)")
-    if name is not None:
-        hosts = [h for h in hosts if h.name == name]
-        if not hosts:
-            raise _Usage(f"--host {name}: no such host (hosts: {', '.join(h.name for h in settings.hosts)})")
-    missing = [h.name for h in hosts if not h.model_path]
-    if missing:
-        raise _Usage(
-            f"{', '.join(missing)}: model_path is not set in the [[hosts]] table: SGLang needs the model folder"
-        )
-    return hosts
-
-
 def run(args: argparse.Namespace) -> int | None:
     """Run ``regen sglang ...``; None for any other command."""
     if getattr(args, "command", None) != "sglang":
         return None
-    from regen.engine.config.loading import SettingsError, load_settings
+    from regen.engine.config.loading import load_settings
     from regen.engine.runtime import run as run_loop
 
-    try:
-        settings = load_settings(args.settings, args.command)
-        hosts = _hosts(settings, args.host)
-    except (SettingsError, _Usage) as exc:
-        return _fail(str(exc), EXIT_USAGE)
-    try:
-        if args.sglang_command == "start":
-            return run_loop(_start(args, settings, hosts))
-        if args.sglang_command == "status":
-            return run_loop(_status(args, settings, hosts))
-        return run_loop(_stop(settings, hosts))
-    except KeyboardInterrupt:
-        return 130
+    settings = load_settings(args.settings, args.command)
+    hosts = chosen_hosts(settings, args.host, need_model=True)
+    if args.sglang_command == "start":
+        return run_loop(_start(args, settings, hosts))
+    if args.sglang_command == "status":
+        return run_loop(_status(args, settings, hosts))
+    return run_loop(_stop(settings, hosts))
 
 
 def _say(line: str) -> None:
@@ -137,7 +104,7 @@ async def _start(args: argparse.Namespace, settings: Settings, hosts: list[HostS
 
     began = time.monotonic()
     # With --json, stdout holds only the JSON; the progress lines go to stderr.
-    say = _say_err if args.json else _say
+    progress = _say_err if args.json else _say
     notices = _say_notices()
     conns = [HostConnection(h, on_change=notices) for h in hosts]
     try:
@@ -145,12 +112,12 @@ async def _start(args: argparse.Namespace, settings: Settings, hosts: list[HostS
         try:
             model = await one_model(conns, settings.sglang.weight_version)
         except HostError as exc:
-            return _fail(f"{exc}; nothing was launched", EXIT_FAILURE)
+            return fail(f"{exc}; nothing was launched")
         if model is not None:
-            say(f"model {model.digest} on {', '.join(h.name for h in hosts)}")
+            progress(f"model {model.digest} on {', '.join(h.name for h in hosts)}")
         specs = [ServerSpec.of(settings.sglang, h, settings.hosts) for h in hosts]
         results = list(
-            await asyncio.gather(*(start_server(c, s, say) for c, s in zip(conns, specs, strict=True)))
+            await asyncio.gather(*(start_server(c, s, progress) for c, s in zip(conns, specs, strict=True)))
         )
     finally:
         await asyncio.gather(*(c.close() for c in conns))
@@ -162,16 +129,16 @@ async def _start(args: argparse.Namespace, settings: Settings, hosts: list[HostS
     failed = [r for r in results if not r.ok]
     for r in results:
         if r.ok:
-            say(r.message)
+            progress(r.message)
     for r in failed:
-        print(f"regen: {r.message}", file=sys.stderr)
+        say(r.message)
         if r.tail:
-            print(f"regen: {r.host}: the log's last lines ({r.log}):", file=sys.stderr)
+            say(f"{r.host}: the log's last lines ({r.log}):")
             for line in r.tail:
                 print(f"  {line}", file=sys.stderr)
     if failed:
         return EXIT_FAILURE
-    say(f"every host ready ({len(results)}) in {time.monotonic() - began:.1f} s")
+    progress(f"every host ready ({len(results)}) in {time.monotonic() - began:.1f} s")
     return EXIT_OK
 
 
@@ -225,7 +192,7 @@ async def _status(args: argparse.Namespace, settings: Settings, hosts: list[Host
         print("\n".join(line for r in records for line in format_status(r)))
     failed = [r for r in records if not r["ok"]]
     for r in failed:
-        print(f"regen: {r['error']}", file=sys.stderr)
+        say(r["error"])
     return EXIT_FAILURE if failed else EXIT_OK
 
 
@@ -237,5 +204,5 @@ async def _stop(settings: Settings, hosts: list[HostSettings]) -> int:
         if r["ok"]:
             print(r["message"], flush=True)
         else:
-            print(f"regen: {r['message']}", file=sys.stderr)
+            say(r["message"])
     return EXIT_OK if all(r["ok"] for r in records) else EXIT_FAILURE

@@ -15,6 +15,8 @@ from typing import Any
 from textual.color import Color, ColorParseError
 from textual.theme import Theme
 
+from regen.engine.errors import UsageError
+
 DEFAULT_THEME = "regen-dark"
 COLOR_KEYS = (
     "primary",
@@ -33,7 +35,7 @@ REGEN_VARIABLES = ("budget-warn", "budget-over", "provider-excluded", "data-stal
 _TOP_KEYS = {"name", "dark", "colors", "variables", "luminosity_spread", "text_alpha"}
 
 
-class ThemeFileError(ValueError):
+class ThemeFileError(UsageError, ValueError):
     """A theme file that cannot be used; the message names the file and the problem."""
 
 

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from regen.cli.main import EXIT_USAGE, main
+from regen.cli.main import main
 from regen.engine.config.loading import SettingsError, load_settings
 from regen.engine.config.settings import JobSettings, MetricsSettings, Settings
 from regen.engine.control.headless import open_metrics
 from regen.engine.control.metrics import FAMILIES
+from regen.engine.errors import EXIT_USAGE
 from regen.engine.job.job import Job
 from regen.engine.job.stats import Buckets
 from tests.support.kinds import ROOT

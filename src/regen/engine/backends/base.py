@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from regen.engine.data.datasets import Prompt
 from regen.engine.data.row import Usage
 from regen.engine.data.tokenizer import TargetTokenizer
+from regen.engine.errors import RegenError
 from regen.engine.money.ledger import RoutePrice
 from regen.engine.run.records import BackendFields
 from regen.engine.run.recovery import Unsettled
@@ -25,7 +26,7 @@ from regen.engine.schema import BackendView
 from regen.engine.units import Unit
 
 
-class BackendError(RuntimeError):
+class BackendError(RegenError, RuntimeError):
     """The backend cannot start or refuses an operator's request; the message is for the operator."""
 
 

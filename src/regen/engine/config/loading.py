@@ -17,12 +17,13 @@ from pydantic import SecretStr, ValidationError
 from regen.engine.config.needs import need_problems
 from regen.engine.config.settings import ENV_PREFIX, Settings
 from regen.engine.config.workspace import use_workspace
+from regen.engine.errors import UsageError
 
 DEFAULT_SETTINGS_FILE = Path("settings.toml")
 KEY_ENV = "OPENROUTER_API_KEY"
 
 
-class SettingsError(ValueError):
+class SettingsError(UsageError, ValueError):
     """Settings that cannot be used; `problems` holds one line per problem."""
 
     def __init__(self, problems: list[str]) -> None:

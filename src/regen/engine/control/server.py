@@ -39,6 +39,7 @@ from typing import Any
 import orjson
 
 from regen.engine.control.wire import LineReader, TooLong, encode, unencodable
+from regen.engine.errors import RegenError
 from regen.engine.schema import JobInfo, Snapshot
 
 PROTOCOL_VERSION = 3  # 3: everything of one backend in its lane (engine/schema.py LaneView)
@@ -63,7 +64,7 @@ CONSOLE_LEFT = "this console's connection closed"  # the console hung up: it rea
 log = logging.getLogger(__name__)
 
 
-class ControlError(RuntimeError):
+class ControlError(RegenError, RuntimeError):
     """A control connection that cannot be used; the message is for the operator."""
 
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from regen.engine.errors import UsageError
+
 __all__ = [
     "PROMPTS_FILE",
     "RESULTS_FILE",
@@ -39,7 +41,7 @@ RESULTS_FILE = "raw_responses.jsonl"
 _BAD_NAME = re.compile(r"[\s#\x00-\x1f\x7f]")
 
 
-class DatasetError(ValueError):
+class DatasetError(UsageError, ValueError):
     """A dataset cannot be used as given; the message is one line and names the path."""
 
 

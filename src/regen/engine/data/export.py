@@ -28,6 +28,7 @@ from regen.engine.data.datasets import RESULTS_FILE, Dataset
 from regen.engine.data.jsonl import JsonlError, iter_jsonl
 from regen.engine.data.row import BadRow, Row, read_row
 from regen.engine.data.validate import validate_line
+from regen.engine.errors import RegenError
 
 __all__ = ["FORMATS", "ExportError", "ExportReport", "default_output", "export"]
 
@@ -41,7 +42,7 @@ KIMI_REASONING_WARNING = (
 )
 
 
-class ExportError(ValueError):
+class ExportError(RegenError, ValueError):
     """The export was refused or failed; nothing was written. One line naming the cause."""
 
 

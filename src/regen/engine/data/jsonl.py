@@ -32,6 +32,8 @@ from typing import Any
 
 import orjson
 
+from regen.engine.errors import RegenError
+
 __all__ = [
     "MAX_LINE_BYTES",
     "CorruptLine",
@@ -72,7 +74,7 @@ def is_optional(value: object, *types: type) -> bool:
     return value is None or type(value) in types
 
 
-class JsonlError(ValueError):
+class JsonlError(RegenError, ValueError):
     """A JSONL file is corrupt, locked by another writer, or could not be written."""
 
 

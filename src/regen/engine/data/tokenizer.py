@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from regen.engine.data.pieces import PieceEncoder, encode_whole
 from regen.engine.data.row import TokenizerBlock
+from regen.engine.errors import RegenError
 
 if TYPE_CHECKING:
     from regen.engine.config.settings import TokenizerSettings
@@ -73,11 +74,11 @@ _TOKENIZER_FILE_NAMES = frozenset(
 )
 
 
-class TokenizerError(ValueError):
+class TokenizerError(RegenError, ValueError):
     """The tokenizer folder cannot be used; one line naming the folder and what to do."""
 
 
-class TokenizeError(ValueError):
+class TokenizeError(RegenError, ValueError):
     """One row could not be tokenized; the message names the row when known."""
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from regen.engine.errors import RegenError
 
-class HostError(Exception):
+
+class HostError(RegenError):
     """A host could not do what was asked. ``state`` is the word the console shows."""
 
     state = "failed"

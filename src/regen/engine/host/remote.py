@@ -25,6 +25,7 @@ from regen.engine.host.errors import RemoteError
 _ROOT = Path(__file__).resolve().parents[3]
 # Modules the host scripts import, in import order, and the entry point.
 MODULES = (
+    "regen.engine.errors",
     "regen.engine.data.datasets",
     "regen.engine.data.lines",
     "regen.engine.data.validate",

@@ -22,6 +22,7 @@ from typing import Any
 
 import aiohttp
 
+from regen.engine.errors import RegenError
 from regen.engine.lifetime import die_with_parent
 from regen.engine.schema import RouterView
 
@@ -31,7 +32,7 @@ HEALTH_INTERVAL_S = 2
 _TIMEOUT = aiohttp.ClientTimeout(total=10.0, sock_connect=5.0)
 
 
-class RouterError(RuntimeError):
+class RouterError(RegenError, RuntimeError):
     """The router could not be started or does not answer; the message says why."""
 
 

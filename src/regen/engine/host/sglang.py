@@ -30,6 +30,7 @@ from regen.engine.net.sglang_server import KEEPALIVE_S, LAUNCH_STREAM_INTERVAL, 
 
 ENTRY = "regen.engine.host.scripts.sglangctl"
 MODULES = (
+    "regen.engine.errors",
     "regen.engine.data.datasets",
     "regen.engine.host.scripts.probe",
     "regen.engine.host.scripts.sglanglog",

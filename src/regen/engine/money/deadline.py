@@ -11,6 +11,8 @@ import datetime as dt
 import re
 from dataclasses import dataclass
 
+from regen.engine.errors import UsageError
+
 SETTING = "job.deadline"
 
 _UNITS = {"d": 86_400, "h": 3_600, "m": 60, "s": 1}
@@ -18,7 +20,7 @@ _DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
 _TIME_OF_DAY = re.compile(r"(\d{1,2}):(\d{2})(?::(\d{2}))?")
 
 
-class DeadlineError(ValueError):
+class DeadlineError(UsageError, ValueError):
     """A `job.deadline` that is neither a time of day nor a duration; str() is the one-line message."""
 
     def __init__(self, text: str, why: str) -> None:

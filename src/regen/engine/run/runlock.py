@@ -6,10 +6,12 @@ import fcntl
 import os
 from pathlib import Path
 
+from regen.engine.errors import RegenError
+
 LOCK_NAME = "job.lock"
 
 
-class RunLocked(RuntimeError):
+class RunLocked(RegenError, RuntimeError):
     """Another job holds the run folder; the message names it."""
 
 

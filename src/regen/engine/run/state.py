@@ -6,10 +6,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from regen.engine.data.datasets import Dataset
+from regen.engine.errors import EXIT_FAILURE, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM, RegenError
 from regen.engine.run.recovery import DatasetProgress
 
 
-class JobError(RuntimeError):
+class JobError(RegenError, RuntimeError):
     """The job cannot start or go on; the message says why, for the operator."""
 
 
@@ -79,4 +80,5 @@ class Outcome:
 
     @property
     def exit_code(self) -> int:
-        return {StopReason.DONE: 0, StopReason.SIGINT: 130, StopReason.SIGTERM: 143}.get(self.reason, 1)
+        codes = {StopReason.DONE: EXIT_OK, StopReason.SIGINT: EXIT_SIGINT, StopReason.SIGTERM: EXIT_SIGTERM}
+        return codes.get(self.reason, EXIT_FAILURE)

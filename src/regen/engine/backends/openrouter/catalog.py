@@ -12,6 +12,7 @@ from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 
 from regen.engine.config.settings import OpenRouterSettings, ProviderSettings
+from regen.engine.errors import RegenError
 from regen.engine.money.ledger import RoutePrice
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ def routing_of(settings: OpenRouterSettings) -> ProviderSettings:
     return settings.provider.model_copy(update={"quantizations": allowlist})
 
 
-class CatalogError(RuntimeError):
+class CatalogError(RegenError, RuntimeError):
     """The endpoints list could not be read or admits no provider."""
 
 

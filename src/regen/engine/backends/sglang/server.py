@@ -14,10 +14,11 @@ from typing import Any
 import aiohttp
 import orjson
 
+from regen.engine.errors import RegenError
 from regen.engine.net.sglang_server import streaming_problem
 
 
-class ServerError(RuntimeError):
+class ServerError(RegenError, RuntimeError):
     """A server that cannot be used; the message names its URL and what it said."""
 
 
