@@ -49,8 +49,6 @@ def test_formatting() -> None:
         and fmt.short_duration(7300) == "2h01m"
     )
     assert fmt.count(1464.4) == "1464" and fmt.count(12_345) == "12.3k" and fmt.count(2_500_000) == "2.50M"
-    assert fmt.money(12.345) == "$12.35" and fmt.money(12_345) == "$12,345"
-    assert fmt.money_short(123.4) == "$123" and fmt.money_short(5.5) == "$5.50"
     assert fmt.seconds(0.85) == "850ms" and fmt.seconds(1.234) == "1.23s" and fmt.seconds(42.4) == "42s"
     assert fmt.number(True) is None and fmt.number("1") is None and fmt.number(2) == 2.0
 

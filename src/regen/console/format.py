@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from regen.engine.durations import duration
+from regen.engine.units import amount as amount  # the one formatter of amounts, as fmt.amount
 
 DASH = "-"
 
@@ -50,52 +51,6 @@ def rate(n: float | None) -> str:
     if n is None:
         return DASH
     return f"{n:.1f}" if abs(n) < 100 else count(n)
-
-
-def money(dollars: float | None, *, cents: bool = True) -> str:
-    """US dollars: $12.34, or $1,234 once cents stop mattering."""
-    if dollars is None:
-        return DASH
-    if abs(dollars) >= 10_000 or not cents:
-        return f"${dollars:,.0f}"
-    return f"${dollars:,.2f}"
-
-
-def money_short(dollars: float | None) -> str:
-    """Dollars in at most seven cells: cents below $100, whole dollars above."""
-    if dollars is None:
-        return DASH
-    if abs(dollars) >= 100_000:
-        return f"${dollars / 1000:,.0f}k"
-    return money(dollars, cents=abs(dollars) < 100)
-
-
-def amount(value: float | None, unit: str = "usd", *, cents: bool = True) -> str:
-    """An amount in the ledger's unit: dollars, or GPU time (GPU-hours; GPU-seconds while tiny)."""
-    if unit == "usd":
-        return money(value, cents=cents)
-    if value is None:
-        return DASH
-    if unit == "gpu_s":
-        hours = value / 3600
-        if abs(hours) < 0.01:
-            return f"{value:,.1f} GPU-s"
-        return f"{hours:,.2f} GPU-h" if cents and abs(hours) < 10_000 else f"{hours:,.0f} GPU-h"
-    return f"{value:,.2f} {unit}"
-
-
-def amount_short(value: float | None, unit: str = "usd") -> str:
-    """`amount` in at most seven cells."""
-    if unit == "usd":
-        return money_short(value)
-    if value is None:
-        return DASH
-    if unit == "gpu_s":
-        hours = value / 3600
-        if abs(hours) < 0.01:
-            return f"{value:.0f}s"
-        return f"{hours:.2f}h" if abs(hours) < 100 else f"{hours:,.0f}h"
-    return f"{value:.4g}"
 
 
 def seconds(value: float | None) -> str:

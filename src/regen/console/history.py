@@ -11,8 +11,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from regen.console.format import money, number, percent
+from regen.console.format import number, percent
 from regen.engine.schema import DatasetView, EventRecord, ProviderView, Snapshot, budget_lane
+from regen.engine.units import DOLLARS, amount
 
 STATUSES = ("OK", "SLOW", "FAIL", "EXCL", "DRIFT")
 # Error deltas go to the log at most once per this many seconds of job time.
@@ -174,7 +175,11 @@ class History:
         money_ = budget_lane(snap)["money"]
         if money_["blocked"] and not self._budget_blocked:
             self._lines.append(
-                LogLine(ts, "warning", f"budget reached: no new requests (budget {money(money_['budget'])})")
+                LogLine(
+                    ts,
+                    "warning",
+                    f"budget reached: no new requests (budget {amount(money_['budget'], DOLLARS, 'cents')})",
+                )
             )
         self._budget_blocked = money_["blocked"]
 

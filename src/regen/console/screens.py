@@ -25,6 +25,7 @@ from regen.console.widgets.spark import ZeroSparkline
 from regen.engine.durations import duration
 from regen.engine.money.fleetplan import DeadlineError, parse_deadline
 from regen.engine.schema import FleetView, LaneView, MoneyView, ProviderView, Snapshot, budget_lane
+from regen.engine.units import DOLLARS
 
 MODAL_CSS = """
 {name} {{
@@ -156,8 +157,8 @@ class BudgetScreen(ModalScreen[float | None]):
         with Vertical():
             yield Label("Set the budget", classes="title")
             yield Static(
-                f"Spent {fmt.money(self.spent)}, reserved for requests in flight {fmt.money(self.reserved)}, "
-                f"budget now {fmt.money(self.budget)}. The new budget cannot be below what is spent.",
+                f"Spent {fmt.amount(self.spent, DOLLARS, 'cents')}, reserved for requests in flight {fmt.amount(self.reserved, DOLLARS, 'cents')}, "
+                f"budget now {fmt.amount(self.budget, DOLLARS, 'cents')}. The new budget cannot be below what is spent.",
                 markup=False,
             )
             yield Input(
@@ -183,7 +184,7 @@ class BudgetScreen(ModalScreen[float | None]):
         if value != value or value in (float("inf"), float("-inf")):
             return "type a number of dollars"
         if value < self.spent:
-            return f"{fmt.money(value)} is below what is already spent ({fmt.money(self.spent)})"
+            return f"{fmt.amount(value, DOLLARS, 'cents')} is below what is already spent ({fmt.amount(self.spent, DOLLARS, 'cents')})"
         return value
 
     @on(Input.Submitted)
@@ -485,8 +486,8 @@ class ProviderDetailScreen(ModalScreen[None]):
             ("ok", fmt.count(provider["ok"])),
             ("share", fmt.percent(provider["share"], 1)),
             ("in flight", fmt.count(provider["in_flight"])),
-            ("spent", fmt.money(provider["spent"])),
-            ("$/M output", fmt.money(provider["cost_per_m_output"])),
+            ("spent", fmt.amount(provider["spent"], DOLLARS, "cents")),
+            ("$/M output", fmt.amount(provider["cost_per_m_output"], DOLLARS, "cents")),
             ("output tokens", fmt.count(provider["output_tokens"])),
             ("tok/s", fmt.rate(provider["output_tokens_per_s"])),
             ("latency p50", fmt.seconds(provider["latency_p50_s"])),

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, NotRequired, Required, TypedDict, TypeVar
 
+from regen.engine.units import Unit
+
 # ------------------------------------------------------------------------------------ the backends
 
 
@@ -136,7 +138,7 @@ class BackendView(TypedDict):
     precisions allowed) the snapshot's builder reads from them (engine/backends/base.py)."""
 
     name: str
-    unit: str
+    unit: Unit
     model: str
     routes: list[RouteView]
     account: AccountView
@@ -258,7 +260,7 @@ class WasteView(TypedDict):
 
 
 class MoneyView(TypedDict):
-    unit: str
+    unit: Unit
     spent: float  # confirmed + estimated
     confirmed: float  # as billed
     estimated: float  # pending + unknowable
@@ -374,7 +376,7 @@ class LaneView(TypedDict):
 
     name: str
     title: str
-    unit: str
+    unit: Unit
     model: str
     supports_exclude: bool  # whether its routes can be excluded (OpenRouter's providers)
     account: AccountView

@@ -12,7 +12,7 @@ that string is named or compared. Each precision is said one way everywhere:
   GPU-hour, ``1.23 GPU-h`` (``12,345 GPU-h`` from 10,000): the console's panes (console/format.py).
 - ``"whole"``: ``$1,234``, ``12 GPU-h``: no fractions, where the cells are few.
 - ``"short"``: at most seven cells, for the console's narrow columns: ``$12.34``, ``$1,234``,
-  ``$123k``; ``45s``, ``1.23h``, ``1,234h``.
+  ``$123k``, ``$12.3M``; ``45s``, ``1.23h``, ``1,234h``, ``167kh``.
 
 ``-`` for an amount not known (None). A base module of pure arithmetic: the job, the console and the
 report import it (pyproject.toml's contracts).
@@ -85,6 +85,8 @@ def _dollars(value: float, precision: Precision) -> str:
         return f"${value:.2f}"
     if precision == "whole":
         return f"${value:,.0f}"
+    if precision == "short" and abs(value) >= 1_000_000:
+        return f"${value / 1_000_000:,.1f}M"
     if precision == "short" and abs(value) >= 100_000:
         return f"${value / 1000:,.0f}k"
     if abs(value) >= (100 if precision == "short" else 10_000):
@@ -103,6 +105,8 @@ def _gpu(seconds: float, precision: Precision) -> str:
     if precision == "short":
         if abs(hours) < 0.01:
             return f"{seconds:.0f}s"
+        if abs(hours) >= 100_000:
+            return f"{hours / 1000:,.0f}kh"
         return f"{hours:.2f}h" if abs(hours) < 100 else f"{hours:,.0f}h"
     if abs(hours) < 0.01:
         return f"{seconds:,.1f} GPU-s"

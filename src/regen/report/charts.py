@@ -24,6 +24,7 @@ from matplotlib.figure import Figure
 
 from regen.engine.money.ledger import WASTE_CAUSES
 from regen.engine.run.report_data import ATTEMPTS, ROWS, SPENT, TOKENS, Latency, ReportData
+from regen.engine.units import DOLLARS, UNITS, Unit, per_hour, unit_name
 
 # Text as text in the SVG (the page's fonts), not as paths: smaller, and searchable.
 matplotlib.rcParams["svg.fonttype"] = "none"
@@ -181,10 +182,6 @@ def _lane_series(data: ReportData, lane: str, what: int) -> tuple[list[float], l
     return _grouped(starts, values, data.bins.width_s)
 
 
-def _amount_label(unit: str) -> str:
-    return "dollars" if unit == "usd" else "GPU-hours" if unit == "gpu_s" else unit
-
-
 # -- the charts --------------------------------------------------------------------------------
 
 
@@ -251,16 +248,16 @@ def _rows(data: ReportData) -> Chart | None:
 
 
 def _spend(data: ReportData) -> Chart | None:
-    units = {}
+    units: dict[str, Unit] = {}
     for lane in data.lane_order:
         totals = data.lanes.get(lane)
-        units[lane] = totals.unit if totals is not None else "usd"
-    by_unit = sorted(set(units.values()), key=lambda u: u != "usd")
+        units[lane] = totals.unit if totals is not None else DOLLARS
+    by_unit = sorted(set(units.values()), key=UNITS.index)
     if not data.bins.bins or not by_unit:
         return None
     fig, axes = _figure(len(by_unit))
     for ax, unit in zip(axes, by_unit, strict=True):
-        scale = 1 / 3600 if unit == "gpu_s" else 1.0
+        scale = per_hour(unit)
         for i, lane in enumerate(data.lane_order):
             if units[lane] != unit:
                 continue
@@ -273,9 +270,9 @@ def _spend(data: ReportData) -> Chart | None:
                 lw=1.5,
                 label=f"{lane} spent",
             )
-        if unit == "usd" and data.budget:
+        if unit == DOLLARS and data.budget:
             _budget_line(ax, data)
-        ax.set_ylabel(_amount_label(unit))
+        ax.set_ylabel(unit_name(unit))
         ax.set_ylim(bottom=0)
         _time_axis(ax)
         _marks(ax, data)
@@ -388,7 +385,7 @@ def _waste(data: ReportData) -> Chart | None:
     fig = _new(WIDTH, 3.0)
     axes = fig.subplots(1, len(lanes), squeeze=False)
     for ax, totals in zip(axes[0], lanes, strict=True):
-        scale = 1 / 3600 if totals.unit == "gpu_s" else 1.0
+        scale = per_hour(totals.unit)
         names = ["useful", *WASTE_CAUSES]
         values = [float(totals.breakdown.useful) * scale] + [
             float(totals.breakdown.waste[c]) * scale for c in WASTE_CAUSES
@@ -396,7 +393,7 @@ def _waste(data: ReportData) -> Chart | None:
         colours = ["#2ca25f"] + ["#d62728"] * len(WASTE_CAUSES)
         ax.barh(names, values, color=colours)
         ax.invert_yaxis()
-        ax.set_title(f"{totals.name} ({_amount_label(totals.unit)})", fontsize=10)
+        ax.set_title(f"{totals.name} ({unit_name(totals.unit)})", fontsize=10)
         ax.grid(True, axis="x", alpha=0.25)
     return _chart(
         fig,

@@ -9,10 +9,10 @@ import html
 import time
 from collections.abc import Mapping, Sequence
 
-from regen.engine.control.headless import amount
 from regen.engine.durations import duration
 from regen.engine.money.ledger import WASTE_CAUSES
 from regen.engine.run.report_data import LaneTotals, Latency, ReportData
+from regen.engine.units import DOLLARS, amount
 from regen.report.charts import Chart
 
 STYLE = """
@@ -64,7 +64,7 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 
 
 def _money(totals: LaneTotals, value: float) -> str:
-    return amount(value, totals.unit, 4)
+    return amount(value, totals.unit, "exact")
 
 
 def totals_rows(data: ReportData) -> list[tuple[str, list[str]]]:
@@ -95,7 +95,9 @@ def totals_rows(data: ReportData) -> list[tuple[str, list[str]]]:
     each("useful", lambda t: _money(t, float(t.breakdown.useful)))
     each(
         "useful per million output tokens",
-        lambda t: "-" if t.breakdown.useful_per_m is None else amount(t.breakdown.useful_per_m, t.unit),
+        lambda t: (
+            "-" if t.breakdown.useful_per_m is None else amount(t.breakdown.useful_per_m, t.unit, "plain")
+        ),
     )
     for cause in WASTE_CAUSES:
         each(f"waste: {cause}", lambda t, c=cause: _money(t, float(t.breakdown.waste[c])))
@@ -137,7 +139,7 @@ def render(data: ReportData, charts: Sequence[Chart], png_names: Mapping[str, st
             f'<p class="meta">deadline {_e(_when(data.deadline))} (set {_e(_when(data.deadline_set_at))})</p>'
         )
     if data.budget and data.budget[-1][1] is not None:
-        parts.append(f'<p class="meta">budget {_e(amount(float(data.budget[-1][1]), "usd"))}</p>')
+        parts.append(f'<p class="meta">budget {_e(amount(float(data.budget[-1][1]), DOLLARS, "plain"))}</p>')
     parts.append("<h2>Totals</h2>")
     parts.append(_table(["", *data.lanes], [[label, *cells] for label, cells in totals_rows(data)]))
     spans = [s for s in data.spans if s.kind in ("outage", "hold")]

@@ -17,7 +17,7 @@ def _regen_imports(module: str) -> set[str]:
     spec = importlib.util.find_spec(module)
     assert spec is not None and spec.origin is not None
     tree = ast.parse(Path(spec.origin).read_text())
-    found = set()
+    found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("regen"):
             package = importlib.util.find_spec(node.module)

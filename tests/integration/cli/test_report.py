@@ -21,11 +21,12 @@ from typing import Any
 
 import pytest
 
-from regen.engine.control.headless import amount, summary_lines
+from regen.engine.control.headless import summary_lines
 from regen.engine.run.recovery import read_journals, read_lanes
 from regen.engine.run.report_data import ReportData, read_report
 from regen.engine.runtime import run as run_loop
 from regen.engine.schema import Snapshot
+from regen.engine.units import amount
 from regen.report.page import totals_rows
 from tests.support.datasets import write_dataset
 from tests.support.journals import reconciled_before_end
@@ -87,7 +88,7 @@ def test_the_reports_totals_are_the_summarys_figures(fleets: Finished) -> None:
     summary = "\n".join(fleets.summary)
     for index, lane in enumerate(fleets.snapshot["lanes"]):
         spent = table["spent"][index]
-        assert spent == amount(lane["money"]["spent"], lane["money"]["unit"], 4)
+        assert spent == amount(lane["money"]["spent"], lane["money"]["unit"], "exact")
         assert f"  {lane['name']}: {lane['rows']} rows" in summary and spent in summary, (spent, summary)
 
 
@@ -143,7 +144,7 @@ def test_regen_report_writes_one_self_contained_page_and_a_png_per_chart(
     assert external_references(page) == []
     # The summary's money, as it says it, is on the page.
     for lane in fleets.snapshot["lanes"]:
-        assert amount(lane["money"]["spent"], lane["money"]["unit"], 4) in page
+        assert amount(lane["money"]["spent"], lane["money"]["unit"], "exact") in page
     if CHROMIUM is None:
         pytest.skip(
             "chromium is not installed here (.ci/run installs it): the page was not loaded in a browser"

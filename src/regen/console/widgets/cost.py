@@ -12,6 +12,7 @@ from regen.console import format as fmt
 from regen.console.widgets.bars import segments
 from regen.console.widgets.text import TextPane
 from regen.engine.schema import AccountView, LaneView, MoneyView, SGLangAccount, Snapshot, budget_lane
+from regen.engine.units import DOLLARS
 
 # Below this many columns of content the pane prints five short lines instead of ten labelled ones.
 COMPACT_BELOW = 40
@@ -56,7 +57,7 @@ class CostPane(TextPane):
         unit = money["unit"]
 
         def amount(value: float | None) -> str:
-            return fmt.amount(value, unit)
+            return fmt.amount(value, unit, "cents")
 
         spent, reserved, estimated, budget = (
             money["spent"],
@@ -66,7 +67,7 @@ class CostPane(TextPane):
         )
         headroom = None if budget is None else budget - spent - reserved
         used = (spent + reserved) / budget if budget else None
-        if budget is None and unit != "usd":
+        if budget is None and unit != DOLLARS:
             bar_colour, verdict = "$primary", "none: GPU time is counted, not capped"
         elif money["blocked"]:
             bar_colour, verdict = "$budget-over", "[b $budget-over]budget reached: no new requests[/]"
@@ -123,12 +124,12 @@ class CostPane(TextPane):
             bar,
             f"Burn       {amount(burn):>10}/h",
             f"Projected  {projection}",
-            f"{'Useful $/M' if unit == 'usd' else 'Useful /M '} {amount(money['useful_per_m']):>10}",
+            f"{'Useful $/M' if unit == DOLLARS else 'Useful /M '} {amount(money['useful_per_m']):>10}",
             f"Waste      {amount(waste_total):>10}{waste_causes}",
             last,
         ]
         pending, unknowable = money["pending"], money["unknowable"]
-        if unit == "usd" and pending["requests"] and unknowable["requests"]:
+        if unit == DOLLARS and pending["requests"] and unknowable["requests"]:
             # Both kinds: the money whose bill is coming apart from the money no bill can name.
             lines[1:1] = [
                 f"Pending    {amount(pending['amount']):>10}  {pending['requests']} awaiting their bill",
@@ -148,7 +149,7 @@ def lane_line(lane: LaneView) -> str:
     flag = "" if state == "running" else f" [b $budget-warn]{escape(state)}[/]"
     return (
         f"{escape(lane['name']):<10} {lane['rows']} rows {fmt.percent(lane['rows_share'])}"
-        f" · {fmt.amount(money['spent'], money['unit'])}"
+        f" · {fmt.amount(money['spent'], money['unit'], 'cents')}"
         f" · {lane['in_flight']}/{lane['concurrency']['effective']}{flag}"
     )
 
@@ -158,7 +159,7 @@ def estimate_words(money: MoneyView) -> str:
     parts = []
     pending = money["pending"]["requests"]
     unknowable = money["unknowable"]["requests"]
-    if money["unit"] != "usd":
+    if money["unit"] != DOLLARS:
         # GPU time is measured, never billed later: only attempts cut by a cancel or a crash are
         # estimated, at their reservation (docs/money.md).
         cut = pending + unknowable

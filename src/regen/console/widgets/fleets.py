@@ -19,6 +19,7 @@ from regen.console import format as fmt
 from regen.console.widgets.text import TextPane
 from regen.engine.durations import duration
 from regen.engine.schema import FleetView, LaneView, MoneyView, Snapshot, budget_lane
+from regen.engine.units import DOLLARS
 
 # Providers (or workers) shown under each backend: the busiest by requests.
 TOP_ROUTES = 3
@@ -64,7 +65,7 @@ def lane_lines(lane: LaneView, top: int = TOP_ROUTES, *, compact: bool = False) 
         lines.append(f"  [$warning]{escape(reason)}[/]")
     made = (
         f"  {fmt.count(lane['output_tokens'])} tok · "
-        f"{fmt.rate(lane['rates']['output_tokens_per_s'])} tok/s · {fmt.amount(money['spent'], lane['unit'])}"
+        f"{fmt.rate(lane['rates']['output_tokens_per_s'])} tok/s · {fmt.amount(money['spent'], lane['unit'], 'cents')}"
     )
     in_flight = f"{lane['in_flight']}/{lane['concurrency']['effective']}"
     ceiling = lane["ceiling"]
@@ -116,12 +117,12 @@ def plan_lines(
     eta, late = fmt.against_deadline(fleet["eta_s"], left)
     fits = "[b $success]fits[/]" if fleet["fits"] else "[b $error]does not fit[/]"
     projected = fleet["projected_usd"]
-    budget = money["budget"] if money["unit"] == "usd" else None
-    spend = f"projected {fmt.money(projected)}"
+    budget = money["budget"] if money["unit"] == DOLLARS else None
+    spend = f"projected {fmt.amount(projected, DOLLARS, 'cents')}"
     if budget is not None:
-        spend += f" of {fmt.money(budget)}"
+        spend += f" of {fmt.amount(budget, DOLLARS, 'cents')}"
         if projected is not None and projected > budget:
-            spend += f" [b $budget-warn]over by {fmt.money(projected - budget)}[/]"
+            spend += f" [b $budget-warn]over by {fmt.amount(projected - budget, DOLLARS, 'cents')}[/]"
     ceiling = fleet["ceiling"]
     aim = fleet["aim_tokens_per_s"]
     groups = [

@@ -21,6 +21,7 @@ from regen.console import format as fmt
 from regen.console.history import provider_status, slug_of
 from regen.console.widgets.colors import theme_style
 from regen.engine.schema import LaneView, ProviderView
+from regen.engine.units import DOLLARS, Unit
 
 STATUS_GLYPH = {"OK": "✓", "SLOW": "~", "FAIL": "✗", "EXCL": "-", "DRIFT": "≠"}
 STATUS_VARIABLE = {
@@ -126,10 +127,10 @@ class ProvidersTable(DataTable[Any]):
         self.providers: dict[str, ProviderView] = {}
         self._caches_for = -1
         self._last_show: tuple[list[ProviderView], str, tuple[str, str, bool]] | None = None
-        self.unit = "usd"
+        self.unit: Unit = DOLLARS
         self.labels: dict[str, str] = {}
 
-    def set_backend(self, unit: str, workers: bool) -> None:
+    def set_backend(self, unit: Unit, workers: bool) -> None:
         """Money cells in the ledger's unit; worker headings for SGLang. Rebuilds only on a change."""
         labels = WORKER_LABELS if workers else {}
         if unit == self.unit and labels == self.labels:
@@ -211,8 +212,8 @@ class ProvidersTable(DataTable[Any]):
             "errors": fmt.count(error_count(provider)),
             "share": fmt.percent(provider["share"]),
             "in_flight": fmt.count(provider["in_flight"]),
-            "spent": fmt.amount_short(provider["spent"], self.unit),
-            "usd_m": fmt.amount_short(provider["cost_per_m_output"], self.unit),
+            "spent": fmt.amount(provider["spent"], self.unit, "short"),
+            "usd_m": fmt.amount(provider["cost_per_m_output"], self.unit, "short"),
             "note": Text(note, style=excluded_style, no_wrap=True, overflow="ellipsis"),
             "fidelity": self._fidelity(provider),
         }

@@ -12,6 +12,7 @@ from textual.widgets import Static
 
 from regen.console import format as fmt
 from regen.engine.schema import MoneyView, Snapshot, budget_lane
+from regen.engine.units import DOLLARS
 
 STATE_LOOK = {
     "STARTING": ("…", "$text-muted"),
@@ -130,21 +131,21 @@ class StatusStrip(Static):
             state_text += f" [b $warning]HELD {fmt.short_duration(held)}[/]"
         tokens, requests = fmt.rate(rates["output_tokens_per_s"]), fmt.rate(rates["attempts_per_s"])
         unit = money["unit"]
-        if unit == "usd":
+        if unit == DOLLARS:
             spend = [
-                f"[{money_colour}]{fmt.money(spent)} spent + {fmt.money(reserved)} reserved of {fmt.money(budget)} "
-                f"({fmt.percent(used)} used){budget_word}[/]  {fmt.money(burn)}/h",
-                f"[{money_colour}]{fmt.money(spent)} + {fmt.money(reserved)} rsv of {fmt.money(budget)} "
-                f"{fmt.percent(used)}{budget_word}[/] {fmt.money(burn)}/h",
-                f"[{money_colour}]{fmt.money(spent)}+{fmt.money(reserved)}/{fmt.money(budget, cents=False)} "
-                f"{fmt.percent(used)}{budget_word}[/] {fmt.money(burn, cents=False)}/h",
+                f"[{money_colour}]{fmt.amount(spent, DOLLARS, 'cents')} spent + {fmt.amount(reserved, DOLLARS, 'cents')} reserved of {fmt.amount(budget, DOLLARS, 'cents')} "
+                f"({fmt.percent(used)} used){budget_word}[/]  {fmt.amount(burn, DOLLARS, 'cents')}/h",
+                f"[{money_colour}]{fmt.amount(spent, DOLLARS, 'cents')} + {fmt.amount(reserved, DOLLARS, 'cents')} rsv of {fmt.amount(budget, DOLLARS, 'cents')} "
+                f"{fmt.percent(used)}{budget_word}[/] {fmt.amount(burn, DOLLARS, 'cents')}/h",
+                f"[{money_colour}]{fmt.amount(spent, DOLLARS, 'cents')}+{fmt.amount(reserved, DOLLARS, 'cents')}/{fmt.amount(budget, DOLLARS, 'whole')} "
+                f"{fmt.percent(used)}{budget_word}[/] {fmt.amount(burn, DOLLARS, 'whole')}/h",
             ]
         else:
             # A GPU-time ledger has no budget: what the GPUs have done, and how many are busy.
             spend = [
-                f"{fmt.amount(spent, unit)} used  {fmt.amount(burn, unit)}/h",
-                f"{fmt.amount(spent, unit)} used {fmt.amount(burn, unit)}/h",
-                f"{fmt.amount_short(spent, unit)} {fmt.amount_short(burn, unit)}/h",
+                f"{fmt.amount(spent, unit, 'cents')} used  {fmt.amount(burn, unit, 'cents')}/h",
+                f"{fmt.amount(spent, unit, 'cents')} used {fmt.amount(burn, unit, 'cents')}/h",
+                f"{fmt.amount(spent, unit, 'short')} {fmt.amount(burn, unit, 'short')}/h",
             ]
         firsts = [
             f"{state_text}  {fmt.clock(elapsed)} elapsed  {fmt.percent(done, 1)} done  ETA {fmt.clock(eta)}  │  "

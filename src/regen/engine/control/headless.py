@@ -19,6 +19,7 @@ from regen.engine.control.server import SOCKET_NAME, ControlServer
 from regen.engine.durations import duration
 from regen.engine.job.job import Job, Outcome, StopReason
 from regen.engine.schema import FleetView, LaneView, MoneyView, ProviderView, Snapshot, budget_lane
+from regen.engine.units import Unit, amount
 
 
 def _count(n: float) -> str:
@@ -29,32 +30,23 @@ def _count(n: float) -> str:
     return f"{n:.0f}" if n >= 100 or n == int(n) else f"{n:.1f}"
 
 
-def amount(value: float, unit: str, places: int = 2) -> str:
-    """An amount in the ledger's unit: dollars, or GPU-hours for a GPU-time ledger."""
-    if unit == "usd":
-        return f"${value:.{places}f}"
-    if unit == "gpu_s":
-        return f"{value / 3600:.{places}f} GPU-h"
-    return f"{value:.{places}f} {unit}"
-
-
 def money_line(money: MoneyView) -> str:
     """Spent, split into what was billed and what is still an estimate, and why."""
     unit = money["unit"]
-    line = f"spent {amount(money['spent'], unit, 4)}"
+    line = f"spent {amount(money['spent'], unit, 'exact')}"
     if money["budget"] is not None:
-        line += f" of {amount(money['budget'], unit)}"
+        line += f" of {amount(money['budget'], unit, 'plain')}"
     parts = []
     pending, unknowable = money["pending"], money["unknowable"]
     if pending["requests"]:
         parts.append(
-            f"{amount(pending['amount'], unit, 4)} estimated for {pending['requests']} requests "
+            f"{amount(pending['amount'], unit, 'exact')} estimated for {pending['requests']} requests "
             "until their bill is looked up"
         )
     if unknowable["requests"] and money.get("unknowable_bound") == "key_usage":
         waited = money.get("unknowable_bound_wait_s")
         parts.append(
-            f"{amount(unknowable['amount'], unit, 4)} for {unknowable['requests']} requests cut before their "
+            f"{amount(unknowable['amount'], unit, 'exact')} for {unknowable['requests']} requests cut before their "
             "generation id arrived, bounded by what the key's usage grew by"
             + (
                 f" (read once it had settled, after {waited:.1f} s)"
@@ -64,11 +56,11 @@ def money_line(money: MoneyView) -> str:
         )
     elif unknowable["requests"]:
         parts.append(
-            f"{amount(unknowable['amount'], unit, 4)} is the worst case of {unknowable['requests']} requests "
+            f"{amount(unknowable['amount'], unit, 'exact')} is the worst case of {unknowable['requests']} requests "
             "cut before their generation id arrived (no bill can ever name them, so it stays counted)"
         )
     if parts:
-        line += f": {amount(money['confirmed'], unit, 4)} confirmed, " + "; ".join(parts)
+        line += f": {amount(money['confirmed'], unit, 'exact')} confirmed, " + "; ".join(parts)
     return line
 
 
@@ -79,9 +71,9 @@ def estimate_part(money: MoneyView) -> str:
     pending, unknowable = money["pending"], money["unknowable"]
     parts = []
     if pending["requests"]:
-        parts.append(f"{amount(pending['amount'], unit)} pending for {pending['requests']} bills")
+        parts.append(f"{amount(pending['amount'], unit, 'plain')} pending for {pending['requests']} bills")
     if unknowable["requests"]:
-        parts.append(f"{amount(unknowable['amount'], unit)} unknowable")
+        parts.append(f"{amount(unknowable['amount'], unit, 'plain')} unknowable")
     return f" ({', '.join(parts)})" if parts else ""
 
 
@@ -101,7 +93,7 @@ def status_line(snap: Snapshot) -> str:
     errors = " ".join(f"{k}:{v}" for k, v in sorted(snap["errors"].items())) or "none"
     unit = money["unit"]
     estimated = estimate_part(money)
-    budget = "" if money["budget"] is None else f" / {amount(money['budget'], unit)}"
+    budget = "" if money["budget"] is None else f" / {amount(money['budget'], unit, 'plain')}"
     state = snap["state"]
     settling = sum(lane["money"]["settling"] or 0 for lane in snap["lanes"])
     if any(lane["money"]["settling"] is not None for lane in snap["lanes"]):
@@ -117,7 +109,7 @@ def status_line(snap: Snapshot) -> str:
         f"[{duration(snap['elapsed_s'], 'clock')}] {state} | {datasets} | "
         f"{_count(rates['output_tokens_per_s'])} tok/s {rates['attempts_per_s']:.1f} req/s | "
         f"in flight {flying} | "
-        f"{amount(money['spent'], unit)} spent{estimated} + {amount(money['reserved'], unit)} reserved{budget} | "
+        f"{amount(money['spent'], unit, 'plain')} spent{estimated} + {amount(money['reserved'], unit, 'plain')} reserved{budget} | "
         f"errors {errors} | ETA {duration(snap['eta_s'], 'clock')}"
     )
     if len(lanes) > 1:
@@ -227,7 +219,7 @@ def lane_part(lane: LaneView) -> str:
     state = "" if lane["state"] == "running" else f" {lane['state'].upper()}"
     return (
         f"{lane['name']}{state} {lane['rows']} rows ({lane['rows_share'] * 100:.0f}%) "
-        f"{_count(lane['output_tokens'])} tok {amount(money['spent'], money['unit'], 4)} "
+        f"{_count(lane['output_tokens'])} tok {amount(money['spent'], money['unit'], 'exact')} "
         f"in flight {lane['in_flight']}/{_lane_limit(lane)}"
     )
 
@@ -236,9 +228,9 @@ def lane_line(lane: LaneView) -> str:
     """One backend's share for the summary."""
     money = lane["money"]
     unit = money["unit"]
-    spent = amount(money["spent"], unit, 4)
+    spent = amount(money["spent"], unit, "exact")
     if money["budget"] is not None:
-        spent += f" of {amount(money['budget'], unit)}"
+        spent += f" of {amount(money['budget'], unit, 'plain')}"
     errors = sum(lane["errors"].values())
     closed = f"; closed: {lane['reason']}" if lane["state"] == "closed" else ""
     return (
@@ -255,14 +247,14 @@ def _millis(value: float | None) -> str:
     return "-" if value is None else f"{value * 1000:.1f}ms"
 
 
-def provider_line(p: ProviderView, unit: str) -> str:
+def provider_line(p: ProviderView, unit: Unit) -> str:
     errors = sum(p["errors"].values())
-    per_m = "-" if p["cost_per_m_output"] is None else f"{amount(p['cost_per_m_output'], unit)}/M"
+    per_m = "-" if p["cost_per_m_output"] is None else f"{amount(p['cost_per_m_output'], unit, 'plain')}/M"
     return (
         f"  {p['status']:<4} {p['name']}: {p['requests']} requests ({p['share'] * 100:.0f}%), {p['ok']} rows, "
         f"latency p50 {_seconds(p['latency_p50_s'])} p95 {_seconds(p['latency_p95_s'])}, "
         f"TTFT p50 {_seconds(p['ttft_p50_s'])}, TPOT {_millis(p['tpot_s'])}, "
-        f"{_count(p['output_tokens_per_s'])} tok/s, {amount(p['spent'], unit, 4)} ({per_m}), "
+        f"{_count(p['output_tokens_per_s'])} tok/s, {amount(p['spent'], unit, 'exact')} ({per_m}), "
         f"errors {errors} (429s {p['throttled']})"
     )
 
@@ -294,15 +286,15 @@ def summary_lines(snap: Snapshot, outcome: Outcome) -> list[str]:
     lines.append(f"money: {money_line(money)}")
     per_m = money["useful_per_m"]
     lines.append(
-        f"  useful {amount(money['useful'], unit, 4)} for {money['useful_output_tokens']} output tokens"
-        + (f" ({amount(per_m, unit)}/M)" if per_m is not None else "")
+        f"  useful {amount(money['useful'], unit, 'exact')} for {money['useful_output_tokens']} output tokens"
+        + (f" ({amount(per_m, unit, 'plain')}/M)" if per_m is not None else "")
     )
     waste = ", ".join(
-        f"{cause} {amount(w['amount'], unit, 4)}"
+        f"{cause} {amount(w['amount'], unit, 'exact')}"
         for cause, w in money["waste"].items()
         if w["amount"] or w["tokens"]
     )
-    lines.append(f"  waste {amount(money['waste_total'], unit, 4)}" + (f": {waste}" if waste else ""))
+    lines.append(f"  waste {amount(money['waste_total'], unit, 'exact')}" + (f": {waste}" if waste else ""))
     fleet = snap.get("fleet")
     at = None if fleet is None else fleet["deadline_ts"]
     if at is not None:

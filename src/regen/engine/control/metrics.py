@@ -28,11 +28,11 @@ from regen.engine.job.snapshot import dataset_view, lane_state
 from regen.engine.job.stats import Buckets
 from regen.engine.run.state import JobState
 from regen.engine.schema import MoneyView
+from regen.engine.units import GPU_SECONDS, UNITS, unit_name
 
 PATH = "/metrics"
 
 # A ledger's unit (engine/money/ledger.py) as the suffix of the families that carry its amounts.
-UNIT_SUFFIX = {"usd": "dollars", "gpu_s": "gpu_seconds"}
 LANE_STATES = ("running", "paused", "held", "out", "closed", "budget")  # engine/schema.py LaneView.state
 FIDELITY_STATES = ("learning", "ok", "drift")  # engine/schema.py FidelityView.state
 
@@ -54,7 +54,7 @@ def _money(what: str, labels: tuple[str, ...], meaning: str) -> list[Family]:
     """The same amount in each ledger's unit: one family per unit."""
     return [
         Family(f"regen_{what}_{suffix}", "gauge", labels, suffix.replace("_", "-"), meaning)
-        for suffix in UNIT_SUFFIX.values()
+        for suffix in (unit_name(unit, metric=True) for unit in UNITS)
     ]
 
 
@@ -319,8 +319,8 @@ class JobCollector:
             _lane(page, job, lane, now)
             money = figures.money(lane, now, remaining, lane.stats.counters.rows)
             _money_of(page, lane.name, money)
-            _routes(page, job, lane, UNIT_SUFFIX.get(money["unit"]))
-            if lane.ledger.unit == "gpu_s":
+            _routes(page, job, lane, unit_name(money["unit"], metric=True))
+            if lane.ledger.unit == GPU_SECONDS:
                 _servers(page, lane)
         yield from page.metrics.values()
 
@@ -374,9 +374,7 @@ def _lane(page: _Page, job: Job, lane: Lane, now: float) -> None:
 
 
 def _money_of(page: _Page, b: str, money: MoneyView) -> None:
-    unit = UNIT_SUFFIX.get(money["unit"])
-    if unit is None:  # a ledger in a unit this page has no name for: its amounts are left out
-        return
+    unit = unit_name(money["unit"], metric=True)
     page.add(f"regen_spent_{unit}", [b], money["spent"])
     page.add(f"regen_reserved_{unit}", [b], money["reserved"])
     page.add(f"regen_pending_{unit}", [b], money["pending"]["amount"])

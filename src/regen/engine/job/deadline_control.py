@@ -29,8 +29,8 @@ from regen.engine.run.events import EventLog
 from regen.engine.run.records import DeadlineEvent, deadline_event
 from regen.engine.run.state import DatasetState, JobError
 from regen.engine.schema import FleetView
+from regen.engine.units import DOLLARS  # the unit of the lane whose share is bought (OpenRouter's)
 
-DOLLARS = "usd"  # the unit of the lane whose share is bought (OpenRouter's)
 MIN_SPAN_S = 1.0  # a rate measured over less is noise (requests land in bursts)
 
 

@@ -50,6 +50,7 @@ from regen.engine.run.runlock import RunLock, RunLocked
 from regen.engine.run.segments import compress
 from regen.engine.run.state import DatasetState, JobError, JobState, Outcome, StopReason
 from regen.engine.schema import JobInfo, Snapshot
+from regen.engine.units import DOLLARS
 
 __all__ = ["Job", "JobError", "JobState", "Outcome", "StopReason"]
 
@@ -90,7 +91,7 @@ class Job:
         # One lane per backend, in the order of job.backends (engine/job/lanes.py): its own ledger (the
         # dollar budget on OpenRouter's, none on GPU time), statistics, settling and in-flight limit.
         for chosen in backends:
-            budget = to_dollars(settings.job.budget_usd) if chosen.unit == "usd" else None
+            budget = to_dollars(settings.job.budget_usd) if chosen.unit == DOLLARS else None
             self.dispatcher.add_lane(
                 chosen, Ledger(budget, unit=chosen.unit), JobStats(settings.stats.window_s), self
             )

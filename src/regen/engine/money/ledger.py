@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from regen.engine.units import DOLLARS, Unit
+
 # Byte-level BPE never makes more tokens than bytes, so utf-8 bytes bound a message's tokens; the
 # chat template adds role markers per message and a default system prompt. Generous on purpose:
 # a reservation that is too high only slows dispatch near the end of the budget.
@@ -146,7 +148,7 @@ class Estimates:
 class Ledger:
     """Spend in one unit; the single place the budget rule lives. A budget of None never blocks."""
 
-    def __init__(self, budget: Decimal | None, unit: str = "usd") -> None:
+    def __init__(self, budget: Decimal | None, unit: Unit = DOLLARS) -> None:
         self.unit = unit
         self.budget = budget
         self.spent = Decimal(0)

@@ -38,6 +38,7 @@ from regen.engine.run.records import (
 from regen.engine.run.recovery import JournalState, ledger_unit, read_lanes
 from regen.engine.run.results import ATTEMPTS_FILE
 from regen.engine.run.runlock import holder
+from regen.engine.units import Unit
 
 __all__ = ["ROW_OUTCOMES", "Bins", "LaneTotals", "Latency", "ReportData", "Span", "read_report"]
 
@@ -204,7 +205,7 @@ class LaneTotals:
     rules), its rows, tokens, attempts and errors counted from its end records."""
 
     name: str
-    unit: str
+    unit: Unit
     spent: Decimal
     estimates: Estimates
     breakdown: SpendBreakdown

@@ -9,7 +9,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from regen.console import format as fmt
 from regen.console.app import RegenApp
 from regen.console.client import SocketSource
 from regen.console.options import ConsoleOptions
@@ -30,16 +29,6 @@ def servers_running(app: RegenApp) -> bool:
         return False
     account = app.displayed["lanes"][0]["account"]
     return account["kind"] == "sglang" and bool(account["servers"]) and bool(account["servers"][0]["running"])
-
-
-def test_amounts_in_the_ledgers_unit() -> None:
-    assert fmt.amount(12.345, "usd") == fmt.money(12.345) == "$12.35"
-    assert fmt.amount_short(123.4, "usd") == fmt.money_short(123.4)
-    assert fmt.amount(7200, "gpu_s") == "2.00 GPU-h"
-    assert fmt.amount(12.0, "gpu_s") == "12.0 GPU-s", "tiny amounts stay readable"
-    assert fmt.amount(3600 * 12_345, "gpu_s") == "12,345 GPU-h"
-    assert fmt.amount_short(9000, "gpu_s") == "2.50h" and fmt.amount_short(5, "gpu_s") == "5s"
-    assert fmt.amount(None, "gpu_s") == "-"
 
 
 async def test_the_console_shows_gpu_time_and_workers(
