@@ -21,7 +21,7 @@ from regen.console.options import ConsoleOptions
 from regen.console.screens import BudgetScreen, ConfirmScreen, HelpScreen, ProviderDetailScreen, StopScreen
 from regen.console.widgets.log import EventLog
 from regen.console.widgets.providers import ProvidersTable
-from regen.engine.schema import Snapshot, budget_lane
+from regen.engine.schema import Hello, Snapshot, budget_lane
 from tests.support.console_app import (
     busiest,
     cell,
@@ -454,7 +454,7 @@ async def test_snapshots_coalesce() -> None:
 
 async def test_a_source_that_fails_to_connect_is_reported() -> None:
     class Refusing(ReplaySource):
-        async def connect(self) -> dict[str, object]:
+        async def connect(self) -> Hello:
             raise ConnectionRefusedError("no job is running on /srv/regen-run")
 
     app = make_app(source=Refusing("openrouter"))

@@ -20,9 +20,9 @@ from __future__ import annotations
 import asyncio
 import copy
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, cast
 
-from regen.engine.schema import Snapshot
+from regen.engine.schema import CommandReply, Hello, Snapshot
 from tests.support.recordings import Recording, load
 
 READONLY_REFUSAL = "this console is read-only"  # the control server's words (engine/control/server.py)
@@ -60,9 +60,9 @@ class ReplaySource:
         """When the newest frame played arrived (epoch seconds)."""
         return self._now
 
-    async def connect(self) -> dict[str, Any]:
+    async def connect(self) -> Hello:
         self.connected = True
-        hello = copy.deepcopy(self.recording.hello)
+        hello = cast(Hello, copy.deepcopy(self.recording.hello))  # a real job's, as it came
         hello["readonly"] = self.readonly
         return hello
 
@@ -105,7 +105,7 @@ class ReplaySource:
             if frame is not None:
                 yield frame
 
-    async def command(self, name: str, **args: Any) -> dict[str, Any]:
+    async def command(self, name: str, **args: Any) -> CommandReply:
         self.commands.append((name, dict(args)))
         if self.readonly:
             return {"ok": False, "message": READONLY_REFUSAL}
@@ -115,7 +115,8 @@ class ReplaySource:
             if sent is not None and sent["name"] == name and sent["args"] == args:
                 self._at = index + 1
                 self.advance(1)  # the snapshot the job pushed after it
-                return dict(entries[index]["reply"])
+                reply = entries[index]["reply"]
+                return {"ok": reply["ok"], "message": reply["message"]}
         return {
             "ok": False,
             "message": f"the {self.recording.kind} recording holds no {name} {args} from here (make recordings)",

@@ -200,7 +200,7 @@ class RegenApp(SteeringKeys):
     @work(group="snapshots", exclusive=True, exit_on_error=False, description="Receiving snapshots")
     async def _receive(self) -> None:
         hello = await self.source.connect()
-        self.history.add_events(list(hello.get("events") or []))
+        self.history.add_events(hello["events"])
         self.post_message(Connected(hello))
         async for snap in self.source.snapshots():
             received = self.clock()
@@ -213,10 +213,9 @@ class RegenApp(SteeringKeys):
         if self._shutting_down:
             return
         self.hello = message.hello
-        self.readonly = self.readonly or bool(message.hello.get("readonly"))
+        self.readonly = self.readonly or message.hello["readonly"]
         self.status.hello = message.hello
-        job = message.hello.get("job") or {}
-        self.sub_title = str(job.get("model") or "")
+        self.sub_title = message.hello["job"]["model"]
         self.refresh_bindings()
         self._repaint_status()
 
@@ -487,7 +486,7 @@ class RegenApp(SteeringKeys):
         """Where `e` writes: the configured folder, else the job's run folder, else the current one."""
         if self.options.export_dir is not None:
             return self.options.export_dir
-        run_dir = (self.hello.get("job") or {}).get("run_dir")
+        run_dir = None if self.hello is None else self.hello["job"]["run_dir"]
         if run_dir and Path(run_dir).is_dir():
             return Path(run_dir)
         return Path.cwd()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import time
 from collections import deque
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any, cast
 import orjson
 
 from regen.engine.control.server import PROTOCOL_VERSION, ControlError, open_control
-from regen.engine.schema import Snapshot
+from regen.engine.schema import CommandAnswer, CommandReply, Hello, Snapshot
 
 
 class SocketSource:
@@ -25,20 +26,20 @@ class SocketSource:
         self.path = path
         self.readonly = readonly
         self.protocol = protocol
-        self.hello: dict[str, Any] = {}
+        self.hello: Hello | None = None
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._ids = itertools.count(1)
-        self._replies: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._replies: dict[int, asyncio.Future[CommandAnswer]] = {}
         # The newest few snapshots not yet taken (None marks the end); see _keep.
         self._snapshots: deque[Snapshot | None] = deque()
         self._arrived = asyncio.Event()
         self._pump: asyncio.Task[None] | None = None
         self.closed_reason: str | None = None
 
-    async def connect(self) -> dict[str, Any]:
+    async def connect(self) -> Hello:
         try:
-            self._reader, self._writer, self.hello = await open_control(
+            self._reader, self._writer, hello = await open_control(
                 self.path, readonly=self.readonly, protocol=self.protocol
             )
         except (OSError, ValueError) as exc:  # open_control words the usual ones (ControlError) itself
@@ -46,7 +47,8 @@ class SocketSource:
                 f"could not attach to the job on {self.path.parent} ({exc}); `regen attach` tries again"
             ) from None
         self._pump = asyncio.get_running_loop().create_task(self._read())
-        return self.hello
+        self.hello = hello
+        return hello
 
     async def _read(self) -> None:
         assert self._reader is not None
@@ -69,12 +71,12 @@ class SocketSource:
                     if dropped:
                         # The job could not keep every event for this console: say so in the log.
                         snap["events"] = [
-                            {"event": "events_not_shown", "count": dropped},
+                            {"ts": time.time(), "event": "events_not_shown", "count": dropped},
                             *snap.get("events", []),
                         ]
                     self._keep(snap)
                 elif "id" in message and message["id"] in self._replies:
-                    self._replies.pop(message["id"]).set_result(message)
+                    self._replies.pop(message["id"]).set_result(cast("CommandAnswer", message))
                 elif "bye" in message:
                     self.closed_reason = str(message["bye"])
                 elif "error" in message:
@@ -110,11 +112,11 @@ class SocketSource:
                 return
             yield snap
 
-    async def command(self, name: str, **args: Any) -> dict[str, Any]:
+    async def command(self, name: str, **args: Any) -> CommandReply:
         if self._writer is None or self._writer.is_closing():
             return {"ok": False, "message": self.closed_reason or "not connected"}
         request_id = next(self._ids)
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[CommandAnswer] = asyncio.get_running_loop().create_future()
         self._replies[request_id] = future
         self._writer.write(orjson.dumps({"id": request_id, "command": name, "args": args}) + b"\n")
         await self._writer.drain()
@@ -122,7 +124,7 @@ class SocketSource:
             reply = await asyncio.wait_for(future, timeout=30)
         except (ControlError, TimeoutError) as exc:
             return {"ok": False, "message": str(exc) or "no answer from the job"}
-        return {"ok": bool(reply.get("ok")), "message": str(reply.get("message", ""))}
+        return {"ok": reply["ok"], "message": reply["message"]}
 
     async def close(self) -> None:
         if self._writer is not None:

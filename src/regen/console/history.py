@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
 from regen.console.format import number, percent
 from regen.engine.schema import DatasetView, EventRecord, ProviderView, Snapshot, budget_lane
@@ -261,7 +260,7 @@ _EVENT_LEVEL = {
 }
 
 
-def event_line(event: dict[str, Any]) -> LogLine:
+def event_line(event: EventRecord) -> LogLine:
     """A journal event as a log line: known events in words, others as key=value pairs."""
     name = str(event.get("event", "event"))
     fields = {k: v for k, v in event.items() if k not in ("ts", "seq", "event")}

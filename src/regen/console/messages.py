@@ -7,14 +7,14 @@ from typing import Any
 
 from textual.message import Message
 
-from regen.engine.schema import Snapshot
+from regen.engine.schema import Hello, Snapshot
 
 
 @dataclass
 class Connected(Message):
     """The job answered the hello."""
 
-    hello: dict[str, Any]
+    hello: Hello
 
 
 @dataclass

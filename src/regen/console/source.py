@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Protocol, runtime_checkable
 
-from regen.engine.schema import Snapshot
+from regen.engine.schema import CommandReply, Hello, Snapshot
 
 
 @runtime_checkable
@@ -21,7 +21,7 @@ class JobSource(Protocol):
     closed_reason: str | None
     """Why the snapshots ended (the job's goodbye, or what broke), in words the operator can act on."""
 
-    async def connect(self) -> dict[str, Any]:
+    async def connect(self) -> Hello:
         """Greet the job; returns the hello: {"protocol": 1, "job": {...}, "events": [...]}."""
         ...
 
@@ -29,7 +29,7 @@ class JobSource(Protocol):
         """Folded snapshots (`Job.snapshot()` plus "events" since the last one); ends when the job goes."""
         ...
 
-    async def command(self, name: str, **args: Any) -> dict[str, Any]:
+    async def command(self, name: str, **args: Any) -> CommandReply:
         """Send one command; returns {"ok": bool, "message": str} and never raises for a refusal."""
         ...
 

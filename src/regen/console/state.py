@@ -4,7 +4,6 @@ whether it may steer; the app's base (console/app.py `RegenApp`, console/steerin
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from textual.app import App
 from textual.reactive import reactive
@@ -16,7 +15,7 @@ from regen.console.widgets.fleets import shows_fleets
 from regen.console.widgets.log import EventLog
 from regen.console.widgets.providers import ProvidersPane, ProvidersTable
 from regen.console.widgets.status import StatusStrip
-from regen.engine.schema import ProviderView, Snapshot, budget_lane
+from regen.engine.schema import Hello, ProviderView, Snapshot, budget_lane
 
 LIVE_STATES = ("RUNNING", "PAUSED")
 
@@ -36,7 +35,7 @@ class ConsoleState(App[str]):
         self.options = options
         self.clock = clock
         self.readonly = bool(source.readonly)
-        self.hello: dict[str, Any] = {}
+        self.hello: Hello | None = None  # till the job answers
         self.history = History(points=self.options.history_points)
         self.latest: Snapshot | None = None
         self.latest_at: float | None = None
@@ -77,7 +76,12 @@ class ConsoleState(App[str]):
     @property
     def can_steer(self) -> bool:
         """Whether commands may be sent now."""
-        return not self.readonly and self.ended is None and bool(self.hello) and self.job_state in LIVE_STATES
+        return (
+            not self.readonly
+            and self.ended is None
+            and self.hello is not None
+            and self.job_state in LIVE_STATES
+        )
 
     def why_not_steer(self) -> str:
         """Why a steering key does nothing now."""
@@ -85,7 +89,7 @@ class ConsoleState(App[str]):
             return "read-only console: it watches; attach without --readonly to steer"
         if self.ended is not None:
             return f"not connected to the job ({self.ended})"
-        if not self.hello:
+        if self.hello is None:
             return "not connected to the job yet"
         return f"the job is {self.job_state}: nothing to steer"
 

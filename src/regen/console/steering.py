@@ -53,7 +53,7 @@ class SteeringKeys(ConsoleState):
     @work(group="commands", exit_on_error=False, description="Sending a command to the job")
     async def _command(self, name: str, args: dict[str, Any]) -> None:
         result = await self.source.command(name, **args)
-        self.post_message(CommandDone(name, args, bool(result.get("ok")), str(result.get("message", ""))))
+        self.post_message(CommandDone(name, args, result["ok"], result["message"]))
 
     @on(CommandDone)
     def _command_done(self, message: CommandDone) -> None:

@@ -596,8 +596,12 @@ class HostView(ConnectionView):
 
 # ---------------------------------------------------------------------------------- the snapshot
 
-# One line of events.jsonl (engine/run/events.py): `ts`, `seq`, `event` and that event's own fields,
-# which differ from one event to the next.
+
+# One journal event as a console gets it (engine/run/events.py): `ts`, `event`, `seq` (the job's
+# count of events shown, from 1: a console skips one it has seen) and the event's own fields, which
+# differ from one event to the next (engine/run/records.py types the journaled ones; the console
+# words them by name: console/history.py `event_line`). A mapping, not a TypedDict: a TypedDict
+# cannot hold the fields it does not name.
 EventRecord = dict[str, Any]
 
 
@@ -620,6 +624,28 @@ class Snapshot(TypedDict):
     fleet: NotRequired[FleetView]
     events: NotRequired[list[EventRecord]]  # added per client by the control server
     events_dropped: NotRequired[int]  # on the socket: events a slow client could not be kept
+
+
+class Hello(TypedDict):
+    """The job's answer to a console's hello on the control socket (engine/control/server.py)."""
+
+    protocol: int  # PROTOCOL_VERSION: the console refuses a job that speaks another
+    job: JobInfo
+    readonly: bool  # this console may watch, not steer
+    events: list[EventRecord]  # the last events before it came, so its log starts with context
+
+
+class CommandReply(TypedDict):
+    """The job's answer to one command: done or refused, and what to tell the operator why."""
+
+    ok: bool
+    message: str
+
+
+class CommandAnswer(CommandReply):
+    """A `CommandReply` on the socket, with the id of the command it answers."""
+
+    id: int | str | None
 
 
 class JobInfo(TypedDict):

@@ -22,7 +22,7 @@ from regen.engine.backends.base import Disposition, Failure
 from regen.engine.backends.sglang.errors import ErrorClass
 from regen.engine.control.wire import encode, unencodable
 from regen.engine.data import jsonl
-from regen.engine.schema import EventRecord, JobInfo, Snapshot
+from regen.engine.schema import CommandReply, Hello, Snapshot
 from tests.support.real_jobs import KINDS, Run, play
 from tests.support.schema_check import json_problems, problems
 
@@ -96,14 +96,13 @@ async def test_every_snapshot_of_a_real_job_is_the_schemas_and_encodes(
 def check_what_arrived(run: Run) -> None:
     lines = [got.message for got in run.console.lines]
     hello = lines[0]["hello"]
-    found = problems(hello["job"], JobInfo, "hello.job")
-    found += [p for e in hello["events"] for p in problems(e, EventRecord, "hello.events")]
+    found = problems(hello, Hello, "hello")
     snapshots = [m["snapshot"] for m in lines if "snapshot" in m]
     for index, snap in enumerate(snapshots):
         found += problems(snap, Snapshot, f"snapshot {index}")
     assert not found, "\n".join(sorted(set(found)))
     replies = [m["reply"] for m in lines if "command" in m]
-    assert replies and all(type(r["ok"]) is bool and type(r["message"]) is str for r in replies)
+    assert replies and not [p for r in replies for p in problems(r, CommandReply, "reply")]
     assert {r["ok"] for r in replies} == {True, False}, "commands the job took and ones it refused"
     assert lines[-1] == {"bye": "the job has ended"}
     # Nothing was skipped: every broadcast reached the console (about four a second).

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from textual import events
 from textual.content import Content
@@ -11,7 +10,7 @@ from textual.markup import escape
 from textual.widgets import Static
 
 from regen.console import format as fmt
-from regen.engine.schema import MoneyView, Snapshot, budget_lane
+from regen.engine.schema import Hello, MoneyView, Snapshot, budget_lane
 from regen.engine.units import DOLLARS
 
 STATE_LOOK = {
@@ -66,7 +65,7 @@ class StatusStrip(Static):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__("connecting to the job…", id=id, markup=False)
         self.snapshot: Snapshot | None = None
-        self.hello: dict[str, Any] = {}
+        self.hello: Hello | None = None
         self.budget_warn_fraction = 0.8
         self.freshness = Freshness(None, 5.0)
         self._markup_shown = ""
@@ -87,7 +86,7 @@ class StatusStrip(Static):
 
     def _markup(self, fresh: Freshness) -> str:
         snap = self.snapshot
-        job = self.hello.get("job") or {}
+        job = None if self.hello is None else self.hello["job"]
         if snap is None:
             first = (
                 f"[$error]✗ NOT CONNECTED[/] {escape(fresh.disconnected)}"
@@ -119,7 +118,7 @@ class StatusStrip(Static):
             # With several backends the limits are each one's (the fleets pane): the job's total has
             # none, and one lane's limit under all of them read "18/16", as if over it (as headless).
             in_flight = str(snap["in_flight"])
-        model = escape(snap["model"] or str(job.get("model") or "?"))
+        model = escape(snap["model"] or (job["model"] if job is not None else "?"))
         elapsed, eta = snap["elapsed_s"], snap["eta_s"]
         state_text = f"[b {colour}]{glyph} {state}[/]"
         outage = lane["outage_s"]
@@ -159,8 +158,8 @@ class StatusStrip(Static):
             part
             for part in (
                 model,
-                f"pid {job['pid']}" if job.get("pid") else "",
-                escape(str(job["run_dir"])) if job.get("run_dir") else "",
+                f"pid {job['pid']}" if job is not None else "",
+                escape(job["run_dir"]) if job is not None else "",
             )
             if part
         )

@@ -12,13 +12,21 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import TextIO
 
 from regen.engine.control.metrics import MetricsServer
 from regen.engine.control.server import SOCKET_NAME, ControlServer
 from regen.engine.durations import duration
 from regen.engine.job.job import Job, Outcome, StopReason
-from regen.engine.schema import FleetView, LaneView, MoneyView, ProviderView, Snapshot, budget_lane
+from regen.engine.schema import (
+    EventRecord,
+    FleetView,
+    LaneView,
+    MoneyView,
+    ProviderView,
+    Snapshot,
+    budget_lane,
+)
 from regen.engine.units import Unit, amount
 
 
@@ -200,8 +208,8 @@ _SAID = {
 }
 
 
-def event_lines(events: list[dict[str, Any]]) -> list[str]:
-    return [_SAID[e["event"]](e) for e in events if e.get("event") in _SAID]
+def event_lines(events: list[EventRecord]) -> list[str]:
+    return [_SAID[e["event"]](e) for e in events if e["event"] in _SAID]
 
 
 def _lane_limit(lane: LaneView) -> str:

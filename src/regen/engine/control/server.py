@@ -34,13 +34,13 @@ import struct
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import orjson
 
 from regen.engine.control.wire import LineReader, TooLong, encode, unencodable
 from regen.engine.errors import RegenError
-from regen.engine.schema import JobInfo, Snapshot
+from regen.engine.schema import CommandAnswer, EventRecord, Hello, JobInfo, Snapshot
 
 PROTOCOL_VERSION = 3  # 3: everything of one backend in its lane (engine/schema.py LaneView)
 SOCKET_NAME = "control.sock"
@@ -80,7 +80,7 @@ def _peer_uid(writer: asyncio.StreamWriter) -> int | None:
     return int(uid)
 
 
-def _line(message: dict[str, Any]) -> bytes:
+def _line(message: Mapping[str, Any]) -> bytes:
     return encode(message) + b"\n"
 
 
@@ -147,7 +147,7 @@ class _Client:
             self.events_dropped += 1
         self.wake.set()
 
-    def send_reply(self, message: dict[str, Any]) -> None:
+    def send_reply(self, message: Mapping[str, Any]) -> None:
         self.replies.append(_line(message))
         if len(self.replies) >= MAX_PENDING_REPLIES:
             self.space.clear()
@@ -162,7 +162,7 @@ class ControlServer:
         path: Path,
         *,
         snapshot: Callable[[], Snapshot],
-        events_since: Callable[[int], tuple[int, list[dict[str, Any]]]],
+        events_since: Callable[[int], tuple[int, list[EventRecord]]],
         job_info: JobInfo,
         handle: CommandHandler,
         interval_s: float = SNAPSHOT_INTERVAL_S,
@@ -429,16 +429,13 @@ class ControlServer:
         writer.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         client = _Client(writer, readonly)
         _, backlog = self._events_since(-100)
-        client.send_reply(
-            {
-                "hello": {
-                    "protocol": PROTOCOL_VERSION,
-                    "job": self._job_info,
-                    "readonly": readonly,
-                    "events": [e for e in backlog if self._encoded("an event", e) is not None],
-                }
-            }
-        )
+        hello: Hello = {
+            "protocol": PROTOCOL_VERSION,
+            "job": self._job_info,
+            "readonly": readonly,
+            "events": [e for e in backlog if self._encoded("an event", e) is not None],
+        }
+        client.send_reply({"hello": hello})
         snap = self._snapshot()
         snap.pop("events", None)
         body = self._encoded("a snapshot", snap)
@@ -468,7 +465,7 @@ class ControlServer:
             # A client that sends commands but reads no replies waits here, alone.
             await client.space.wait()
 
-    async def _answer(self, line: bytes | TooLong, client: _Client) -> dict[str, Any] | None:
+    async def _answer(self, line: bytes | TooLong, client: _Client) -> CommandAnswer | WireError | None:
         if isinstance(line, TooLong):
             return {"error": f"message longer than {MAX_LINE} bytes"}
         if not line.strip():
@@ -485,20 +482,30 @@ class ControlServer:
         name = message.get("command")
         args = message.get("args")
         if not isinstance(name, str) or not name:
-            return {"id": request_id, "ok": False, "message": "command must be a non-empty string"}
+            return _reply(request_id, False, "command must be a non-empty string")
         if args is not None and not isinstance(args, dict):
-            return {"id": request_id, "ok": False, "message": "args must be an object"}
+            return _reply(request_id, False, "args must be an object")
         if client.readonly:
-            return {"id": request_id, "ok": False, "message": "this console is read-only"}
+            return _reply(request_id, False, "this console is read-only")
         try:
             text = await self._handle(name, args or {}, "console")
         except KeyError as exc:
-            return {"id": request_id, "ok": False, "message": f"{name}: missing argument {exc}"}
+            return _reply(request_id, False, f"{name}: missing argument {exc}")
         except (TypeError, ValueError) as exc:
-            return {"id": request_id, "ok": False, "message": f"{name}: bad argument ({exc})"}
+            return _reply(request_id, False, f"{name}: bad argument ({exc})")
         except Exception as exc:  # the operator sees why a command was refused, not a traceback
-            return {"id": request_id, "ok": False, "message": str(exc) or f"{name}: {type(exc).__name__}"}
-        return {"id": request_id, "ok": True, "message": str(text)}
+            return _reply(request_id, False, str(exc) or f"{name}: {type(exc).__name__}")
+        return _reply(request_id, True, str(text))
+
+
+class WireError(TypedDict):
+    """A line the server could not take as a message, and why (the client is dropped after several)."""
+
+    error: str
+
+
+def _reply(request_id: int | str | None, ok: bool, message: str) -> CommandAnswer:
+    return {"id": request_id, "ok": ok, "message": message}
 
 
 def _check_hello(line: bytes | TooLong) -> tuple[str | None, bool]:
@@ -528,7 +535,7 @@ async def _closed(writer: asyncio.StreamWriter) -> None:
 
 async def open_control(
     path: Path, *, readonly: bool = False, protocol: int = PROTOCOL_VERSION
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, dict[str, Any]]:
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, Hello]:
     """Connect and greet; returns the streams and the job's hello. Raises ControlError with the reason."""
     if not path.exists():
         raise ControlError(f"no job is running on {path.parent} (no {path.name})")
@@ -547,4 +554,4 @@ async def open_control(
     if "error" in answer:
         writer.close()
         raise ControlError(str(answer["error"]))
-    return reader, writer, answer["hello"]
+    return reader, writer, cast(Hello, answer["hello"])  # of this protocol: the server checked it

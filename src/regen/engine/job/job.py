@@ -49,7 +49,7 @@ from regen.engine.run.results import ATTEMPTS_FILE, ResultsWriter
 from regen.engine.run.runlock import RunLock, RunLocked
 from regen.engine.run.segments import compress
 from regen.engine.run.state import DatasetState, JobError, JobState, Outcome, StopReason
-from regen.engine.schema import JobInfo, Snapshot
+from regen.engine.schema import EventRecord, JobInfo, Snapshot
 from regen.engine.units import DOLLARS
 
 __all__ = ["Job", "JobError", "JobState", "Outcome", "StopReason"]
@@ -625,7 +625,7 @@ class Job:
     def in_flight(self) -> int:
         return self.dispatcher.in_flight
 
-    def events_since(self, cursor: int) -> tuple[int, list[dict[str, Any]]]:
+    def events_since(self, cursor: int) -> tuple[int, list[EventRecord]]:
         return self.events.since(cursor)
 
     def info(self) -> JobInfo:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from regen.engine.data.jsonl import JsonlAppender, WriteFailed
+from regen.engine.schema import EventRecord
 
 RECENT_EVENTS = 1000
 EVENTS_FILE = "events.jsonl"
@@ -28,7 +29,7 @@ class EventLog:
 
     def __init__(self) -> None:
         self._file: JsonlAppender | None = None
-        self._recent: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
+        self._recent: deque[EventRecord] = deque(maxlen=RECENT_EVENTS)
         self._seq = 0
 
     async def open(
@@ -59,7 +60,7 @@ class EventLog:
         self._seq += 1
         self._recent.append({"seq": self._seq, **record})
 
-    def since(self, cursor: int) -> tuple[int, list[dict[str, Any]]]:
+    def since(self, cursor: int) -> tuple[int, list[EventRecord]]:
         """Events after `cursor` (or the last -cursor events when negative), and the new cursor."""
         if cursor < 0:
             return self._seq, list(self._recent)[cursor:]
