@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from regen.engine.data.pieces import PieceEncoder, encode_whole
 from regen.engine.data.row import TokenizerBlock
+from regen.engine.data.tiktoken_direct import DirectTiktoken, RanksFileError, check_ranks_file
 
 if TYPE_CHECKING:
     from regen.engine.config.settings import TokenizerSettings
@@ -86,6 +87,11 @@ def _quiet_transformers() -> None:
     # operator; regen only needs its tokenizers.
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    # tiktoken's load_tiktoken_bpe keeps a copy of every file it reads under a temporary folder,
+    # keyed by the file's path, and reads that copy next time: a tiktoken.model replaced in place (a
+    # new `regen pull`) would load the old ranks under the new file's hash. An empty cache folder
+    # turns the copy off (docs/data-contract.md §8.1); regen loads no tiktoken file from the web.
+    os.environ["TIKTOKEN_CACHE_DIR"] = ""
 
 
 def _auto_map_files(config: Mapping[str, Any]) -> set[str]:
@@ -191,10 +197,17 @@ class TargetTokenizer:
             raise TokenizerError(f"{folder}: no tokenizer files (tokenizer_config.json or tokenizer.json)")
         needs_code = isinstance(config.get("auto_map"), Mapping) and "AutoTokenizer" in config["auto_map"]
         if needs_code and not spec.trust_remote_code:
+            code = ", ".join(sorted(_auto_map_files(config))) or "its own Python code"
             raise TokenizerError(
-                f"{folder}: this tokenizer runs its own Python code (auto_map in tokenizer_config.json); "
+                f"{folder}: this tokenizer runs {code} (auto_map in tokenizer_config.json); "
                 "set tokenizer.trust_remote_code = true if you trust the files"
             )
+        if (folder / "tiktoken.model").is_file():
+            try:
+                check_ranks_file(folder / "tiktoken.model")
+            except RanksFileError as exc:
+                raise TokenizerError(str(exc)) from None
+        self._direct: DirectTiktoken | None = None
         self._tok = self._load(folder, spec.trust_remote_code)
         if not getattr(self._tok, "chat_template", None):
             raise TokenizerError(
@@ -231,6 +244,10 @@ class TargetTokenizer:
         self._chat_template: str | None = None
         self._render_kwargs: dict[str, Any] = {}
         self._pieces: PieceEncoder | None = None
+        if not self.is_fast:
+            self._direct = DirectTiktoken.build(
+                self._tok, self._encode_slow, self._decode_slow, self._probes()
+            )
         self._render_fast = self._fast_renderer()
 
     @classmethod
@@ -306,6 +323,11 @@ class TargetTokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Text to ids; special-token strings become their single ids; no BOS/EOS added."""
+        if self._direct is not None:
+            return self._direct.encode(text)
+        return self._encode_slow(text)
+
+    def _encode_slow(self, text: str) -> list[int]:
         return [int(i) for i in self._tok.encode(text, add_special_tokens=False)]
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
@@ -324,6 +346,11 @@ class TargetTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         """Ids to text with special tokens kept and no space clean-up, so it inverts ``encode``."""
+        if self._direct is not None:
+            return self._direct.decode(ids)
+        return self._decode_slow(ids)
+
+    def _decode_slow(self, ids: Sequence[int]) -> str:
         return str(
             self._tok.decode(
                 list(ids),
@@ -374,6 +401,8 @@ class TargetTokenizer:
             return self.prompt_ids(messages)
         render, native = self._render_fast
         text = self._render_text(render, messages)
+        if self._direct is not None:
+            return self._direct.encode(text)
         if self._pieces is not None:
             return self._pieces.encode(text)
         return encode_whole(native, text)
@@ -391,19 +420,34 @@ class TargetTokenizer:
         )
         return str(rendered[0])
 
+    def _probes(self) -> list[str]:
+        """Texts a faster path is checked on at load against transformers' own: the probe prompts
+        rendered, and the special tokens' strings alone and inside text."""
+        texts = [str(s) for s in sorted(self.special_strings)]
+        texts.append("x".join(texts) + " tail")
+        for messages in PIECE_PROBES:
+            try:
+                texts.append(self.render(messages))
+            except Exception:  # a template may refuse a shape (a system turn, say): the others check
+                continue
+        return texts
+
     def _fast_renderer(self) -> tuple[Any, Any] | None:
-        """transformers' own template renderer and the Rust tokenizer, when both are there; with
-        them, the piece encoder (engine/data/pieces.py) where this tokenizer allows it."""
+        """transformers' own template renderer and the Rust tokenizer (or the direct tiktoken
+        path), when there; with the Rust one, the piece encoder (engine/data/pieces.py) where this
+        tokenizer allows it."""
         native = getattr(self._tok, "backend_tokenizer", None) if self.is_fast else None
         try:
             from transformers.utils.chat_template_utils import render_jinja_template
         except ImportError:  # pragma: no cover - older transformers: the plain path
             return None
-        if native is None:
+        if native is None and self._direct is None:
             return None
         self._chat_template = self._tok.get_chat_template(None, None)
         # What apply_chat_template passes the template: the special tokens, then our kwargs.
         self._render_kwargs = {**self._tok.special_tokens_map, **self.template_kwargs}
+        if native is None:
+            return render_jinja_template, None
         probes: list[str] = []
         for messages in PIECE_PROBES:
             try:
