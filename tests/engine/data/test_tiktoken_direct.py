@@ -143,6 +143,16 @@ def test_direct_ids_equal_the_remote_classs_on_any_text(tok: TargetTokenizer, te
     assert tok.decode(ids) == _slow_decode(tok, ids)
 
 
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(PIECES, max_size=12).map("".join))
+def test_text_as_text_equals_the_remote_classs_without_special_tokens(
+    tok: TargetTokenizer, text: str
+) -> None:
+    # Kimi's encode(text, allow_special_tokens=False): special-token strings as the text they spell.
+    assert tok.encode_text(text) == tok._tok.encode(text, allow_special_tokens=False)
+    assert tok.decode(tok.encode_text(text)) == text
+
+
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.integers(0, 1200 + 255), max_size=30))
 def test_direct_decode_equals_the_remote_classs_on_any_ids(tok: TargetTokenizer, ids: list[int]) -> None:
@@ -157,6 +167,8 @@ def test_texts_the_class_slices_go_through_the_class(tok: TargetTokenizer) -> No
     for text in ("a" * 30_000 + " tail", "word " + " " * 26_000 + "x" + THINK_END, "short " * 6_000):
         assert tok.encode(text) == _slow(tok, text)
     assert tok.encode_batch(["a" * 30_000, "b"]) == [_slow(tok, "a" * 30_000), _slow(tok, "b")]
+    for text in ("a" * 60_000 + "<|im_end|>", "x " + "\n" * 25_001 + "</think>y"):
+        assert tok.encode_text(text) == tok._tok.encode(text, allow_special_tokens=False)
 
 
 def test_rendered_prompts_are_apply_chat_templates_ids(tok: TargetTokenizer) -> None:

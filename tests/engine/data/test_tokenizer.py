@@ -302,6 +302,28 @@ def test_openrouter_stop(kimi: TargetTokenizer) -> None:
     assert kimi.decode(ids) == R + THINK_END + C + "<|im_end|>"
 
 
+def test_special_token_look_alikes_in_the_text_stay_text(
+    kimi: TargetTokenizer, chatml: TargetTokenizer
+) -> None:
+    # A provider's text never holds the special tokens themselves: a "<|im_end|>" in it was written in
+    # ordinary tokens, and the retokenized ids keep it so (docs/data-contract.md §5.3).
+    reasoning = "They wrote <think> and </think> in the question"
+    content = "Use <|im_end|> to end a turn, </think> to close; <|im_assistant|> too."
+    ids, appended = kimi.retokenize(reasoning, content, "stop")
+    assert appended and ids.count(kimi.end_of_turn_id) == 1 and ids[-1] == kimi.end_of_turn_id
+    assert kimi.think_end_id is not None and kimi.think_id not in ids
+    assert ids.count(kimi.think_end_id) == 1
+    assert kimi.decode(ids) == reasoning + THINK_END + content + "<|im_end|>"
+    # The prompt is another matter: the template's own special tokens are special ids.
+    assert kimi.encode("<|im_end|>") == [kimi.end_of_turn_id] != kimi.encode_text("<|im_end|>")
+    assert kimi.decode(kimi.encode_text(content)) == content
+    ids, _ = chatml.retokenize("", content, "stop")
+    assert ids.count(chatml.end_of_turn_id) == 1 and chatml.decode(ids) == content + "<|im_end|>"
+    # The switch the fast tokenizer uses is put back: prompts still get their special ids.
+    assert kimi.render_ids(USER) == kimi.prompt_ids(USER)
+    assert kimi.end_of_turn_id in kimi.render_ids(USER)
+
+
 def test_openrouter_length_with_content(kimi: TargetTokenizer) -> None:
     ids, appended = kimi.retokenize(R, C, "length")
     assert appended is False

@@ -20,7 +20,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,22 @@ _MAX_RUN = 25_000
 # A run of more than _MAX_RUN, matched only from the run's first character so the search is linear.
 _LONG_RUN = re.compile(rf"(?<!\S)\S{{{_MAX_RUN + 1}}}|(?<!\s)\s{{{_MAX_RUN + 1}}}")
 _LFS_POINTER = "version https://git-lfs"
+
+
+def _runs(text: str) -> Iterator[str]:
+    """``text`` cut so that no slice holds more than _MAX_RUN whitespace or non-whitespace characters
+    in a row, where Kimi's class cuts it (a new slice starts at the character past the limit)."""
+    start, run, spacey = 0, 0, text[:1].isspace()
+    for i, ch in enumerate(text):
+        now = ch.isspace()
+        if now != spacey:
+            run, spacey = 1, now
+            continue
+        run += 1
+        if run > _MAX_RUN:
+            yield text[start:i]
+            start, run = i, 1
+    yield text[start:]
 
 
 class RanksFileError(ValueError):
@@ -90,10 +106,11 @@ class DirectTiktoken:
     """``encode``/``decode`` equal to a tiktoken-backed ``PreTrainedTokenizer``'s
     ``encode(text, add_special_tokens=False)`` and ``decode(ids, skip_special_tokens=False)``."""
 
-    __slots__ = ("_decode", "_encode", "_slow")
+    __slots__ = ("_decode", "_encode", "_ordinary", "_slow")
 
     def __init__(self, encoding: Any, slow: Callable[[str], list[int]]) -> None:
         self._encode: Callable[..., list[int]] = encoding.encode
+        self._ordinary: Callable[[str], list[int]] = encoding.encode_ordinary
         self._decode: Callable[[list[int]], str] = encoding.decode
         self._slow = slow
 
@@ -128,6 +145,17 @@ class DirectTiktoken:
         if len(text) > _MAX_RUN and (len(text) > MAX_DIRECT_CHARS or _LONG_RUN.search(text)):
             return self._slow(text)
         return self._encode(text, allowed_special="all")
+
+    def encode_text(self, text: str) -> list[int]:
+        """Special-token strings as the ordinary text they spell (Kimi's ``encode(text,
+        allow_special_tokens=False)``), sliced as Kimi's class slices."""
+        if len(text) <= _MAX_RUN:
+            return self._ordinary(text)
+        ids: list[int] = []
+        for start in range(0, len(text), MAX_DIRECT_CHARS):
+            for piece in _runs(text[start : start + MAX_DIRECT_CHARS]):
+                ids.extend(self._ordinary(piece))
+        return ids
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._decode(ids if isinstance(ids, list) else list(ids))

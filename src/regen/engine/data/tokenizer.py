@@ -344,6 +344,29 @@ class TargetTokenizer:
             return [list(ids) for ids in enc["input_ids"]]
         return [self.encode(t) for t in texts]
 
+    def encode_text(self, text: str) -> list[int]:
+        """``encode`` with special-token strings encoded as the ordinary text they spell."""
+        return self.encode_text_batch([text])[0]
+
+    def encode_text_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        if not texts:
+            return []
+        if self._direct is not None:
+            return [self._direct.encode_text(t) for t in texts]
+        if self.is_fast:
+            native = self._tok.backend_tokenizer
+            # The Rust tokenizer's own switch; put back at once, for render_ids reads the same object.
+            before = native.encode_special_tokens
+            native.encode_special_tokens = True
+            try:
+                return [list(e.ids) for e in native.encode_batch(list(texts), add_special_tokens=False)]
+            finally:
+                native.encode_special_tokens = before
+        return [
+            [int(i) for i in self._tok.encode(t, add_special_tokens=False, split_special_tokens=True)]
+            for t in texts
+        ]
+
     def decode(self, ids: Sequence[int]) -> str:
         """Ids to text with special tokens kept and no space clean-up, so it inverts ``encode``."""
         if self._direct is not None:
@@ -470,38 +493,57 @@ class TargetTokenizer:
 
     # -- outputs (§5.2, §5.3) ------------------------------------------------------------------
 
-    def output_text(
+    def output_parts(
         self, reasoning: str, content: str, finish_reason: str, thinking: bool | None = None
-    ) -> tuple[str, bool]:
-        """``(text_out, append end-of-turn?)``: the text a row's ``reasoning`` and ``content`` stand
-        for, per the table of docs/data-contract.md §5.3 (what `retokenize` encodes and `regen
-        verify` decodes the ids against)."""
+    ) -> tuple[list[str], bool]:
+        """``(parts, append end-of-turn?)``: the texts a row's ``reasoning`` and ``content`` stand
+        for, per the table of docs/data-contract.md §5.3, that one ``</think>`` joins (the reasoning
+        and the content, or one of them alone)."""
         if finish_reason not in FINISH_REASONS:
             raise TokenizeError(f"finish_reason {finish_reason!r} is neither stop nor length")
         thinking = self.thinking if thinking is None else thinking
         reasoning = reasoning or ""
         content = content or ""
         if not thinking:
-            return content, finish_reason == "stop"
+            return [content], finish_reason == "stop"
         if self.think_end_id is None:
             raise TokenizeError(f"thinking row but the tokenizer has no {THINK_END} token")
         if finish_reason == "stop":
-            return reasoning + THINK_END + content, True
+            return [reasoning, content], True
         if content:
-            return reasoning + THINK_END + content, False
+            return [reasoning, content], False
         # Cut off while still thinking: whether </think> was emitted is unknown, so it is left out.
-        return reasoning, False
+        return [reasoning], False
+
+    def output_text(
+        self, reasoning: str, content: str, finish_reason: str, thinking: bool | None = None
+    ) -> tuple[str, bool]:
+        """``(text_out, append end-of-turn?)``: the parts joined by ``</think>`` (what `regen verify`
+        decodes the ids against)."""
+        parts, append = self.output_parts(reasoning, content, finish_reason, thinking)
+        return THINK_END.join(parts), append
+
+    def join_parts(self, encoded: Sequence[list[int]], append: bool) -> list[int]:
+        """The output ids of the parts' ids: one ``</think>`` id between two, the end of turn after."""
+        ids = list(encoded[0])
+        for part in encoded[1:]:
+            assert self.think_end_id is not None  # output_parts gave two parts only then
+            ids.append(self.think_end_id)
+            ids.extend(part)
+        if append:
+            ids.append(self.end_of_turn_id)
+        return ids
 
     def retokenize(
         self, reasoning: str, content: str, finish_reason: str, thinking: bool | None = None
     ) -> tuple[list[int], bool]:
         """``output_ids`` and ``terminator_appended`` encoded from a row's text, for a row whose
-        backend sent no ids (``output_ids_source: "retokenized"``, §5.3)."""
-        text, append = self.output_text(reasoning, content, finish_reason, thinking)
-        ids = self.encode(text)
-        if append:
-            ids.append(self.end_of_turn_id)
-        return ids, append
+        backend sent no ids (``output_ids_source: "retokenized"``, §5.3). The text is encoded as text:
+        a special token's string inside it (a look-alike the model wrote in ordinary tokens, for a
+        provider's text never holds the special tokens themselves) stays its ordinary tokens, and
+        the only special ids are the ``</think>`` and end of turn the table puts there."""
+        parts, append = self.output_parts(reasoning, content, finish_reason, thinking)
+        return self.join_parts(self.encode_text_batch(parts), append), append
 
     def keep_server_ids(
         self, output_ids: Sequence[int], finish_reason: str, thinking: bool | None = None
