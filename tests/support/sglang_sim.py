@@ -34,6 +34,7 @@ from regen.sim.sglang.logs import SimLog
 from regen.sim.sglang.server import SGLangSim
 from regen.sim.sglang.tokens import SimTokenizer
 from tests.support.processes import ROOT
+from tests.support.tiktoken_model import build_tiktoken_tokenizer
 from tests.support.tokenizers import build_tokenizer
 
 STANDIN = Path(__file__).resolve().parent / "standin"
@@ -74,8 +75,13 @@ def model_folder(
 ) -> Path:
     """A model folder as a GPU host holds one, minus the weights: config.json and the tokenizer. The
     model's eos is the tokenizer's ([EOS] for "kimi"), not the end-of-turn token, so a client that
-    forgets stop_token_ids runs to its length limit; `eos_token_id` adds a generation_config.json."""
-    build_tokenizer(folder, kind)
+    forgets stop_token_ids runs to its length limit; `eos_token_id` adds a generation_config.json.
+    "tiktoken" is Kimi's own shape (tiktoken.model and remote code, tests/support/tiktoken_model.py):
+    load it with trust_remote_code."""
+    if kind == "tiktoken":
+        build_tiktoken_tokenizer(folder)
+    else:
+        build_tokenizer(folder, kind)
     if eos_token_id is not None:
         (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": eos_token_id}))
     config = {

@@ -184,7 +184,7 @@ RecentError = TypedDict("RecentError", {"ts": float, "class": str | None, "messa
 class FidelityStat(TypedDict):
     """One statistic of a route's fingerprint at its latest look (docs/fidelity.md)."""
 
-    name: str  # finish, output_len, reasoning_len, thinking_closes, degenerate, truncated, special_leaks, refusals
+    name: str  # finish, output_len, reasoning_len, thinking_closes, degenerate, truncated, special_leaks, refusals, prompt_tokens
     value: str  # the route's figure, as the operator reads it
     reference: str  # the same figure of what it was compared with
     p: float | None  # the test's p-value; None: not tested (too few answers on either side)

@@ -21,6 +21,7 @@ from regen.engine.data.tokenizer import (
     TokenizerSpec,
 )
 from tests.support.rows import unfilled_row
+from tests.support.tiktoken_model import build_tiktoken_tokenizer
 from tests.support.tokenizers import KIMI_SYSTEM, build_tokenizer
 
 TEXTS = [
@@ -35,9 +36,26 @@ TEXTS = [
 ]
 
 
-@pytest.fixture(scope="session")
-def kimi_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+# Kimi's shape two ways: a tokenizer.json (a fast tokenizer) and, as Kimi really ships, tiktoken.model
+# with its remote-code class (tests/support/tiktoken_model.py). Every test of the Kimi shape runs on both.
+SHAPES = ["json", "tiktoken"]
+
+
+@pytest.fixture(scope="session", params=SHAPES)
+def kimi_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if request.param == "tiktoken":
+        return build_tiktoken_tokenizer(tmp_path_factory.mktemp("tok") / "kimi-tiktoken")
     return build_tokenizer(tmp_path_factory.mktemp("tok") / "kimi", "kimi")
+
+
+@pytest.fixture(scope="session")
+def json_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tokenizer.json shape alone, for the tests of that shape's files."""
+    return build_tokenizer(tmp_path_factory.mktemp("tok") / "kimi", "kimi")
+
+
+def _remote(folder: Path) -> bool:
+    return (folder / "tiktoken.model").is_file()
 
 
 @pytest.fixture(scope="session")
@@ -47,7 +65,12 @@ def chatml_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def kimi(kimi_dir: Path) -> TargetTokenizer:
-    return TargetTokenizer(TokenizerSpec(kimi_dir, template_kwargs={"thinking": True}))
+    return TargetTokenizer(_spec(kimi_dir))
+
+
+def _spec(folder: Path, **kwargs: Any) -> TokenizerSpec:
+    kwargs.setdefault("template_kwargs", {"thinking": True})
+    return TokenizerSpec(folder, trust_remote_code=_remote(folder), **kwargs)
 
 
 @pytest.fixture(scope="session")
@@ -67,7 +90,15 @@ USER = [{"role": "user", "content": "What is 1+1?"}]
 
 
 def test_loads_as_fast_tokenizer_with_ids_by_name(kimi: TargetTokenizer) -> None:
-    assert type(kimi._tok).__name__ == "PreTrainedTokenizerFast"
+    if _remote(kimi.path):
+        # The remote code's class, its tiktoken Encoding encoded through directly.
+        assert type(kimi._tok).__name__ == "TikTokenTokenizer" and not kimi.is_fast
+        assert kimi._direct is not None
+        # Kimi's special ids sit right after the ranks, at Kimi's offsets (docs/data-contract.md §8.3).
+        base = kimi._tok.model.n_vocab - 256
+        assert kimi.end_of_turn_id == base + 2 and kimi.think_end_id == base + 23
+    else:
+        assert type(kimi._tok).__name__ == "PreTrainedTokenizerFast"
     assert kimi.end_of_turn_id == _id(kimi, "<|im_end|>")
     assert kimi.think_id == _id(kimi, THINK)
     assert kimi.think_end_id == _id(kimi, THINK_END)
@@ -83,20 +114,22 @@ def test_think_end_is_one_id_in_text(kimi: TargetTokenizer) -> None:
     assert kimi.decode(ids) == "reasoning</think>answer"
 
 
-@pytest.mark.parametrize("which", ["kimi", "chatml"])
-def test_round_trip(which: str, request: pytest.FixtureRequest) -> None:
-    tok: TargetTokenizer = request.getfixturevalue(which)
-    for text in TEXTS:
-        assert tok.decode(tok.encode(text)) == text
-    batch = tok.encode_batch(TEXTS)
-    assert batch == [tok.encode(t) for t in TEXTS]
-    assert tok.decode_batch(batch) == TEXTS
+def test_round_trip(kimi: TargetTokenizer, chatml: TargetTokenizer) -> None:
+    for tok in (kimi, chatml):
+        for text in TEXTS:
+            assert tok.decode(tok.encode(text)) == text
+        batch = tok.encode_batch(TEXTS)
+        assert batch == [tok.encode(t) for t in TEXTS]
+        assert tok.decode_batch(batch) == TEXTS
 
 
 def test_info_block(kimi: TargetTokenizer, kimi_dir: Path) -> None:
     info = kimi.info()
     assert info["name"] == kimi_dir.name
-    assert set(info["files_sha256"]) == {"tokenizer.json", "tokenizer_config.json"}
+    files = {"tokenizer.json", "tokenizer_config.json"}
+    if _remote(kimi_dir):
+        files = {"tiktoken.model", "tokenization_kimi.py", "tokenizer_config.json", "chat_template.jinja"}
+    assert set(info["files_sha256"]) == files
     assert all(len(h) == 64 for h in info["files_sha256"].values())
     assert info["template_kwargs"] == {"thinking": True}
     assert info["add_generation_prompt"] is True
@@ -124,20 +157,20 @@ def test_empty_folder(tmp_path: Path) -> None:
         TargetTokenizer(TokenizerSpec(tmp_path))
 
 
-def test_broken_files(tmp_path: Path, kimi_dir: Path) -> None:
+def test_broken_files(tmp_path: Path, json_dir: Path) -> None:
     folder = tmp_path / "broken"
     folder.mkdir()
-    (folder / "tokenizer_config.json").write_text((kimi_dir / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text((json_dir / "tokenizer_config.json").read_text())
     (folder / "tokenizer.json").write_text("{not json")
     with pytest.raises(TokenizerError, match=r"broken: cannot load the tokenizer") as err:
         TargetTokenizer(TokenizerSpec(folder))
     assert "\n" not in str(err.value)
 
 
-def test_remote_code_needs_trust(tmp_path: Path, kimi_dir: Path) -> None:
+def test_remote_code_needs_trust(tmp_path: Path, json_dir: Path) -> None:
     folder = tmp_path / "remote"
     folder.mkdir()
-    config = json.loads((kimi_dir / "tokenizer_config.json").read_text())
+    config = json.loads((json_dir / "tokenizer_config.json").read_text())
     config["auto_map"] = {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]}
     config["tokenizer_class"] = "TikTokenTokenizer"
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
@@ -171,7 +204,12 @@ def test_end_of_turn_must_be_special(chatml_dir: Path, chatml: TargetTokenizer) 
 def test_from_settings(kimi_dir: Path) -> None:
     from regen.engine.config.settings import TokenizerSettings
 
-    settings = TokenizerSettings(path=kimi_dir, name="moonshotai/Kimi-K2.5", chat_template_kwargs={"x": 1})
+    settings = TokenizerSettings(
+        path=kimi_dir,
+        name="moonshotai/Kimi-K2.5",
+        chat_template_kwargs={"x": 1},
+        trust_remote_code=_remote(kimi_dir),
+    )
     tok = TargetTokenizer.from_settings(settings)
     assert tok.info()["name"] == "moonshotai/Kimi-K2.5"
     assert tok.template_kwargs == {"thinking": True, "x": 1}
@@ -264,6 +302,28 @@ def test_openrouter_stop(kimi: TargetTokenizer) -> None:
     assert kimi.decode(ids) == R + THINK_END + C + "<|im_end|>"
 
 
+def test_special_token_look_alikes_in_the_text_stay_text(
+    kimi: TargetTokenizer, chatml: TargetTokenizer
+) -> None:
+    # A provider's text never holds the special tokens themselves: a "<|im_end|>" in it was written in
+    # ordinary tokens, and the retokenized ids keep it so (docs/data-contract.md §5.3).
+    reasoning = "They wrote <think> and </think> in the question"
+    content = "Use <|im_end|> to end a turn, </think> to close; <|im_assistant|> too."
+    ids, appended = kimi.retokenize(reasoning, content, "stop")
+    assert appended and ids.count(kimi.end_of_turn_id) == 1 and ids[-1] == kimi.end_of_turn_id
+    assert kimi.think_end_id is not None and kimi.think_id not in ids
+    assert ids.count(kimi.think_end_id) == 1
+    assert kimi.decode(ids) == reasoning + THINK_END + content + "<|im_end|>"
+    # The prompt is another matter: the template's own special tokens are special ids.
+    assert kimi.encode("<|im_end|>") == [kimi.end_of_turn_id] != kimi.encode_text("<|im_end|>")
+    assert kimi.decode(kimi.encode_text(content)) == content
+    ids, _ = chatml.retokenize("", content, "stop")
+    assert ids.count(chatml.end_of_turn_id) == 1 and chatml.decode(ids) == content + "<|im_end|>"
+    # The switch the fast tokenizer uses is put back: prompts still get their special ids.
+    assert kimi.render_ids(USER) == kimi.prompt_ids(USER)
+    assert kimi.end_of_turn_id in kimi.render_ids(USER)
+
+
 def test_openrouter_length_with_content(kimi: TargetTokenizer) -> None:
     ids, appended = kimi.retokenize(R, C, "length")
     assert appended is False
@@ -343,7 +403,7 @@ def _rows() -> list[tuple[Row, list[dict[str, str]]]]:
 
 
 async def test_pool_matches_direct_calls(kimi_dir: Path, kimi: TargetTokenizer) -> None:
-    spec = TokenizerSpec(kimi_dir, template_kwargs={"thinking": True})
+    spec = _spec(kimi_dir)
     async with TokenizePool(spec, workers=3, max_batch=16) as pool:
         assert pool.info == kimi.info()
         cases = _rows()
@@ -408,7 +468,7 @@ async def test_pool_start_reports_load_failure(tmp_path: Path) -> None:
 async def test_a_pool_refuses_a_loaded_tokenizer_of_another_spec(
     kimi_dir: Path, kimi: TargetTokenizer
 ) -> None:
-    pool = TokenizePool(TokenizerSpec(kimi_dir, template_kwargs={"thinking": False}), workers=1)
+    pool = TokenizePool(_spec(kimi_dir, template_kwargs={"thinking": False}), workers=1)
     with pytest.raises(ValueError, match="the loaded tokenizer is"):
         await pool.start(loaded=kimi)
     await pool.close()
@@ -417,7 +477,7 @@ async def test_a_pool_refuses_a_loaded_tokenizer_of_another_spec(
 async def test_a_pool_started_without_workers_starts_them_with_the_first_row_that_needs_one(
     kimi_dir: Path, kimi: TargetTokenizer
 ) -> None:
-    spec = TokenizerSpec(kimi_dir, template_kwargs={"thinking": True})
+    spec = _spec(kimi_dir)
     async with TokenizePool(spec, workers=2) as pool:
         assert len(multiprocessing.active_children()) == 2, "a pool started plainly has its workers"
     pool = TokenizePool(spec, workers=2)

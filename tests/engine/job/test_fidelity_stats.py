@@ -10,7 +10,7 @@ from typing import Any
 from regen.engine.backends.openrouter.audit import compare
 from regen.engine.data.idcompare import common_prefix, majority
 from regen.engine.data.idcompare import similarity as id_similarity
-from regen.engine.job.fidelity import FidelityMonitor, Fingerprint, leaks, length_bin
+from regen.engine.job.fidelity import FidelityMonitor, Fingerprint, leaks, length_bin, offset_test
 from regen.engine.job.twosample import chi2_sf, events, histograms, similarity
 
 
@@ -137,3 +137,51 @@ def test_the_audit_compares_answers_in_ids_by_prefix_and_similarity_against_the_
     assert rows["A"]["verdict"] == rows["B"]["verdict"] == "same" and rows["A"]["prefix_median"] == 4
     assert rows["C"]["verdict"] == "differs" and rows["C"]["prefix_median"] == 1
     assert rows["C"]["similarity_mean"] == 0.25 and rows["D"]["verdict"] == "no answers"
+
+
+def test_the_offset_test_is_certain_without_spread_and_a_z_test_with_it() -> None:
+    # 100 answers all 12 tokens over: no spread, so the difference is certain; the same as the
+    # reference: nothing at all.
+    assert offset_test(100, 1200, 14_400, 0.0).p == 0.0 and offset_test(100, 1200, 14_400, 0.0).effect == 12
+    assert offset_test(100, 1200, 14_400, 12.0).p == 1.0
+    # Offsets 0 and 2 in equal numbers: mean 1, sd about 1; 1 token off the reference is z = 10.
+    result = offset_test(100, 100, 200, 0.0)
+    assert result.effect == 1.0 and 0 < result.p < 1e-20
+    assert offset_test(100, 100, 200, 0.9).p > 0.3
+
+
+def _parity_run(rng: random.Random, offsets: dict[str, int], n: int, fleet: int = 0) -> FidelityMonitor:
+    monitor = FidelityMonitor(alpha=1e-3)
+    for _ in range(fleet):
+        monitor.observe("sglang", "gpu:30000", **honest(rng))
+        monitor.observe_prompt("sglang", "gpu:30000", 50, 50)  # a server counts what it was sent
+    for _ in range(n):
+        route = f"p{rng.randrange(8)}"
+        monitor.observe("openrouter", route, **honest(rng))
+        counted = rng.randint(20, 400)
+        # Honest providers count the same rendered prompt, give or take their own few tokens.
+        reported = counted + rng.choice((0, 0, 0, 1, 2)) + offsets.get(route, 0)
+        monitor.observe_prompt("openrouter", route, reported, counted)
+        monitor.observe_prompt("openrouter", "never-observed", reported, counted)  # ignored
+    return monitor
+
+
+def test_honest_prompt_token_counts_are_not_flagged() -> None:
+    monitor = _parity_run(random.Random(11), {}, 12_000)
+    for i in range(8):
+        view = monitor.view("openrouter", f"p{i}")
+        assert view is not None and view["state"] == "ok"
+        assert any(s["name"] == "prompt_tokens" for s in view["stats"])
+    assert monitor.view("openrouter", "never-observed") is None
+
+
+def test_a_route_on_another_template_is_flagged_by_its_prompt_token_offset_against_its_lane() -> None:
+    # p3 renders a system prompt of its own: 12 tokens more on every prompt. The GPU fleet is the
+    # reference for the rest, but its offsets are 0 by construction: parity is the lane's.
+    monitor = _parity_run(random.Random(12), {"p3": 12}, 3000, fleet=200)
+    view = monitor.view("openrouter", "p3")
+    assert view is not None and view["state"] == "drift" and view["statistic"] == "prompt_tokens"
+    assert view["against"] == "sglang"
+    evidence = view["evidence"] or ""
+    assert evidence.startswith("prompt_tokens: mean offset +12.") and "(routes, " in evidence
+    assert all(monitor.view("openrouter", f"p{i}")["state"] == "ok" for i in range(8) if i != 3)  # type: ignore[index]

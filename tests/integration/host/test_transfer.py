@@ -15,11 +15,13 @@ import orjson
 
 from regen.engine.config.loading import load_settings
 from regen.engine.data.datasets import discover
+from regen.engine.data.tokenizer import TargetTokenizer, TokenizerSpec
 from regen.engine.host.ssh import HostConnection
-from regen.engine.host.transfer import pull, push
+from regen.engine.host.transfer import fetch_tokenizer, pull, push
 from tests.support.hosts import HostFactory, write_settings
 from tests.support.processes import ENV, run_regen
 from tests.support.sshd import SshServer
+from tests.support.tiktoken_model import build_tiktoken_tokenizer
 
 TOKENIZER_FILES = {
     "tokenizer_config.json",
@@ -75,7 +77,10 @@ def test_a_run_uses_pulled_datasets(
     assert [d.name for d in discover(loaded.job.datasets, loaded.job.dataset_roots)] == ["B1"]
     # The pulled tokenizer is the one a run loads (and, holding its own code, it asks for trust first).
     verify = run_regen("verify", "--settings", str(settings))
-    assert f"{ws / 'tokenizer'}: this tokenizer runs its own Python code" in verify.stderr
+    assert (
+        f"{ws / 'tokenizer'}: this tokenizer runs tokenization_fake.py (auto_map in tokenizer_config.json); "
+        "set tokenizer.trust_remote_code = true"
+    ) in verify.stderr
     explicit = tmp_path / "explicit.toml"
     explicit.write_text(
         settings.read_text().replace(
@@ -297,3 +302,32 @@ def test_odd_names_given_on_the_command_line_are_only_names(
     assert not (ws / "datasets" / "B1").exists()
     for folder in (Path.home(), tmp_path, tree["data"], tree["data"].parent):
         assert not (folder / "x").exists(), folder
+
+
+async def test_kimis_own_tokenizer_shape_is_pulled_and_fetched_whole_and_loads_as_on_the_host(
+    sshd: SshServer, own_tree: dict[str, Path], make_host: HostFactory, tmp_path: Path
+) -> None:
+    """Kimi's folder holds tiktoken.model, the remote code auto_map names and chat_template.jinja, no
+    tokenizer.json (docs/data-contract.md §8.1, §9): `regen pull` and the run's own fetch bring all of
+    it, and the copy gives the host folder's ids."""
+    model = build_tiktoken_tokenizer(own_tree["model"].parent / "Kimi-K2.5")
+    host = make_host(sshd, own_tree, model_path=str(model))
+    ws = tmp_path / "ws"
+    done = run_regen("pull", "--settings", str(write_settings(tmp_path / "settings.toml", [host], ws)))
+    assert done.returncode == 0, done.stderr
+    shipped = {"tiktoken.model", "tokenization_kimi.py", "tokenizer_config.json", "chat_template.jinja"}
+    assert {p.name for p in (ws / "tokenizer").iterdir()} == shipped
+    fetched = tmp_path / "fetched"
+    report = await fetch_tokenizer([host], fetched)
+    assert report.ok and {p.name for p in (fetched / "tokenizer").iterdir()} == shipped
+    on_host = TargetTokenizer(
+        TokenizerSpec(model, trust_remote_code=True, template_kwargs={"thinking": True})
+    )
+    messages = [{"role": "user", "content": "What is 1+1? 東京 <|im_end|>"}]
+    for folder in (ws / "tokenizer", fetched / "tokenizer"):
+        local = TargetTokenizer(
+            TokenizerSpec(folder, trust_remote_code=True, template_kwargs={"thinking": True})
+        )
+        assert local.files_sha256 == on_host.files_sha256
+        assert local.prompt_ids(messages) == on_host.prompt_ids(messages)
+        assert local.retokenize("why", "because", "stop") == on_host.retokenize("why", "because", "stop")

@@ -12,19 +12,21 @@ import pytest
 
 from regen.console.screens import fidelity_lines
 from regen.engine.backends.openrouter.audit import plan_audit, run_audit
-from regen.engine.config.settings import Settings
+from regen.engine.config.settings import Settings, TokenizerSettings
 from regen.engine.control.headless import status_line, summary_lines
 from regen.engine.control.wire import encode
 from regen.engine.data.tokenizer import TargetTokenizer
 from regen.engine.job.job import StopReason
 from regen.engine.run.recovery import read_journals, read_lanes
 from regen.engine.schema import Snapshot
+from regen.sim.openrouter.chat import estimate_prompt_tokens
 from regen.sim.openrouter.server import OpenRouterSim
 from tests.support.datasets import one_row_per_prompt, read_rows, write_dataset
 from tests.support.jobs import openrouter, run_job
 from tests.support.processes import run_regen, settings_file
 from tests.support.schema_check import problems
 from tests.support.sglang_sim import model_folder
+from tests.support.tiktoken_model import build_tiktoken_tokenizer
 
 
 async def test_an_impostor_provider_is_flagged_and_excluded_and_honest_ones_are_not(
@@ -218,3 +220,39 @@ def test_regen_audit_refuses_without_the_target_tokenizer(sim_process: str, tmp_
     settings = settings_file(tmp_path, sim_process, [write_dataset(tmp_path, "A", 5)])
     done = run_regen("audit", "--settings", str(settings))
     assert done.returncode == 2 and "tokenizer.path: empty" in done.stderr
+
+
+async def test_a_provider_on_another_template_is_flagged_by_prompt_token_parity(
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    """Every OpenRouter answer's usage.prompt_tokens against the reference tokenizer's count of the
+    prompt regen rendered (docs/fidelity.md, "prompt_tokens"): Parasail counts 12 tokens more on every
+    prompt (a system prompt of its own), and only it is flagged, on that statistic alone."""
+    sim.config.prompt_token_offsets = {"parasail": 12}
+    sim.config.min_completion_tokens, sim.config.max_completion_tokens = 20, 60
+    a = write_dataset(tmp_path, "A", 800)
+    only = {"only": ["together", "fireworks", "parasail", "baseten"], "sort": None}
+    settings = make_settings(
+        sim.base_url, [a], concurrency=32, openrouter={"provider": only, "fidelity": "warn"}
+    )
+    settings.tokenizer = TokenizerSettings(
+        path=build_tiktoken_tokenizer(tmp_path / "Kimi-K2.5"), trust_remote_code=True, workers=1
+    )
+    job = await run_job(settings)
+    assert job.outcome is not None and job.outcome.reason is StopReason.DONE
+    events = [orjson.loads(x) for x in (job.run_dir / "events.jsonl").read_bytes().splitlines()]
+    drifts = [e for e in events if e["event"] == "drift"]
+    assert [(d["provider"], d["statistic"]) for d in drifts] == [("Parasail", "prompt_tokens")], drifts
+    assert "mean offset" in drifts[0]["evidence"] and "(routes, " in drifts[0]["evidence"]
+    for row in read_rows(a):
+        messages = [
+            {"role": "user", "content": f"A question {row['line']}: explain topic {row['line'] % 17}."}
+        ]
+        extra = 12 if row["provider"] == "Parasail" else 0
+        assert row["usage"]["prompt_tokens"] == estimate_prompt_tokens(messages) + extra
+        assert row["num_prompt_tokens"] == len(row["prompt_ids"]) > 0
+    views = {p["name"]: p for p in job.snapshot()["lanes"][0]["providers"]}
+    stats = {s["name"]: s for s in views["Parasail"]["fidelity"]["stats"]}  # type: ignore[index]
+    assert stats["prompt_tokens"]["flagged"] and not any(
+        s["flagged"] for name, s in stats.items() if name != "prompt_tokens"
+    )

@@ -16,6 +16,7 @@ from regen.engine.job.job import Job, JobError, StopReason
 from regen.sim.openrouter.server import OpenRouterSim
 from tests.support.datasets import read_rows, write_dataset
 from tests.support.processes import ENV, regen_argv
+from tests.support.tiktoken_model import build_tiktoken_tokenizer
 from tests.support.tokenizers import build_tokenizer
 
 
@@ -24,13 +25,26 @@ def kimi_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tokenizer(tmp_path_factory.mktemp("tok") / "kimi", "kimi")
 
 
+# Kimi's shape as a tokenizer.json, and as Kimi ships it: tiktoken.model and remote code
+# (tests/support/tiktoken_model.py), loaded with trust_remote_code.
+@pytest.fixture(scope="module", params=["json", "tiktoken"])
+def any_kimi(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if request.param == "tiktoken":
+        return build_tiktoken_tokenizer(tmp_path_factory.mktemp("tok") / "kimi-tiktoken")
+    return build_tokenizer(tmp_path_factory.mktemp("tok") / "kimi", "kimi")
+
+
 async def test_rows_carry_ids_that_verify_and_export(
-    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings], kimi_folder: Path
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings], any_kimi: Path
 ) -> None:
+    kimi_folder = any_kimi
+    remote = (kimi_folder / "tiktoken.model").is_file()
     sim.config.max_completion_tokens = 90  # max_tokens 64: some rows end truncated
     a = write_dataset(tmp_path, "A", 40)
     settings = make_settings(sim.base_url, [a])
-    settings.tokenizer = TokenizerSettings(path=kimi_folder, name="test/kimi-shaped", workers=1)
+    settings.tokenizer = TokenizerSettings(
+        path=kimi_folder, name="test/kimi-shaped", workers=1, trust_remote_code=remote
+    )
     job = Job(settings)
     await job.prepare()
     outcome = await job.run()
@@ -45,8 +59,20 @@ async def test_rows_carry_ids_that_verify_and_export(
         if row["status"] == "ok":
             assert row["output_ids"][-1] == tokenizer.end_of_turn_id and row["terminator_appended"]
             assert row["output_ids"].count(tokenizer.think_end_id) == 1
+            # The retokenized ids decode back to the row's text (docs/data-contract.md §4.8).
+            text = row["reasoning"] + "</think>" + row["content"] + "<|im_end|>"
+            assert tokenizer.decode(row["output_ids"]) == text
+        line = row["line"]
+        messages = [{"role": "user", "content": f"A question {line}: explain topic {line % 17}."}]
+        rendered = tokenizer._tok.apply_chat_template(
+            messages, tokenize=True, add_generation_prompt=True, thinking=True
+        )
+        assert row["prompt_ids"] == list(rendered), "apply_chat_template's own ids"
     settings_path = tmp_path / "settings.toml"
-    settings_path.write_text(f'[tokenizer]\npath = "{kimi_folder}"\n[job]\nrun_dir = "{tmp_path / "run"}"\n')
+    trust = "true" if remote else "false"
+    settings_path.write_text(
+        f'[tokenizer]\npath = "{kimi_folder}"\ntrust_remote_code = {trust}\n[job]\nrun_dir = "{tmp_path / "run"}"\n'
+    )
     verified = subprocess.run(
         regen_argv("verify", "--settings", str(settings_path), "--require-ids", "--json", str(a)),
         env=ENV,

@@ -113,12 +113,29 @@ def _failed(message: str) -> RowIds:
     return RowIds(message, b"", b"", False, None, None)
 
 
+def _encode_all(encode_batch: Any, encode_one: Any, texts: list[str]) -> list[list[int] | Exception]:
+    """`texts` encoded in one call; where that fails, each on its own, so one bad text fails alone."""
+    try:
+        return list(encode_batch(texts))
+    except Exception:
+        encoded: list[list[int] | Exception] = []
+        for text in texts:
+            try:
+                encoded.append(encode_one(text))
+            except Exception as exc:
+                encoded.append(exc)
+        return encoded
+
+
 def fill_batch(tok: TargetTokenizer, jobs: Sequence[RowWork]) -> list[RowIds]:
-    """Token ids for a batch of rows, one native encode call for all their texts."""
+    """Token ids for a batch of rows: one encode call for all their prompts and one for all their
+    output texts (encoded as text, docs/data-contract.md §5.3: `TargetTokenizer.retokenize`)."""
     results: list[RowIds | None] = [None] * len(jobs)
-    texts: list[str] = []
-    # (job index, prompt text index, output text index or -1, output ids, appended, reasoning, content)
-    plan: list[tuple[int, int, int, list[int] | None, bool, str | None, str | None]] = []
+    prompts: list[str] = []
+    parts: list[str] = []
+    # (job index, prompt index, first part index, parts (0: the server's ids), output ids, appended,
+    #  reasoning, content)
+    plan: list[tuple[int, int, int, int, list[int] | None, bool, str | None, str | None]] = []
     server_bodies: list[tuple[int, list[int], bool]] = []
     for i, job in enumerate(jobs):
         try:
@@ -128,13 +145,13 @@ def fill_batch(tok: TargetTokenizer, jobs: Sequence[RowWork]) -> list[RowIds]:
                 appended = tok.terminate(server_ids, job.finish_reason)
                 body = server_ids[:-1] if job.finish_reason == "stop" else server_ids
                 server_bodies.append((len(plan), body, appended))
-                texts.append(prompt_text)
-                plan.append((i, len(texts) - 1, -1, server_ids, appended, None, None))
+                prompts.append(prompt_text)
+                plan.append((i, len(prompts) - 1, 0, 0, server_ids, appended, None, None))
             else:
-                text_out, append = tok.output_text(job.reasoning, job.content, job.finish_reason)
-                texts.append(prompt_text)
-                texts.append(text_out)
-                plan.append((i, len(texts) - 2, len(texts) - 1, None, append, None, None))
+                texts, append = tok.output_parts(job.reasoning, job.content, job.finish_reason)
+                prompts.append(prompt_text)
+                plan.append((i, len(prompts) - 1, len(parts), len(texts), None, append, None, None))
+                parts.extend(texts)
         except Exception as exc:
             results[i] = _failed(f"{type(exc).__name__}: {exc}")
 
@@ -142,32 +159,26 @@ def fill_batch(tok: TargetTokenizer, jobs: Sequence[RowWork]) -> list[RowIds]:
         decoded = tok.decode_batch([body for _, body, _ in server_bodies])
         for (p, _, _), text in zip(server_bodies, decoded, strict=True):
             split_reasoning, split_content = tok.split_text(text)
-            i, pt, ot, kept, appended, _, _ = plan[p]
-            plan[p] = (i, pt, ot, kept, appended, split_reasoning, split_content)
+            i, pt, first, count, kept, appended, _, _ = plan[p]
+            plan[p] = (i, pt, first, count, kept, appended, split_reasoning, split_content)
 
-    encoded: list[list[int] | Exception]
-    try:
-        encoded = list(tok.encode_batch(texts))
-    except Exception:
-        # One bad text must not fail its neighbours: fall back to encoding each on its own.
-        encoded = []
-        for text in texts:
-            try:
-                encoded.append(tok.encode(text))
-            except Exception as exc:
-                encoded.append(exc)
+    encoded = _encode_all(tok.encode_batch, tok.encode, prompts)
+    encoded_parts = _encode_all(tok.encode_text_batch, tok.encode_text, parts)
 
-    eot = tok.end_of_turn_id
-    for i, pt, ot, ids, appended, reasoning, content in plan:
+    for i, pt, first, count, ids, appended, reasoning, content in plan:
         prompt_ids = encoded[pt]
-        out = ids if ot < 0 else encoded[ot]
-        if isinstance(prompt_ids, Exception) or isinstance(out, Exception):
-            bad = prompt_ids if isinstance(prompt_ids, Exception) else out
+        pieces = encoded_parts[first : first + count]
+        bad = next((e for e in (prompt_ids, *pieces) if isinstance(e, Exception)), None)
+        if bad is not None:
             results[i] = _failed(f"{type(bad).__name__}: {bad}")
             continue
+        assert not isinstance(prompt_ids, Exception)
+        out = (
+            ids
+            if count == 0
+            else tok.join_parts([p for p in pieces if not isinstance(p, Exception)], appended)
+        )
         assert out is not None
-        if ot >= 0 and appended:
-            out = [*out, eot]
         results[i] = RowIds(None, _ids(prompt_ids), _ids(out), appended, reasoning, content)
     return [r if r is not None else _failed("not tokenized") for r in results]
 

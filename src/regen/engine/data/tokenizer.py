@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from regen.engine.data.pieces import PieceEncoder, encode_whole
 from regen.engine.data.row import TokenizerBlock
+from regen.engine.data.tiktoken_direct import DirectTiktoken, RanksFileError, check_ranks_file
 from regen.engine.errors import RegenError
 
 if TYPE_CHECKING:
@@ -87,6 +88,11 @@ def _quiet_transformers() -> None:
     # operator; regen only needs its tokenizers.
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    # tiktoken's load_tiktoken_bpe keeps a copy of every file it reads under a temporary folder,
+    # keyed by the file's path, and reads that copy next time: a tiktoken.model replaced in place (a
+    # new `regen pull`) would load the old ranks under the new file's hash. An empty cache folder
+    # turns the copy off (docs/data-contract.md §8.1); regen loads no tiktoken file from the web.
+    os.environ["TIKTOKEN_CACHE_DIR"] = ""
 
 
 def _auto_map_files(config: Mapping[str, Any]) -> set[str]:
@@ -192,10 +198,17 @@ class TargetTokenizer:
             raise TokenizerError(f"{folder}: no tokenizer files (tokenizer_config.json or tokenizer.json)")
         needs_code = isinstance(config.get("auto_map"), Mapping) and "AutoTokenizer" in config["auto_map"]
         if needs_code and not spec.trust_remote_code:
+            code = ", ".join(sorted(_auto_map_files(config))) or "its own Python code"
             raise TokenizerError(
-                f"{folder}: this tokenizer runs its own Python code (auto_map in tokenizer_config.json); "
+                f"{folder}: this tokenizer runs {code} (auto_map in tokenizer_config.json); "
                 "set tokenizer.trust_remote_code = true if you trust the files"
             )
+        if (folder / "tiktoken.model").is_file():
+            try:
+                check_ranks_file(folder / "tiktoken.model")
+            except RanksFileError as exc:
+                raise TokenizerError(str(exc)) from None
+        self._direct: DirectTiktoken | None = None
         self._tok = self._load(folder, spec.trust_remote_code)
         if not getattr(self._tok, "chat_template", None):
             raise TokenizerError(
@@ -232,6 +245,10 @@ class TargetTokenizer:
         self._chat_template: str | None = None
         self._render_kwargs: dict[str, Any] = {}
         self._pieces: PieceEncoder | None = None
+        if not self.is_fast:
+            self._direct = DirectTiktoken.build(
+                self._tok, self._encode_slow, self._decode_slow, self._probes()
+            )
         self._render_fast = self._fast_renderer()
 
     @classmethod
@@ -307,6 +324,11 @@ class TargetTokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Text to ids; special-token strings become their single ids; no BOS/EOS added."""
+        if self._direct is not None:
+            return self._direct.encode(text)
+        return self._encode_slow(text)
+
+    def _encode_slow(self, text: str) -> list[int]:
         return [int(i) for i in self._tok.encode(text, add_special_tokens=False)]
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
@@ -323,8 +345,36 @@ class TargetTokenizer:
             return [list(ids) for ids in enc["input_ids"]]
         return [self.encode(t) for t in texts]
 
+    def encode_text(self, text: str) -> list[int]:
+        """``encode`` with special-token strings encoded as the ordinary text they spell."""
+        return self.encode_text_batch([text])[0]
+
+    def encode_text_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        if not texts:
+            return []
+        if self._direct is not None:
+            return [self._direct.encode_text(t) for t in texts]
+        if self.is_fast:
+            native = self._tok.backend_tokenizer
+            # The Rust tokenizer's own switch; put back at once, for render_ids reads the same object.
+            before = native.encode_special_tokens
+            native.encode_special_tokens = True
+            try:
+                return [list(e.ids) for e in native.encode_batch(list(texts), add_special_tokens=False)]
+            finally:
+                native.encode_special_tokens = before
+        return [
+            [int(i) for i in self._tok.encode(t, add_special_tokens=False, split_special_tokens=True)]
+            for t in texts
+        ]
+
     def decode(self, ids: Sequence[int]) -> str:
         """Ids to text with special tokens kept and no space clean-up, so it inverts ``encode``."""
+        if self._direct is not None:
+            return self._direct.decode(ids)
+        return self._decode_slow(ids)
+
+    def _decode_slow(self, ids: Sequence[int]) -> str:
         return str(
             self._tok.decode(
                 list(ids),
@@ -375,6 +425,8 @@ class TargetTokenizer:
             return self.prompt_ids(messages)
         render, native = self._render_fast
         text = self._render_text(render, messages)
+        if self._direct is not None:
+            return self._direct.encode(text)
         if self._pieces is not None:
             return self._pieces.encode(text)
         return encode_whole(native, text)
@@ -392,19 +444,34 @@ class TargetTokenizer:
         )
         return str(rendered[0])
 
+    def _probes(self) -> list[str]:
+        """Texts a faster path is checked on at load against transformers' own: the probe prompts
+        rendered, and the special tokens' strings alone and inside text."""
+        texts = [str(s) for s in sorted(self.special_strings)]
+        texts.append("x".join(texts) + " tail")
+        for messages in PIECE_PROBES:
+            try:
+                texts.append(self.render(messages))
+            except Exception:  # a template may refuse a shape (a system turn, say): the others check
+                continue
+        return texts
+
     def _fast_renderer(self) -> tuple[Any, Any] | None:
-        """transformers' own template renderer and the Rust tokenizer, when both are there; with
-        them, the piece encoder (engine/data/pieces.py) where this tokenizer allows it."""
+        """transformers' own template renderer and the Rust tokenizer (or the direct tiktoken
+        path), when there; with the Rust one, the piece encoder (engine/data/pieces.py) where this
+        tokenizer allows it."""
         native = getattr(self._tok, "backend_tokenizer", None) if self.is_fast else None
         try:
             from transformers.utils.chat_template_utils import render_jinja_template
         except ImportError:  # pragma: no cover - older transformers: the plain path
             return None
-        if native is None:
+        if native is None and self._direct is None:
             return None
         self._chat_template = self._tok.get_chat_template(None, None)
         # What apply_chat_template passes the template: the special tokens, then our kwargs.
         self._render_kwargs = {**self._tok.special_tokens_map, **self.template_kwargs}
+        if native is None:
+            return render_jinja_template, None
         probes: list[str] = []
         for messages in PIECE_PROBES:
             try:
@@ -427,38 +494,57 @@ class TargetTokenizer:
 
     # -- outputs (§5.2, §5.3) ------------------------------------------------------------------
 
-    def output_text(
+    def output_parts(
         self, reasoning: str, content: str, finish_reason: str, thinking: bool | None = None
-    ) -> tuple[str, bool]:
-        """``(text_out, append end-of-turn?)``: the text a row's ``reasoning`` and ``content`` stand
-        for, per the table of docs/data-contract.md §5.3 (what `retokenize` encodes and `regen
-        verify` decodes the ids against)."""
+    ) -> tuple[list[str], bool]:
+        """``(parts, append end-of-turn?)``: the texts a row's ``reasoning`` and ``content`` stand
+        for, per the table of docs/data-contract.md §5.3, that one ``</think>`` joins (the reasoning
+        and the content, or one of them alone)."""
         if finish_reason not in FINISH_REASONS:
             raise TokenizeError(f"finish_reason {finish_reason!r} is neither stop nor length")
         thinking = self.thinking if thinking is None else thinking
         reasoning = reasoning or ""
         content = content or ""
         if not thinking:
-            return content, finish_reason == "stop"
+            return [content], finish_reason == "stop"
         if self.think_end_id is None:
             raise TokenizeError(f"thinking row but the tokenizer has no {THINK_END} token")
         if finish_reason == "stop":
-            return reasoning + THINK_END + content, True
+            return [reasoning, content], True
         if content:
-            return reasoning + THINK_END + content, False
+            return [reasoning, content], False
         # Cut off while still thinking: whether </think> was emitted is unknown, so it is left out.
-        return reasoning, False
+        return [reasoning], False
+
+    def output_text(
+        self, reasoning: str, content: str, finish_reason: str, thinking: bool | None = None
+    ) -> tuple[str, bool]:
+        """``(text_out, append end-of-turn?)``: the parts joined by ``</think>`` (what `regen verify`
+        decodes the ids against)."""
+        parts, append = self.output_parts(reasoning, content, finish_reason, thinking)
+        return THINK_END.join(parts), append
+
+    def join_parts(self, encoded: Sequence[list[int]], append: bool) -> list[int]:
+        """The output ids of the parts' ids: one ``</think>`` id between two, the end of turn after."""
+        ids = list(encoded[0])
+        for part in encoded[1:]:
+            assert self.think_end_id is not None  # output_parts gave two parts only then
+            ids.append(self.think_end_id)
+            ids.extend(part)
+        if append:
+            ids.append(self.end_of_turn_id)
+        return ids
 
     def retokenize(
         self, reasoning: str, content: str, finish_reason: str, thinking: bool | None = None
     ) -> tuple[list[int], bool]:
         """``output_ids`` and ``terminator_appended`` encoded from a row's text, for a row whose
-        backend sent no ids (``output_ids_source: "retokenized"``, §5.3)."""
-        text, append = self.output_text(reasoning, content, finish_reason, thinking)
-        ids = self.encode(text)
-        if append:
-            ids.append(self.end_of_turn_id)
-        return ids, append
+        backend sent no ids (``output_ids_source: "retokenized"``, §5.3). The text is encoded as text:
+        a special token's string inside it (a look-alike the model wrote in ordinary tokens, for a
+        provider's text never holds the special tokens themselves) stays its ordinary tokens, and
+        the only special ids are the ``</think>`` and end of turn the table puts there."""
+        parts, append = self.output_parts(reasoning, content, finish_reason, thinking)
+        return self.join_parts(self.encode_text_batch(parts), append), append
 
     def keep_server_ids(
         self, output_ids: Sequence[int], finish_reason: str, thinking: bool | None = None

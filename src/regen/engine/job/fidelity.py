@@ -33,6 +33,7 @@ STATISTICS = (
     "truncated",
     "special_leaks",
     "refusals",
+    "prompt_tokens",
 )
 # An answer that opens like these refuses (checked on the first characters only: no scan of the text).
 REFUSAL_OPENINGS = (
@@ -92,6 +93,10 @@ class Fingerprint:
     truncated: int = 0
     leaks: int = 0
     refusals: int = 0
+    # Prompt-token parity: usage.prompt_tokens less the reference tokenizer's count of the prompt.
+    prompt_n: int = 0  # answers whose prompt tokens both sides counted
+    prompt_offset_sum: int = 0
+    prompt_offset_squares: int = 0
 
     def add(self, other: Fingerprint, sign: int = 1) -> None:
         """Add (or with sign -1, take away) another fingerprint's counts."""
@@ -108,6 +113,9 @@ class Fingerprint:
         self.truncated += sign * other.truncated
         self.leaks += sign * other.leaks
         self.refusals += sign * other.refusals
+        self.prompt_n += sign * other.prompt_n
+        self.prompt_offset_sum += sign * other.prompt_offset_sum
+        self.prompt_offset_squares += sign * other.prompt_offset_squares
 
     def copy(self) -> Fingerprint:
         out = Fingerprint()
@@ -148,6 +156,9 @@ class Floors:
 
     histogram_tv: float = 0.05  # total variation distance of finish mixes and length histograms
     rate: float = 0.005  # difference of rates (degenerate, truncated, leaks, refusals, thinking)
+    # Mean prompt-token offsets this many tokens apart: a system prompt of the provider's own is
+    # tens; one BOS the target's template does not write is 1, and leaves the answers as they were.
+    prompt_offset: float = 2.0
 
 
 class FidelityMonitor:
@@ -220,6 +231,21 @@ class FidelityMonitor:
             return None
         return self.look(backend, route)
 
+    def observe_prompt(self, backend: str, route: str, reported: int | None, counted: int) -> None:
+        """Fold one answer's prompt-token parity: what the route says it read (usage.prompt_tokens)
+        against what the reference tokenizer counts in the prompt regen rendered (its prompt_ids).
+        Folded once the row's ids are made, after `observe`; tested at the route's next look."""
+        if reported is None or counted <= 0:
+            return
+        state = self.routes.get(backend, {}).get(route)
+        if state is None:
+            return  # only answers `observe` folded have parity
+        offset = reported - counted
+        for fp in (state.fingerprint, self.totals[backend]):
+            fp.prompt_n += 1
+            fp.prompt_offset_sum += offset
+            fp.prompt_offset_squares += offset * offset
+
     # -------------------------------------------------------------------------------------- looks
 
     def reference(self, backend: str, route: str) -> tuple[str | None, Fingerprint]:
@@ -257,8 +283,10 @@ class FidelityMonitor:
         fp = state.fingerprint
         state.finish_similarity = similarity(fp.finish, ref.finish)
         stats: list[FidelityStat] = []
-        worst: tuple[float, FidelityStat] | None = None
-        for name, result, value, reference, floor in self._tests(fp, ref):
+        worst: tuple[float, FidelityStat, str, int] | None = None
+        parity = self._parity_reference(backend, route)
+        for name, result, value, reference, floor in self._tests(fp, ref, parity):
+            by, by_n = ("routes", parity[1]) if name == "prompt_tokens" and parity else (against, ref.n)
             flagged = result is not None and result.p < threshold and abs(result.effect) >= floor
             stat: FidelityStat = {
                 "name": name,
@@ -270,19 +298,42 @@ class FidelityMonitor:
             }
             stats.append(stat)
             if flagged and result is not None and (worst is None or result.p < worst[0]):
-                worst = (result.p, stat)
+                worst = (result.p, stat, str(by), by_n)
         state.stats = stats
         if worst is None or state.drift is not None:
             return None
-        p, stat = worst
+        p, stat, by, by_n = worst
         evidence = (
-            f"{stat['name']}: {stat['value']} against {stat['reference']} ({against}, {ref.n} answers); "
+            f"{stat['name']}: {stat['value']} against {stat['reference']} ({by}, {by_n} answers); "
             f"p = {p:.1e} < {threshold:.1e} after {fp.n} answers"
         )
         state.drift = Drift(backend, route, stat["name"], p, threshold, evidence, fp.n)
         return state.drift
 
-    def _tests(self, fp: Fingerprint, ref: Fingerprint) -> list[tuple[str, Result | None, str, str, float]]:
+    def _parity_reference(self, backend: str, route: str) -> tuple[float, int] | None:
+        """``(offset, answers)``: the median of the mean prompt-token offsets of the lane's other
+        unflagged routes that have enough answers, and the answers behind them; None without any.
+        The lane's and not the GPU fleet's, which counts what it was sent (its offset is 0 by
+        construction and says nothing of how an honest provider counts); a median, so one route on
+        another template among several does not move the others' reference as a pooled mean would."""
+        means: list[float] = []
+        answers = 0
+        for name, state in self.routes[backend].items():
+            fp = state.fingerprint
+            if name == route or state.drift is not None or fp.prompt_n < self.min_responses:
+                continue
+            means.append(fp.prompt_offset_sum / fp.prompt_n)
+            answers += fp.prompt_n
+        if not means or answers < self.min_reference:
+            return None
+        means.sort()
+        mid = len(means) // 2
+        median = means[mid] if len(means) % 2 else (means[mid - 1] + means[mid]) / 2
+        return median, answers
+
+    def _tests(
+        self, fp: Fingerprint, ref: Fingerprint, parity: tuple[float, int] | None
+    ) -> list[tuple[str, Result | None, str, str, float]]:
         tv, rate = self.floors.histogram_tv, self.floors.rate
         rows: list[tuple[str, Result | None, str, str, float]] = [
             ("finish", histograms(fp.finish, ref.finish), _mix(fp.finish), _mix(ref.finish), tv),
@@ -323,6 +374,16 @@ class FidelityMonitor:
             ("refusals", fp.refusals, ref.refusals),
         ):
             rows.append((name, events(a, fp.n, b, ref.n), _share(a, fp.n), _share(b, ref.n), rate))
+        if fp.prompt_n >= self.min_responses and parity is not None:
+            rows.append(
+                (
+                    "prompt_tokens",
+                    offset_test(fp.prompt_n, fp.prompt_offset_sum, fp.prompt_offset_squares, parity[0]),
+                    _offset(fp.prompt_offset_sum / fp.prompt_n),
+                    _offset(parity[0]),
+                    self.floors.prompt_offset,
+                )
+            )
         return rows
 
     # ---------------------------------------------------------------------------------- the view
@@ -370,6 +431,23 @@ def _mix(counts: Sequence[int]) -> str:
 
 def _mean(total: int, n: int) -> str:
     return f"mean {total / n:.0f} tokens" if n else "-"
+
+
+def offset_test(n: int, total: int, squares: int, reference: float) -> Result:
+    """The route's mean prompt-token offset against the reference's: a z test on the route's own
+    spread (an honest route counting as the target does has none, so any difference is certain;
+    the floor decides whether it counts). The effect is the difference of the means, in tokens."""
+    mean = total / n
+    effect = mean - reference
+    variance = max(0.0, squares / n - mean * mean) * n / max(1, n - 1)
+    if variance == 0.0:
+        return Result(0.0 if effect else 1.0, effect)
+    z = abs(effect) / math.sqrt(variance / n)
+    return Result(min(1.0, math.erfc(z / math.sqrt(2))), effect)
+
+
+def _offset(mean: float) -> str:
+    return f"mean offset {mean:+.1f} tokens"
 
 
 def _share(count: int, n: int) -> str:

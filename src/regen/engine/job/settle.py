@@ -184,6 +184,11 @@ class Settler:
                 await journaled
                 self.hooks.fatal(StopReason.FATAL, f"tokenizing failed: {exc}")
                 return
+        if self.fidelity is not None and outcome.route:
+            # Prompt-token parity (docs/fidelity.md): known once the row's prompt ids are.
+            self.fidelity.observe_prompt(
+                self.backend.name, outcome.route, row["usage"]["prompt_tokens"], row["num_prompt_tokens"]
+            )
         # The end record names the handle only when it is the handle the gen record journaled.
         supersedes = flight.gen_ticket if outcome.handle == flight.handle else None
         committed = self.results.commit_row(prompt.dataset, record, row, supersedes)

@@ -159,6 +159,10 @@ class SimConfig(BaseModel):
     # by the drift, and that share of their answers runs on to the length cap (finish "length").
     impostor_providers: dict[str, float] = Field(default_factory=dict)
     impostor_prefix_tokens: int = Field(32, ge=0)
+    # Providers that render another chat template (a system prompt of their own, say), keyed like
+    # endpoint_overrides: their usage.prompt_tokens (and the prompt tokens billed) count this many
+    # more than the others' (docs/fidelity.md, "prompt_tokens").
+    prompt_token_offsets: dict[str, int] = Field(default_factory=dict)
     slow_first_token_factor: float = 20.0
     fault_position: float = 0.5  # share of the completion sent before a mid-stream fault
     retry_after_s: int = 2  # Retry-After seconds on 429/503/402-in-flight faults

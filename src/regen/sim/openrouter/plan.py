@@ -172,7 +172,7 @@ def make_plan(
         model=model,
         ep=ep,
         stream=body.get("stream") is True,
-        prompt_tokens=prompt_tokens,
+        prompt_tokens=prompt_tokens + prompt_offset(ep, cfg.prompt_token_offsets),
         completion_tokens=completion,
         reasoning_tokens=reasoning,
         reported_reasoning=reported_reasoning,
@@ -195,6 +195,16 @@ def make_plan(
         alt_content=int.from_bytes(other[4:8], "little"),
         alt_reasoning=int.from_bytes(other[8:12], "little"),
     )
+
+
+def prompt_offset(ep: SimEndpoint, offsets: dict[str, int]) -> int:
+    """The prompt tokens the endpoint counts beyond the estimate (config.prompt_token_offsets: a
+    provider that renders another template or runs another tokenizer); later matching keys win."""
+    found = 0
+    for name, offset in offsets.items():
+        if matches(ep, name):
+            found = int(offset)
+    return found
 
 
 def impostor_drift(ep: SimEndpoint, impostors: dict[str, float]) -> float | None:

@@ -15,7 +15,7 @@ from regen.engine.backends.base import AttemptOutcome
 from regen.engine.backends.sglang.backend import SGLangBackend
 from regen.engine.backends.sglang.wire import StreamTail
 from regen.engine.backends.sglang.worker import Worker
-from regen.engine.config.settings import Settings
+from regen.engine.config.settings import Settings, TokenizerSettings
 from regen.engine.data.datasets import Dataset
 from regen.engine.data.tokenize_pool import TokenizePool
 from regen.engine.data.tokenizer import TargetTokenizer, TokenizerSpec
@@ -25,6 +25,7 @@ from regen.sim.sglang.tokens import SimTokenizer
 from tests.support.datasets import read_rows, write_dataset
 from tests.support.recording_sim import SERVED, RecordingSim, recording_sim, sim_config
 from tests.support.rows import unfilled_row
+from tests.support.sglang_sim import model_folder
 from tests.support.views import sglang_account
 
 PROMPTS = [
@@ -221,3 +222,68 @@ async def test_settings_that_cannot_work_are_refused(
         job.exclude(f"127.0.0.1:{sim.port}")
     assert job.snapshot()["lanes"][0]["supports_exclude"] is False
     assert (await job.run()).reason is StopReason.DONE
+
+
+async def test_kimis_own_tokenizer_shape_renders_the_ids_sent_and_the_rows_verify(
+    sglang_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    """Kimi ships tiktoken.model and remote code, no tokenizer.json (docs/data-contract.md §8.1, §9):
+    the prompt ids sent are apply_chat_template's, and the rows verify, on that shape too."""
+    model = model_folder(tmp_path / "Kimi-K2.5", "tiktoken")
+    served = SimTokenizer(model, trust_remote_code=True)
+    async with recording_sim(sim_config(), served) as server:
+        data = write_dataset(tmp_path, "K", PROMPTS)
+        settings = sglang_settings([server.base_url], [data])
+        settings.tokenizer = TokenizerSettings(path=model, workers=1, trust_remote_code=True)
+        await run_job(settings)
+    rows = read_rows(data)
+    assert len(rows) == len(PROMPTS)
+    hf = served.hf
+    assert type(hf).__name__ == "TikTokenTokenizer"
+    for row in rows:
+        expected = hf.apply_chat_template(
+            PROMPTS[row["line"]], tokenize=True, add_generation_prompt=True, thinking=True
+        )
+        assert row["prompt_ids"] == server.served[row["generation_id"]]["prompt_ids"] == list(expected)
+        assert row["output_ids"] == server.served[row["generation_id"]]["output_ids"]
+        assert set(row["tokenizer"]["files_sha256"]) == {
+            "chat_template.jinja",
+            "tiktoken.model",
+            "tokenization_kimi.py",
+            "tokenizer_config.json",
+        }
+    local = TargetTokenizer(TokenizerSpec.from_settings(settings.tokenizer))
+    report = verify_dataset(Dataset(data.name, data), local, check_prompts=True)
+    assert not report.violations, dict(report.violations)
+
+
+async def test_a_prompt_past_the_served_context_is_given_up_before_it_is_sent(
+    sim_tok: SimTokenizer, sglang_settings: Callable[..., Settings], model_dir: Path, tmp_path: Path
+) -> None:
+    """Its ids are rendered here, so its length is known: ids + max_tokens past the context the server
+    serves (/v1/models' max_model_len) is given up as over_context, with its line, and never sent."""
+    local = TargetTokenizer(TokenizerSpec(model_dir, template_kwargs={"thinking": True}))
+    context = 160
+    long = [{"role": "user", "content": "explain topic seven in depth " * 12}]
+    prompts = [PROMPTS[i] if i % 3 else long for i in range(9)]
+    over = {i for i, messages in enumerate(prompts) if len(local.prompt_ids(messages)) + 64 > context}
+    assert over == {0, 3, 6}, "the long prompts, and only they, are past the context"
+    async with recording_sim(sim_config(context_length=context), sim_tok) as server:
+        data = write_dataset(tmp_path, "C", prompts)
+        job = Job(sglang_settings([server.base_url], [data]))
+        await job.prepare()
+        outcome = await job.run()
+        sent = set(server.served)
+    assert outcome.reason is StopReason.FAILED_PROMPTS
+    rows = read_rows(data)
+    assert {row["line"] for row in rows} == set(range(9)) - over
+    assert not any(rid.startswith(f"C-{line:08d}#") for rid in sent for line in over), "none was sent"
+    records = [orjson.loads(x) for x in (tmp_path / "run" / "attempts.jsonl").read_bytes().splitlines()]
+    gave_up = {r["line"]: r for r in records if r["k"] == "gave_up"}
+    assert set(gave_up) == over
+    for line, record in gave_up.items():
+        n = len(local.prompt_ids(prompts[line]))
+        assert record["ds"] == "C" and record["attempts"] == 1
+        assert record["why"].startswith(f"over_context: {n} prompt tokens + max_tokens 64 = {n + 64} exceed")
+        assert f"the {context} tokens of context" in record["why"]
+    assert job.snapshot()["datasets"][0]["failed"] == len(over)

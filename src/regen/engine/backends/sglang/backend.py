@@ -355,6 +355,11 @@ class SGLangBackend:
             )
             return outcome
         outcome.prompt_ids = prompt_ids
+        context = worker.facts.context_length
+        if context is not None and len(prompt_ids) + self.max_tokens > context:
+            # Rendered here, so its length is known: the server would only refuse it.
+            outcome.failure = errors.over_context(len(prompt_ids), self.max_tokens, context, worker.url)
+            return outcome
         body = request_body(prompt_ids, self._sampling, rid)
         deadlines = self._deadlines
         meter = worker.meter

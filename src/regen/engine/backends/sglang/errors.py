@@ -30,6 +30,7 @@ class ErrorClass(StrEnum):
     ABORT = "abort"  # finish_reason abort: the server aborted it (memory, shutdown, an abort call)
     NAN = "nan"  # finish "NaN happened": the model sampled an id outside the vocabulary
     BAD_PROMPT = "bad_prompt"  # the chat template could not render the prompt locally
+    OVER_CONTEXT = "over_context"  # its ids and max_tokens exceed the served context: never sent
 
 
 # The router's own answers when no worker can be reached: the request never reached a GPU.
@@ -132,6 +133,18 @@ def for_exception(exc: BaseException, url: str) -> Failure:
     if isinstance(exc, aiohttp.ClientConnectorError | TimeoutError):
         return Failure(Disposition.RETRY, ErrorClass.UNREACHABLE, message, outage=True, sent=False)
     return Failure(Disposition.RETRY, ErrorClass.NETWORK, message)
+
+
+def over_context(prompt_tokens: int, max_tokens: int, context: int, url: str) -> Failure:
+    """A prompt whose rendered ids and max_tokens do not fit the context `url` serves: the server would
+    refuse it (docs/sglang.md, "The context before sending"), so it is given up before it is sent."""
+    return Failure(
+        Disposition.GIVE_UP,
+        ErrorClass.OVER_CONTEXT,
+        f"over_context: {prompt_tokens} prompt tokens + max_tokens {max_tokens} = "
+        f"{prompt_tokens + max_tokens} exceed the {context} tokens of context {url} serves; not sent",
+        sent=False,
+    )
 
 
 def network(message: str) -> Failure:
