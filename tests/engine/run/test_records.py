@@ -203,8 +203,9 @@ TODAY: list[tuple[str, Any, bytes]] = [
     ),
     (
         "gave_up",
-        gave_up_record("A", 7, 2, "cut " * 100, TS),
-        b'{"k":"gave_up","ds":"A","line":7,"attempts":2,"why":"' + b"cut " * 75 + b'","ts":1700000000.5}',
+        gave_up_record("A", 7, 2, "cut " * 100, TS, "attempts"),
+        b'{"k":"gave_up","ds":"A","line":7,"attempts":2,"why":"' + b"cut " * 75 + b'","reason":"attempts",'
+        b'"ts":1700000000.5}',
     ),
     (
         "requeued",

@@ -309,11 +309,13 @@ async def test_attempt_cap_gives_up_and_exits_1(
     a = write_dataset(tmp_path, "A", 3)
     job = await run_job(make_settings(sim.base_url, [a], max_attempts=2))
     assert job.outcome is not None and job.outcome.reason is StopReason.FAILED_PROMPTS
-    assert job.outcome.exit_code == 1 and "3 prompts failed after 2 attempts" in job.outcome.message
+    assert job.outcome.exit_code == 1
+    assert job.outcome.message == "3 prompts failed after 2 attempts each (server); run again to retry them"
     assert read_rows(a) == []
     journal = [orjson.loads(x) for x in (job.run_dir / "attempts.jsonl").read_bytes().splitlines()]
     assert sum(1 for r in journal if r["k"] == "end") == 6
-    assert sum(1 for r in journal if r["k"] == "gave_up") == 3
+    gave_up = [r for r in journal if r["k"] == "gave_up"]
+    assert [(r["attempts"], r["reason"]) for r in gave_up] == [(2, "attempts")] * 3
 
 
 async def test_bad_key_stops_with_auth_and_never_echoes_it(

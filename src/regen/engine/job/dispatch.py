@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from regen.engine.backends.base import Backend, Failure
 from regen.engine.config.settings import JobSettings
 from regen.engine.data.jsonl import WriteFailed
+from regen.engine.job import giveup
 from regen.engine.job.concurrency import AdaptiveLimit
 from regen.engine.job.lanes import Lane, LaneCeilings, Outage
 from regen.engine.job.settle import Flight, Settler
@@ -244,12 +245,9 @@ class Dispatcher:
         return not self.datasets[name].budget_reached
 
     def _finish_when_empty(self) -> None:
-        failed = sum(state.failed for state in self.datasets.values())
-        if failed:
-            self._stop(
-                StopReason.FAILED_PROMPTS,
-                f"{failed} prompts failed after {self.job.max_attempts} attempts; run again to retry them",
-            )
+        given_up = [g for lane in self.lanes for g in lane.settler.given_up]
+        if given_up:
+            self._stop(StopReason.FAILED_PROMPTS, giveup.summary(given_up))
         else:
             budgeted = [name for name, s in self.datasets.items() if s.budget_reached and s.remaining > 0]
             note = f" ({', '.join(budgeted)} stopped at the token budget)" if budgeted else ""

@@ -24,6 +24,7 @@ from regen.engine.data.scan import iter_prompts
 from regen.engine.data.tokenize_pool import TokenizePool
 from regen.engine.data.tokenizer import TokenizeError
 from regen.engine.job.fidelity import Drift, FidelityMonitor
+from regen.engine.job.giveup import GivenUp, reason_for
 from regen.engine.job.rows import build_row
 from regen.engine.job.stats import JobStats, ProviderStats
 from regen.engine.job.workqueue import WorkItem
@@ -115,6 +116,7 @@ class Settler:
         self.routes = backend.routes
         self.account = backend.account
         self.breakdown = SpendBreakdown()
+        self.given_up: list[GivenUp] = []  # this run's, for its last line (engine/job/giveup.py)
         self.pool: TokenizePool | None = None
         # The job's fingerprints of every route (engine/job/fidelity.py), None when they are off, and
         # what a drifting route gets (openrouter.fidelity; set by the job with the monitor).
@@ -497,9 +499,15 @@ class Settler:
 
     def _give_up(self, item: WorkItem, failure: Failure) -> None:
         self.datasets[item.prompt.dataset].failed += 1
+        prompt, reason = item.prompt, reason_for(failure)
+        self.given_up.append(
+            GivenUp(
+                prompt.dataset, prompt.line, item.run_attempts, reason, failure.error_class, failure.message
+            )
+        )
         self.results.journal(
             gave_up_record(
-                item.prompt.dataset, item.prompt.line, item.run_attempts, failure.message, time.time()
+                prompt.dataset, prompt.line, item.run_attempts, failure.message, time.time(), reason.name
             )
         )
 

@@ -155,6 +155,10 @@ class GaveUpRecord(TypedDict, total=False):
     line: Required[int]
     attempts: int  # attempts made in this run
     why: str  # the last failure's message (300 characters at most)
+    # Why it was given up (engine/job/giveup.py): "attempts" (they ran out on failures a rerun may
+    # not meet) or the refusal's error class ("bad_request", "over_context", ...: a rerun cannot fix
+    # it). Absent in records of regen before issue 32.
+    reason: str
     ts: float
 
 
@@ -277,8 +281,16 @@ def reconciled_record(
     }
 
 
-def gave_up_record(ds: str, line: int, attempts: int, why: str, ts: float) -> GaveUpRecord:
-    return {"k": "gave_up", "ds": ds, "line": line, "attempts": attempts, "why": why[:300], "ts": ts}
+def gave_up_record(ds: str, line: int, attempts: int, why: str, ts: float, reason: str) -> GaveUpRecord:
+    return {
+        "k": "gave_up",
+        "ds": ds,
+        "line": line,
+        "attempts": attempts,
+        "why": why[:300],
+        "reason": reason,
+        "ts": ts,
+    }
 
 
 def requeued_record(

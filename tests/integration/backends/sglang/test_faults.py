@@ -128,6 +128,13 @@ async def test_a_prompt_the_server_refuses_is_given_up_at_once(
     assert sorted(row["line"] for row in read_rows(data)) == [0, 1, 2, 4, 5]
     [gave_up] = [r for r in journal(settings.job.run_dir / "attempts.jsonl") if r["k"] == "gave_up"]
     assert gave_up["line"] == 3 and gave_up["attempts"] == 1 and "context length" in gave_up["why"]
+    assert gave_up["reason"] == "bad_request"
+    # The last line says what the journal says: one attempt, a refusal a rerun cannot fix, the line.
+    assert outcome.message.startswith(
+        "1 prompt refused as a bad request after 1 attempt, which a rerun cannot fix: L line 3 ("
+    ), outcome.message
+    assert outcome.message.endswith("); change it first") and "context length" in outcome.message
+    assert "run again" not in outcome.message and "6 attempts" not in outcome.message
 
 
 async def test_the_server_gone_holds_dispatch_and_its_return_ends_the_outage(
