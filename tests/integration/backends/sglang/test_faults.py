@@ -113,7 +113,7 @@ async def test_dropped_streams_and_server_aborts_are_retried_into_one_row(
     assert job.lanes[0].settler.breakdown.waste["retries"] > 0
 
 
-async def test_a_prompt_the_server_refuses_is_given_up_at_once(
+async def test_a_prompt_longer_than_the_context_is_given_up_at_once_and_said_so(
     sim_tok: SimTokenizer, sglang_settings: Callable[..., Settings], tmp_path: Path
 ) -> None:
     async with recording_sim(sim_config(context_length=400), sim_tok) as server:
@@ -127,13 +127,13 @@ async def test_a_prompt_the_server_refuses_is_given_up_at_once(
     assert outcome.reason is StopReason.FAILED_PROMPTS
     assert sorted(row["line"] for row in read_rows(data)) == [0, 1, 2, 4, 5]
     [gave_up] = [r for r in journal(settings.job.run_dir / "attempts.jsonl") if r["k"] == "gave_up"]
-    assert gave_up["line"] == 3 and gave_up["attempts"] == 1 and "context length" in gave_up["why"]
-    assert gave_up["reason"] == "bad_request"
+    assert gave_up["line"] == 3 and gave_up["attempts"] == 1 and "exceed the 400 tokens" in gave_up["why"]
+    assert gave_up["reason"] == "over_context", "refused before it was sent (docs/sglang.md §11.5)"
     # The last line says what the journal says: one attempt, a refusal a rerun cannot fix, the line.
     assert outcome.message.startswith(
-        "1 prompt refused as a bad request after 1 attempt, which a rerun cannot fix: L line 3 ("
+        "1 prompt longer than the model's context after 1 attempt, which a rerun cannot fix: L line 3 ("
     ), outcome.message
-    assert outcome.message.endswith("); change it first") and "context length" in outcome.message
+    assert outcome.message.endswith("); change it first") and "exceed the 400 tokens" in outcome.message
     assert "run again" not in outcome.message and "6 attempts" not in outcome.message
 
 
