@@ -2,6 +2,14 @@
 
     python bench/tokenizer_stage.py                       # pool vs single-process batch encode
     python bench/tokenizer_stage.py --verify-rows 100000  # also verify a generated dataset of that size
+    python bench/tokenizer_stage.py --shapes json tiktoken  # the fast tokenizer and Kimi's own shape
+
+Shapes (docs/data-contract.md §9): ``json`` is a tokenizer.json (a fast, Rust tokenizer); ``tiktoken``
+is Kimi's shape, tiktoken.model with its remote-code class (tests/support/tiktoken_model.py), built on
+the same learned vocabulary, so the two differ in how they encode and nothing else. For it the bench
+also times the class's own path (transformers' slow path, which regen took before
+engine/data/tiktoken_direct.py) beside the direct one, and the prompt render the SGLang backend does
+on the job's loop for every request.
 
 The tokenizer is a Kimi-shaped byte-level BPE trained here (no model can be downloaded); its
 vocabulary is far smaller than Kimi's 163,840, so absolute rates differ from the real one, but the
@@ -31,6 +39,7 @@ from regen.engine.data.row import Row
 from regen.engine.data.tokenize_pool import TokenizePool
 from regen.engine.data.tokenizer import THINK_END, TargetTokenizer, TokenizerSpec
 from tests.support.rows import unfilled_row
+from tests.support.tiktoken_model import build_tiktoken_tokenizer, ranks_of_fast
 from tests.support.tokenizers import build_tokenizer, corpus
 
 DEMO = Path(__file__).resolve().parent.parent / "src" / "regen" / "demo" / "datasets"
@@ -77,15 +86,30 @@ def build(folder: Path, vocab_size: int) -> Path:
 
 
 def reference_rate(tok: TargetTokenizer, cases: list[tuple[Row, list[dict[str, str]]]]) -> float:
+    """Tokens/s of one process encoding the rows' rendered prompts and output texts in one batch call
+    (a fast tokenizer's call runs on every core; the tiktoken path encodes one text after another)."""
     texts = []
     for row, messages in cases:
         texts.append(tok.render(messages))
         texts.append(tok.output_text(row["reasoning"], row["content"], row["finish_reason"])[0])
     t0 = time.perf_counter()
-    enc = tok._tok(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"]
+    enc = tok.encode_batch(texts)
     elapsed = time.perf_counter() - t0
     tokens = sum(len(ids) for ids in enc) + len(cases)  # + the appended end-of-turn ids
     return tokens / elapsed
+
+
+def render_us(
+    tok: TargetTokenizer, cases: list[tuple[Row, list[dict[str, str]]]], slow: bool = False
+) -> float:
+    """Microseconds per prompt of the SGLang backend's render on the loop (`render_ids`), or of
+    apply_chat_template(tokenize=True) itself with `slow`."""
+    prompts = [messages for _, messages in cases[:400]]
+    call = tok.prompt_ids if slow else tok.render_ids
+    t0 = time.perf_counter()
+    for messages in prompts:
+        call(messages)
+    return (time.perf_counter() - t0) / len(prompts) * 1e6
 
 
 async def pool_rate(
@@ -105,19 +129,38 @@ async def pool_rate(
         return tokens / elapsed, len(rows) / elapsed, pool.batches - batches
 
 
-def bench_pool(args: argparse.Namespace, folder: Path) -> None:
-    spec = TokenizerSpec(folder, template_kwargs={"thinking": True})
+def bench_pool(args: argparse.Namespace, folder: Path, shape: str, baseline: dict[int, float]) -> None:
+    """The pool's rates for one shape; `baseline` (the json shape's rows/s by worker count, filled by
+    its run) is what the tiktoken shape's are divided by."""
+    spec = TokenizerSpec(folder, trust_remote_code=shape == "tiktoken", template_kwargs={"thinking": True})
     tok = TargetTokenizer(spec)
     cases = make_cases(args.rows)
     ref = max(reference_rate(tok, cases) for _ in range(3))
-    print(f"cpus {os.cpu_count()}, vocab {len(tok._tok)}, rows {len(cases)}")
-    print(f"reference: fast tokenizer, one process, one batch call: {ref:,.0f} tokens/s")
+    print(f"[{shape}] cpus {os.cpu_count()}, vocab {len(tok._tok)}, rows {len(cases)}")
+    print(f"[{shape}] reference: one process, one batch call: {ref:,.0f} tokens/s")
+    print(
+        f"[{shape}] render_ids on the loop: {min(render_us(tok, cases) for _ in range(3)):,.0f} us a prompt"
+    )
+    if shape == "tiktoken":
+        direct = tok._direct
+        assert direct is not None, "the direct tiktoken path was not adopted"
+        tok._direct = None  # the class's own path, as regen encoded before the direct one
+        slow = reference_rate(tok, cases[: max(200, len(cases) // 10)])
+        print(f"[{shape}] the class's own path, one process: {slow:,.0f} tokens/s (direct {ref / slow:.1f}x)")
+        print(
+            f"[{shape}] apply_chat_template(tokenize=True): {render_us(tok, cases, slow=True):,.0f} us a prompt"
+        )
+        tok._direct = direct
     counts = sorted({1, 2, os.cpu_count() or 1, *args.workers})
     for workers in counts:
         tps, rps, batches = asyncio.run(pool_rate(spec, cases, workers, args.max_batch))
+        against = f", {rps / baseline[workers]:.2f} of the json shape's rows/s" if workers in baseline else ""
+        if shape == "json":
+            baseline[workers] = rps
         print(
-            f"pool: {workers} worker(s), max_batch {args.max_batch}: {tps:,.0f} tokens/s, {rps:,.0f} rows/s, "
-            f"{batches} batches ({len(cases) / max(1, batches):.0f} rows each), ratio {tps / ref:.2f}"
+            f"[{shape}] pool: {workers} worker(s), max_batch {args.max_batch}: {tps:,.0f} tokens/s, "
+            f"{rps:,.0f} rows/s, {batches} batches ({len(cases) / max(1, batches):.0f} rows each), "
+            f"ratio to the batch rate {tps / ref:.2f}{against}"
         )
 
 
@@ -205,12 +248,21 @@ def main() -> int:
     parser.add_argument("--vocab", type=int, default=8000, help="BPE vocabulary size to train")
     parser.add_argument("--verify-rows", type=int, default=0, help="also benchmark verify on this many rows")
     parser.add_argument("--skip-pool", action="store_true")
+    parser.add_argument("--shapes", nargs="+", choices=["json", "tiktoken"], default=["json"])
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="regen-bench-") as tmp:
         work = Path(tmp)
         folder = build(work / "tok", args.vocab)
+        folders = {"json": folder}
+        if "tiktoken" in args.shapes:
+            # The same learned vocabulary in Kimi's shape: only how it is encoded differs.
+            ranks = ranks_of_fast(folder / "tokenizer.json")
+            folders["tiktoken"] = build_tiktoken_tokenizer(work / "tok-tiktoken", ranks=ranks)
+        baseline: dict[int, float] = {}
         if not args.skip_pool:
-            bench_pool(args, folder)
+            for shape in ("json", "tiktoken"):
+                if shape in args.shapes or (shape == "json" and "tiktoken" in args.shapes):
+                    bench_pool(args, folders[shape], shape, baseline)
         if args.verify_rows:
             bench_verify(args, folder, work)
     return 0

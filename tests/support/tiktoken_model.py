@@ -29,6 +29,7 @@ __all__ = [
     "PAT_STR",
     "RESERVED",
     "build_tiktoken_tokenizer",
+    "ranks_of_fast",
     "train_ranks",
     "write_tiktoken_model",
 ]
@@ -252,6 +253,19 @@ def train_ranks(texts: list[str], vocab_size: int, pat_str: str = PAT_STR) -> di
     return ranks
 
 
+def ranks_of_fast(tokenizer_json: Path) -> dict[bytes, int]:
+    """A byte-level BPE ``tokenizer.json``'s learned vocabulary as tiktoken ranks (its ids, which the
+    trainer gave in the order it learned the merges): the same tokens, for a benchmark of the two
+    shapes on one vocabulary (bench/tokenizer_stage.py)."""
+    from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
+
+    doc = json.loads(tokenizer_json.read_text(encoding="utf-8"))
+    added = {t["content"] for t in doc.get("added_tokens", [])}
+    byte_of = {ch: b for b, ch in bytes_to_unicode().items()}
+    learned = sorted((i, t) for t, i in doc["model"]["vocab"].items() if t not in added)
+    return {bytes(byte_of[c] for c in token): rank for rank, (_, token) in enumerate(learned)}
+
+
 def write_tiktoken_model(path: Path, ranks: dict[bytes, int]) -> Path:
     """``ranks`` as tiktoken.model lines: ``base64(token) rank``, in rank order."""
     lines = [
@@ -263,11 +277,18 @@ def write_tiktoken_model(path: Path, ranks: dict[bytes, int]) -> Path:
 
 
 def build_tiktoken_tokenizer(
-    folder: Path, *, vocab_size: int = 1200, texts: list[str] | None = None, template: str = KIMI_TEMPLATE
+    folder: Path,
+    *,
+    vocab_size: int = 1200,
+    texts: list[str] | None = None,
+    template: str = KIMI_TEMPLATE,
+    ranks: dict[bytes, int] | None = None,
 ) -> Path:
     """A Kimi-shaped tiktoken tokenizer folder: tiktoken.model, tokenization_kimi.py,
-    tokenizer_config.json (auto_map, added_tokens_decoder) and chat_template.jinja."""
-    ranks = train_ranks(texts if texts is not None else corpus(), vocab_size)
+    tokenizer_config.json (auto_map, added_tokens_decoder) and chat_template.jinja; its ranks
+    trained here on ``texts``, or ``ranks`` given."""
+    if ranks is None:
+        ranks = train_ranks(texts if texts is not None else corpus(), vocab_size)
     folder.mkdir(parents=True, exist_ok=True)
     write_tiktoken_model(folder / "tiktoken.model", ranks)
     (folder / "tokenization_kimi.py").write_text(

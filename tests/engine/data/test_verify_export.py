@@ -460,3 +460,31 @@ def test_chatml_dataset_round_trip(tmp_path: Path) -> None:
     [exported] = export([ds], "specforge")
     assert exported.written == 8
     shutil.rmtree(folder)
+
+
+def test_verify_refuses_kimis_shape_in_one_line_without_trust_or_with_a_bad_tiktoken_model(
+    clean: Dataset, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/data-contract.md §9: the setting and the file named; a tiktoken.model's file and line."""
+    from tests.support.tiktoken_model import build_tiktoken_tokenizer
+
+    folder = build_tiktoken_tokenizer(tmp_path / "Kimi-K2.5")
+    assert regen_in_process("verify", str(clean.folder), "--tokenizer", str(folder)) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "runs tokenization_kimi.py" in err
+    assert "set tokenizer.trust_remote_code = true" in err
+    lines = (folder / "tiktoken.model").read_text().splitlines()
+    lines[56] = "not-a-rank-line"
+    (folder / "tiktoken.model").write_text("\n".join(lines) + "\n")
+    (tmp_path / "settings.toml").write_text("[tokenizer]\ntrust_remote_code = true\n")
+    argv = [
+        "verify",
+        "--settings",
+        str(tmp_path / "settings.toml"),
+        str(clean.folder),
+        "--tokenizer",
+        str(folder),
+    ]
+    assert regen_in_process(*argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{folder / 'tiktoken.model'}:57: expected 'base64-token rank'" in err

@@ -128,3 +128,17 @@ async def test_a_missing_tokenizer_folder_is_a_clear_error(
     with pytest.raises(JobError, match="nowhere"):
         await Job(settings).prepare()
     assert not (a / "raw_responses.jsonl").exists()
+
+
+async def test_kimis_shape_without_trust_is_refused_at_start_naming_the_setting_and_the_file(
+    sim: OpenRouterSim, tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    a = write_dataset(tmp_path, "A", 2)
+    settings = make_settings(sim.base_url, [a])
+    folder = build_tiktoken_tokenizer(tmp_path / "Kimi-K2.5")
+    settings.tokenizer = TokenizerSettings(path=folder)
+    with pytest.raises(JobError) as err:
+        await Job(settings).prepare()
+    message = str(err.value)
+    assert "tokenization_kimi.py" in message and "tokenizer.trust_remote_code = true" in message
+    assert "\n" not in message and not (a / "raw_responses.jsonl").exists()

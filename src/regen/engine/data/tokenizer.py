@@ -360,7 +360,9 @@ class TargetTokenizer:
             before = native.encode_special_tokens
             native.encode_special_tokens = True
             try:
-                return [list(e.ids) for e in native.encode_batch(list(texts), add_special_tokens=False)]
+                # tokenizers 0.21 on: the ids without the offsets (engine/data/pieces.py encode_whole).
+                batch = getattr(native, "encode_batch_fast", None) or native.encode_batch
+                return [list(e.ids) for e in batch(list(texts), add_special_tokens=False)]
             finally:
                 native.encode_special_tokens = before
         return [

@@ -33,6 +33,9 @@ def _quiet_transformers() -> None:
     # Without torch, transformers prints an advisory on import that reads like an error.
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    # A tiktoken.model is read afresh, never from tiktoken's copy keyed by its path (as the job reads
+    # it: docs/data-contract.md §9).
+    os.environ["TIKTOKEN_CACHE_DIR"] = ""
 
 
 @dataclass(frozen=True, slots=True)
