@@ -26,10 +26,11 @@ from regen.engine.config.settings import Settings, StatsSettings, SteeringSettin
 from regen.engine.control.headless import run_headless
 from regen.engine.job.job import Job, StopReason
 from regen.sim.openrouter.server import OpenRouterSim
+from regen.sim.sglang.tokens import SimTokenizer
 from tests.support.datasets import one_row_per_prompt, write_dataset
 from tests.support.journals import journal
 from tests.support.openrouter_sim import fast_sim_config
-from tests.support.sglang_sim import SimProcess, sim_process
+from tests.support.sglang_sim import SimProcess, fast_config, running_sim, sim_process
 
 # The bar's steering, scaled: ticks every second, the rates smoothed over a minute (the default),
 # so a stalled fleet's rate is not forgotten by averaging: only its silence can say it.
@@ -253,3 +254,35 @@ async def test_a_stall_near_the_deadline_says_too_slow_and_openrouter_finishes_a
     said = check_lines(out)
     assert "too slow" in said, said
     assert all(r["est"] for r in facts["taken"]), "never answered: cut at the end, estimated"
+
+
+async def test_work_taken_back_from_a_live_server_is_aborted_by_rid_and_made_once(
+    fleet_tok: SimTokenizer,
+    openrouter: OpenRouterSim,
+    fleet_settings: Callable[..., Settings],
+    tmp_path: Path,
+) -> None:
+    # A server that answers (one at a time, slowly): what is taken back is ended there by its rid,
+    # and the server's answer to the abort ("Abort in waiting queue" for a queued one) is waste with
+    # its measured GPU time, while the prompt is made once, elsewhere.
+    config = fast_config(
+        served_model_name="kimi-k2.5", max_running_requests=1, time_scale=1.0, record_ids=True, **TOKENS
+    )
+    async with running_sim(config, fleet_tok) as sim:
+        data = write_dataset(tmp_path, "A", 60)
+        job = Job(fleet_settings(sim.base_url, openrouter.base_url, [data], budget_usd=1.0))
+        await job.prepare()
+        runner = asyncio.create_task(job.run())
+        gpus = job.dispatcher.lane("sglang")
+        while len(sim.scheduler.live) < 2 and not runner.done():  # on the server, one queued
+            await asyncio.sleep(0.01)
+        held = gpus.in_flight
+        taken = job.dispatcher.take_back(gpus, "a test takes it back")
+        assert taken == held >= 2
+        outcome = await runner
+    assert outcome.reason is StopReason.DONE, outcome.message
+    facts = checked(job, openrouter, data, 60)
+    rids = {r["rid"] for r in facts["taken"]}
+    assert rids <= set(sim.abort_requests), "each ended on its server by its rid"
+    assert all(not r["est"] for r in facts["taken"]), "answered: its GPU time measured"
+    assert any("waiting queue" in r.get("msg", "") for r in facts["taken"]), facts["taken"]

@@ -309,6 +309,11 @@ class Dispatcher:
                 )
             )
 
+            if flight.taken_back:
+                # Taken back before it left (engine/job/dispatch.py `take_back`): never sent.
+                lane.settler.cancelled(flight)
+                return
+
             def on_handle(handle: str | None) -> None:
                 flight.handle = handle
                 # A handle that is the rid (Backend.handle_is_rid) is in the start record already.
