@@ -48,6 +48,7 @@ def fleet(**fields: Any) -> FleetView:
         "reason": "on track: OpenRouter 28 in flight, 840 tokens/s for 12.1M tokens by the deadline in 3h30m",
         "plan": {},
         "fits": True,
+        "verdict": "fits",
         "eta_s": 3 * 3600 + 10 * 60,
         "gpu_tokens_per_s": 2400.0,
         "openrouter_tokens_per_s": 840.0,
@@ -153,19 +154,24 @@ def test_a_wide_pane_puts_the_plan_on_fewer_lines() -> None:
 
 def test_a_late_plan_is_in_the_warning_colour_and_one_that_does_not_fit_in_red() -> None:
     late = fleet(
-        eta_s=3 * 3600 + 72 * 60, fits=False, projected_usd=130.0, ceiling=None, aim_tokens_per_s=None
+        eta_s=3 * 3600 + 72 * 60,
+        fits=False,
+        verdict="over the budget",
+        projected_usd=130.0,
+        ceiling=None,
+        aim_tokens_per_s=None,
     )
     lines = plan_lines(late, partial(MoneyView, unit="usd", budget=100.0), width=120)
     assert lines[0].endswith(" · [b $warning]ETA 4h12m, 42m after the deadline[/]")
     assert lines[1].startswith(
-        "  [b $error]does not fit[/] · projected $130.00 of $100.00 [b $budget-warn]over by $30.00[/]"
+        "  [b $error]over the budget[/] · projected $130.00 of $100.00 [b $budget-warn]over by $30.00[/]"
     )
     assert lines[1].endswith(" · GPU 2400 tok/s · OpenRouter 840 tok/s")
     assert lines[2] == "  ceiling none: flat out"
     # In a pane too narrow for both, the money goes on the next line.
     narrow = plan_lines(late, partial(MoneyView, unit="usd", budget=100.0), width=40)
     assert narrow[1] == "  [b $warning]ETA 4h12m, 42m after the deadline[/]"
-    assert narrow[2] == "  [b $error]does not fit[/]"
+    assert narrow[2] == "  [b $error]over the budget[/]"
     assert narrow[3] == "  projected $130.00 of $100.00 [b $budget-warn]over by $30.00[/]"
 
 

@@ -23,8 +23,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +36,7 @@ from regen.sim.sglang.launch import CONFIG_ENV
 from regen.sim.sglang.logs import SimLog
 from regen.sim.sglang.server import SGLangSim
 from regen.sim.sglang.tokens import SimTokenizer
-from tests.support.processes import ROOT
+from tests.support.processes import ENV, ROOT, regen_argv
 from tests.support.tiktoken_model import build_tiktoken_tokenizer
 from tests.support.tokenizers import build_tokenizer
 
@@ -41,9 +44,11 @@ STANDIN = Path(__file__).resolve().parent / "standin"
 
 __all__ = [
     "STANDIN",
+    "SimProcess",
     "fast_config",
     "model_folder",
     "running_sim",
+    "sim_process",
     "standin_env",
     "start_standin",
     "stop_group",
@@ -115,6 +120,68 @@ async def running_sim(
         yield sim
     finally:
         await sim.stop()
+
+
+@dataclass
+class SimProcess:
+    """`regen sim sglang` in a process of its own: a server that can be stopped as a GPU server
+    stalls (SIGSTOP: the kernel still accepts its connections, nothing answers) and continued."""
+
+    url: str
+    proc: subprocess.Popen[str]
+
+    def stall(self) -> None:
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+
+@contextmanager
+def sim_process(folder: Path, model: Path, config: dict[str, Any]) -> Iterator[SimProcess]:
+    """`regen sim sglang` with `config` (written to folder/sglang-sim.json) serving the model folder's
+    tokenizer, ready (its /health answered); continued if stopped, then ended, at the exit."""
+    path = folder / "sglang-sim.json"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    proc = subprocess.Popen(
+        regen_argv("sim", "sglang", "--port", "0", "--config", str(path), "--tokenizer", str(model)),
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    sim: SimProcess | None = None
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "listening on" in line, line
+        sim = SimProcess(line.split(" on ", 1)[1].strip(), proc)
+        until = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                raise AssertionError(f"the simulator exited ({proc.returncode}) before it was ready")
+            try:
+                with urllib.request.urlopen(f"{sim.url}/health", timeout=5) as response:
+                    if response.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > until:
+                raise AssertionError(f"{sim.url} was not ready within 60 s")
+            time.sleep(0.05)
+        yield sim
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def standin_env(tmp: Path, config: dict[str, Any] | None = None, **extra: str) -> dict[str, str]:

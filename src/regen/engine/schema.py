@@ -455,6 +455,10 @@ class FleetView(TypedDict):
     # The verdict: the deadline is met within the budget, changed only on evidence (docs/fleets.md,
     # "The verdict"); the live plan's own answer is plan["fits"]
     fits: bool
+    # The verdict in the operator's words beside the plan's figures, never "fits" next to a cost over
+    # the budget left or an ETA past the deadline (engine/money/fleetplan/pacing.py `verdict_words`):
+    # "fits", "at risk: ...", "too slow", "over the budget", "not yet within reach"
+    verdict: str
     eta_s: float | None  # the work left at the pace measured now, both fleets together
     gpu_tokens_per_s: float  # the GPU fleet's rate the plan uses (smoothed)
     openrouter_tokens_per_s: float  # OpenRouter's rate measured now

@@ -15,6 +15,7 @@ from regen.engine.control.headless import deadline_part, event_lines, plan_line,
 from regen.engine.data.jsonl import JsonlError
 from regen.engine.job.lanes import Lane
 from regen.engine.money.fleetplan import RouteOffer, Work, plan_fleets
+from regen.engine.money.fleetplan.pacing import verdict_words
 from regen.engine.money.ledger import PER_MILLION, RoutePrice
 from regen.engine.run.recovery import read_journals
 from regen.engine.schema import FleetView
@@ -93,6 +94,7 @@ def fleet(**over: Any) -> FleetView:
         "reason": "on track: OpenRouter 12 in flight, 400 tokens/s for 1.4M tokens by the deadline in 1h00m",
         "plan": {"reason": "the GPUs make 3.6M tokens of 5.0M tokens by the deadline (1h00m): fits"},
         "fits": True,
+        "verdict": "fits",
         "eta_s": 3000.0,
     }
     view.update(over)
@@ -132,12 +134,22 @@ def test_deadline_events_are_said_as_they_happen() -> None:
     ]
 
 
-def planned(**over: Any) -> FleetView:
+def planned(fits: bool = True, budget: str = "0.16", eta_s: float | None = 50.0, **over: Any) -> FleetView:
     """A fleet view with a real plan: 9,100 tokens left, the GPUs make 4,200 by the deadline (70
-    tokens/s for a minute), OpenRouter carries the rest at $27/M with $0.16 left."""
+    tokens/s for a minute), OpenRouter carries the rest at $27/M with `budget` left; the verdict's
+    words from the job's own rule beside it."""
     price = RoutePrice("cheap", Decimal(0), Decimal(27) / PER_MILLION)
-    plan = plan_fleets(Work(9_100), 60.0, 70.0, (RouteOffer(price),), Decimal("0.16"))
-    return fleet(plan=plan.to_dict(), time_left_s=60.0, deadline_ts=time.time() + 60, **over)
+    plan = plan_fleets(Work(9_100), 60.0, 70.0, (RouteOffer(price),), Decimal(budget))
+    words = verdict_words(fits, plan, eta_s, 60.0)
+    return fleet(
+        plan=plan.to_dict(),
+        time_left_s=60.0,
+        deadline_ts=time.time() + 60,
+        fits=fits,
+        verdict=words,
+        eta_s=eta_s,
+        **over,
+    )
 
 
 def test_the_plan_said_before_the_start_is_the_plan_whether_or_not_paced() -> None:
@@ -154,9 +166,7 @@ def test_the_plan_said_before_the_start_is_the_plan_whether_or_not_paced() -> No
 
 def test_the_status_line_carries_the_plan_and_its_verdict() -> None:
     assert plan_part(planned()) == "plan GPUs 4200 tok, OpenRouter 4900 tok $0.13 (budget left $0.16): fits"
-    short = planned(fits=False)
-    short["plan"]["affordable"], short["plan"]["budget_left"] = False, 0.05
-    assert plan_part(short).endswith("(budget left $0.05): over the budget")
+    assert plan_part(planned(fits=False, budget="0.05")).endswith("(budget left $0.05): over the budget")
     waiting = planned(fits=False)  # the live plan fits, the verdict waits for evidence
     assert plan_part(waiting).endswith(": not yet within reach")
     alone = planned()
@@ -166,3 +176,24 @@ def test_the_status_line_carries_the_plan_and_its_verdict() -> None:
         9100,
     )
     assert plan_part(alone).startswith("plan OpenRouter 9100 tok $0.13"), "no GPUs in the job: none named"
+
+
+def test_fits_is_never_said_beside_a_cost_over_the_budget_left_or_an_eta_past_the_deadline() -> None:
+    # The issue's status line, 30 s after the GPUs stalled: "$0.17 (budget left $0.12): fits" and
+    # "ETA 00:00:39 (00:00:19 late)". A verdict standing at "fits" (its band not yet crossed) beside
+    # figures that say otherwise is said as at risk, naming the figure; it is never "fits".
+    over = planned(budget="0.12", eta_s=39.0)
+    assert over["fits"] and not over["plan"]["affordable"]
+    line = plan_part(over)
+    assert line.endswith("$0.13 (budget left $0.12): at risk: over the budget"), line
+    late = planned(eta_s=79.0)
+    assert late["plan"]["affordable"] and plan_part(late).endswith(": at risk: ETA past the deadline")
+    for budget in ("0.05", "0.12", "0.13", "0.16", "1.00"):
+        for eta in (None, 30.0, 59.0, 61.0, 300.0):
+            for fits in (True, False):
+                view = planned(fits=fits, budget=budget, eta_s=eta)
+                plan = view["plan"]
+                said = plan_part(view).rsplit(": ", 1)[-1]
+                if said == "fits":
+                    assert plan["budget_left"] is not None and plan["cost"] <= plan["budget_left"]
+                    assert eta is None or eta <= 60.0, (budget, eta, fits)

@@ -182,6 +182,29 @@ def test_the_verdict_changes_only_when_the_change_is_beyond_the_uncertainty() ->
     assert pacer.update(near_the_edge(4.0, 1_000_000, 400, 400)).fits
 
 
+def test_a_stalled_fleet_counts_as_nothing_at_once_and_turns_the_verdict_in_that_tick() -> None:
+    # Smoothed over a minute, a fleet that stops answering keeps most of its old rate for half a
+    # minute, and with no GPU row yet there is no evidence to turn the verdict: its silence is.
+    pacer = Pacer(100, smoothing_s=60.0)
+    before = pacer.update(near_the_edge(0.0, 1_000_000, 0, 0))
+    assert before.fits and pacer.gpu_tokens_per_s == 500.0
+    quiet = Facts(1.0, Work(1_000_000), 0.0, 10.0, 10, EDGE, 1000.0, (CHEAP,), rows=5, gpu_rows=0)
+    averaged = pacer.update(quiet)
+    assert averaged.fits and pacer.gpu_tokens_per_s > 490, "one quiet sample is averaged in: noise"
+    stalled = pacer.update(
+        Facts(
+            2.0, Work(1_000_000), 0.0, 10.0, 10, EDGE, 1000.0, (CHEAP,), rows=5, gpu_rows=0, gpu_stalled=True
+        )
+    )
+    assert pacer.gpu_tokens_per_s == 0.0 and stalled.plan.gpu_tokens == 0
+    assert not stalled.fits, "the verdict turns in the tick the stall is said, before any GPU row"
+    assert "deadline cannot be met within the budget" in stalled.reason, stalled.reason
+    assert stalled.ceiling is not None and stalled.ceiling > (averaged.ceiling or 0), "paced for it all"
+    # Answering again: the first sample replaces the zero outright, and the verdict is judged afresh.
+    back = pacer.update(near_the_edge(3.0, 1_000_000, 5, 1))
+    assert pacer.gpu_tokens_per_s == 500.0 and back.fits
+
+
 # The whole run, in the simulation (tests/support/fleet_sim.py).
 
 PROVIDERS = [

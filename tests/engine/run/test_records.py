@@ -466,6 +466,7 @@ def test_a_journal_an_older_regen_wrote_reads_as_it_always_did(old_run: Path) ->
         "cancelled": Decimal("0.009"),
         "fidelity": Decimal(0),
         "audit": Decimal(0),
+        "taken_back": Decimal(0),
     }
     assert paid.excluded == {"deepinfra": "console"}
     assert paid.usage_base == Decimal(10) and paid.usage_account == "sk-or-v1-abc"

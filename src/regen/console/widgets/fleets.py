@@ -34,6 +34,7 @@ STATE_COLOUR = {
     "held": "$warning",
     "budget": "$budget-over",
     "out": "$error",
+    "stalled": "$error",
     "closed": "$error",
 }
 
@@ -115,7 +116,12 @@ def plan_lines(
     lane's), both rates, the ceiling, the reason; the parts share lines as the width allows."""
     left = fleet["time_left_s"] if fleet["deadline"] else None
     eta, late = fmt.against_deadline(fleet["eta_s"], left)
-    fits = "[b $success]fits[/]" if fleet["fits"] else "[b $error]does not fit[/]"
+    # The job's words for the verdict (docs/fleets.md, "The verdict"): never "fits" beside figures
+    # that say otherwise; "at risk" while a standing "fits" waits for evidence, red once it cannot.
+    # A job from before the words were sent (recorded frames, an older job attached) has only `fits`.
+    verdict = fleet.get("verdict") or ("fits" if fleet["fits"] else "does not fit")
+    colour = "$success" if verdict == "fits" else "$warning" if verdict.startswith("at risk") else "$error"
+    fits = f"[b {colour}]{escape(verdict)}[/]"
     projected = fleet["projected_usd"]
     budget = money["budget"] if money["unit"] == DOLLARS else None
     spend = f"projected {fmt.amount(projected, DOLLARS, 'cents')}"

@@ -207,11 +207,21 @@ class Account(Protocol):
         key's usage")."""
 
 
+class Aborts(Protocol):
+    """An ability: an attempt still in flight ended on the server by its rid (SGLang's
+    /abort_request), so that work queued there can be taken back and sent elsewhere
+    (docs/fleets.md, "Work taken back"). The attempt itself goes on to its end: the server's
+    answer to the abort (or a late answer) is what it comes back with."""
+
+    def abort(self, rid: str) -> None:
+        """Ask the server to end `rid`, in the background, best effort; never raises."""
+
+
 class Backend(Protocol):
     """A generation backend: one attempt at a time, many at once, nothing else of the job.
 
     Every backend implements this core. What only some can do is an ability (`routes`, `guard`,
-    `account`): the backend's own object for it, or None when it has none; the engine and the
+    `account`, `aborts`): the backend's own object for it, or None when it has none; the engine and the
     console read these, never a stand-in that pretends.
     """
 
@@ -245,6 +255,10 @@ class Backend(Protocol):
     @property
     def account(self) -> Account | None:
         """The account whose bills arrive after the attempt."""
+
+    @property
+    def aborts(self) -> Aborts | None:
+        """Attempts in flight ended on the server by rid (work taken back from a stalled fleet)."""
 
     def check(self) -> None:
         """Settings problems found before any work (a missing key); raises BackendError."""

@@ -152,12 +152,9 @@ def plan_part(fleet: FleetView) -> str:
     part += f"OpenRouter {_count(plan['openrouter_tokens'])} tok ${plan['cost']:.2f}"
     if plan["budget_left"] is not None:
         part += f" (budget left ${plan['budget_left']:.2f})"
-    if fleet["fits"]:
-        return part + ": fits"
-    if not plan["reachable"]:
-        return part + ": too slow"
-    # The verdict waits for evidence (docs/fleets.md, "The verdict"): the plan may fit before it says so.
-    return part + (": over the budget" if not plan["affordable"] else ": not yet within reach")
+    # In the job's words (engine/money/fleetplan/pacing.py `verdict_words`): never "fits" beside a cost
+    # over the budget left or an ETA past the deadline (docs/fleets.md, "The verdict").
+    return f"{part}: {fleet['verdict']}"
 
 
 def _at(ts: float) -> str:
@@ -204,6 +201,10 @@ _SAID = {
         "deadline cleared" if e.get("at") is None else f"deadline set to {_at(e['at'])} ({e.get('source')})"
     ),
     "lane_closed": lambda e: f"{e.get('backend')}: closed: {e.get('reason')}",
+    # A stalled fleet and the work taken back from it (docs/fleets.md, "A stalled fleet").
+    "stall": lambda e: f"{e.get('backend')}: {e.get('reason')}",
+    "taken_back": lambda e: f"{e.get('backend')}: {e.get('prompts')} prompts taken back and queued again",
+    "stall_end": lambda e: f"{e.get('backend')}: answering again",
     "drift": lambda e: f"DRIFT {e.get('provider')} ({e.get('action')}): {e.get('evidence')}",
 }
 

@@ -21,8 +21,9 @@ from regen.engine.config.settings import Settings
 from regen.engine.durations import duration
 from regen.engine.job.dispatch import Dispatcher
 from regen.engine.job.lanes import Lane
+from regen.engine.job.stall import stalled
 from regen.engine.money.deadline import parse_deadline, resolve_deadline
-from regen.engine.money.fleetplan.pacing import Facts, PaceDecision, Pacer
+from regen.engine.money.fleetplan.pacing import Facts, PaceDecision, Pacer, verdict_words
 from regen.engine.money.fleetplan.plan import RouteOffer, Work, by_price
 from regen.engine.money.planner import DatasetNeed, remaining_output_tokens
 from regen.engine.run.events import EventLog
@@ -215,10 +216,31 @@ class DeadlineControl:
             RouteOffer(price, flat_out * count / total) for price, count in zip(prices, counts, strict=True)
         )
 
+    def _stalls(self, work: Work, now_mono: float) -> bool:
+        """Whether the GPU fleet is stalled (engine/job/stall.py): a lane silent past its expected
+        answer time is stalled now, and what it holds taken back; True while every open GPU lane is."""
+        open_lanes = [lane for lane in self.gpus if lane.closed is None]
+        if not open_lanes:
+            return False
+        # Before any answer, one answer's expected time: the work's tokens per prompt at a request's
+        # expected rate (the settings'), what the plan before the start assumes too.
+        per_prompt = work.output_tokens / work.prompts if work.prompts else 0.0
+        before_any = per_prompt / self.settings.steering.request_tokens_per_s
+        for lane in open_lanes:
+            if lane.stalled is None:
+                reason = stalled(lane, now_mono, self.interval_s, before_any)
+                if reason is not None:
+                    self.dispatcher.stall(lane, reason)
+        return all(lane.stalled is not None for lane in open_lanes)
+
     def facts(self, now_mono: float | None = None) -> Facts:
         now_mono = time.monotonic() if now_mono is None else now_mono
         work = Work.of(remaining_needs(self.datasets, self.settings.expected_output_tokens))
         gpu_rate, _ = self._measure(self.gpus, now_mono)
+        # Silence is evidence (docs/fleets.md, "A stalled fleet"): a stalled fleet makes nothing.
+        gpu_stalled = self._stalls(work, now_mono)
+        if gpu_stalled:
+            gpu_rate = 0.0
         paid = self.paid
         request_rate: float | None = None
         in_flight = 0
@@ -241,6 +263,7 @@ class DeadlineControl:
             offers=self.offers(work, request_rate or self.pacer.request_tokens_per_s),
             rows=sum(state.done for state in self.datasets.values()),
             gpu_rows=self._gpu_rows(),
+            gpu_stalled=gpu_stalled,
         )
 
     def _gpu_rows(self) -> int | None:
@@ -295,6 +318,7 @@ class DeadlineControl:
         pace = self.pacer.gpu_tokens_per_s + self._openrouter_rate if self._marks else 0.0
         paid = self.paid
         projected = None if paid is None else float(paid.ledger.spent + plan.cost)
+        eta = work / pace if pace > 0 else (0.0 if work <= 0 else None)
         return {
             "deadline": self.deadline_text,
             "deadline_ts": self.deadline_ts,
@@ -304,7 +328,8 @@ class DeadlineControl:
             "reason": decision.reason if self.paced else plan.reason,
             "plan": plan.to_dict(),
             "fits": decision.fits,
-            "eta_s": work / pace if pace > 0 else (0.0 if work <= 0 else None),
+            "verdict": verdict_words(decision.fits, plan, eta, left),
+            "eta_s": eta,
             "gpu_tokens_per_s": self.pacer.gpu_tokens_per_s,
             "openrouter_tokens_per_s": self._openrouter_rate,
             "request_tokens_per_s": self.pacer.request_tokens_per_s,

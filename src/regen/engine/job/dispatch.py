@@ -132,6 +132,11 @@ class Dispatcher:
         """Dispatch until told to stop or there is nothing left, then wait for what is in flight."""
         try:
             await self._dispatch()
+            # What was taken back is done elsewhere: its attempts are not waited for (a stalled
+            # server may never answer); cut, they are journaled as taken back (docs/fleets.md).
+            for task, (_, flight) in list(self._flights.items()):
+                if flight.taken_back and not flight.landed:
+                    task.cancel()
             while self._flights:
                 await asyncio.wait(list(self._flights))
         finally:
@@ -142,10 +147,14 @@ class Dispatcher:
                 prober.cancel()
             await asyncio.gather(*probers, return_exceptions=True)
 
+    def _live(self) -> bool:
+        """Attempts in flight whose outcome is still wanted (a taken-back one's is not)."""
+        return any(not flight.taken_back for _, flight in self._flights.values())
+
     def _room(self, lane: Lane, now: float) -> float:
         """0 when `lane` may take an attempt now; else the seconds until it may (inf: until
         something changes)."""
-        if lane.paused or lane.closed is not None:
+        if lane.paused or lane.closed is not None or lane.stalled is not None:
             return math.inf
         limit = lane.limit.current
         ceilings = self.ceilings
@@ -202,7 +211,7 @@ class Dispatcher:
                 continue
             item, wait_s = queue.take(now, self._dataset_open)
             if item is None:
-                if wait_s is None and not self._flights:
+                if wait_s is None and not self._live():
                     self._finish_when_empty()
                     return
                 await self._wait_changed(wait_s)
@@ -221,7 +230,7 @@ class Dispatcher:
                 lane.budget_blocked = True
             else:
                 queue.push_front(item)
-                if not self._flights and all(lane.ledger.budget is not None or lane.closed for lane in lanes):
+                if not self._live() and all(lane.ledger.budget is not None or lane.closed for lane in lanes):
                     paid = self.budget_lane
                     self._stop(
                         StopReason.BUDGET,
@@ -298,6 +307,11 @@ class Dispatcher:
                 )
             )
 
+            if flight.taken_back:
+                # Taken back before it left (engine/job/dispatch.py `take_back`): never sent.
+                lane.settler.cancelled(flight)
+                return
+
             def on_handle(handle: str | None) -> None:
                 flight.handle = handle
                 # A handle that is the rid (Backend.handle_is_rid) is in the start record already.
@@ -309,6 +323,11 @@ class Dispatcher:
 
             outcome = await lane.backend.attempt(prompt, flight.rid, on_handle, on_route)
             settled = True
+            flight.landed = True
+            self._came_back(lane)
+            if _marked(flight):  # by `take_back`, while it was out
+                lane.settler.discard(flight, outcome)
+                return
             await lane.settler.settle(flight, outcome)
         except WriteFailed:
             # The job is stopping on it (Job._write_failed); this attempt is settled by the next start
@@ -332,6 +351,50 @@ class Dispatcher:
 
     def wake(self) -> None:
         self._changed.set()
+
+    # ---------------------------------------------------- a stalled fleet (docs/fleets.md)
+
+    def _came_back(self, lane: Lane) -> None:
+        """An attempt came back from the lane's backend: it answers, so it is not stalled."""
+        lane.land(time.monotonic())
+        if lane.stalled is not None:
+            lane.stalled = None
+            self.events.event("stall_end", **self.lane_fields(lane))
+            self._changed.set()
+
+    def stall(self, lane: Lane, reason: str) -> None:
+        """The lane lands nothing (engine/job/stall.py): it takes no new work until an attempt comes
+        back from it, and what it holds is taken back."""
+        if lane.stalled is None:
+            lane.stalled = reason
+            self.events.event("stall", reason=reason, in_flight=lane.in_flight, **self.lane_fields(lane))
+        # Taken back only where another lane can take it: else it would wait for this one anyway.
+        if any(other is not lane and other.closed is None for other in self.lanes):
+            self.take_back(lane, reason)
+
+    def take_back(self, lane: Lane, reason: str) -> int:
+        """Every attempt in flight on `lane` that has not come back, taken back: ended on its server
+        by rid where the backend can (its `aborts` ability), and its prompt queued again at the front,
+        for whichever lane has room. Exactly once: the attempt is marked before its prompt is queued,
+        and whatever it comes back with later is waste, never a row (engine/job/settle.py `discard`).
+        The number taken back."""
+        aborts = lane.backend.aborts
+        taken = 0
+        for on, flight in list(self._flights.values()):
+            if on is not lane or flight.landed or flight.taken_back:
+                continue
+            flight.taken_back = True
+            if aborts is not None:
+                aborts.abort(flight.rid)
+            item = flight.item
+            item.run_attempts -= 1  # not the prompt's failure: the cap counts its own attempts
+            self.put_back(item)
+            taken += 1
+        if taken:
+            lane.taken_back += taken
+            self.events.event("taken_back", prompts=taken, reason=reason, **self.lane_fields(lane))
+            self._changed.set()
+        return taken
 
     def stop(self, *, cancel: bool) -> None:
         """Stop dispatching; with `cancel`, cancel what is in flight (it is re-sent by a later run)."""
@@ -525,3 +588,9 @@ class LaneHooks:
 
     def reached(self, launched_at: float) -> None:
         self.dispatcher.reached(self.lane, launched_at)
+
+
+def _marked(flight: Flight) -> bool:
+    """Whether `take_back` has marked the attempt: read afresh after an await (a check before it
+    would otherwise be taken by the type checker to hold still)."""
+    return flight.taken_back

@@ -96,12 +96,26 @@ class Lane:
     # request's rate, which the deadline control multiplies by a ceiling (engine/job/deadline_control.py).
     _busy_s: float = 0.0
     _busy_at: float = 0.0
+    # Silence (docs/fleets.md, "A stalled fleet"): since when (monotonic) the lane has had attempts in
+    # flight and none has landed; the attempts it has settled, what the expected answer time is
+    # measured on; and why it is stalled (engine/job/stall.py), None while it answers.
+    quiet_since: float = 0.0
+    landed: int = 0
+    stalled: str | None = None
+    taken_back: int = 0  # attempts taken back from it in this run (engine/job/dispatch.py `take_back`)
 
     def fly(self, change: int, now: float) -> None:
         """One attempt more (+1) or fewer (-1) in flight at monotonic `now`."""
         self._busy_s += self.in_flight * (now - self._busy_at)
         self._busy_at = now
+        if self.in_flight == 0 and change > 0:
+            self.quiet_since = now  # busy again: silence is counted from here
         self.in_flight += change
+
+    def land(self, now: float) -> None:
+        """An attempt of this lane came back from its backend at monotonic `now`: a sign it answers."""
+        self.landed += 1
+        self.quiet_since = now
 
     def busy_s(self, now: float) -> float:
         """In-flight seconds up to monotonic `now`: the sum over time of the attempts in flight."""

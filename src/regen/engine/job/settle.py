@@ -36,6 +36,9 @@ from regen.engine.run.requeue import CAUSE, route_rows, taken_back
 from regen.engine.run.results import ResultsWriter
 from regen.engine.run.state import DatasetState, JobError, StopReason
 
+# The end record's outcome, and the waste, of an attempt taken back from a stalled fleet (docs/fleets.md).
+TAKEN_BACK = "taken_back"
+
 # After this many refusals in a row with no row at all, the settings are wrong, not the prompts.
 REFUSAL_STREAK_FATAL = 20
 
@@ -51,6 +54,11 @@ class Flight:
     route: str | None = None
     handle: str | None = None
     released: bool = False
+    # The backend came back with its outcome (it becomes a row, a retry...: no longer taken back).
+    landed: bool = False
+    # Taken back (engine/job/dispatch.py `take_back`): its prompt is queued again, so whatever this
+    # attempt comes back with is waste (docs/fleets.md, "Work taken back"), never a row.
+    taken_back: bool = False
     gen_ticket: int | None = None  # the gen record's place in the journal's queue (results.py `commit_row`)
 
 
@@ -337,12 +345,14 @@ class Settler:
         stats.rows_rate.add(1, mono)
 
     def cancelled(self, flight: Flight) -> None:
-        """An attempt cancelled by a stop: its worst case counts until the backend says otherwise."""
+        """An attempt cancelled by a stop (or a taken-back one cut at the end of the run): its worst
+        case counts until the backend says otherwise."""
         prompt = flight.item.prompt
+        outcome = TAKEN_BACK if flight.taken_back else "cancelled"
         self.ledger.charge(
-            flight.reservation, estimated=True, knowable=flight.handle is not None, outcome="cancelled"
+            flight.reservation, estimated=True, knowable=flight.handle is not None, outcome=outcome
         )
-        self.breakdown.add("cancelled", flight.reservation)
+        self.breakdown.add(outcome, flight.reservation)
         self.ledger.release(flight.reservation)
         flight.released = True
         self.results.journal(
@@ -352,13 +362,23 @@ class Settler:
                 prompt.line,
                 flight.handle,
                 self.backend.name,
-                "cancelled",
+                outcome,
                 flight.reservation,
                 True,
                 time.time(),
                 provider=flight.route,
             )
         )
+
+    def discard(self, flight: Flight, outcome: AttemptOutcome) -> None:
+        """What a taken-back attempt came back with (the server's answer to the abort, or a late
+        answer): its cost into the ledger as waste `taken_back`, its end record journaled, and
+        nothing delivered: its prompt was queued again when it was taken back (docs/fleets.md)."""
+        cost, estimated = self.backend.charge(outcome, flight.reservation)
+        failure = outcome.failure
+        verdict = Verdict(cost, estimated, TAKEN_BACK, failure, "taken back: its prompt was sent again", None)
+        self._account(flight, outcome, verdict, time.monotonic())
+        self.results.journal(self._record(flight, outcome, verdict, time.time()))
 
     async def _quarantine(self, item: WorkItem, row: Row, why: str, route: str | None) -> None:
         """An answer the backend rejects after the fact: kept apart, never a training row."""

@@ -242,6 +242,8 @@ def lane_state(lane: Lane, now: float) -> tuple[str, str | None]:
         return "paused", None
     if outage is not None:
         return "out", outage.reason
+    if lane.stalled is not None:
+        return "stalled", lane.stalled  # engine/job/stall.py: no new work until it answers again
     if held and held > now:
         return "held", lane.held_reason
     if lane.budget_blocked:

@@ -219,15 +219,25 @@ class Ledger:
 
 
 # fidelity: rows taken back from a route that served another model; audit: the canary audit's
-# requests (docs/fidelity.md).
-WASTE_CAUSES = ("retries", "truncated", "quarantined", "crash", "cancelled", "fidelity", "audit")
+# requests (docs/fidelity.md); taken_back: attempts taken back from a stalled fleet, their prompts
+# sent again elsewhere (docs/fleets.md, "Work taken back").
+WASTE_CAUSES = (
+    "retries",
+    "truncated",
+    "quarantined",
+    "crash",
+    "cancelled",
+    "fidelity",
+    "audit",
+    "taken_back",
+)
 
 
 def spend_cause(outcome: str) -> str | None:
     """Which waste an attempt's dollars belong to; None for a usable (ok) row."""
     if outcome == "ok":
         return None
-    if outcome in ("truncated", "quarantined", "cancelled", "fidelity", "audit"):
+    if outcome in ("truncated", "quarantined", "cancelled", "fidelity", "audit", "taken_back"):
         return outcome
     if outcome == "lost_at_crash":
         return "crash"

@@ -115,7 +115,8 @@ class EndRecord(BackendFields, total=False):
     provider: str | None  # the route that served it; not written when settled after a crash
     be: str  # the backend; absent in single-backend runs before lanes (`job.backend`)
     # What became of it: a row status ("ok", "truncated"), the failure's class ("rate_limited",
-    # "network", ...), "quarantined", "cancelled" or "lost_at_crash".
+    # "network", ...), "quarantined", "cancelled", "taken_back" (its prompt was sent again elsewhere:
+    # docs/fleets.md, "Work taken back") or "lost_at_crash".
     outcome: str
     cost: str  # the ledger's charge: a decimal string in its unit (a number in older journals)
     est: bool  # the cost is an estimate (the worst case), correctable by a `reconciled` record

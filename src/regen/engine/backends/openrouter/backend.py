@@ -135,6 +135,11 @@ class OpenRouterBackend:
     def account(self) -> OpenRouterBackend:
         return self
 
+    @property
+    def aborts(self) -> None:
+        """None: OpenRouter has no way to end a request but closing it (nothing queues there to take back)."""
+        return None
+
     # ------------------------------------------------------------------------------ lifecycle
 
     def check(self) -> None:

@@ -77,9 +77,9 @@ class SGLangBackend:
     title = "SGLang"
     requests_per_minute: int | None = None  # no platform limit: the servers are the operator's
     handle_is_rid = True  # each request carries its rid, which aborts it (wire.py `request_body`)
-    # None of the contract's abilities (engine/backends/base.py): the backend picks the server of
-    # each request itself, no answer is vetoed after the fact, and GPU time is measured at the
-    # attempt, so no bill ever arrives later.
+    # Of the contract's abilities (engine/backends/base.py) only `aborts` (a request ended on its
+    # server by rid): the backend picks the server of each request itself, no answer is vetoed after
+    # the fact, and GPU time is measured at the attempt, so no bill ever arrives later.
     routes: None = None
     guard: None = None
     account: None = None
@@ -484,6 +484,18 @@ class SGLangBackend:
         return self._server
 
     # ------------------------------------------------------------------------------- aborts
+
+    @property
+    def aborts(self) -> SGLangBackend:
+        return self
+
+    def abort(self, rid: str) -> None:
+        """/abort_request for `rid` on the server it was sent to (the router, when there is one),
+        in the background: the attempt then comes back with the server's answer to it (docs/sglang.md
+        §5; a request still queued there ends at once with "Abort in waiting queue")."""
+        worker = next((w for w in self._every() if rid in w.live), None)
+        if worker is not None:
+            self._abort_soon(worker, rid)
 
     def _abort_soon(self, worker: Worker, rid: str) -> None:
         """Send /abort_request for `rid` in the background (best effort)."""

@@ -35,6 +35,9 @@ class Facts:
     # GPUs in the job). None for `rows`: a caller that counts none; its rates are taken as measured.
     rows: int | None = None
     gpu_rows: int | None = None
+    # The GPU fleet lands nothing with requests in flight (engine/job/stall.py): its rate is zero
+    # from now on, outright, and the verdict is judged on the plan as it stands (docs/fleets.md).
+    gpu_stalled: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +108,7 @@ class Pacer:
         self._request = request_tokens_per_s
         self._request_sampled = False
         self._last_now: float | None = None
+        self._stalled = False
         self.ceiling: int | None = None
         self.last: PaceDecision | None = None
         # The verdict standing (docs/fleets.md, "The verdict"); None: none yet, the next plan's is taken.
@@ -124,7 +128,10 @@ class Pacer:
         step = 0.0 if self._last_now is None else max(0.0, facts.now - self._last_now)
         self._last_now = facts.now
         weight = 1.0 - math.exp(-step / self.smoothing_s)
-        if facts.gpu_tokens_per_s is not None:
+        if facts.gpu_stalled:
+            # Silence is a fact, not noise: not averaged in. The first sample after it replaces it.
+            self._gpu, self._gpu_sampled = 0.0, False
+        elif facts.gpu_tokens_per_s is not None:
             sample = max(0.0, facts.gpu_tokens_per_s)
             if not self._gpu_sampled or self._gpu is None:
                 self._gpu, self._gpu_sampled = sample, True
@@ -153,8 +160,12 @@ class Pacer:
         at the far end of the rates' and the work's uncertainty: a verdict of "fits" falls only when
         even the hopeful end does not fit, and "cannot" lifts only when even the doubtful end fits."""
         standing = self.verdict
+        turned = facts.gpu_stalled != self._stalled
+        self._stalled = facts.gpu_stalled
         if (
             standing is None
+            or turned  # a fleet stalled or answering again: a fact, judged at once
+            or facts.gpu_stalled  # while it lasts the plan rests on no measurement to doubt
             or facts.deadline is None
             or facts.deadline <= facts.now
             or facts.work_left.output_tokens <= 0
@@ -243,6 +254,26 @@ class Pacer:
         if current is None or current == ceiling:
             return f"{note} ({ceiling} in flight)"
         return f"{note} (OpenRouter {current} -> {ceiling} in flight)"
+
+
+def verdict_words(fits: bool, plan: FleetPlan, eta_s: float | None, time_left_s: float | None) -> str:
+    """The verdict as the operator reads it beside the plan's figures (docs/fleets.md, "The verdict"):
+    never "fits" next to a cost over the budget left or an ETA past the deadline. A verdict of "fits"
+    standing while the live figures say otherwise (within their uncertainty) is "at risk" and says
+    which figure; "cannot" says why."""
+    late = eta_s is not None and time_left_s is not None and time_left_s > 0 and eta_s > time_left_s
+    if fits:
+        if not plan.affordable:
+            return "at risk: over the budget"
+        if not plan.reachable:
+            return "at risk: too slow"
+        return "at risk: ETA past the deadline" if late else "fits"
+    if not plan.reachable:
+        return "too slow"
+    if not plan.affordable:
+        return "over the budget"
+    # The verdict waits for evidence: the plan may fit before it says so.
+    return "not yet within reach"
 
 
 def _out(live: FleetPlan) -> str:
