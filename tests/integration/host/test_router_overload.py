@@ -8,16 +8,13 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
+from bench import router_overload as bench
 from regen.engine.host.router import OVERLOAD_ARGS
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
-import router_overload as bench
 
 pytest.importorskip("smg")
 
