@@ -42,9 +42,22 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# smg 1.13 leaves a worker with 8 queued requests or 0.8 KV usage out of routing (its "overload
+# protection", on by default), and when every worker is over, routes by loads polled every 10 s.
+# regen keeps its own queue band (healthy_queue_min/max, healthy_kv_usage_max) far above 8 per
+# worker, so the router's veto is switched off: measured in docs/sglang.md, "The router's overload
+# veto" (bench/router_overload.py). The one rule; everything that launches smg takes it from here.
+OVERLOAD_ARGS: tuple[str, ...] = ("--disable-worker-overload-protection",)
+
+
 def router_argv(
-    worker_urls: Sequence[str], port: int, metrics_port: int, request_timeout_s: float
+    worker_urls: Sequence[str],
+    port: int,
+    metrics_port: int,
+    request_timeout_s: float,
+    overload_args: Sequence[str] = OVERLOAD_ARGS,
 ) -> list[str]:
+    """The smg command line; ``overload_args`` is regen's rule unless a benchmark or test asks for another."""
     return [
         sys.executable,
         "-m",
@@ -68,6 +81,7 @@ def router_argv(
         str(HEALTH_INTERVAL_S),
         "--request-timeout-secs",
         str(int(request_timeout_s)),
+        *overload_args,
         "--log-level",
         "warn",
     ]
