@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -110,9 +111,18 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) 
 
 
 def one_run(
-    name: str, args: argparse.Namespace, deadline_s: float | None, prompts: int, budget: float
+    name: str,
+    args: argparse.Namespace,
+    deadline_s: float | None,
+    prompts: int,
+    budget: float,
+    *,
+    out: Path = OUT,
+    during: Callable[[subprocess.Popen[bytes], subprocess.Popen[bytes]], None] | None = None,
 ) -> Result:
-    folder = OUT / name
+    """One job on fresh simulators in `out`/`name`; `during(gpu, job)` runs while the job does (a
+    fault staged on the GPU simulator's process: bench/fleet_stall.py)."""
+    folder = out / name
     folder.mkdir(parents=True)
     tokenizer = builtin_tokenizer_folder(folder / "tokenizer")
     datasets = make_datasets(folder / "datasets", prompts)
@@ -192,19 +202,27 @@ def one_run(
             flush=True,
         )
         with (folder / "job.log").open("wb") as log:
-            code = subprocess.run(
+            job = subprocess.Popen(
                 [*regen, "run", "--headless", "--settings", str(settings)],
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                timeout=args.deadline_s * 5,
-            ).returncode
+            )
+            try:
+                if during is not None:
+                    during(gpu, job)
+                code = job.wait(timeout=args.deadline_s * 5)
+            finally:
+                if job.poll() is None:
+                    job.kill()
+                    job.wait()
         if code != 0:
             raise SystemExit(f"{name}: the job exited {code}; see {folder / 'job.log'}")
         with urllib.request.urlopen(f"http://127.0.0.1:{paid_port}/_sim/ledger", timeout=30) as response:
             billed = Decimal(json.loads(response.read())["billed_total"])
     finally:
         for proc in (gpu, paid):
+            proc.send_signal(signal.SIGCONT)  # a stalled simulator must run to stop
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
     events = journal(folder / "run" / "events.jsonl")
@@ -237,24 +255,33 @@ def one_run(
     )
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--deadline-s", type=float, default=150.0)
+def arguments(description: str, deadline_s: float = 150.0, concurrency: int = 64) -> argparse.ArgumentParser:
+    """The options of a two-fleet run (this benchmark's and bench/fleet_stall.py's)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--deadline-s", type=float, default=deadline_s)
     parser.add_argument("--gpu-tokens-per-s", type=float, default=800.0)
     parser.add_argument("--openrouter-time-scale", type=float, default=0.5)
-    parser.add_argument("--concurrency", type=int, default=64, help="per lane")
+    parser.add_argument("--concurrency", type=int, default=concurrency, help="per lane")
     parser.add_argument("--interval-s", type=float, default=2.0, help="steering.interval_s")
     parser.add_argument("--smoothing-s", type=float, default=10.0, help="steering.smoothing_s")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--write-md", action="store_true")
-    args = parser.parse_args()
+    return parser
+
+
+def sized(args: argparse.Namespace) -> tuple[int, float]:
+    """The prompts and the budget of the story's job at `args`' GPU rate and deadline."""
+    work = args.gpu_tokens_per_s * args.deadline_s / GPU_SHARE
+    return int(work / (sum(TOKENS) / 2)), round(work * BUDGET_PER_TOKEN, 6)
+
+
+def main() -> int:
+    args = arguments(__doc__.split("\n\n")[0]).parse_args()
     began = time.monotonic()
     if OUT.exists():
         shutil.rmtree(OUT)
     OUT.mkdir(parents=True)
-    work = args.gpu_tokens_per_s * args.deadline_s / GPU_SHARE
-    prompts = int(work / (sum(TOKENS) / 2))
-    budget = round(work * BUDGET_PER_TOKEN, 6)
+    prompts, budget = sized(args)
     paced = one_run("paced", args, args.deadline_s, prompts, budget)
     flat = one_run("flat-out", args, None, prompts, budget)
     lines = [

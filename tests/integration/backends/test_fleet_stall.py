@@ -39,8 +39,10 @@ PROMPTS = 360  # about 10.8k tokens: the GPUs (about 330 tokens/s here) make 90%
 TOKENS = {"output_len_min": 20, "output_len_max": 40}
 
 
-def steered(settings: Settings) -> Settings:
-    tuning = SteeringSettings(interval_s=INTERVAL_S, request_tokens_per_s=40.0, gpu_tokens_per_s=400.0)
+def steered(settings: Settings, smoothing_s: float = 60.0) -> Settings:
+    tuning = SteeringSettings(
+        interval_s=INTERVAL_S, request_tokens_per_s=40.0, gpu_tokens_per_s=400.0, smoothing_s=smoothing_s
+    )
     return settings.model_copy(update={"steering": tuning, "stats": StatsSettings(expected_output_tokens=30)})
 
 
@@ -286,3 +288,48 @@ async def test_work_taken_back_from_a_live_server_is_aborted_by_rid_and_made_onc
     assert rids <= set(sim.abort_requests), "each ended on its server by its rid"
     assert all(not r["est"] for r in facts["taken"]), "answered: its GPU time measured"
     assert any("waiting queue" in r.get("msg", "") for r in facts["taken"]), facts["taken"]
+
+
+async def test_near_the_deadline_the_gpu_queue_it_cannot_finish_is_taken_back_for_openrouter(
+    fleet_tok: SimTokenizer,
+    openrouter: OpenRouterSim,
+    fleet_settings: Callable[..., Settings],
+    tmp_path: Path,
+) -> None:
+    # A server that answers, but slowly per request (10 tokens/s each, 8 at once: about 3 s an
+    # answer), beside an OpenRouter that answers in under a second: in the last answer times the GPU
+    # lane holds what its server cannot finish by the deadline. That queue is taken back (the newest,
+    # ended by rid on the server) and made by OpenRouter, once (engine/job/overdue.py).
+    config = fast_config(
+        served_model_name="kimi-k2.5",
+        max_running_requests=8,
+        time_scale=1.0,
+        decode_tokens_per_s=10.0,
+        record_ids=True,
+        **TOKENS,
+    )
+    async with running_sim(config, fleet_tok) as sim:
+        data = write_dataset(tmp_path, "A", 150)
+        # Rates smoothed over 5 s: the first GPU sample (a burst, as the first batch ends at once)
+        # is not the fleet's pace for the rest of a 20 s job.
+        settings = steered(
+            fleet_settings(sim.base_url, openrouter.base_url, [data], deadline="20s", budget_usd=1.0),
+            smoothing_s=5.0,
+        )
+        job = Job(settings)
+        await job.prepare()
+        started = time.time()
+        deadline = job.deadline_control.deadline_ts
+        assert deadline is not None
+        outcome = await asyncio.wait_for(job.run(), 120)
+    assert outcome.reason is StopReason.DONE, outcome.message
+    facts = checked(job, openrouter, data, 150)
+    events = facts["events"]
+    assert not [e for e in events if e["event"] == "stall"], "it answered throughout: slow, not stalled"
+    moves = [e for e in events if e["event"] == "taken_back"]
+    assert moves and all("past the deadline: SGLang finishes about" in e["reason"] for e in moves), moves
+    assert all(e["ts"] > started + 0.5 * (deadline - started) for e in moves), "only in the end game"
+    rids = {r["rid"] for r in facts["taken"]}
+    assert rids <= set(sim.abort_requests), "each ended on its server by its rid"
+    kept = [r for r in facts["rows"] if r["backend"] == "sglang"]
+    assert kept and len(kept) < 150, "both fleets made rows"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from regen.engine.config.settings import Settings
 from regen.engine.durations import duration
 from regen.engine.job.dispatch import Dispatcher
 from regen.engine.job.lanes import Lane
+from regen.engine.job.overdue import gpu_hold, over, shares
 from regen.engine.job.stall import stalled
 from regen.engine.money.deadline import parse_deadline, resolve_deadline
 from regen.engine.money.fleetplan.pacing import Facts, PaceDecision, Pacer, verdict_words
@@ -93,6 +95,8 @@ class DeadlineControl:
         self._fits: bool | None = None
         self._marks: dict[str, _Mark] = {}
         self._openrouter_rate = 0.0
+        # The GPU lanes' bound in the end game (engine/job/overdue.py): lane name -> most in flight.
+        self._gpu_ceilings: dict[str, int] = {}
 
     # ----------------------------------------------------------------------------- the deadline
 
@@ -161,8 +165,10 @@ class DeadlineControl:
 
     def lane_ceiling(self, lane: str) -> int | None:
         paid = self.paid
-        if paid is None or lane != paid.name or not self.paced:
+        if paid is None or not self.paced:
             return None
+        if lane != paid.name:
+            return self._gpu_ceilings.get(lane)
         return self.pacer.ceiling
 
     # -------------------------------------------------------------------------------- measuring
@@ -277,8 +283,10 @@ class DeadlineControl:
     def tick(self, now_mono: float | None = None) -> PaceDecision:
         """Re-plan from what was measured since the last tick; journal what changed."""
         before = self.pacer.ceiling
-        decision = self.pacer.update(self.facts(now_mono))
+        facts = self.facts(now_mono)
+        decision = self.pacer.update(facts)
         self.last = decision
+        self._end_game(facts, decision)
         if self.paced and decision.ceiling != before:
             # `steer`: the event's name on disk since before the pacer had its own (docs/fleets.md).
             self.events.event("steer", ceiling=decision.ceiling, reason=decision.reason)
@@ -286,6 +294,43 @@ class DeadlineControl:
                 self.dispatcher.wake()
         self._judge(decision)
         return decision
+
+    def _end_game(self, facts: Facts, decision: PaceDecision) -> None:
+        """Near the deadline, the GPU lanes hold only what they finish by it, the rest taken back for
+        OpenRouter (engine/job/overdue.py): once their rate is measured (a rate from the settings is
+        a guess, and a bound from a guess would starve the GPUs), while OpenRouter can take work."""
+        paid = self.paid
+        lanes = [lane for lane in self.gpus if lane.closed is None and lane.stalled is None]
+        work = facts.work_left
+        hold = None
+        if (
+            self.paced
+            and paid is not None
+            and paid.closed is None
+            and not paid.budget_blocked
+            and lanes
+            and facts.gpu_rows
+            and work.prompts > 0
+        ):
+            per_prompt = work.output_tokens / work.prompts
+            hold = gpu_hold(decision.plan, per_prompt, per_prompt / self.pacer.request_tokens_per_s)
+        before = dict(self._gpu_ceilings)
+        if hold is None:
+            self._gpu_ceilings.clear()
+        else:
+            bounds = shares(hold, [lane.in_flight for lane in lanes])
+            self._gpu_ceilings = {lane.name: bound for lane, bound in zip(lanes, bounds, strict=True)}
+            for lane, bound in zip(lanes, bounds, strict=True):
+                excess = over(lane.in_flight, bound)
+                if excess:
+                    self.dispatcher.take_back(
+                        lane,
+                        f"past the deadline: {lane.backend.title} finishes about {bound} of the "
+                        f"{lane.in_flight} it holds by then",
+                        excess,
+                    )
+        if any(self._gpu_ceilings.get(name, math.inf) > bound for name, bound in before.items()):
+            self.dispatcher.wake()  # a bound rose or was lifted: room again
 
     def _judge(self, decision: PaceDecision) -> None:
         """Say once when the deadline stops (or starts again) being within reach."""

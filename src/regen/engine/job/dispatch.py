@@ -372,17 +372,20 @@ class Dispatcher:
         if any(other is not lane and other.closed is None for other in self.lanes):
             self.take_back(lane, reason)
 
-    def take_back(self, lane: Lane, reason: str) -> int:
-        """Every attempt in flight on `lane` that has not come back, taken back: ended on its server
-        by rid where the backend can (its `aborts` ability), and its prompt queued again at the front,
-        for whichever lane has room. Exactly once: the attempt is marked before its prompt is queued,
-        and whatever it comes back with later is waste, never a row (engine/job/settle.py `discard`).
-        The number taken back."""
+    def take_back(self, lane: Lane, reason: str, count: int | None = None) -> int:
+        """Every attempt in flight on `lane` that has not come back (or the `count` newest of them),
+        taken back: ended on its server by rid where the backend can (its `aborts` ability), and its
+        prompt queued again at the front, for whichever lane has room. Exactly once: the attempt is
+        marked before its prompt is queued, and whatever it comes back with later is waste, never a
+        row (engine/job/settle.py `discard`). The newest first: a server serves its queue in the
+        order it came (SGLang's default policy), so those are the ones it has not started. The
+        number taken back."""
         aborts = lane.backend.aborts
+        held = [f for on, f in self._flights.values() if on is lane and not f.landed and not f.taken_back]
+        if count is not None:
+            held = sorted(held, key=lambda f: f.launched_at, reverse=True)[: max(0, count)]
         taken = 0
-        for on, flight in list(self._flights.values()):
-            if on is not lane or flight.landed or flight.taken_back:
-                continue
+        for flight in held:
             flight.taken_back = True
             if aborts is not None:
                 aborts.abort(flight.rid)
