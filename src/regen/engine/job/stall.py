@@ -15,9 +15,8 @@ from regen.engine.job.lanes import Lane
 # Silence this many times the lane's expected answer time is a stall, not a slow answer: a request's
 # time in flight varies (a long answer, a queue a few deep), a whole lane landing nothing does not.
 STALL_FACTOR = 4.0
-# With the servers' own sign (their /metrics unanswered), this many.
-SIGNED_FACTOR = 2.0
-# And never less than this many steering intervals: one late tick must not make a stall.
+# And never less than this many steering intervals: one late tick must not make a stall. With the
+# servers' own sign (their /metrics unanswered or frozen), this alone.
 STALL_TICKS = 3.0
 
 
@@ -33,13 +32,13 @@ def expected_answer_s(lane: Lane, before_any_s: float) -> float:
 
 
 def stall_after_s(lane: Lane, interval_s: float, before_any_s: float, *, signed: bool = False) -> float:
-    """How long the lane may be silent with attempts in flight before it counts as stalled: at least
-    STALL_TICKS steering intervals and STALL_FACTOR expected answer times; SIGNED_FACTOR of them
-    with its servers' own sign of a stall (`signed`) once an answer time is measured (before any,
-    the settings' guess may be short of a slow start: a /metrics poll timed out on a loaded host
-    then made a stall of a fleet still warming up)."""
-    factor = SIGNED_FACTOR if signed and lane.landed > 0 else STALL_FACTOR
-    return max(STALL_TICKS * interval_s, factor * expected_answer_s(lane, before_any_s))
+    """How long the lane may be silent with attempts in flight before it counts as stalled: with
+    its servers' own sign of a stall (`signed`), STALL_TICKS steering intervals; else also at
+    least STALL_FACTOR expected answer times (an answer may take minutes; a sign says sooner)."""
+    ticks = STALL_TICKS * interval_s
+    if signed:
+        return ticks
+    return max(ticks, STALL_FACTOR * expected_answer_s(lane, before_any_s))
 
 
 def stalled(lane: Lane, now: float, interval_s: float, before_any_s: float) -> str | None:
