@@ -11,12 +11,11 @@ continued after the take-back answers late: those answers are waste, never a sec
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
 import re
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -26,10 +25,9 @@ import pytest
 
 from regen.engine.config.settings import Settings, StatsSettings, SteeringSettings
 from regen.engine.control.headless import run_headless
-from regen.engine.job.job import Job, Outcome, StopReason
+from regen.engine.job.job import Job, StopReason
 from regen.engine.job.stall import STALL_FACTOR
 from regen.sim.openrouter.server import OpenRouterSim
-from regen.sim.sglang.server import SGLangSim
 from regen.sim.sglang.tokens import SimTokenizer
 from tests.support.datasets import one_row_per_prompt, write_dataset
 from tests.support.journals import journal
@@ -351,30 +349,6 @@ def slow_job(url: str, openrouter: OpenRouterSim, fleet_settings: Callable[..., 
     return Job(steered(settings, request_tokens_per_s=8.0))
 
 
-@contextlib.asynccontextmanager
-async def started(job: Job) -> AsyncIterator[asyncio.Task[Outcome]]:
-    """The job running in this loop; stopped and awaited if a test leaves it running."""
-    await job.prepare()
-    runner = asyncio.create_task(job.run())
-    try:
-        yield runner
-    finally:
-        if not runner.done():
-            job.stop(cancel=True)
-            await runner
-
-
-async def until(ready: Callable[[], bool], runner: asyncio.Task[Outcome]) -> None:
-    while not ready() and not runner.done():
-        await asyncio.sleep(0.05)
-
-
-async def wedge(session: aiohttp.ClientSession, sim: SGLangSim, on: bool) -> None:
-    """The simulator's scheduler stops (or runs again): no forward completes, HTTP still answers."""
-    async with session.post(f"{sim.base_url}/_sim/config", json={"faults": {"stall": on}}) as resp:
-        assert resp.status == 200, await resp.text()
-
-
 def stall_reason(events: list[dict[str, Any]]) -> tuple[str, float, float]:
     """The first stall's words, its silence and the answer time it expected."""
     reason = events[after(events, "stall")]["reason"]
@@ -392,16 +366,22 @@ async def test_a_stopped_server_is_said_stalled_from_its_unanswered_metrics_befo
     with sim_process(tmp_path, sglang_model, config) as gpus:
         data = write_dataset(tmp_path, "A", 40)
         job = slow_job(gpus.url, openrouter, fleet_settings, data)
+        await job.prepare()
+        runner = asyncio.create_task(job.run())
+        lane = job.dispatcher.lane("sglang")
         try:
-            async with started(job) as runner:
-                lane = job.dispatcher.lane("sglang")
-                await until(lambda: lane.landed >= 4, runner)
-                gpus.stall()
-                await until(lambda: lane.stalled is not None, runner)
-                gpus.resume()
-                outcome = await asyncio.wait_for(runner, 120)
+            while lane.landed < 4 and not runner.done():
+                await asyncio.sleep(0.05)
+            gpus.stall()
+            while lane.stalled is None and not runner.done():
+                await asyncio.sleep(0.05)
+            gpus.resume()
+            outcome = await asyncio.wait_for(runner, 120)
         finally:
             gpus.resume()
+            if not runner.done():
+                job.stop(cancel=True)
+                await runner
     assert outcome.reason is StopReason.DONE, outcome.message
     facts = checked(job, openrouter, data, 40)
     reason, silent, answer = stall_reason(facts["events"])
@@ -422,15 +402,27 @@ async def test_a_wedged_scheduler_that_answers_its_aborts_gets_one_request_at_a_
     async with running_sim(config, fleet_tok) as sim:
         data = write_dataset(tmp_path, "A", 40)
         job = slow_job(sim.base_url, openrouter, fleet_settings, data)
-        async with started(job) as runner, aiohttp.ClientSession() as session:
-            lane = job.dispatcher.lane("sglang")
-            await until(lambda: lane.landed >= 4, runner)
-            await wedge(session, sim, True)
-            await until(lambda: lane.probation, runner)
-            await asyncio.sleep(2.0)  # on probation, still wedged
-            unwedged = time.time()
-            await wedge(session, sim, False)
+        await job.prepare()
+        runner = asyncio.create_task(job.run())
+        lane = job.dispatcher.lane("sglang")
+        try:
+            while lane.landed < 4 and not runner.done():
+                await asyncio.sleep(0.05)
+            async with aiohttp.ClientSession() as session:
+                post = f"{sim.base_url}/_sim/config"
+                async with session.post(post, json={"faults": {"stall": True}}) as resp:
+                    assert resp.status == 200, await resp.text()
+                while not lane.probation and not runner.done():
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(2.0)  # on probation, still wedged
+                unwedged = time.time()
+                async with session.post(post, json={"faults": {"stall": False}}) as resp:
+                    assert resp.status == 200, await resp.text()
             outcome = await asyncio.wait_for(runner, 120)
+        finally:
+            if not runner.done():
+                job.stop(cancel=True)
+                await runner
     assert outcome.reason is StopReason.DONE, outcome.message
     facts = checked(job, openrouter, data, 40)
     events = facts["events"]
