@@ -20,13 +20,11 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
 from regen.engine.config.settings import Settings, StatsSettings, SteeringSettings
 from regen.engine.control.headless import run_headless
 from regen.engine.job.job import Job, StopReason
-from regen.engine.job.stall import STALL_FACTOR
 from regen.sim.openrouter.server import OpenRouterSim
 from regen.sim.sglang.tokens import SimTokenizer
 from tests.support.datasets import one_row_per_prompt, write_dataset
@@ -41,12 +39,9 @@ PROMPTS = 360  # about 10.8k tokens: the GPUs (about 330 tokens/s here) make 90%
 TOKENS = {"output_len_min": 20, "output_len_max": 40}
 
 
-def steered(settings: Settings, smoothing_s: float = 60.0, request_tokens_per_s: float = 40.0) -> Settings:
+def steered(settings: Settings, smoothing_s: float = 60.0) -> Settings:
     tuning = SteeringSettings(
-        interval_s=INTERVAL_S,
-        request_tokens_per_s=request_tokens_per_s,
-        gpu_tokens_per_s=400.0,
-        smoothing_s=smoothing_s,
+        interval_s=INTERVAL_S, request_tokens_per_s=40.0, gpu_tokens_per_s=400.0, smoothing_s=smoothing_s
     )
     return settings.model_copy(update={"steering": tuning, "stats": StatsSettings(expected_output_tokens=30)})
 
@@ -338,103 +333,3 @@ async def test_near_the_deadline_the_gpu_queue_it_cannot_finish_is_taken_back_fo
     assert rids <= set(sim.abort_requests), "each ended on its server by its rid"
     kept = [r for r in facts["rows"] if r["backend"] == "sglang"]
     assert kept and len(kept) < 150, "both fleets made rows"
-
-
-# Answers of about 6 s (48 tokens at 8 tokens/s): silence alone would need four of them, 24 s.
-SLOW = {"max_running_requests": 4, "decode_tokens_per_s": 8.0, "output_len_min": 40, "output_len_max": 56}
-
-
-def slow_job(url: str, openrouter: OpenRouterSim, fleet_settings: Callable[..., Settings], data: Path) -> Job:
-    settings = fleet_settings(url, openrouter.base_url, [data], deadline="90s", budget_usd=1.0)
-    return Job(steered(settings, request_tokens_per_s=8.0))
-
-
-def stall_reason(events: list[dict[str, Any]]) -> tuple[str, float, float]:
-    """The first stall's words, its silence and the answer time it expected."""
-    reason = events[after(events, "stall")]["reason"]
-    said = re.search(
-        r"none answered for (?P<silent>[\d.]+)s \(an answer takes about (?P<answer>[\d.]+)s\)", reason
-    )
-    assert said is not None, reason
-    return reason, float(said["silent"]), float(said["answer"])
-
-
-async def test_a_stopped_server_is_said_stalled_from_its_unanswered_metrics_before_four_answer_times(
-    tmp_path: Path, sglang_model: Path, openrouter: OpenRouterSim, fleet_settings: Callable[..., Settings]
-) -> None:
-    config = {**fast_config(served_model_name="kimi-k2.5", time_scale=1.0, **SLOW).model_dump(mode="json")}
-    with sim_process(tmp_path, sglang_model, config) as gpus:
-        data = write_dataset(tmp_path, "A", 40)
-        job = slow_job(gpus.url, openrouter, fleet_settings, data)
-        await job.prepare()
-        runner = asyncio.create_task(job.run())
-        lane = job.dispatcher.lane("sglang")
-        try:
-            while lane.landed < 4 and not runner.done():
-                await asyncio.sleep(0.05)
-            gpus.stall()
-            while lane.stalled is None and not runner.done():
-                await asyncio.sleep(0.05)
-            gpus.resume()
-            outcome = await asyncio.wait_for(runner, 120)
-        finally:
-            gpus.resume()
-            if not runner.done():
-                job.stop(cancel=True)
-                await runner
-    assert outcome.reason is StopReason.DONE, outcome.message
-    facts = checked(job, openrouter, data, 40)
-    reason, silent, answer = stall_reason(facts["events"])
-    assert "/metrics unanswered for" in reason, reason
-    assert silent < STALL_FACTOR * answer, reason
-
-
-async def test_a_wedged_scheduler_that_answers_its_aborts_gets_one_request_at_a_time_until_it_answers(
-    fleet_tok: SimTokenizer,
-    openrouter: OpenRouterSim,
-    fleet_settings: Callable[..., Settings],
-    tmp_path: Path,
-) -> None:
-    # The scheduler's forward never completes while its HTTP side answers /metrics and aborts. The
-    # stall is said by silence; the aborts' answers end it on probation, one attempt at a time,
-    # until the scheduler runs again and one it still wanted comes back (docs/fleets.md).
-    config = fast_config(served_model_name="kimi-k2.5", time_scale=1.0, **SLOW)
-    async with running_sim(config, fleet_tok) as sim:
-        data = write_dataset(tmp_path, "A", 40)
-        job = slow_job(sim.base_url, openrouter, fleet_settings, data)
-        await job.prepare()
-        runner = asyncio.create_task(job.run())
-        lane = job.dispatcher.lane("sglang")
-        try:
-            while lane.landed < 4 and not runner.done():
-                await asyncio.sleep(0.05)
-            async with aiohttp.ClientSession() as session:
-                post = f"{sim.base_url}/_sim/config"
-                async with session.post(post, json={"faults": {"stall": True}}) as resp:
-                    assert resp.status == 200, await resp.text()
-                while not lane.probation and not runner.done():
-                    await asyncio.sleep(0.05)
-                await asyncio.sleep(2.0)  # on probation, still wedged
-                unwedged = time.time()
-                async with session.post(post, json={"faults": {"stall": False}}) as resp:
-                    assert resp.status == 200, await resp.text()
-            outcome = await asyncio.wait_for(runner, 120)
-        finally:
-            if not runner.done():
-                job.stop(cancel=True)
-                await runner
-    assert outcome.reason is StopReason.DONE, outcome.message
-    facts = checked(job, openrouter, data, 40)
-    events = facts["events"]
-    reason, silent, answer = stall_reason(events)
-    # Said by its silence alone: several answer times of it (the figures are rounded to a second).
-    assert "unanswered" not in reason and silent >= (STALL_FACTOR - 1) * answer, reason
-    end = events[after(events, "stall_end")]
-    assert end["probation"] is True, end
-    sent = [
-        r
-        for r in journal(job.run_dir / "attempts.jsonl")
-        if r.get("k") == "start" and r["be"] == "sglang" and end["ts"] <= r["ts"] <= unwedged
-    ]
-    assert len(sent) <= 1, f"one attempt at a time on probation: {sent}"
-    assert not lane.probation, "one it still wanted came back once the scheduler ran"

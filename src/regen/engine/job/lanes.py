@@ -101,11 +101,7 @@ class Lane:
     # measured on; and why it is stalled (engine/job/stall.py), None while it answers.
     quiet_since: float = 0.0
     landed: int = 0
-    landed_s: float = 0.0  # the landed attempts' seconds in flight, summed
     stalled: str | None = None
-    # The stall ended on the answer of an attempt taken back (its abort's, perhaps): one attempt at a
-    # time until one it still wanted comes back (engine/job/dispatch.py `_came_back`).
-    probation: bool = False
     taken_back: int = 0  # attempts taken back from it in this run (engine/job/dispatch.py `take_back`)
 
     def fly(self, change: int, now: float) -> None:
@@ -116,11 +112,9 @@ class Lane:
             self.quiet_since = now  # busy again: silence is counted from here
         self.in_flight += change
 
-    def land(self, now: float, launched_at: float) -> None:
-        """An attempt of this lane sent at monotonic `launched_at` came back from its backend at `now`:
-        a sign it answers, and one more answer time measured."""
+    def land(self, now: float) -> None:
+        """An attempt of this lane came back from its backend at monotonic `now`: a sign it answers."""
         self.landed += 1
-        self.landed_s += max(0.0, now - launched_at)
         self.quiet_since = now
 
     def busy_s(self, now: float) -> float:

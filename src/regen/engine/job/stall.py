@@ -15,30 +15,21 @@ from regen.engine.job.lanes import Lane
 # Silence this many times the lane's expected answer time is a stall, not a slow answer: a request's
 # time in flight varies (a long answer, a queue a few deep), a whole lane landing nothing does not.
 STALL_FACTOR = 4.0
-# And never less than this many steering intervals: one late tick must not make a stall. With the
-# servers' own sign (their /metrics unanswered or frozen), this alone.
+# And never less than this many steering intervals: one late tick must not make a stall.
 STALL_TICKS = 3.0
 
 
-def expected_answer_s(lane: Lane, before_any_s: float) -> float:
-    """The mean time in flight of the lane's attempts that came back (queue included), or
-    `before_any_s` (from the settings) before the first has. Those that came back only: counting
-    the time of those still in flight (in-flight seconds over attempts landed) makes the expectation
-    grow with the silence itself, by in-flight / landed per second, so with fewer than STALL_FACTOR
-    landed per one in flight no silence would ever be long enough."""
+def expected_answer_s(lane: Lane, now: float, before_any_s: float) -> float:
+    """The lane's mean time in flight per attempt (Little's law: in-flight seconds over attempts
+    landed), or `before_any_s` (from the settings) before the first attempt has landed."""
     if lane.landed <= 0:
         return before_any_s
-    return lane.landed_s / lane.landed
+    return lane.busy_s(now) / lane.landed
 
 
-def stall_after_s(lane: Lane, interval_s: float, before_any_s: float, *, signed: bool = False) -> float:
-    """How long the lane may be silent with attempts in flight before it counts as stalled: with
-    its servers' own sign of a stall (`signed`), STALL_TICKS steering intervals; else also at
-    least STALL_FACTOR expected answer times (an answer may take minutes; a sign says sooner)."""
-    ticks = STALL_TICKS * interval_s
-    if signed:
-        return ticks
-    return max(ticks, STALL_FACTOR * expected_answer_s(lane, before_any_s))
+def stall_after_s(lane: Lane, now: float, interval_s: float, before_any_s: float) -> float:
+    """How long the lane may be silent with attempts in flight before it counts as stalled."""
+    return max(STALL_TICKS * interval_s, STALL_FACTOR * expected_answer_s(lane, now, before_any_s))
 
 
 def stalled(lane: Lane, now: float, interval_s: float, before_any_s: float) -> str | None:
@@ -47,15 +38,10 @@ def stalled(lane: Lane, now: float, interval_s: float, before_any_s: float) -> s
     if lane.closed is not None or lane.in_flight <= 0:
         return None
     silent = now - lane.quiet_since
-    if silent < STALL_TICKS * interval_s:
-        return None  # the shortest silence that is a stall: no need to ask the servers yet
-    sign = lane.backend.stall_sign(now)
-    limit = stall_after_s(lane, interval_s, before_any_s, signed=sign is not None)
+    limit = stall_after_s(lane, now, interval_s, before_any_s)
     if silent < limit:
         return None
-    expected = duration(expected_answer_s(lane, before_any_s), "fine")
-    said = f" ({sign})" if sign is not None else ""
     return (
         f"{lane.backend.title} stalled: {lane.in_flight} requests in flight and none answered for "
-        f"{duration(silent, 'fine')} (an answer takes about {expected}){said}"
+        f"{duration(silent, 'fine')} (an answer takes about {duration(limit / STALL_FACTOR, 'fine')})"
     )

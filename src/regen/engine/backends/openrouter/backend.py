@@ -140,10 +140,6 @@ class OpenRouterBackend:
         """None: OpenRouter has no way to end a request but closing it (nothing queues there to take back)."""
         return None
 
-    def stall_sign(self, now: float) -> None:
-        """None: OpenRouter's providers are many, and their silence is an outage's (docs/faults.md)."""
-        return None
-
     # ------------------------------------------------------------------------------ lifecycle
 
     def check(self) -> None:

@@ -489,15 +489,6 @@ class SGLangBackend:
     def aborts(self) -> SGLangBackend:
         return self
 
-    def stall_sign(self, now: float) -> str | None:
-        """Every server holding requests shows a sign of a stall (engine/backends/sglang/worker.py
-        `sign`: its /metrics unanswered): their words, joined; None while one of them does not."""
-        holding = [w for w in self.workers if w.meter.in_flight > 0]
-        signs = [w.sign_at(now) for w in holding]
-        if not holding or any(sign is None for sign in signs):
-            return None
-        return "; ".join(sign for sign in signs if sign is not None)
-
     def abort(self, rid: str) -> None:
         """/abort_request for `rid` on the server it was sent to (the router, when there is one),
         in the background: the attempt then comes back with the server's answer to it (docs/sglang.md

@@ -11,7 +11,6 @@ from regen.engine.backends.sglang.load import ServerLoad, parse_metrics
 from regen.engine.backends.sglang.meter import ShareMeter
 from regen.engine.backends.sglang.server import ServerFacts
 from regen.engine.backends.sglang.wire import worker_name
-from regen.engine.durations import duration
 from regen.engine.schema import SGLangServerView
 
 
@@ -37,26 +36,6 @@ class Worker:
         self.down = False
         self.metrics_missing: str | None = None
         self.abort_missing = False
-        # A stall's sign (docs/fleets.md, "A stalled fleet"): with requests of ours in flight here,
-        # /metrics unanswered. What it is and since when (monotonic); None once it answers. (Not a
-        # frozen sglang:generation_tokens: SGLang counts a request's tokens only at its finish, so a
-        # counter that does not move is the silence itself, docs/sglang.md.)
-        self.sign: str | None = None
-        self.sign_since: float | None = None
-
-    def _signal(self, sign: str | None, since: float) -> None:
-        if sign is None or self.meter.in_flight <= 0:
-            self.sign = self.sign_since = None
-            return
-        if self.sign_since is None:
-            self.sign_since = since
-        self.sign = sign
-
-    def sign_at(self, now: float) -> str | None:
-        """The stall's sign this server shows at monotonic `now`, in words, or None."""
-        if self.sign is None or self.sign_since is None:
-            return None
-        return f"{self.name}: {self.sign} for {duration(max(0.0, now - self.sign_since), 'fine')}"
 
     @property
     def slots(self) -> int | None:
@@ -93,7 +72,6 @@ class Worker:
     async def scrape(self, session: aiohttp.ClientSession, timeout: aiohttp.ClientTimeout) -> bool:
         """Read this server's /metrics into its load; whether the server answered at all (a sign of
         life, docs/faults.md) even without metrics."""
-        asked = time.monotonic()
         try:
             async with session.get(self.metrics_url, timeout=timeout) as resp:
                 text = await resp.text()
@@ -101,11 +79,9 @@ class Worker:
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             self.down = True
             self.error = f"{self.url} unreachable: {type(exc).__name__}: {exc}"[:200]
-            self._signal("/metrics unanswered", asked)
             return False
         self.down = False
         self.error = None
-        self._signal(None, asked)
         if status != 200:
             self.metrics_missing = (
                 f"no /metrics at {self.url} (HTTP {status}): start the server with --enable-metrics"
