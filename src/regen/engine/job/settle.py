@@ -349,6 +349,7 @@ class Settler:
         case counts until the backend says otherwise."""
         prompt = flight.item.prompt
         outcome = TAKEN_BACK if flight.taken_back else "cancelled"
+        self.stats.counters.attempts += 1  # settled, as every attempt with an end record is
         self.ledger.charge(
             flight.reservation, estimated=True, knowable=flight.handle is not None, outcome=outcome
         )
