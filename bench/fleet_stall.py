@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,9 @@ TURN_BAR_S = 15.0
 SHARE_BAR = 0.9
 
 
-def stall_at_and_resume(deadline_s: float, marks: dict[str, float]) -> Any:
+def stall_at_and_resume(
+    deadline_s: float, marks: dict[str, float]
+) -> Callable[[subprocess.Popen[bytes], subprocess.Popen[bytes]], None]:
     """The fault: SIGSTOP to the GPU simulator at STALL_AT of the deadline after the job's start,
     SIGCONT once the deadline has passed (its wall-clock instants written to `marks`)."""
 
@@ -64,6 +67,10 @@ def stall_at_and_resume(deadline_s: float, marks: dict[str, float]) -> Any:
         marks["continued"] = time.time()
 
     return during
+
+
+def fmt(seconds: float | None) -> str:
+    return "never" if seconds is None else f"{seconds:.1f} s"
 
 
 def created(row: dict[str, Any]) -> float:
@@ -121,7 +128,6 @@ def main() -> int:
     turn_s = None if turn is None else turn["ts"] - stopped
     said_s = None if said is None else said["ts"] - stopped
 
-    fmt = lambda s: "never" if s is None else f"{s:.1f} s"  # noqa: E731
     lines = [
         "| stalled at | stall said after | verdict turned after | work left at the stall | budget buys then | made by the deadline | share | taken back | made twice | spent $ | billed $ | budget $ |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",

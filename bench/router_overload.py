@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -19,7 +20,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import aiohttp
@@ -59,6 +60,28 @@ def start_sim(root: Path, i: int) -> tuple[subprocess.Popen[str], str]:
     if "listening on" not in line:
         raise RuntimeError(f"the stand-in server did not start: {line!r}")
     return proc, line.split(" on ", 1)[1].strip()
+
+
+@contextlib.contextmanager
+def running_sims(root: Path, count: int) -> Iterator[list[str]]:
+    """`count` stand-in servers (`start_sim`), their URLs; ended (SIGTERM, then SIGKILL) at the exit."""
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        urls = []
+        for i in range(count):
+            proc, url = start_sim(root, i)
+            procs.append(proc)
+            urls.append(url)
+        yield urls
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 async def wait_ready(url: str, n_workers: int, timeout_s: float = 60.0) -> None:
@@ -165,28 +188,12 @@ def main() -> None:
             "1.0",
         ],
     }
-    sims: list[subprocess.Popen[str]] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        try:
-            urls = []
-            for i in range(args.workers):
-                proc, u = start_sim(root, i)
-                sims.append(proc)
-                urls.append(u)
-            results = {}
-            for name, flags in settings.items():
-                results[name] = asyncio.run(
-                    run_one(urls, flags, args.in_flight, args.requests, root / "smg.log")
-                )
-        finally:
-            for p in sims:
-                p.send_signal(signal.SIGTERM)
-            for p in sims:
-                try:
-                    p.wait(10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+    with tempfile.TemporaryDirectory() as tmp, running_sims(Path(tmp), args.workers) as urls:
+        results = {}
+        for name, flags in settings.items():
+            results[name] = asyncio.run(
+                run_one(urls, flags, args.in_flight, args.requests, Path(tmp) / "smg.log")
+            )
     base = results["default protection"]
     print(
         f"{args.workers} workers, {args.in_flight} in flight, {args.requests} requests, cpus {os.cpu_count()}"

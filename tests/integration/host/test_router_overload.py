@@ -6,8 +6,6 @@ regen's launch rule keeps round-robin, with every request answered and none stal
 from __future__ import annotations
 
 import asyncio
-import signal
-import subprocess
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -21,23 +19,8 @@ pytest.importorskip("smg")
 
 @pytest.fixture
 def workers(tmp_path: Path) -> Iterator[list[str]]:
-    procs: list[subprocess.Popen[str]] = []
-    try:
-        urls = []
-        for i in range(2):
-            proc, url = bench.start_sim(tmp_path, i)
-            procs.append(proc)
-            urls.append(url)
+    with bench.running_sims(tmp_path, 2) as urls:
         yield urls
-    finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
 
 
 def measure(urls: Sequence[str], flags: Sequence[str], tmp_path: Path) -> dict[str, object]:
