@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from regen.cli.arguments import add_settings_argument, chosen_hosts
-from regen.cli.edge import EXIT_FAILURE, EXIT_OK, fail, say
+from regen.cli.edge import EXIT_FAILURE, EXIT_OK, UsageError, fail, say
 
 if TYPE_CHECKING:
     from regen.engine.config.settings import HostSettings, Settings
@@ -48,6 +48,11 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
     for sub in (start, status, stop):
         add_settings_argument(sub)
         sub.add_argument("--host", metavar="NAME", help="only this host (default: every [[hosts]] table)")
+        sub.add_argument(
+            "--cluster",
+            metavar="NAME",
+            help="only this [[clusters]] table: its job and one server per node (docs/clusters.md)",
+        )
     start.add_argument("--json", action="store_true", help="machine-readable result after the progress lines")
 
 
@@ -59,12 +64,29 @@ def run(args: argparse.Namespace) -> int | None:
     from regen.engine.runtime import run as run_loop
 
     settings = load_settings(args.settings, args.command)
+    if args.cluster is not None or (args.host is None and settings.clusters and not settings.hosts):
+        return _run_clusters(args, settings)
     hosts = chosen_hosts(settings, args.host, need_model=True)
     if args.sglang_command == "start":
         return run_loop(_start(args, settings, hosts))
     if args.sglang_command == "status":
         return run_loop(_status(args, settings, hosts))
     return run_loop(_stop(settings, hosts))
+
+
+def _run_clusters(args: argparse.Namespace, settings: Settings) -> int:
+    """The same actions on a cluster's nodes (cli/sglang_cluster.py)."""
+    from regen.cli import sglang_cluster
+    from regen.engine.runtime import run as run_loop
+
+    if args.host is not None:
+        raise UsageError("--host and --cluster: choose one")
+    clusters = sglang_cluster.chosen_clusters(settings, args.cluster)
+    if args.sglang_command == "start":
+        return run_loop(sglang_cluster.start(settings, clusters, args.json))
+    if args.sglang_command == "status":
+        return run_loop(sglang_cluster.status(settings, clusters, args.json))
+    return run_loop(sglang_cluster.stop(settings, clusters))
 
 
 def _say(line: str) -> None:

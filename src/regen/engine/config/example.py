@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel, SecretStr
 from pydantic_core import PydanticUndefinedType
 
-from regen.engine.config.settings import HostSettings, Settings
+from regen.engine.config.settings import ClusterSettings, HostSettings, Settings
 
 
 def _toml_value(value: Any) -> str:
@@ -70,7 +70,7 @@ def example_toml() -> str:
         doc = (model.__doc__ or "").strip()
         if doc:
             lines.append(f"# {doc}")
-        lines.append("# One table per host: copy the block and remove the first '# ' of each line.")
+        lines.append(f"# One table per {_TABLE_ONE[title]}: copy the block and remove the first '# ' of each line.")
         lines.append(f"# [[{title}]]")
         for name, info in model.model_fields.items():
             lines.append("#")
@@ -106,7 +106,8 @@ def example_toml() -> str:
 
 
 # The model of each list-of-tables setting, and example values for its commented example.
-_LIST_TABLES: dict[str, type[BaseModel]] = {"hosts": HostSettings}
+_LIST_TABLES: dict[str, type[BaseModel]] = {"hosts": HostSettings, "clusters": ClusterSettings}
+_TABLE_ONE = {"hosts": "host", "clusters": "cluster"}
 _TABLE_EXAMPLES: dict[str, dict[str, Any]] = {
     "hosts": {
         "name": "gpu1",
@@ -114,5 +115,13 @@ _TABLE_EXAMPLES: dict[str, dict[str, Any]] = {
         "user": "ubuntu",
         "data_root": "~/prepared",
         "model_path": "/models/Kimi-K2.5",
-    }
+    },
+    "clusters": {
+        "name": "lab",
+        "partition": "gpu",
+        "nodes": 4,
+        "account": "drafters",
+        "model_path": "/shared/models/Kimi-K2.5",
+        "work_dir": "/shared/regen",
+    },
 }

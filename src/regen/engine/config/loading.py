@@ -94,6 +94,8 @@ def load_settings(path: Path | None = None, command: str = "run") -> Settings:
         host.key_files = [_resolve(base, p) for p in host.key_files]
         if host.known_hosts is not None:
             host.known_hosts = _resolve(base, host.known_hosts)
+    for cluster in settings.clusters:
+        cluster.work_dir = _resolve(base, cluster.work_dir)
     use_workspace(settings)
     # After the workspace: a tokenizer `regen pull` brought is as good as one named in the file.
     problems = need_problems(settings, command)

@@ -461,6 +461,60 @@ class HostSettings(_Section):
     """Seconds to open the SSH connection and log in."""
 
 
+# Slurm's --time forms: minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or UNLIMITED.
+_SLURM_TIME = re.compile(r"^(UNLIMITED|INFINITE|\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2})$")
+
+
+class ClusterSettings(_Section):
+    """GPU nodes from a cluster manager (docs/clusters.md): one SGLang server per node, started by one batch job, reached from this machine over the cluster's network. regen runs where the cluster's commands work (a login node) and the nodes mount work_dir and model_path at the same paths."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    """A short name for the cluster (letters, digits, . _ -), used by --cluster and in the console."""
+    kind: Literal["slurm"] = "slurm"
+    """The cluster manager: "slurm" (sbatch, squeue, scancel on this machine's PATH)."""
+    partition: str | None = Field(None, min_length=1)
+    """Slurm partition (sbatch --partition); empty for the cluster's default partition."""
+    nodes: int = Field(1, ge=1, le=4096)
+    """Nodes to run servers on, one SGLang server per node."""
+    gpus_per_node: int = Field(8, ge=0, le=64)
+    """GPUs asked for on each node (--gres=gpu:N); 0 asks for none (a cluster without GPU GRES, or whole nodes given by the partition). sglang.tp must fit in it."""
+    time_limit: str = "1-00:00:00"
+    """The job's time limit, in Slurm's forms (minutes, H:M:S, D-H:M:S)."""
+    account: str | None = Field(None, min_length=1)
+    """Slurm account to charge (sbatch --account); empty for the user's default."""
+    qos: str | None = Field(None, min_length=1)
+    """Slurm QOS (sbatch --qos); empty for the default."""
+    allocation: str | None = Field(None, pattern=r"^\d+$")
+    """An allocation you already hold (its job id, e.g. from salloc): the servers run as srun steps inside it, nothing is submitted; empty to submit a batch job."""
+    sbatch_args: list[str] = Field(default_factory=list)
+    """More sbatch options, one per entry, each written as an #SBATCH line (e.g. "--constraint=h100", "--exclusive")."""
+    model_path: str = Field(min_length=1)
+    """The model folder on the shared filesystem, the same path on every node and on this machine."""
+    work_dir: Path
+    """Folder on the shared filesystem for the batch script, each node's state file and server log (relative to the settings file)."""
+    python: str = "python3"
+    """The Python interpreter on the nodes (3.10 or newer) that runs regen's node script and sglang: a command or path."""
+    port: int | None = Field(None, ge=1, le=65535)
+    """The first port a node's server tries (the next free one above it is taken when it is in use); empty for sglang.port."""
+
+    @field_validator("time_limit")
+    @classmethod
+    def _slurm_time(cls, value: str) -> str:
+        if not _SLURM_TIME.match(value):
+            raise ValueError(
+                f"{value!r} is not a Slurm time (minutes, H:M:S or D-H:M:S, e.g. \"12:00:00\" or \"2-00:00:00\")"
+            )
+        return value
+
+    @field_validator("sbatch_args")
+    @classmethod
+    def _sbatch_options(cls, args: list[str]) -> list[str]:
+        for arg in args:
+            if not arg.startswith("-") or any(c in arg for c in "\r\n"):
+                raise ValueError(f"{arg!r} is not one sbatch option (one per entry, starting with -)")
+        return args
+
+
 class Settings(BaseSettings):
     """All of regen's settings."""
 
@@ -491,6 +545,8 @@ class Settings(BaseSettings):
     """Prometheus metrics."""
     hosts: list[HostSettings] = Field(default_factory=list)
     """GPU hosts over SSH, one [[hosts]] table each (`regen inspect`, `regen pull`, `regen push`)."""
+    clusters: list[ClusterSettings] = Field(default_factory=list)
+    """GPU nodes from a cluster manager, one [[clusters]] table each (`regen sglang start --cluster NAME`)."""
     workspace: Path = Path("regen-data")
     """Local folder `regen pull` fills: datasets/<name>/prompts.jsonl and tokenizer/."""
 
@@ -512,6 +568,24 @@ class Settings(BaseSettings):
             )
         return hosts
 
+    @model_validator(mode="after")
+    def _fleet_tables(self) -> Settings:
+        # A cluster's node servers and the hosts share the console's and the router's names.
+        names = [c.name for c in self.clusters]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"cluster name {', '.join(map(repr, twice))} is used by more than one [[clusters]] table")
+        both = sorted(set(names) & {h.name for h in self.hosts})
+        if both:
+            raise ValueError(f"{', '.join(map(repr, both))} names both a [[hosts]] and a [[clusters]] table")
+        for cluster in self.clusters:
+            if cluster.gpus_per_node and self.sglang.tp > cluster.gpus_per_node:
+                raise ValueError(
+                    f"cluster {cluster.name}: sglang.tp is {self.sglang.tp} but gpus_per_node is "
+                    f"{cluster.gpus_per_node}: one node's server must fit on its node"
+                )
+        return self
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -525,7 +599,9 @@ class Settings(BaseSettings):
         return (env_settings, init_settings)
 
 
-def served_model_name(sglang: SGLangSettings, hosts: Sequence[HostSettings]) -> str | None:
+def served_model_name(
+    sglang: SGLangSettings, hosts: Sequence[HostSettings | ClusterSettings]
+) -> str | None:
     """The one --served-model-name of every server of the job: sglang.served_model_name, else the
     name of the first [[hosts]] model folder (hosts may mount it at different paths, docs/gpu-host.md,
     "One model"); None with neither (servers given as sglang.urls name it themselves)."""

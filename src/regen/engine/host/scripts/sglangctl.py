@@ -28,7 +28,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from regen.engine.host.scripts import probe, sglanglog
@@ -210,14 +210,8 @@ def _port_free(port: int) -> str | None:
     return None
 
 
-def preflight(spec: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every check the launch needs, each ``{"check", "ok", "detail"}``; any not ok refuses the launch."""
-    checks: list[dict[str, Any]] = []
-
-    def say(name: str, ok: bool, detail: str, **extra: Any) -> None:
-        checks.append({"check": name, "ok": ok, "detail": detail, **extra})
-
-    tp = int(spec.get("tp") or 1)
+def _gpu_check(say: Callable[..., None], tp: int) -> None:
+    """No compute process on any GPU, and at least ``tp`` of them."""
     gpus = probe.gpus()
     if gpus["error"]:
         say("gpus", False, f"cannot list the GPUs: {gpus['error']}")
@@ -233,8 +227,21 @@ def preflight(spec: dict[str, Any]) -> list[dict[str, Any]]:
             say("gpus", False, f"{len(gpus['gpus'])} GPUs on the host, but tp is {tp}", gpus=gpus["gpus"])
         else:
             say("gpus", True, f"{len(gpus['gpus'])} GPUs, no compute processes", gpus=gpus["gpus"])
-    problem = _port_free(int(spec["port"]))
-    say("port", problem is None, problem or f"port {spec['port']} is free")
+
+
+def preflight(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every check the launch needs, each ``{"check", "ok", "detail"}``; any not ok refuses the launch."""
+    checks: list[dict[str, Any]] = []
+
+    def say(name: str, ok: bool, detail: str, **extra: Any) -> None:
+        checks.append({"check": name, "ok": ok, "detail": detail, **extra})
+
+    # A cluster node's GPUs are the ones Slurm gave the step: with none asked for, none to check.
+    if spec.get("check_gpus", True):
+        _gpu_check(say, int(spec.get("tp") or 1))
+    if spec.get("check_port", True):  # a cluster node took a free port itself
+        problem = _port_free(int(spec["port"]))
+        say("port", problem is None, problem or f"port {spec['port']} is free")
 
     env = _env(spec)
     python = sys.executable
@@ -301,7 +308,7 @@ def launch_argv(spec: dict[str, Any], python: str | None = None) -> list[str]:
         "--model-path",
         probe.expand(str(spec["model_path"])),
         "--host",
-        "127.0.0.1",
+        str(spec.get("listen") or "127.0.0.1"),  # a cluster node's server: the address regen reaches
         "--port",
         str(int(spec["port"])),
         "--tp",
