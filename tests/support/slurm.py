@@ -8,15 +8,21 @@ call goes through :meth:`Slurm.env`, whose ``SLURM_CONF`` points at it.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from tests.support.processes import free_port
+from regen.sim.sglang.launch import CONFIG_ENV
+from tests.support.gpuhost import FAST_SIM
+from tests.support.processes import ROOT, free_port
+from tests.support.sglang_sim import STANDIN, model_folder
 
 SLURMCTLD = shutil.which("slurmctld") or "/usr/sbin/slurmctld"
 SLURMD = shutil.which("slurmd") or "/usr/sbin/slurmd"
@@ -48,6 +54,14 @@ class Slurm:
         """Job ids in the queue (any state)."""
         out = self.run("squeue", "-h", "-o", "%i").stdout
         return [line.strip() for line in out.splitlines() if line.strip()]
+
+    def wait_empty(self, timeout: float = 60.0) -> None:
+        """Until no job is in the queue (a cancelled one leaves once its steps' processes are gone)."""
+        deadline = time.monotonic() + timeout
+        while self.queue():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"jobs still queued: {self.queue()}; logs in {self.root}")
+            time.sleep(0.2)
 
     def wait_idle(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
@@ -139,3 +153,73 @@ def start_slurm(root: Path, n_nodes: int = 3, cpus: int = 2) -> Slurm:
         slurm.stop()
         raise
     return slurm
+
+
+# ------------------------------------------------------------------------------ a cluster of regen's
+
+
+@dataclass
+class LabCluster:
+    """A [[clusters]] table on the loopback Slurm: the stand-in SGLang on every node, a shared folder."""
+
+    slurm: Slurm
+    root: Path
+    model: Path
+    port: int
+    python: Path
+
+    def settings_text(self, *, top: str = "", nodes: int = 2, **cluster: object) -> str:
+        table = {
+            "name": "lab",
+            "partition": "gpu",
+            "nodes": nodes,
+            "gpus_per_node": 0,
+            "time_limit": "20:00",
+            "model_path": str(self.model),
+            "work_dir": str(self.root / "shared"),
+            "python": str(self.python),
+            **cluster,
+        }
+        sglang = "\n".join(
+            [
+                "[sglang]",
+                f"port = {self.port}",
+                "tp = 1",
+                "ready_timeout_s = 120.0",
+                "stop_grace_s = 5.0",
+                "metrics_interval_s = 0.3",
+                # PYTHONPATH and the simulator's settings come from the node's python (see `lab_cluster`).
+            ]
+        )
+        lines = ["[[clusters]]", *(f"{k} = {json.dumps(v)}" for k, v in table.items())]
+        return "\n".join([top, sglang, *lines]) + "\n"
+
+    def sim(self, node: str | None = None, **config: Any) -> None:
+        """The simulator's settings for every node's next launch, or only ``node``'s."""
+        path = self.root / (f"sim-{node}.json" if node else "sim.json")
+        path.write_text(json.dumps({**FAST_SIM, **config}))
+
+    def state(self, node: str) -> dict[str, Any]:
+        """``node``'s state file in the current job's folder."""
+        current = json.loads((self.root / "shared" / "lab" / "current.json").read_text())
+        return dict(json.loads((Path(current["folder"]) / "nodes" / f"{node}.json").read_text()))
+
+
+def lab_cluster(slurm: Slurm, root: Path) -> LabCluster:
+    """The cluster's files under ``root``; the nodes' python is a wrapper that finds the stand-in
+    sglang and points the simulator at ``sim-NODE.json`` when there is one, else ``sim.json``."""
+    root.mkdir(parents=True, exist_ok=True)
+    model = model_folder(root / "models" / "Kimi-K2.5")
+    python = root / "node-python"
+    python.write_text(
+        "#!/bin/sh\n"
+        f"export PYTHONPATH={STANDIN}:{ROOT / 'src'} PYTHONUNBUFFERED=1\n"
+        f'config={root}/sim-"$SLURMD_NODENAME".json\n'
+        f'[ -f "$config" ] || config={root}/sim.json\n'
+        f'export {CONFIG_ENV}="$config"\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    cluster = LabCluster(slurm, root, model, free_port(), python)
+    cluster.sim()
+    return cluster

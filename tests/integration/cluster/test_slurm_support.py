@@ -3,25 +3,9 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from tests.support.slurm import Slurm, have_slurm, start_slurm
-
-pytestmark = pytest.mark.skipif(not have_slurm(), reason="slurm-wlm not installed")
-
-
-@pytest.fixture(scope="session")
-def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
-    cluster = start_slurm(tmp_path_factory.mktemp("slurm"))
-    try:
-        yield cluster
-    finally:
-        for job in cluster.queue():
-            cluster.run("scancel", job, check=False)
-        cluster.stop()
+from tests.support.slurm import Slurm
 
 
 def _wait_gone(slurm: Slurm, job: str, timeout: float = 30.0) -> None:

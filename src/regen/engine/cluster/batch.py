@@ -23,14 +23,14 @@ def job_name(cluster: ClusterSettings) -> str:
 
 def sbatch_lines(cluster: ClusterSettings, folder: Path) -> list[str]:
     """The ``#SBATCH`` header: what the job asks of the cluster."""
-    options = [
-        f"--job-name={job_name(cluster)}",
-        f"--nodes={cluster.nodes}",
-        "--ntasks-per-node=1",
-        f"--time={cluster.time_limit}",
-        f"--output={folder / 'batch.log'}",
-        "--open-mode=append",
-    ]
+    options = [f"--job-name={job_name(cluster)}", *asked_of(cluster)]
+    options += [f"--output={folder / 'batch.log'}", "--open-mode=append"]
+    return [f"#SBATCH {option}" for option in options]
+
+
+def asked_of(cluster: ClusterSettings) -> list[str]:
+    """What the job asks of the cluster, as sbatch options (said beside a refusal)."""
+    options = [f"--nodes={cluster.nodes}", "--ntasks-per-node=1", f"--time={cluster.time_limit}"]
     if cluster.partition:
         options.append(f"--partition={cluster.partition}")
     if cluster.gpus_per_node:
@@ -40,7 +40,7 @@ def sbatch_lines(cluster: ClusterSettings, folder: Path) -> list[str]:
     if cluster.qos:
         options.append(f"--qos={cluster.qos}")
     options.extend(cluster.sbatch_args)
-    return [f"#SBATCH {option}" for option in options]
+    return options
 
 
 def batch_script(cluster: ClusterSettings, folder: Path) -> str:
@@ -69,4 +69,4 @@ def batch_script(cluster: ClusterSettings, folder: Path) -> str:
     )
 
 
-__all__ = ["STEP_NAME", "batch_script", "job_name", "sbatch_lines"]
+__all__ = ["STEP_NAME", "asked_of", "batch_script", "job_name", "sbatch_lines"]

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from regen.engine.cluster.base import LIVE_JOB_STATES, ClusterError, ClusterStatus, NodeServer, Submitted
-from regen.engine.cluster.batch import STEP_NAME, batch_script
+from regen.engine.cluster.batch import STEP_NAME, asked_of, batch_script
 from regen.engine.cluster.folder import ClusterFolder, write_whole
 from regen.engine.config.settings import ClusterSettings, SGLangSettings, served_model_name
 from regen.engine.host.remote import payload
@@ -153,7 +153,11 @@ class Slurm:
         if self.settings.allocation:
             record = await self._in_allocation(folder, self.settings.allocation)
         else:
-            _, out, _ = await self._run("sbatch", "--parsable", str(folder / "batch.sh"))
+            try:
+                _, out, _ = await self._run("sbatch", "--parsable", str(folder / "batch.sh"))
+            except ClusterError as exc:
+                asked = " ".join(asked_of(self.settings))
+                raise ClusterError(f"{exc} (the job asked for {asked}); nothing was submitted") from None
             try:
                 job = parse_job_id(out)
             except ValueError as exc:

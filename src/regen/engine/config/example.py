@@ -70,7 +70,9 @@ def example_toml() -> str:
         doc = (model.__doc__ or "").strip()
         if doc:
             lines.append(f"# {doc}")
-        lines.append(f"# One table per {_TABLE_ONE[title]}: copy the block and remove the first '# ' of each line.")
+        lines.append(
+            f"# One table per {_TABLE_ONE[title]}: copy the block and remove the first '# ' of each line."
+        )
         lines.append(f"# [[{title}]]")
         for name, info in model.model_fields.items():
             lines.append("#")

@@ -96,6 +96,10 @@ def load_settings(path: Path | None = None, command: str = "run") -> Settings:
             host.known_hosts = _resolve(base, host.known_hosts)
     for cluster in settings.clusters:
         cluster.work_dir = _resolve(base, cluster.work_dir)
+    if settings.tokenizer.path is None and not settings.hosts and settings.clusters:
+        # A cluster's model folder is on the filesystem this machine shares with the nodes
+        # (docs/clusters.md): its tokenizer files are read where they are.
+        settings.tokenizer.path = Path(settings.clusters[0].model_path)
     use_workspace(settings)
     # After the workspace: a tokenizer `regen pull` brought is as good as one named in the file.
     problems = need_problems(settings, command)

@@ -57,11 +57,12 @@ def need_problems(settings: Settings, command: str) -> list[str]:
         return []
     chosen = 'job.backend is "sglang"' if settings.job.backends is None else 'job.backends includes "sglang"'
     problems = []
-    if Need.SERVERS in needs and not settings.sglang.urls and not settings.hosts:
+    if Need.SERVERS in needs and not settings.sglang.urls and not settings.hosts and not settings.clusters:
         # With [[hosts]] and no urls, the run reaches each host's server through a tunnel of its own.
         problems.append(
             f"sglang.urls: empty and no [[hosts]], but {chosen}: set urls to the server's URL, "
-            'e.g. urls = ["http://127.0.0.1:30000"], or add the GPU hosts as [[hosts]] tables'
+            'e.g. urls = ["http://127.0.0.1:30000"], or add the GPU hosts as [[hosts]] tables '
+            "or a cluster as a [[clusters]] table"
         )
     if Need.TOKENIZER in needs and settings.tokenizer.path is None and not tokenizer_hosts(settings):
         problems.append(

@@ -502,7 +502,7 @@ class ClusterSettings(_Section):
     def _slurm_time(cls, value: str) -> str:
         if not _SLURM_TIME.match(value):
             raise ValueError(
-                f"{value!r} is not a Slurm time (minutes, H:M:S or D-H:M:S, e.g. \"12:00:00\" or \"2-00:00:00\")"
+                f'{value!r} is not a Slurm time (minutes, H:M:S or D-H:M:S, e.g. "12:00:00" or "2-00:00:00")'
             )
         return value
 
@@ -574,7 +574,9 @@ class Settings(BaseSettings):
         names = [c.name for c in self.clusters]
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
-            raise ValueError(f"cluster name {', '.join(map(repr, twice))} is used by more than one [[clusters]] table")
+            raise ValueError(
+                f"cluster name {', '.join(map(repr, twice))} is used by more than one [[clusters]] table"
+            )
         both = sorted(set(names) & {h.name for h in self.hosts})
         if both:
             raise ValueError(f"{', '.join(map(repr, both))} names both a [[hosts]] and a [[clusters]] table")
@@ -599,9 +601,7 @@ class Settings(BaseSettings):
         return (env_settings, init_settings)
 
 
-def served_model_name(
-    sglang: SGLangSettings, hosts: Sequence[HostSettings | ClusterSettings]
-) -> str | None:
+def served_model_name(sglang: SGLangSettings, hosts: Sequence[HostSettings | ClusterSettings]) -> str | None:
     """The one --served-model-name of every server of the job: sglang.served_model_name, else the
     name of the first [[hosts]] model folder (hosts may mount it at different paths, docs/gpu-host.md,
     "One model"); None with neither (servers given as sglang.urls name it themselves)."""

@@ -17,7 +17,7 @@ import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import aiohttp
 
@@ -26,7 +26,7 @@ from regen.engine.host.errors import HostError
 from regen.engine.host.identity import ModelIdentity, one_model
 from regen.engine.host.router import Router, RouterError
 from regen.engine.host.tunnel import Tunnel
-from regen.engine.schema import HostFleetView
+from regen.engine.schema import HostFleetView, TunnelView
 
 if TYPE_CHECKING:
     from regen.engine.host.monitor import HostMonitor
@@ -39,14 +39,28 @@ _TIMEOUT = aiohttp.ClientTimeout(total=5.0, sock_connect=3.0)
 ROUTER_LOG = "router.log"
 
 
+class Link(Protocol):
+    """The way to one worker's server: a tunnel over SSH, or the cluster's own network (engine/cluster/fleet.py)."""
+
+    @property
+    def url(self) -> str: ...
+
+    async def open(self) -> str: ...
+
+    async def close(self) -> None: ...
+
+    def view(self) -> TunnelView: ...
+
+
 @dataclass(slots=True)
 class FleetWorker:
     host: str
-    tunnel: Tunnel
+    tunnel: Link
     failures: int = 0
     out: bool = False  # taken out of the router by regen
     error: str | None = None
     removals: int = 0
+    gone: bool = False  # its server will not come back at this URL (a cluster node lost): never put back
 
     @property
     def url(self) -> str:
@@ -142,7 +156,7 @@ class Fleet:
         """Health through each tunnel; take a silent worker out of the router, put it back when it answers."""
         async with aiohttp.ClientSession() as session:
             while True:
-                await asyncio.gather(*(self._check(session, w) for w in self.workers))
+                await asyncio.gather(*(self._check(session, w) for w in self.workers if not w.gone))
                 await asyncio.sleep(self.health_interval_s)
 
     async def _check(self, session: aiohttp.ClientSession, worker: FleetWorker) -> None:
@@ -156,7 +170,7 @@ class Fleet:
         if ok:
             worker.failures = 0
             worker.error = None
-            if worker.out and self.router is not None:
+            if worker.out and not worker.gone and self.router is not None:
                 with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
                     if await self.router.add(worker.url):
                         worker.out = False
@@ -198,4 +212,4 @@ class Fleet:
         }
 
 
-__all__ = ["Fleet", "FleetWorker"]
+__all__ = ["Fleet", "FleetWorker", "Link"]

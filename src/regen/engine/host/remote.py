@@ -42,7 +42,9 @@ EXIT_OLD_PYTHON = 3
 BOOTSTRAP = 'import sys,json;i=sys.stdin.buffer;h=json.loads(i.readline());exec(i.read(h["loader"]))'
 # The same loader, the payload read from a file named by the one argument: a cluster node's step
 # (engine/cluster/batch.py) finds it on the shared filesystem, and its stdin is not the payload.
-FILE_BOOTSTRAP = 'import sys,json;i=open(sys.argv[1],"rb");h=json.loads(i.readline());exec(i.read(h["loader"]))'
+FILE_BOOTSTRAP = (
+    'import sys,json;i=open(sys.argv[1],"rb");h=json.loads(i.readline());exec(i.read(h["loader"]))'
+)
 
 LOADER = f"""
 import sys, types

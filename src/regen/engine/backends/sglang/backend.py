@@ -206,16 +206,8 @@ class SGLangBackend:
         if self.settings.urls:
             return list(self.settings.urls), {}
         from regen.engine.host.errors import HostError
-        from regen.engine.host.fleet import Fleet
 
-        self.fleet = Fleet(
-            self.settings,
-            self.all_settings.hosts,
-            run_dir=self.all_settings.job.run_dir,
-            monitor=self.hosts,
-            on_reopen=self._reopened,
-            on_event=self._event,
-        )
+        self.fleet = self._fleet()
         try:
             await self.fleet.open()
         except HostError as exc:
@@ -223,6 +215,62 @@ class SGLangBackend:
         names = self.fleet.names
         self.base_url = self.fleet.entry_url
         return list(names), names
+
+    def _fleet(self) -> Fleet:
+        """The hosts' tunnels, or with no [[hosts]] the [[clusters]]' nodes (docs/clusters.md)."""
+        settings = self.all_settings
+        if not settings.hosts and settings.clusters:
+            from regen.engine.cluster.fleet import ClusterFleet
+            from regen.engine.cluster.kinds import cluster_of
+
+            fleet = ClusterFleet(
+                self.settings,
+                [cluster_of(c, self.settings) for c in settings.clusters],
+                run_dir=settings.job.run_dir,
+                on_event=self._event,
+            )
+            fleet.on_join = self._joined
+            fleet.on_leave = self._left
+            return fleet
+        from regen.engine.host.fleet import Fleet
+
+        return Fleet(
+            self.settings,
+            settings.hosts,
+            run_dir=settings.job.run_dir,
+            monitor=self.hosts,
+            on_reopen=self._reopened,
+            on_event=self._event,
+        )
+
+    async def _joined(self, url: str, name: str) -> bool:
+        """A node that became ready while the job runs: read it, check it is one with the others
+        (model, version, served name), and count it; False (and the reason journaled) when not."""
+        session = self._session
+        if session is None or not self.workers:
+            return False
+        try:
+            fact = await read_facts(session, url, self._control_timeout)
+            first = self.workers[0]
+            joined = self._check_servers([first.url, url], [first.facts, fact], {url: name})[1]
+        except (ServerError, BackendError) as exc:
+            self._event("node_refused", host=name, reason=str(exc)[:200])
+            return False
+        self.workers.append(joined)
+        self._by_url[joined.url] = joined
+        self._regauge()
+        return True
+
+    def _left(self, name: str) -> None:
+        """A node's server is gone for good: its slots and GPUs no longer count."""
+        for worker in self.workers:
+            if worker.name == name:
+                worker.gone = True
+        self._regauge()
+
+    def _regauge(self) -> None:
+        if self.entry is not None:
+            self.entry.meter.resize(sum(w.meter.gpus for w in self.workers if not w.gone))
 
     def _event(self, name: str, /, **fields: Any) -> None:
         if self._context is not None:
@@ -260,7 +308,13 @@ class SGLangBackend:
         for key in keys:
             seen = {getattr(f, key) for f in facts if getattr(f, key) is not None}
             if len(seen) > 1:
-                where = "sglang.urls" if self.settings.urls else "[[hosts]]"
+                where = (
+                    "sglang.urls"
+                    if self.settings.urls
+                    else "[[hosts]]"
+                    if self.all_settings.hosts
+                    else "[[clusters]]"
+                )
                 raise BackendError(f"the servers in {where} disagree on {key}: {', '.join(sorted(seen))}")
         return [
             Worker(url, fact, fact.gpus or self.settings.tp, names.get(url))
@@ -549,7 +603,7 @@ class SGLangBackend:
             await asyncio.sleep(self.settings.metrics_interval_s)
 
     async def poll(self) -> None:
-        await asyncio.gather(*(self._poll(worker) for worker in self.workers))
+        await asyncio.gather(*(self._poll(worker) for worker in self.workers if not worker.gone))
 
     async def _poll(self, worker: Worker) -> None:
         session = self._session
@@ -568,7 +622,7 @@ class SGLangBackend:
         scraped: list[tuple[ServerLoad, int]] = []
         for worker in self.workers:
             load = worker.load
-            if load is None:
+            if load is None or worker.gone:
                 continue
             seen = worker.retracted_seen
             worker.retracted_seen = load.retracted_total
@@ -589,7 +643,8 @@ class SGLangBackend:
     def capacity(self) -> Capacity | None:
         """The running slots of the servers that take requests now (every one while all are down),
         and the queue they may hold (engine/backends/sglang/load.py); None while one's are unknown."""
-        up = [w for w in self.workers if not w.down] or self.workers
+        here = [w for w in self.workers if not w.gone] or self.workers
+        up = [w for w in here if not w.down] or here
         return capacity(w.slots for w in up)
 
     # --------------------------------------------------------------------------------- view
@@ -600,7 +655,7 @@ class SGLangBackend:
                 "name": w.name,
                 "slug": w.name,
                 "allowed": True,
-                "kept_out": "down" if w.down else None,
+                "kept_out": "gone" if w.gone else "down" if w.down else None,
                 "reason": w.error,
                 "prompt_per_m": None,
                 "completion_per_m": None,

@@ -15,13 +15,14 @@ import time
 class ShareMeter:
     """One server's GPUs, shared by the attempts in flight on it."""
 
-    __slots__ = ("_last", "busy_s", "gpus", "in_flight", "shared")
+    __slots__ = ("_before", "_last", "busy_s", "gpus", "in_flight", "shared")
 
     def __init__(self, gpus: int, now: float | None = None) -> None:
         self.gpus = gpus
         self.in_flight = 0
         self.shared = 0.0  # S(t): GPU-seconds per attempt in flight, accumulated
         self.busy_s = 0.0  # wall seconds with at least one attempt in flight
+        self._before = 0.0  # GPU-seconds held before the last resize
         self._last = time.monotonic() if now is None else now
 
     def _advance(self, now: float) -> None:
@@ -46,4 +47,11 @@ class ShareMeter:
     def busy_gpu_s(self, now: float | None = None) -> float:
         """GPU-seconds the server was held by the job so far (the sum of every attempt's share)."""
         self._advance(time.monotonic() if now is None else now)
-        return self.busy_s * self.gpus
+        return self._before + self.busy_s * self.gpus
+
+    def resize(self, gpus: int, now: float | None = None) -> None:
+        """The server behind this meter now has ``gpus`` GPUs (the router's fleet grew or shrank):
+        the time so far is charged at the old count, from now on at the new one."""
+        self._before = self.busy_gpu_s(now)
+        self.busy_s = 0.0
+        self.gpus = gpus

@@ -34,6 +34,7 @@ class Worker:
         self.retracted_seen: float | None = None
         self.error: str | None = None  # why the last poll failed
         self.down = False
+        self.gone = False  # a cluster node's server that left the fleet for good (engine/cluster/fleet.py)
         self.metrics_missing: str | None = None
         self.abort_missing = False
 

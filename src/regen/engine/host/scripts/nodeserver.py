@@ -50,6 +50,7 @@ HEARTBEAT_S = 5.0
 # After a failure line, the server gets this long to exit by itself before its group is stopped.
 DYING_GRACE_S = 5.0
 TAIL_LINES = 15
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class Node:
@@ -180,6 +181,7 @@ class Node:
                 cwd=os.path.dirname(self.log),
                 env=sglangctl._env(spec),
                 start_new_session=True,  # its own group: stopped as one, whatever it forks
+                preexec_fn=_die_with_parent,
                 close_fds=True,
             )
         finally:
@@ -266,6 +268,17 @@ class Node:
                 os.killpg(pgid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(10)
+
+
+def _die_with_parent() -> None:
+    """In the server, before it runs: a KILL when this script dies, however it dies. Slurm ends a
+    step by its processes; a step whose script was killed can lose track of a server in a session
+    of its own (proctrack/linuxproc follows parents), and a server nobody stops holds the GPUs."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _listening_inodes(port: int) -> set[str]:
