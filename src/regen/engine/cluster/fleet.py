@@ -10,7 +10,8 @@ so that nodes can join and leave while the job runs:
 - every ``refresh_s`` the clusters are watched again: a node that became ready (late, or started
   again) joins once the backend has read it and found the same model, version and served name
   (``on_join``), journaled as ``node_joined``; a node whose server is failed, stopped or lost
-  leaves the router for good (``worker_out``, never put back at that URL). Its requests in flight
+  leaves the router for good (``node_lost``, never put back at that URL; the health checks may
+  have taken it out first, ``worker_out``). Its requests in flight
   come back as cut streams or refused connections and are retried elsewhere, each attempt ended
   once in the journal, so no prompt is lost or written twice.
 
@@ -190,6 +191,8 @@ class ClusterFleet(Fleet):
         return None if theirs is None else mismatch([self.model, theirs])
 
     async def _leave(self, worker: FleetWorker, reason: str) -> None:
+        """The cluster says the node's server is over: out of the router (if the health checks have
+        not taken it out already) and never put back at that URL."""
         worker.gone = True
         worker.error = reason[:200]
         if not worker.out and self.router is not None:
@@ -199,7 +202,7 @@ class ClusterFleet(Fleet):
             worker.removals += 1
         if self.on_leave is not None:
             self.on_leave(worker.host)
-        self._event("worker_out", host=worker.host, reason=worker.error)
+        self._event("node_lost", host=worker.host, reason=worker.error)
 
 
 __all__ = ["ClusterFleet", "DirectLink"]

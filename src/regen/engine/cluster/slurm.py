@@ -222,6 +222,9 @@ class Slurm:
             return ClusterStatus(self.name, self.kind, None, None, wanted=self.settings.nodes)
         job = str(current["job_id"])
         folder = Path(str(current["folder"]))
+        # The nodes' files before the queue: a file read first whose step the queue then lacks
+        # belongs to a step that ended (a step is queued before its node writes its file).
+        records = ClusterFolder.nodes(folder)
         state, reason = await self._job_state(job)
         steps = await self._steps(job)
         # In an allocation (the operator's), regen's job is its steps and the launcher here.
@@ -232,7 +235,6 @@ class Slurm:
             and not _alive(current.get("launcher_pid"))
         ):
             state, reason = "ENDED", "regen's steps in the allocation have ended"
-        records = ClusterFolder.nodes(folder)
         now = time.time()
         nodes = [self._node(name, rec, name in steps, state, now) for name, rec in records.items()]
         for name in sorted(set(steps) - set(records)):
@@ -259,15 +261,16 @@ class Slurm:
     ) -> NodeServer:
         said = str(rec.get("state") or "starting")
         failure = rec.get("failure")
-        job_live = job_state in LIVE_JOB_STATES
         heartbeat = now - float(rec.get("updated_at") or 0)
         state = said
         if said in ("starting", "ready"):
-            if not stepping and not (job_live and heartbeat < self.stale_s and job_state != "COMPLETING"):
+            if not stepping:
                 state = "lost"
-                failure = "its step ended without a word from the node (killed, or the node was lost)"
-                if not job_live:
-                    failure = f"the job is {job_state}"
+                failure = (
+                    "its step ended without a word from the node (killed, or the node was lost)"
+                    if job_state in LIVE_JOB_STATES
+                    else f"the job is {job_state}"
+                )
             elif heartbeat > self.stale_s:
                 state = "lost"
                 failure = f"no word from the node for {heartbeat:.0f} s (its step hangs, or the node is down)"
