@@ -24,6 +24,7 @@ FIRST = (
     "tests/integration/host/test_router_overload.py",  # 41 s, 40 s: smg under 200 in flight, per setting
     "tests/integration/cli/test_demo_fleets.py",  # 41 s
     "tests/integration/backends/test_fleets.py",  # 37 s, 35 s, 17 s: jobs killed and resumed
+    "tests/integration/cluster/test_slurm_run.py",  # 27 s: a job on the loopback Slurm
     "tests/integration/backends/test_dispatcher.py",  # 25 s, 24 s, 17 s
     "tests/integration/host/test_model_identity.py",  # 24 s
     "tests/integration/sglang_real/test_contract.py",  # 24 s

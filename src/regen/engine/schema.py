@@ -112,9 +112,33 @@ class FleetWorkerView(TunnelView):
     removals: int
 
 
+class ClusterNodeView(TypedDict):
+    """One node's server in a cluster job (engine/cluster/base.py `NodeServer`)."""
+
+    node: str
+    worker: str  # the worker's name in the fleet and the rows: CLUSTER/NODE
+    state: str  # pending | starting | ready | failed | stopped | lost
+    phase: str | None
+    url: str | None
+    failure: str | None
+
+
+class ClusterView(TypedDict):
+    """A cluster's job as the run's fleet last saw it (engine/cluster/fleet.py)."""
+
+    cluster: str
+    kind: str
+    job_id: str | None
+    job_state: str | None
+    reason: str | None
+    wanted: int
+    nodes: list[ClusterNodeView]
+
+
 class HostFleetView(TypedDict):
     router: RouterView | None
     workers: list[FleetWorkerView]
+    clusters: list[ClusterView]  # the clusters the workers come from; empty for [[hosts]]
 
 
 class SGLangAccount(TypedDict):

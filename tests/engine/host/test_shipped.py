@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from regen.engine.cluster import slurm
 from regen.engine.host import remote, sglang
 
 
@@ -33,8 +34,8 @@ def _regen_imports(module: str) -> set[str]:
 
 @pytest.mark.parametrize(
     ("entry", "modules"),
-    [(remote.ENTRY, remote.MODULES), (sglang.ENTRY, sglang.MODULES)],
-    ids=["hostcmd", "sglangctl"],
+    [(remote.ENTRY, remote.MODULES), (sglang.ENTRY, sglang.MODULES), (slurm.NODE_ENTRY, slurm.NODE_MODULES)],
+    ids=["hostcmd", "sglangctl", "nodeserver"],
 )
 def test_every_regen_module_a_shipped_one_imports_is_shipped_too(entry: str, modules: Sequence[str]) -> None:
     shipped = {entry, *modules}

@@ -26,7 +26,7 @@ from tests.support.slurm import LabCluster, Slurm, lab_cluster
 PROMPTS = 600
 # One request decodes this many tokens per simulated second: at the tests' time scale (0.01) an
 # answer of 8-40 tokens takes about half a second, and one node makes the job last about 15 s.
-DECODE = {"decode_tokens_per_s": 0.5}
+DECODE = 0.5
 
 
 @pytest.fixture
@@ -48,8 +48,8 @@ def events(run: Path, name: str) -> list[dict[str, object]]:
 def test_a_job_on_the_cluster_takes_a_late_node_and_loses_a_killed_one_without_losing_a_row(
     lab: LabCluster, tmp_path: Path
 ) -> None:
-    lab.sim(**DECODE)
-    lab.sim("node2", **DECODE, startup_weights_s=400.0)  # ready about 4 s after node1
+    lab.sim(decode_tokens_per_s=DECODE)
+    lab.sim("node2", decode_tokens_per_s=DECODE, startup_weights_s=400.0)  # ready about 4 s after node1
     env = {**ENV, **lab.slurm.env()}
     data = write_dataset(tmp_path / "data", "chat", PROMPTS)
     run = tmp_path / "run"

@@ -1,17 +1,27 @@
-"""The GPU host pane: per host, the connection, GPUs, disk and the last inspect, from the job's snapshot.
+"""The GPU host pane: per host, the connection, GPUs, disk and the last inspect, from the job's snapshot;
+per cluster, its job and each node's server.
 
-The job polls the hosts (engine/host/monitor.py); this pane only draws the snapshot's ``hosts``
-list. Without hosts it says so.
+The job polls the hosts (engine/host/monitor.py) and watches the clusters (engine/cluster/fleet.py);
+this pane only draws the snapshot's ``hosts`` list and the SGLang lane's clusters. Without either it
+says so.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import cast
 
 from textual.widgets import Static
 
-from regen.engine.schema import DiskView, HostView, Snapshot
+from regen.engine.schema import (
+    ClusterView,
+    DiskView,
+    HostView,
+    SGLangAccount,
+    SGLangServerView,
+    Snapshot,
+)
 
 NO_HOST = "no GPU host configured"
 # SGLang's startup phases, in order (engine/host/scripts/sglanglog.py), for the progress bar.
@@ -143,6 +153,46 @@ def sglang_lines(host: HostView) -> list[str]:
     return lines
 
 
+def clusters_of(snap: Snapshot) -> tuple[list[ClusterView], dict[str, SGLangServerView]]:
+    """The clusters the SGLang lane's fleet comes from, and its servers by worker name."""
+    clusters: list[ClusterView] = []
+    servers: dict[str, SGLangServerView] = {}
+    for lane in snap["lanes"]:
+        if lane["account"].get("kind") != "sglang":
+            continue
+        account = cast(SGLangAccount, lane["account"])
+        fleet = account["fleet"]
+        if fleet is not None:
+            clusters.extend(fleet["clusters"])
+        servers.update({server["worker"]: server for server in account["servers"]})
+    return clusters, servers
+
+
+def cluster_lines(cluster: ClusterView, servers: dict[str, SGLangServerView]) -> list[str]:
+    """A cluster's job and a line per node: its state, startup phase or load (docs/clusters.md)."""
+    ready = sum(1 for n in cluster["nodes"] if n["state"] == "ready")
+    waiting = f" ({cluster['reason']})" if cluster["reason"] else ""
+    lines = [
+        f"{cluster['cluster']} {cluster['kind']} job {cluster['job_id'] or '-'} {cluster['job_state'] or '?'}"
+        f"{waiting} · {ready}/{cluster['wanted']} ready"
+    ]
+    for node in cluster["nodes"]:
+        line = f"  {node['node']} {node['state']}"
+        server = servers.get(node["worker"])
+        if node["state"] == "starting":
+            line += f" {_bar(node['phase'])} {node['phase'] or 'launching'}"
+        elif node["state"] == "ready" and server is not None and server["running"] is not None:
+            kv = server["kv_usage"]
+            line += (
+                f" · run {server['running']:.0f} · queue {server['queued'] or 0:.0f} · "
+                f"KV {'?' if kv is None else f'{kv:.0%}'} · {server['gen_throughput'] or 0:,.0f} tok/s"
+            )
+        elif node["failure"] and node["state"] != "ready":
+            line += f": {node['failure'][:100]}"
+        lines.append(line)
+    return lines
+
+
 def sglang_stop_text(hosts: list[str]) -> str:
     """What stopping SGLang from the console does, for its confirmation."""
     where = ", ".join(hosts) if hosts else "every GPU host"
@@ -173,11 +223,14 @@ class HostPane(Static):
     def show(self, snap: Snapshot) -> None:
         """Repaint from the snapshot's "hosts" list (and only when the text changed)."""
         hosts = snap["hosts"]
-        if not hosts:
+        clusters, servers = clusters_of(snap)
+        if not hosts and not clusters:
             text = NO_HOST
         else:
             now = self.clock()
-            text = "\n".join(line for h in hosts for line in host_lines(h, now))
+            lines = [line for h in hosts for line in host_lines(h, now)]
+            lines += [line for c in clusters for line in cluster_lines(c, servers)]
+            text = "\n".join(lines)
         if text != self.text:
             self.text = text
             self.update(text)

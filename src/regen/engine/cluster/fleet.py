@@ -28,14 +28,14 @@ from pathlib import Path
 
 import aiohttp
 
-from regen.engine.cluster.base import ENDED, Cluster, ClusterError, NodeServer
+from regen.engine.cluster.base import ENDED, Cluster, ClusterError, ClusterStatus, NodeServer
 from regen.engine.cluster.servers import one_model_on
 from regen.engine.config.settings import SGLangSettings
 from regen.engine.host.errors import HostError, ModelMismatch
 from regen.engine.host.fleet import Fleet, FleetWorker
 from regen.engine.host.identity import mismatch
 from regen.engine.host.router import Router, RouterError
-from regen.engine.schema import TunnelView
+from regen.engine.schema import HostFleetView, TunnelView
 
 REFRESH_S = 2.0
 ROUTER_LOG = "router.log"
@@ -95,16 +95,46 @@ class ClusterFleet(Fleet):
         self.on_join: Join | None = None
         self.on_leave: Leave | None = None
         self.refresh_error: str | None = None
+        self.looks: dict[str, ClusterStatus] = {}  # each cluster as last watched
 
-    def worker_name(self, cluster: Cluster, node: NodeServer) -> str:
+    @staticmethod
+    def worker_name(cluster: Cluster, node: NodeServer) -> str:
         return f"{cluster.name}/{node.node}"
 
     async def _ready(self) -> list[tuple[str, NodeServer]]:
         found = []
         for cluster in self.clusters:
-            for node in (await cluster.watch()).nodes:
+            look = await cluster.watch()
+            self.looks[cluster.name] = look
+            for node in look.nodes:
                 found.append((self.worker_name(cluster, node), node))
         return found
+
+    def view(self) -> HostFleetView:
+        view = super().view()
+        view["clusters"] = [
+            {
+                "cluster": look.cluster,
+                "kind": look.kind,
+                "job_id": look.job_id,
+                "job_state": look.job_state,
+                "reason": look.reason,
+                "wanted": look.wanted,
+                "nodes": [
+                    {
+                        "node": n.node,
+                        "worker": f"{look.cluster}/{n.node}",
+                        "state": n.state,
+                        "phase": n.phase,
+                        "url": n.url,
+                        "failure": n.failure,
+                    }
+                    for n in look.nodes
+                ],
+            }
+            for look in self.looks.values()
+        ]
+        return view
 
     async def open(self) -> None:
         try:
@@ -158,11 +188,12 @@ class ClusterFleet(Fleet):
             ):
                 await self._leave(worker, f"{name}: {node.state}: {node.failure or 'its server moved'}")
                 worker = None
+            # A URL seen once is never taken again: a worker gone from this job stays gone.
             if (
                 worker is None
                 and node.state == "ready"
                 and node.url
-                and node.url.rstrip("/") not in {w.url for w in self.workers if not w.gone}
+                and node.url.rstrip("/") not in {w.url for w in self.workers}
             ):
                 await self._join(name, node)
 

@@ -506,6 +506,16 @@ class ClusterSettings(_Section):
             )
         return value
 
+    @field_validator("work_dir")
+    @classmethod
+    def _one_word(cls, path: Path) -> Path:
+        # The batch script's #SBATCH --output names a file under it, and sbatch splits those lines at spaces.
+        if any(c.isspace() for c in str(path)):
+            raise ValueError(
+                f"{str(path)!r} holds a space or a line break: sbatch cannot take it in an #SBATCH line"
+            )
+        return path
+
     @field_validator("sbatch_args")
     @classmethod
     def _sbatch_options(cls, args: list[str]) -> list[str]:

@@ -209,6 +209,7 @@ class Fleet:
                 }
                 for w in self.workers
             ],
+            "clusters": [],
         }
 
 
