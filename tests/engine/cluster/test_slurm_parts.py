@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from regen.engine.cluster.batch import batch_script, sbatch_lines
 from regen.engine.cluster.slurm import Slurm, parse_job_id, parse_scontrol
-from regen.engine.config.settings import ClusterSettings, SGLangSettings, Settings
+from regen.engine.config.settings import ClusterSettings, Settings, SGLangSettings
 from regen.engine.host.remote import FILE_BOOTSTRAP
 
 
@@ -84,7 +84,7 @@ def test_a_bad_table_is_refused_naming_the_value(fields: dict[str, Any], said: s
 
 def test_the_tables_must_fit_and_have_names_of_their_own() -> None:
     base = {"name": "lab", "model_path": "/m", "work_dir": "/w"}
-    with pytest.raises(ValidationError, match="sglang.tp is 8 but gpus_per_node is 4"):
+    with pytest.raises(ValidationError, match=r"sglang\.tp is 8 but gpus_per_node is 4"):
         Settings(sglang={"tp": 8}, clusters=[{**base, "gpus_per_node": 4}])
     with pytest.raises(ValidationError, match="cluster name 'lab' is used by more than one"):
         Settings(clusters=[base, base])
