@@ -19,6 +19,8 @@ from regen.engine.cluster.base import ClusterStatus, NodeServer, Submitted
 from regen.engine.cluster.fleet import ClusterFleet
 from regen.engine.config.settings import SGLangSettings
 from regen.engine.host.scripts.nodeserver import owns_listener
+from regen.engine.schema import SGLangServerView
+from tests.support.views import partial
 
 IDENTITY = {"path": "/m", "exists": True, "items": [["config.json", "sha256:aa"]], "error": None}
 
@@ -155,7 +157,11 @@ def test_the_pane_shows_the_job_and_each_node() -> None:
                 },
             ],
         },
-        {"lab/node1": {"running": 12.0, "queued": 3.0, "kv_usage": 0.41, "gen_throughput": 1800.0}},  # type: ignore[dict-item]
+        {
+            "lab/node1": partial(
+                SGLangServerView, running=12.0, queued=3.0, kv_usage=0.41, gen_throughput=1800.0
+            )
+        },
     )
     assert lines == [
         "lab slurm job 7 RUNNING · 1/3 ready",
