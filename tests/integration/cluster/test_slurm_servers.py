@@ -130,3 +130,32 @@ def test_a_node_whose_step_is_killed_is_lost_and_the_others_go_on(lab: LabCluste
         time.sleep(0.1)
     assert regen(lab, "sglang", "stop", "--cluster", "lab").returncode == 0
     assert lab.slurm.queue() == []
+
+
+def test_inside_an_allocation_the_servers_are_its_steps_and_a_stop_leaves_the_allocation(lab: LabCluster) -> None:
+    held = lab.slurm.run("salloc", "--no-shell", "-N", "2", "-p", "gpu", "--time=10:00")
+    allocation = next(w for w in (held.stdout + held.stderr).split() if w.isdigit())
+    text = lab.settings_text(allocation=allocation)
+    done = regen(lab, "sglang", "start", "--cluster", "lab", text=text)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"lab: submitted job {allocation}" in done.stdout
+    assert lab.slurm.queue() == [allocation]  # nothing submitted: the servers run as its steps
+    steps = lab.slurm.run("squeue", "-h", "-s", "-j", allocation, "-o", "%j").stdout.split()
+    assert steps.count("regen-node") == 2, steps
+    pids = server_pids(lab, ["node1", "node2"])
+    stopped = regen(lab, "sglang", "stop", "--cluster", "lab", text=text)
+    assert stopped.returncode == 0, stopped.stderr
+    assert_gone(pids)
+    assert lab.slurm.queue() == [allocation]  # the allocation is the operator's, still held
+    assert "regen-node" not in lab.slurm.run("squeue", "-h", "-s", "-j", allocation, "-o", "%j").stdout
+    again = regen(lab, "sglang", "status", "--cluster", "lab", "--json", text=text)
+    assert json.loads(again.stdout)["clusters"][0]["job_state"] == "ENDED"
+    lab.slurm.run("scancel", allocation)
+
+
+def test_an_allocation_that_is_not_running_is_refused(lab: LabCluster) -> None:
+    done = regen(lab, "sglang", "start", "--cluster", "lab", text=lab.settings_text(allocation="99999"))
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "regen: cluster lab: allocation 99999 is not in the queue: nothing was started"
+    ]
