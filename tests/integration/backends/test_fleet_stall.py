@@ -25,6 +25,7 @@ import pytest
 from regen.engine.config.settings import Settings, StatsSettings, SteeringSettings
 from regen.engine.control.headless import run_headless
 from regen.engine.job.job import Job, StopReason
+from regen.engine.job.stall import STALL_FACTOR
 from regen.sim.openrouter.server import OpenRouterSim
 from regen.sim.sglang.tokens import SimTokenizer
 from tests.support.datasets import one_row_per_prompt, write_dataset
@@ -39,9 +40,12 @@ PROMPTS = 360  # about 10.8k tokens: the GPUs (about 330 tokens/s here) make 90%
 TOKENS = {"output_len_min": 20, "output_len_max": 40}
 
 
-def steered(settings: Settings, smoothing_s: float = 60.0) -> Settings:
+def steered(settings: Settings, smoothing_s: float = 60.0, request_tokens_per_s: float = 40.0) -> Settings:
     tuning = SteeringSettings(
-        interval_s=INTERVAL_S, request_tokens_per_s=40.0, gpu_tokens_per_s=400.0, smoothing_s=smoothing_s
+        interval_s=INTERVAL_S,
+        request_tokens_per_s=request_tokens_per_s,
+        gpu_tokens_per_s=400.0,
+        smoothing_s=smoothing_s,
     )
     return settings.model_copy(update={"steering": tuning, "stats": StatsSettings(expected_output_tokens=30)})
 
@@ -333,3 +337,42 @@ async def test_near_the_deadline_the_gpu_queue_it_cannot_finish_is_taken_back_fo
     assert rids <= set(sim.abort_requests), "each ended on its server by its rid"
     kept = [r for r in facts["rows"] if r["backend"] == "sglang"]
     assert kept and len(kept) < 150, "both fleets made rows"
+
+
+# Answers of about 6 s (48 tokens at 8 tokens/s): silence alone would need four of them or more.
+SLOW = {"max_running_requests": 4, "decode_tokens_per_s": 8.0, "output_len_min": 40, "output_len_max": 56}
+
+
+async def test_a_stopped_server_is_said_stalled_from_its_unanswered_metrics_before_four_answer_times(
+    tmp_path: Path, sglang_model: Path, openrouter: OpenRouterSim, fleet_settings: Callable[..., Settings]
+) -> None:
+    config = fast_config(served_model_name="kimi-k2.5", time_scale=1.0, **SLOW).model_dump(mode="json")
+    with sim_process(tmp_path, sglang_model, config) as gpus:
+        data = write_dataset(tmp_path, "A", 40)
+        settings = fleet_settings(gpus.url, openrouter.base_url, [data], deadline="90s", budget_usd=1.0)
+        job = Job(steered(settings, request_tokens_per_s=8.0))
+        await job.prepare()
+        runner = asyncio.create_task(job.run())
+        lane = job.dispatcher.lane("sglang")
+        try:
+            while lane.landed < 4 and not runner.done():
+                await asyncio.sleep(0.05)
+            gpus.stall()
+            while lane.stalled is None and not runner.done():
+                await asyncio.sleep(0.05)
+            gpus.resume()
+            outcome = await asyncio.wait_for(runner, 120)
+        finally:
+            gpus.resume()
+            if not runner.done():
+                job.stop(cancel=True)
+                await runner
+    assert outcome.reason is StopReason.DONE, outcome.message
+    facts = checked(job, openrouter, data, 40)
+    reason = facts["events"][after(facts["events"], "stall")]["reason"]
+    said = re.search(
+        r"none answered for (?P<silent>[\d.]+)s \(an answer takes about (?P<answer>[\d.]+)s\)", reason
+    )
+    assert said is not None, reason
+    assert "/metrics unanswered for" in reason, reason
+    assert float(said["silent"]) < STALL_FACTOR * float(said["answer"]), reason

@@ -260,6 +260,12 @@ class Backend(Protocol):
     def aborts(self) -> Aborts | None:
         """Attempts in flight ended on the server by rid (work taken back from a stalled fleet)."""
 
+    def stall_sign(self, now: float) -> str | None:
+        """The servers' own sign that they make nothing (docs/fleets.md, "A stalled fleet"), in
+        words, or None: every server holding this backend's requests has shown one since before
+        monotonic `now` (SGLang: its /metrics unanswered). A sign shortens the silence that makes a
+        stall; it never makes one alone."""
+
     def check(self) -> None:
         """Settings problems found before any work (a missing key); raises BackendError."""
 

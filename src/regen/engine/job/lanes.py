@@ -97,10 +97,12 @@ class Lane:
     _busy_s: float = 0.0
     _busy_at: float = 0.0
     # Silence (docs/fleets.md, "A stalled fleet"): since when (monotonic) the lane has had attempts in
-    # flight and none has landed; the attempts it has settled, what the expected answer time is
-    # measured on; and why it is stalled (engine/job/stall.py), None while it answers.
+    # flight and none has landed; the attempts it has settled and its in-flight seconds at the last
+    # of them, what the expected answer time is measured on; and why it is stalled
+    # (engine/job/stall.py), None while it answers.
     quiet_since: float = 0.0
     landed: int = 0
+    landed_busy_s: float = 0.0
     stalled: str | None = None
     taken_back: int = 0  # attempts taken back from it in this run (engine/job/dispatch.py `take_back`)
 
@@ -115,6 +117,7 @@ class Lane:
     def land(self, now: float) -> None:
         """An attempt of this lane came back from its backend at monotonic `now`: a sign it answers."""
         self.landed += 1
+        self.landed_busy_s = self.busy_s(now)
         self.quiet_since = now
 
     def busy_s(self, now: float) -> float:

@@ -15,21 +15,36 @@ from regen.engine.job.lanes import Lane
 # Silence this many times the lane's expected answer time is a stall, not a slow answer: a request's
 # time in flight varies (a long answer, a queue a few deep), a whole lane landing nothing does not.
 STALL_FACTOR = 4.0
+# With the servers' own sign of a stall (their /metrics unanswered), this many, once an answer time
+# is measured: before any, the settings' guess may be short of a slow start, and a /metrics poll
+# timed out on a loaded host would make a stall of a fleet still warming up.
+SIGNED_FACTOR = 2.0
 # And never less than this many steering intervals: one late tick must not make a stall.
 STALL_TICKS = 3.0
 
 
-def expected_answer_s(lane: Lane, now: float, before_any_s: float) -> float:
+def expected_answer_s(lane: Lane, before_any_s: float) -> float:
     """The lane's mean time in flight per attempt (Little's law: in-flight seconds over attempts
-    landed), or `before_any_s` (from the settings) before the first attempt has landed."""
+    landed) as it stood when the last attempt landed, or `before_any_s` (from the settings) before
+    the first has.
+
+    As it stood then, not now: counted up to now, the in-flight seconds grow with the silence itself
+    (by the attempts in flight each second) and the expectation with them, so a lane that had landed
+    fewer than STALL_FACTOR attempts per one in flight could never be silent long enough. Nor the
+    mean over the attempts that came back alone: early in a run those are the shortest answers, and
+    a slow start on a loaded machine would look like a stall. This one errs long while a lane ramps
+    up (the attempts still in flight count, their answers not yet), never short."""
     if lane.landed <= 0:
         return before_any_s
-    return lane.busy_s(now) / lane.landed
+    return lane.landed_busy_s / lane.landed
 
 
-def stall_after_s(lane: Lane, now: float, interval_s: float, before_any_s: float) -> float:
-    """How long the lane may be silent with attempts in flight before it counts as stalled."""
-    return max(STALL_TICKS * interval_s, STALL_FACTOR * expected_answer_s(lane, now, before_any_s))
+def stall_after_s(lane: Lane, interval_s: float, before_any_s: float, *, signed: bool = False) -> float:
+    """How long the lane may be silent with attempts in flight before it counts as stalled: at least
+    STALL_TICKS steering intervals and STALL_FACTOR expected answer times, SIGNED_FACTOR of them
+    with its servers' own sign (`signed`) once an answer time is measured."""
+    factor = SIGNED_FACTOR if signed and lane.landed > 0 else STALL_FACTOR
+    return max(STALL_TICKS * interval_s, factor * expected_answer_s(lane, before_any_s))
 
 
 def stalled(lane: Lane, now: float, interval_s: float, before_any_s: float) -> str | None:
@@ -38,10 +53,14 @@ def stalled(lane: Lane, now: float, interval_s: float, before_any_s: float) -> s
     if lane.closed is not None or lane.in_flight <= 0:
         return None
     silent = now - lane.quiet_since
-    limit = stall_after_s(lane, now, interval_s, before_any_s)
-    if silent < limit:
+    if silent < STALL_TICKS * interval_s:
+        return None  # the shortest silence that is a stall: no need to ask the servers yet
+    sign = lane.backend.stall_sign(now)
+    if silent < stall_after_s(lane, interval_s, before_any_s, signed=sign is not None):
         return None
+    expected = duration(expected_answer_s(lane, before_any_s), "fine")
+    said = f" ({sign})" if sign is not None else ""
     return (
         f"{lane.backend.title} stalled: {lane.in_flight} requests in flight and none answered for "
-        f"{duration(silent, 'fine')} (an answer takes about {duration(limit / STALL_FACTOR, 'fine')})"
+        f"{duration(silent, 'fine')} (an answer takes about {expected}){said}"
     )

@@ -135,6 +135,10 @@ class OpenRouterBackend:
     def account(self) -> OpenRouterBackend:
         return self
 
+    def stall_sign(self, now: float) -> None:
+        """None: OpenRouter's providers are many, and their silence is an outage's (docs/faults.md)."""
+        return None
+
     @property
     def aborts(self) -> None:
         """None: OpenRouter has no way to end a request but closing it (nothing queues there to take back)."""

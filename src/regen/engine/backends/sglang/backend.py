@@ -543,6 +543,16 @@ class SGLangBackend:
     def aborts(self) -> SGLangBackend:
         return self
 
+    def stall_sign(self, now: float) -> str | None:
+        """Every server polled that holds requests of ours shows its own sign of a stall
+        (engine/backends/sglang/worker.py `sign_at`): their words, joined; None while one does not,
+        or where none of those holding requests is polled (the router's entry)."""
+        holding = [w for w in self._every() if w.meter.in_flight > 0 and not w.gone]
+        signs = [w.sign_at(now) for w in holding]
+        if not signs or any(sign is None for sign in signs):
+            return None
+        return "; ".join(sign for sign in signs if sign is not None)
+
     def abort(self, rid: str) -> None:
         """/abort_request for `rid` on the server it was sent to (the router, when there is one),
         in the background: the attempt then comes back with the server's answer to it (docs/sglang.md

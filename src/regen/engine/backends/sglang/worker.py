@@ -11,6 +11,7 @@ from regen.engine.backends.sglang.load import ServerLoad, parse_metrics
 from regen.engine.backends.sglang.meter import ShareMeter
 from regen.engine.backends.sglang.server import ServerFacts
 from regen.engine.backends.sglang.wire import worker_name
+from regen.engine.durations import duration
 from regen.engine.schema import SGLangServerView
 
 
@@ -37,6 +38,19 @@ class Worker:
         self.gone = False  # a cluster node's server that left the fleet for good (engine/cluster/fleet.py)
         self.metrics_missing: str | None = None
         self.abort_missing = False
+        # A stall's sign (docs/fleets.md, "A stalled fleet"): since when (monotonic) the polls of
+        # /metrics have gone unanswered while requests of ours were in flight here; None once one is
+        # answered. (Not a frozen sglang:generation_tokens: SGLang counts a request's tokens only at
+        # its finish, so a counter that stands still is the silence itself, docs/sglang.md.)
+        self.unanswered_since: float | None = None
+
+    def sign_at(self, now: float) -> str | None:
+        """This server's own sign of a stall at monotonic `now`, in words, or None."""
+        if self.unanswered_since is None or self.meter.in_flight <= 0:
+            return None
+        return (
+            f"{self.name}: /metrics unanswered for {duration(max(0.0, now - self.unanswered_since), 'fine')}"
+        )
 
     @property
     def slots(self) -> int | None:
@@ -73,6 +87,7 @@ class Worker:
     async def scrape(self, session: aiohttp.ClientSession, timeout: aiohttp.ClientTimeout) -> bool:
         """Read this server's /metrics into its load; whether the server answered at all (a sign of
         life, docs/faults.md) even without metrics."""
+        asked = time.monotonic()
         try:
             async with session.get(self.metrics_url, timeout=timeout) as resp:
                 text = await resp.text()
@@ -80,9 +95,14 @@ class Worker:
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             self.down = True
             self.error = f"{self.url} unreachable: {type(exc).__name__}: {exc}"[:200]
+            if self.meter.in_flight <= 0:
+                self.unanswered_since = None
+            elif self.unanswered_since is None:
+                self.unanswered_since = asked
             return False
         self.down = False
         self.error = None
+        self.unanswered_since = None
         if status != 200:
             self.metrics_missing = (
                 f"no /metrics at {self.url} (HTTP {status}): start the server with --enable-metrics"
