@@ -48,6 +48,12 @@ def _free_port() -> int:
 # worker, so the router's veto is switched off: measured in docs/sglang.md, "The router's overload
 # veto" (bench/router_overload.py). The one rule; everything that launches smg takes it from here.
 OVERLOAD_ARGS: tuple[str, ...] = ("--disable-worker-overload-protection",)
+# smg 1.13 also bounds what it admits at once (`--max-concurrent-requests` unset: 1024 per core, at
+# least 4096, then a queue of 100) and answers 429 past it. The job's own in-flight limit is the bound
+# (job.concurrency, lowered by the servers' band); a second one in the router only turns a cluster's
+# full in-flight into refusals and retries: at 64 nodes x 8 GPUs it refused 1,567 attempts in 20 s
+# and held the job to 4,593 in flight of 8,192 (BENCHMARKS.md, the cluster-scale section). 0 lifts it.
+ADMISSION_ARGS: tuple[str, ...] = ("--max-concurrent-requests", "0")
 
 
 def router_argv(
@@ -56,8 +62,10 @@ def router_argv(
     metrics_port: int,
     request_timeout_s: float,
     overload_args: Sequence[str] = OVERLOAD_ARGS,
+    admission_args: Sequence[str] = ADMISSION_ARGS,
 ) -> list[str]:
-    """The smg command line; ``overload_args`` is regen's rule unless a benchmark or test asks for another."""
+    """The smg command line; ``overload_args`` and ``admission_args`` are regen's rules unless a
+    benchmark or test asks for others."""
     return [
         sys.executable,
         "-m",
@@ -82,6 +90,7 @@ def router_argv(
         "--request-timeout-secs",
         str(int(request_timeout_s)),
         *overload_args,
+        *admission_args,
         "--log-level",
         "warn",
     ]
