@@ -132,7 +132,9 @@ def test_a_node_whose_step_is_killed_is_lost_and_the_others_go_on(lab: LabCluste
     assert lab.slurm.queue() == []
 
 
-def test_inside_an_allocation_the_servers_are_its_steps_and_a_stop_leaves_the_allocation(lab: LabCluster) -> None:
+def test_inside_an_allocation_the_servers_are_its_steps_and_a_stop_leaves_the_allocation(
+    lab: LabCluster,
+) -> None:
     held = lab.slurm.run("salloc", "--no-shell", "-N", "2", "-p", "gpu", "--time=10:00")
     allocation = next(w for w in (held.stdout + held.stderr).split() if w.isdigit())
     text = lab.settings_text(allocation=allocation)
