@@ -51,8 +51,8 @@ OVERLOAD_ARGS: tuple[str, ...] = ("--disable-worker-overload-protection",)
 # smg 1.13 also bounds what it admits at once (`--max-concurrent-requests` unset: 1024 per core, at
 # least 4096, then a queue of 100) and answers 429 past it. The job's own in-flight limit is the bound
 # (job.concurrency, lowered by the servers' band); a second one in the router only turns a cluster's
-# full in-flight into refusals and retries: at 64 nodes x 8 GPUs it refused 1,567 attempts in 20 s
-# and held the job to 4,593 in flight of 8,192 (BENCHMARKS.md, the cluster-scale section). 0 lifts it.
+# full in-flight into refusals and retries: at 64 nodes x 8 GPUs it refused 1,130 attempts in 20 s
+# and held the job to 5,149 in flight of 8,192 (BENCHMARKS.md, the cluster-scale section). 0 lifts it.
 ADMISSION_ARGS: tuple[str, ...] = ("--max-concurrent-requests", "0")
 
 
