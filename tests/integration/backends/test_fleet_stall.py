@@ -20,6 +20,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from regen.engine.config.settings import Settings, StatsSettings, SteeringSettings
@@ -376,3 +377,53 @@ async def test_a_stopped_server_is_said_stalled_from_its_unanswered_metrics_befo
     assert said is not None, reason
     assert "/metrics unanswered for" in reason, reason
     assert float(said["silent"]) < STALL_FACTOR * float(said["answer"]), reason
+
+
+async def test_a_wedged_scheduler_that_answers_its_aborts_gets_one_request_at_a_time_until_it_answers(
+    fleet_tok: SimTokenizer,
+    openrouter: OpenRouterSim,
+    fleet_settings: Callable[..., Settings],
+    tmp_path: Path,
+) -> None:
+    # The scheduler's forward never completes while its HTTP side answers /metrics and aborts. The
+    # stall is said by silence; the aborts' answers end it on probation, one attempt at a time,
+    # until the scheduler runs again and one it still wanted comes back (docs/fleets.md).
+    config = fast_config(served_model_name="kimi-k2.5", time_scale=1.0, **SLOW)
+    async with running_sim(config, fleet_tok) as sim:
+        data = write_dataset(tmp_path, "A", 40)
+        settings = fleet_settings(sim.base_url, openrouter.base_url, [data], deadline="90s", budget_usd=1.0)
+        job = Job(steered(settings, request_tokens_per_s=8.0))
+        await job.prepare()
+        runner = asyncio.create_task(job.run())
+        lane = job.dispatcher.lane("sglang")
+        try:
+            while lane.landed < 4 and not runner.done():
+                await asyncio.sleep(0.05)
+            async with aiohttp.ClientSession() as session:
+                post = f"{sim.base_url}/_sim/config"
+                async with session.post(post, json={"faults": {"stall": True}}) as resp:
+                    assert resp.status == 200, await resp.text()
+                while not lane.probation and not runner.done():
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(2.0)  # on probation, still wedged
+                unwedged = time.time()
+                async with session.post(post, json={"faults": {"stall": False}}) as resp:
+                    assert resp.status == 200, await resp.text()
+            outcome = await asyncio.wait_for(runner, 120)
+        finally:
+            if not runner.done():
+                job.stop(cancel=True)
+                await runner
+    assert outcome.reason is StopReason.DONE, outcome.message
+    facts = checked(job, openrouter, data, 40)
+    events = facts["events"]
+    reason = events[after(events, "stall")]["reason"]
+    assert "unanswered" not in reason, reason  # its /metrics answers: said by its silence alone
+    end = events[after(events, "stall_end")]
+    assert end["probation"] is True, end
+    sent = [
+        r
+        for r in journal(job.run_dir / "attempts.jsonl")
+        if r.get("k") == "start" and r["be"] == "sglang" and end["ts"] <= r["ts"] <= unwedged
+    ]
+    assert len(sent) <= 1, f"one attempt at a time on probation: {sent}"

@@ -204,7 +204,11 @@ _SAID = {
     # A stalled fleet and the work taken back from it (docs/fleets.md, "A stalled fleet").
     "stall": lambda e: f"{e.get('backend')}: {e.get('reason')}",
     "taken_back": lambda e: f"{e.get('backend')}: {e.get('prompts')} prompts taken back and queued again",
-    "stall_end": lambda e: f"{e.get('backend')}: answering again",
+    "stall_end": lambda e: (
+        f"{e.get('backend')}: answering again"
+        + (" (an abort's answer: one request at a time until one is answered)" if e.get("probation") else "")
+    ),
+    "probation_end": lambda e: f"{e.get('backend')}: a request answered, sending at full rate again",
     "drift": lambda e: f"DRIFT {e.get('provider')} ({e.get('action')}): {e.get('evidence')}",
 }
 

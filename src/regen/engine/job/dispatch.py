@@ -162,6 +162,8 @@ class Dispatcher:
             ceiling = ceilings.lane_ceiling(lane.name)
             if ceiling is not None and ceiling < limit:
                 limit = max(0, ceiling)
+        if lane.probation:
+            limit = min(limit, 1)  # after a stall ended on weak evidence (`_came_back`)
         if lane.in_flight >= limit:
             return math.inf
         outage = lane.outage
@@ -324,7 +326,7 @@ class Dispatcher:
             outcome = await lane.backend.attempt(prompt, flight.rid, on_handle, on_route)
             settled = True
             flight.landed = True
-            self._came_back(lane)
+            self._came_back(lane, flight)
             if _marked(flight):  # by `take_back`, while it was out
                 lane.settler.discard(flight, outcome)
                 return
@@ -354,12 +356,20 @@ class Dispatcher:
 
     # ---------------------------------------------------- a stalled fleet (docs/fleets.md)
 
-    def _came_back(self, lane: Lane) -> None:
-        """An attempt came back from the lane's backend: it answers, so it is not stalled."""
+    def _came_back(self, lane: Lane, flight: Flight) -> None:
+        """An attempt came back from the lane's backend: it answers, so it is not stalled. One taken
+        back is weak evidence (a wedged scheduler's HTTP side still answers its abort, docs/fleets.md):
+        the lane comes back on probation, one attempt at a time, until one it still wanted comes back."""
         lane.land(time.monotonic())
+        weak = flight.taken_back
         if lane.stalled is not None:
             lane.stalled = None
-            self.events.event("stall_end", **self.lane_fields(lane))
+            lane.probation = weak
+            self.events.event("stall_end", probation=weak, **self.lane_fields(lane))
+            self._changed.set()
+        elif lane.probation and not weak:
+            lane.probation = False
+            self.events.event("probation_end", **self.lane_fields(lane))
             self._changed.set()
 
     def stall(self, lane: Lane, reason: str) -> None:

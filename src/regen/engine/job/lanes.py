@@ -104,6 +104,9 @@ class Lane:
     landed: int = 0
     landed_busy_s: float = 0.0
     stalled: str | None = None
+    # The stall ended on the answer of an attempt taken back (its abort's, perhaps): one attempt at a
+    # time until one it still wanted comes back (engine/job/dispatch.py `_came_back`).
+    probation: bool = False
     taken_back: int = 0  # attempts taken back from it in this run (engine/job/dispatch.py `take_back`)
 
     def fly(self, change: int, now: float) -> None:
