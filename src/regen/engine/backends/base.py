@@ -260,6 +260,10 @@ class Backend(Protocol):
     def aborts(self) -> Aborts | None:
         """Attempts in flight ended on the server by rid (work taken back from a stalled fleet)."""
 
+    def heard_at(self) -> float | None:
+        """When (monotonic) a chunk of any of this backend's answers last arrived, or None: a backend
+        whose answers stream is not silent, however long they take (docs/fleets.md, "A stalled fleet")."""
+
     def stall_sign(self, now: float) -> str | None:
         """The servers' own sign that they make nothing (docs/fleets.md, "A stalled fleet"), in
         words, or None: every server holding this backend's requests has shown one since before

@@ -49,18 +49,26 @@ def stall_after_s(lane: Lane, interval_s: float, before_any_s: float, *, signed:
 
 def stalled(lane: Lane, now: float, interval_s: float, before_any_s: float) -> str | None:
     """Why `lane` is stalled at monotonic `now` (its words for the operator), or None while it answers:
-    attempts in flight and nothing landed for `stall_after_s`."""
+    attempts in flight and nothing landed or streamed for `stall_after_s`."""
     if lane.closed is not None or lane.in_flight <= 0:
         return None
-    silent = now - lane.quiet_since
+    heard = lane.backend.heard_at()
+    # Silent: nothing landed and no answer streamed a chunk. A slow fleet streams; a stopped process
+    # or a wedged scheduler does not, and a request still queued hears nothing either way.
+    silent = now - (lane.quiet_since if heard is None else max(lane.quiet_since, heard))
     if silent < STALL_TICKS * interval_s:
         return None  # the shortest silence that is a stall: no need to ask the servers yet
     sign = lane.backend.stall_sign(now)
+    if lane.landed <= 0 and sign is None:
+        # No answer yet in this run: its expected answer time is only the settings' guess, and a
+        # slow start (a loaded host, a fleet ten times slower than guessed, its first chunks then a
+        # pause) is as silent as a stopped one. The servers' own sign must say it too.
+        return None
     if silent < stall_after_s(lane, interval_s, before_any_s, signed=sign is not None):
         return None
     expected = duration(expected_answer_s(lane, before_any_s), "fine")
     said = f" ({sign})" if sign is not None else ""
     return (
-        f"{lane.backend.title} stalled: {lane.in_flight} requests in flight and none answered for "
+        f"{lane.backend.title} stalled: {lane.in_flight} requests in flight and none answered or streamed for "
         f"{duration(silent, 'fine')} (an answer takes about {expected}){said}"
     )

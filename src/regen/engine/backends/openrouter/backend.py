@@ -135,6 +135,10 @@ class OpenRouterBackend:
     def account(self) -> OpenRouterBackend:
         return self
 
+    def heard_at(self) -> None:
+        """None: the stall rule watches the GPU lanes only (engine/job/deadline_control.py)."""
+        return None
+
     def stall_sign(self, now: float) -> None:
         """None: OpenRouter's providers are many, and their silence is an outage's (docs/faults.md)."""
         return None
