@@ -551,10 +551,15 @@ class SGLangBackend:
         return self.heard
 
     def stall_sign(self, now: float) -> str | None:
-        """Every server polled that holds requests of ours shows its own sign of a stall
-        (engine/backends/sglang/worker.py `sign_at`): their words, joined; None while one does not,
-        or where none of those holding requests is polled (the router's entry)."""
-        holding = [w for w in self._every() if w.meter.in_flight > 0 and not w.gone]
+        """Every server that may hold requests of ours shows its own sign of a stall
+        (engine/backends/sglang/worker.py `sign_at`): their words, joined; None while one does not.
+        Those holding requests; behind regen's router (which answers for itself and is not polled),
+        every server of the fleet, since the router may have sent them to any."""
+        entry = self.entry
+        if entry is not None:
+            holding = [w for w in self.workers if not w.gone] if entry.meter.in_flight > 0 else []
+        else:
+            holding = [w for w in self.workers if w.meter.in_flight > 0 and not w.gone]
         signs = [w.sign_at(now) for w in holding]
         if not signs or any(sign is None for sign in signs):
             return None

@@ -14,6 +14,8 @@ from regen.engine.backends.sglang.wire import worker_name
 from regen.engine.durations import duration
 from regen.engine.schema import SGLangServerView
 
+SIGN_POLLS = 2  # /metrics polls unanswered in a row that make a sign of a stall
+
 
 class Worker:
     """One server URL the backend sends to: its facts, its GPUs' meter, its load, its rids."""
@@ -39,14 +41,15 @@ class Worker:
         self.metrics_missing: str | None = None
         self.abort_missing = False
         # A stall's sign (docs/fleets.md, "A stalled fleet"): since when (monotonic) the polls of
-        # /metrics have gone unanswered while requests of ours were in flight here; None once one is
-        # answered. (Not a frozen sglang:generation_tokens: SGLang counts a request's tokens only at
+        # /metrics have gone unanswered, and how many in a row; None and 0 once one is answered.
+        # One alone is no sign: a poll through a tunnel on a loaded host can time out once. (Not a frozen sglang:generation_tokens: SGLang counts a request's tokens only at
         # its finish, so a counter that stands still is the silence itself, docs/sglang.md.)
         self.unanswered_since: float | None = None
+        self.unanswered_polls = 0
 
     def sign_at(self, now: float) -> str | None:
         """This server's own sign of a stall at monotonic `now`, in words, or None."""
-        if self.unanswered_since is None or self.meter.in_flight <= 0:
+        if self.unanswered_since is None or self.unanswered_polls < SIGN_POLLS:
             return None
         return (
             f"{self.name}: /metrics unanswered for {duration(max(0.0, now - self.unanswered_since), 'fine')}"
@@ -95,14 +98,14 @@ class Worker:
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             self.down = True
             self.error = f"{self.url} unreachable: {type(exc).__name__}: {exc}"[:200]
-            if self.meter.in_flight <= 0:
-                self.unanswered_since = None
-            elif self.unanswered_since is None:
+            self.unanswered_polls += 1
+            if self.unanswered_since is None:
                 self.unanswered_since = asked
             return False
         self.down = False
         self.error = None
         self.unanswered_since = None
+        self.unanswered_polls = 0
         if status != 200:
             self.metrics_missing = (
                 f"no /metrics at {self.url} (HTTP {status}): start the server with --enable-metrics"
