@@ -321,8 +321,9 @@ def test_the_operators_night_from_settings_to_export_on_two_hosts_and_openrouter
     for name, count in DATASETS.items():
         rows = one_row_per_prompt(workspace / "datasets" / name, count)
         made.update(r["backend"] for r in rows)
-        assert {r["server"]["model_digest"] for r in rows if r["backend"] == "sglang"} == {digest}
-        assert {r["model"] for r in rows if r["backend"] == "sglang"} == {"Kimi-K2.5"}
+        # Which dataset's prompts the GPUs get is the dispatcher's: a dataset may have none of theirs.
+        assert {r["server"]["model_digest"] for r in rows if r["backend"] == "sglang"} <= {digest}
+        assert {r["model"] for r in rows if r["backend"] == "sglang"} <= {"Kimi-K2.5"}
     assert made["sglang"] > 0 and made["openrouter"] > 0, made
     assert {k: v["rows"] for k, v in end["split"].items()} == dict(made), end["split"]
 

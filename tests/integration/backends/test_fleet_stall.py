@@ -15,7 +15,7 @@ import io
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ import pytest
 from regen.engine.config.settings import Settings, StatsSettings, SteeringSettings
 from regen.engine.control.headless import run_headless
 from regen.engine.job.job import Job, StopReason
+from regen.engine.job.lanes import Lane
 from regen.engine.job.stall import STALL_FACTOR
 from regen.sim.openrouter.server import OpenRouterSim
 from regen.sim.sglang.tokens import SimTokenizer
@@ -348,30 +349,48 @@ async def test_near_the_deadline_the_gpu_queue_it_cannot_finish_is_taken_back_fo
 SLOW = {"max_running_requests": 4, "decode_tokens_per_s": 8.0, "output_len_min": 40, "output_len_max": 56}
 
 
+async def slow_run(
+    url: str,
+    openrouter: OpenRouterSim,
+    fleet_settings: Callable[..., Settings],
+    data: Path,
+    fault: Callable[[Lane, asyncio.Task[Any]], Awaitable[None]],
+) -> tuple[Job, Any]:
+    """A 40-prompt job on both fleets with a 90 s deadline, `fault` done to the GPUs once 4 GPU
+    attempts have come back; the job and how it ended."""
+    settings = fleet_settings(url, openrouter.base_url, [data], deadline="90s", budget_usd=1.0)
+    job = Job(steered(settings, request_tokens_per_s=8.0))
+    await job.prepare()
+    runner = asyncio.create_task(job.run())
+    lane = job.dispatcher.lane("sglang")
+    try:
+        while lane.landed < 4 and not runner.done():
+            await asyncio.sleep(0.05)
+        await fault(lane, runner)
+        outcome = await asyncio.wait_for(runner, 120)
+    finally:
+        if not runner.done():
+            job.stop(cancel=True)
+            await runner
+    return job, outcome
+
+
 async def test_a_stopped_server_is_said_stalled_from_its_unanswered_metrics_before_four_answer_times(
     tmp_path: Path, sglang_model: Path, openrouter: OpenRouterSim, fleet_settings: Callable[..., Settings]
 ) -> None:
     config = fast_config(served_model_name="kimi-k2.5", time_scale=1.0, **SLOW).model_dump(mode="json")
+    data = write_dataset(tmp_path, "A", 40)
     with sim_process(tmp_path, sglang_model, config) as gpus:
-        data = write_dataset(tmp_path, "A", 40)
-        settings = fleet_settings(gpus.url, openrouter.base_url, [data], deadline="90s", budget_usd=1.0)
-        job = Job(steered(settings, request_tokens_per_s=8.0))
-        await job.prepare()
-        runner = asyncio.create_task(job.run())
-        lane = job.dispatcher.lane("sglang")
-        try:
-            while lane.landed < 4 and not runner.done():
-                await asyncio.sleep(0.05)
+
+        async def stop(lane: Lane, runner: asyncio.Task[Any]) -> None:
             gpus.stall()
-            while lane.stalled is None and not runner.done():
-                await asyncio.sleep(0.05)
-            gpus.resume()
-            outcome = await asyncio.wait_for(runner, 120)
-        finally:
-            gpus.resume()
-            if not runner.done():
-                job.stop(cancel=True)
-                await runner
+            try:
+                while lane.stalled is None and not runner.done():
+                    await asyncio.sleep(0.05)
+            finally:
+                gpus.resume()
+
+        job, outcome = await slow_run(gpus.url, openrouter, fleet_settings, data, stop)
     assert outcome.reason is StopReason.DONE, outcome.message
     facts = checked(job, openrouter, data, 40)
     reason = facts["events"][after(facts["events"], "stall")]["reason"]
@@ -394,16 +413,12 @@ async def test_a_wedged_scheduler_that_answers_its_aborts_gets_one_request_at_a_
     # stall is said by silence; the aborts' answers end it on probation, one attempt at a time,
     # until the scheduler runs again and one it still wanted comes back (docs/fleets.md).
     config = fast_config(served_model_name="kimi-k2.5", time_scale=1.0, **SLOW)
+    data = write_dataset(tmp_path, "A", 40)
+    unwedged = 0.0
     async with running_sim(config, fleet_tok) as sim:
-        data = write_dataset(tmp_path, "A", 40)
-        settings = fleet_settings(sim.base_url, openrouter.base_url, [data], deadline="90s", budget_usd=1.0)
-        job = Job(steered(settings, request_tokens_per_s=8.0))
-        await job.prepare()
-        runner = asyncio.create_task(job.run())
-        lane = job.dispatcher.lane("sglang")
-        try:
-            while lane.landed < 4 and not runner.done():
-                await asyncio.sleep(0.05)
+
+        async def wedge(lane: Lane, runner: asyncio.Task[Any]) -> None:
+            nonlocal unwedged
             async with aiohttp.ClientSession() as session:
                 post = f"{sim.base_url}/_sim/config"
                 async with session.post(post, json={"faults": {"stall": True}}) as resp:
@@ -414,11 +429,8 @@ async def test_a_wedged_scheduler_that_answers_its_aborts_gets_one_request_at_a_
                 unwedged = time.time()
                 async with session.post(post, json={"faults": {"stall": False}}) as resp:
                     assert resp.status == 200, await resp.text()
-            outcome = await asyncio.wait_for(runner, 120)
-        finally:
-            if not runner.done():
-                job.stop(cancel=True)
-                await runner
+
+        job, outcome = await slow_run(sim.base_url, openrouter, fleet_settings, data, wedge)
     assert outcome.reason is StopReason.DONE, outcome.message
     facts = checked(job, openrouter, data, 40)
     events = facts["events"]

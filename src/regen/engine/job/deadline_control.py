@@ -22,7 +22,7 @@ from regen.engine.config.settings import Settings
 from regen.engine.durations import duration
 from regen.engine.job.dispatch import Dispatcher
 from regen.engine.job.lanes import Lane
-from regen.engine.job.overdue import gpu_hold, over, shares
+from regen.engine.job.overdue import MEASURED_ROWS, gpu_hold, over, shares
 from regen.engine.job.stall import stalled
 from regen.engine.money.deadline import parse_deadline, resolve_deadline
 from regen.engine.money.fleetplan.pacing import Facts, PaceDecision, Pacer, verdict_words
@@ -309,7 +309,7 @@ class DeadlineControl:
             and paid.closed is None
             and not paid.budget_blocked
             and lanes
-            and facts.gpu_rows
+            and (facts.gpu_rows or 0) >= MEASURED_ROWS
             and work.prompts > 0
         ):
             per_prompt = work.output_tokens / work.prompts

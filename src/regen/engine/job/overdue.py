@@ -18,6 +18,10 @@ from regen.engine.money.fleetplan.plan import FleetPlan
 # Moved to OpenRouter, a prompt must still be answered before the deadline: it is taken back only
 # while the time left is this many of OpenRouter's answer times (a request's tokens at its rate).
 ANSWER_TIMES_LEFT = 2.0
+# The GPU rate is measured once the GPU lanes have made this many rows in the run: from fewer it is
+# noise (band 1/sqrt(n) over 0.5), and a bound on it took back all a resumed run's GPU prompts a row
+# after its start (the operator's-night journey, answers of 4-12 s smoothed over 2 s).
+MEASURED_ROWS = 4
 # Noise, not news: what the lanes hold is cut only when it is over the bound by this share of it
 # (and by 2 prompts at least); the plan's rates move a little every tick.
 SLACK = 0.1
