@@ -16,8 +16,7 @@ from regen.engine.job.lanes import Lane
 # time in flight varies (a long answer, a queue a few deep), a whole lane landing nothing does not.
 STALL_FACTOR = 4.0
 # With the servers' own sign of a stall (their /metrics unanswered), this many, once an answer time
-# is measured: before any, the settings' guess may be short of a slow start, and a /metrics poll
-# timed out on a loaded host would make a stall of a fleet still warming up.
+# is measured; before any, the sign is required and shortens nothing (`stalled`).
 SIGNED_FACTOR = 2.0
 # And never less than this many steering intervals: one late tick must not make a stall.
 STALL_TICKS = 3.0

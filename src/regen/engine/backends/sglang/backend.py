@@ -121,7 +121,7 @@ class SGLangBackend:
         self._aborts: set[asyncio.Task[None]] = set()
         # When (monotonic) a chunk of any answer last arrived: a fleet that streams is not silent,
         # however long its answers take (engine/job/stall.py).
-        self.heard: float | None = None
+        self._heard: float | None = None
         self._control_timeout = aiohttp.ClientTimeout(
             total=max(5.0, self.settings.connect_timeout_s), sock_connect=self.settings.connect_timeout_s
         )
@@ -449,9 +449,9 @@ class SGLangBackend:
                     failure = errors.for_status(status, parsed, raw, worker.url)
                 else:
                     async for block in resp.content.iter_any():
-                        self.heard = time.monotonic()
+                        self._heard = time.monotonic()
                         if outcome.ttft_s is None:
-                            outcome.ttft_s = self.heard - started
+                            outcome.ttft_s = self._heard - started
                             watch.idle_exempt = False
                         watch.received += len(block)
                         tail.feed(block)
@@ -548,7 +548,7 @@ class SGLangBackend:
         return self
 
     def heard_at(self) -> float | None:
-        return self.heard
+        return self._heard
 
     def stall_sign(self, now: float) -> str | None:
         """Every server that may hold requests of ours shows its own sign of a stall

@@ -42,8 +42,9 @@ class Worker:
         self.abort_missing = False
         # A stall's sign (docs/fleets.md, "A stalled fleet"): since when (monotonic) the polls of
         # /metrics have gone unanswered, and how many in a row; None and 0 once one is answered.
-        # One alone is no sign: a poll through a tunnel on a loaded host can time out once. (Not a frozen sglang:generation_tokens: SGLang counts a request's tokens only at
-        # its finish, so a counter that stands still is the silence itself, docs/sglang.md.)
+        # One alone is no sign: a poll through a tunnel on a loaded host can time out once. (Not a
+        # frozen sglang:generation_tokens: SGLang counts a request's tokens only at its finish, so a
+        # counter that stands still is the silence itself, docs/sglang.md.)
         self.unanswered_since: float | None = None
         self.unanswered_polls = 0
 
